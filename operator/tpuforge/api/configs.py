@@ -1,0 +1,84 @@
+"""What the pods read: TrainConfig, MergeConfig, ServeConfig, and the pure functions that derive them
+from a FineTuneJob / ServingDeployment. Workload URIs may be gs:// or local paths (tests, laptops)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from tpuforge.api.base import ApiModel
+from tpuforge.api.catalog import Dtype
+from tpuforge.api.finetune import CheckpointSpec, FineTuneJobSpec, LoraSpec, MeshSpec, TrainingSpec
+from tpuforge.api.validation import resolved_mesh
+
+
+class JobRef(ApiModel):
+    """The FineTuneJob a pod reports progress to."""
+
+    namespace: str
+    name: str
+
+
+class TrainConfig(ApiModel):
+    job: JobRef | None = Field(default=None, description="Where to report progress; None reports nowhere.")
+    attempt: int = Field(default=0, ge=0)
+    model_name: str
+    model_uri: str
+    dataset_uri: str
+    eval_uri: str | None = None
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+    training: TrainingSpec
+    mesh: MeshSpec
+    checkpoint: CheckpointSpec
+    metrics_port: int = Field(default=9090, ge=0, description="Prometheus port; 0 disables it.")
+    progress_interval_seconds: float = Field(default=5.0, gt=0)
+
+
+class MergeConfig(ApiModel):
+    job: JobRef | None = None
+    model_name: str
+    base_model_uri: str
+    checkpoint_uri: str
+    step: int | None = Field(default=None, description="Checkpoint step to merge; None takes the latest.")
+    output_uri: str
+    dtype: Dtype | None = None
+    shard_size_mb: int = Field(default=4096, ge=1, alias="shardSizeMB")
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+    write_adapter: bool = False
+    verify: bool = False
+
+
+class ServeConfig(ApiModel):
+    """What the serving pod's model-fetch init container reads."""
+
+    model_uri: str
+    target_dir: str
+
+
+def train_config(namespace: str, name: str, spec: FineTuneJobSpec, attempt: int = 0) -> TrainConfig:
+    return TrainConfig(
+        job=JobRef(namespace=namespace, name=name),
+        attempt=attempt,
+        model_name=spec.model.name,
+        model_uri=spec.model.uri,
+        dataset_uri=spec.dataset.uri,
+        eval_uri=spec.dataset.eval_uri,
+        lora=spec.lora,
+        training=spec.training,
+        mesh=resolved_mesh(spec),
+        checkpoint=spec.checkpoint,
+    )
+
+
+def merge_config(namespace: str, name: str, spec: FineTuneJobSpec) -> MergeConfig:
+    return MergeConfig(
+        job=JobRef(namespace=namespace, name=name),
+        model_name=spec.model.name,
+        base_model_uri=spec.model.uri,
+        checkpoint_uri=spec.checkpoint.uri,
+        output_uri=spec.output.uri,
+        dtype=spec.merge.dtype,
+        shard_size_mb=spec.merge.shard_size_mb,
+        lora=spec.lora,
+        write_adapter=spec.merge.write_adapter,
+        verify=spec.merge.verify,
+    )

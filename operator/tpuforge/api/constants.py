@@ -1,0 +1,55 @@
+"""Names shared by the operator and the workloads: API group, labels, exit codes, file names."""
+
+from __future__ import annotations
+
+GROUP = "tpuforge.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+CATEGORY = "tpuforge"
+
+FINETUNEJOB_KIND = "FineTuneJob"
+FINETUNEJOB_PLURAL = "finetunejobs"
+FINETUNEJOB_SHORT = "ftj"
+SERVING_KIND = "ServingDeployment"
+SERVING_PLURAL = "servingdeployments"
+SERVING_SHORT = "sdep"
+
+PROJECT_VERSION = "0.1.0"
+DEFAULT_TRAINER_IMAGE = f"tpuforge/trainer:{PROJECT_VERSION}"
+DEFAULT_MERGER_IMAGE = f"tpuforge/merger:{PROJECT_VERSION}"
+DEFAULT_OPERATOR_IMAGE = f"tpuforge/operator:{PROJECT_VERSION}"
+DEFAULT_VLLM_IMAGE = "vllm/vllm-tpu:gemma4"
+
+# Labels on every child object.
+LABEL_FINETUNEJOB = f"{GROUP}/finetunejob"
+LABEL_SERVING = f"{GROUP}/servingdeployment"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_PART_OF = "app.kubernetes.io/part-of"
+LABEL_ATTEMPT = f"{GROUP}/attempt"
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+
+# GKE node labels, taint and extended resource for TPUs.
+GKE_TPU_ACCELERATOR = "cloud.google.com/gke-tpu-accelerator"
+GKE_TPU_TOPOLOGY = "cloud.google.com/gke-tpu-topology"
+GKE_SPOT = "cloud.google.com/gke-spot"
+TPU_RESOURCE = "google.com/tpu"
+
+# The trainer exits with this code after it has checkpointed on SIGTERM, so the operator counts a
+# preemption and not a failure. 143 (128+SIGTERM) is what a process killed by SIGTERM reports, so the
+# trainer uses a code of its own.
+EXIT_PREEMPTED = 83
+# Exit code for a config the workload rejects before doing any expensive work.
+EXIT_BAD_CONFIG = 2
+# First word of the termination message after a preemption checkpoint.
+TERMINATION_PREEMPTED = "Preempted"
+
+# Merge output commit marker: an output directory without it is absent to every reader.
+COMPLETE_MARKER = "_COMPLETE"
+
+# Where pods find their config file (ConfigMap mounted read-only).
+CONFIG_MOUNT_DIR = "/etc/tpuforge"
+CONFIG_FILE = "config.json"
+TERMINATION_LOG = "/dev/termination-log"

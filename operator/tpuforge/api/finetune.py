@@ -1,0 +1,197 @@
+"""FineTuneJob: spec and status."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import Field
+
+from tpuforge.api.base import ApiModel, StatusModel
+from tpuforge.api.catalog import GEMMA4_LORA_TARGETS, Dtype
+from tpuforge.api.conditions import Condition
+from tpuforge.api.constants import DEFAULT_MERGER_IMAGE, DEFAULT_TRAINER_IMAGE
+
+
+class ModelRef(ApiModel):
+    name: str = Field(
+        default="gemma4-31b",
+        description="Model catalog id (gemma4-31b, or gemma4-tiny for tests): fixes the head counts and "
+        "the default LoRA targets.",
+    )
+    uri: str = Field(
+        description="gs:// directory of the base model in HuggingFace layout: *.safetensors (+ index), "
+        "config.json, tokenizer."
+    )
+
+
+class DatasetRef(ApiModel):
+    uri: str = Field(
+        description='gs:// JSONL file of chat records: {"messages": [{"role": ..., "content": ...}, ...]}.'
+    )
+    eval_uri: str | None = Field(default=None, description="Optional gs:// JSONL held out for evaluation.")
+
+
+class LoraSpec(ApiModel):
+    rank: int = Field(default=64, ge=1, le=4096, description="LoRA rank r.")
+    alpha: float = Field(default=64.0, gt=0, description="LoRA alpha; the update is scaled by alpha/rank.")
+    dropout: float = Field(default=0.05, ge=0, lt=1, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(GEMMA4_LORA_TARGETS),
+        min_length=1,
+        description="Modules that get a LoRA adapter (Tunix Gemma 4 names).",
+    )
+
+
+class TrainingSpec(ApiModel):
+    max_seq_len: int = Field(ge=1, description="Tokens per example (required: it sets memory use).")
+    micro_batch_size: int = Field(default=1, ge=1, description="Examples per device step.")
+    gradient_accumulation_steps: int = Field(default=8, ge=1, description="Micro-batches per optimizer step.")
+    epochs: int = Field(default=1, ge=1, description="Passes over the dataset (when maxSteps is unset).")
+    max_steps: int | None = Field(default=None, ge=1, description="Stop after this many optimizer steps.")
+    learning_rate: float = Field(default=1e-4, gt=0, description="Peak learning rate (warmup-cosine).")
+    warmup_steps: int = Field(default=100, ge=0, description="Linear warmup steps.")
+    weight_decay: float = Field(default=0.001, ge=0, description="AdamW weight decay.")
+    loss_on: Literal["assistant", "all"] = Field(
+        default="assistant", description="Which tokens carry loss: assistant turns only, or every token."
+    )
+    over_length: Literal["drop", "truncate"] = Field(
+        default="drop", description="What to do with a record longer than maxSeqLen."
+    )
+    packing: bool = Field(default=False, description="Pack several records per row (block-diagonal mask).")
+    remat: bool = Field(default=True, description="Rematerialise decoder layers to save memory.")
+    seed: int = Field(default=0, ge=0, description="Seed for shuffling, LoRA init and dropout.")
+
+
+class MeshSpec(ApiModel):
+    fsdp: int = Field(ge=1, description="Data/FSDP axis size.")
+    tp: int = Field(ge=1, description="Tensor-parallel axis size; must divide every head count.")
+
+
+class TpuSpec(ApiModel):
+    slice: str = Field(default="v5p-8", description="TPU slice catalog id (v5p-8, v5p-16, v6e-4, v6e-8).")
+    spot: bool = Field(
+        default=False, description="Schedule on Spot capacity; preemptions resume from checkpoints."
+    )
+    mesh: MeshSpec | None = Field(
+        default=None, description="Device mesh; defaults from the slice catalog (v5p-8: fsdp 1, tp 4)."
+    )
+
+
+class CheckpointSpec(ApiModel):
+    uri: str = Field(description="gs:// directory for Orbax checkpoints; training resumes from the latest.")
+    every_steps: int = Field(default=100, ge=1, description="Checkpoint interval in optimizer steps.")
+    keep: int = Field(default=3, ge=1, description="Checkpoints to keep.")
+
+
+class OutputSpec(ApiModel):
+    uri: str = Field(description="gs:// directory for the merged HuggingFace model.")
+
+
+class MergeSpec(ApiModel):
+    enabled: bool = Field(default=True, description="Merge the LoRA weights into the base after training.")
+    dtype: Dtype | None = Field(default=None, description="Output dtype; defaults to the base model's.")
+    shard_size_mb: int = Field(
+        default=4096, ge=1, alias="shardSizeMB", description="Maximum size of one safetensors shard in MB."
+    )
+    write_adapter: bool = Field(default=False, description="Also write the unmerged adapter in PEFT format.")
+    verify: bool = Field(
+        default=False, description="Reload the merged model with transformers and compare logits (slow)."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node selector for the merge pod (a CPU node pool)."
+    )
+    memory: str | None = Field(
+        default=None,
+        description="Memory request for the merge pod; defaults from the model's largest tensor.",
+    )
+
+
+class ImagesSpec(ApiModel):
+    trainer: str = Field(default=DEFAULT_TRAINER_IMAGE, description="Training image.")
+    merger: str = Field(default=DEFAULT_MERGER_IMAGE, description="Merge image.")
+
+
+class RunPolicy(ApiModel):
+    suspend: bool = Field(default=False, description="Stop training (checkpoints stay); false resumes.")
+    max_restarts: int = Field(
+        default=3,
+        ge=0,
+        description="Retries after failures; preemptions are counted apart and always resume.",
+    )
+    active_deadline_seconds: int | None = Field(
+        default=None, ge=1, description="Fail the job when it has run this long."
+    )
+    ttl_seconds_after_finished: int | None = Field(
+        default=None, ge=0, description="Delete the job this long after it succeeds or fails."
+    )
+
+
+class FineTuneJobSpec(ApiModel):
+    model: ModelRef
+    dataset: DatasetRef
+    lora: LoraSpec = Field(default_factory=LoraSpec)
+    training: TrainingSpec
+    tpu: TpuSpec = Field(default_factory=TpuSpec)
+    checkpoint: CheckpointSpec
+    output: OutputSpec
+    merge: MergeSpec = Field(default_factory=MergeSpec)
+    images: ImagesSpec = Field(default_factory=ImagesSpec)
+    run_policy: RunPolicy = Field(default_factory=RunPolicy)
+    queue_name: str | None = Field(
+        default=None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name)."
+    )
+    priority_class_name: str | None = Field(default=None, description="PriorityClass of the training pod.")
+    service_account_name: str | None = Field(
+        default=None,
+        description="ServiceAccount of the pods (e.g. bound to a Google service account by Workload "
+        "Identity); the operator creates one when unset.",
+    )
+
+
+class FineTunePhase(StrEnum):
+    PENDING = "Pending"
+    TRAINING = "Training"
+    MERGING = "Merging"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+class Progress(StatusModel):
+    step: int | None = None
+    total_steps: int | None = None
+    percent: float | None = None
+    loss: float | None = None
+    tokens_per_second: float | None = None
+    eta_seconds: int | None = None
+    last_checkpoint_step: int | None = None
+    updated_at: str | None = None
+
+
+class Restarts(StatusModel):
+    failures: int = 0
+    preemptions: int = 0
+
+
+class Outputs(StatusModel):
+    checkpoint_uri: str | None = None
+    merged_model_uri: str | None = None
+
+
+class Cost(StatusModel):
+    tpu_hours: float | None = None
+    estimated_usd: float | None = Field(default=None, alias="estimatedUSD")
+
+
+class FineTuneJobStatus(StatusModel):
+    phase: FineTunePhase | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None
+    progress: Progress | None = None
+    restarts: Restarts | None = None
+    attempt: int | None = Field(default=None, description="Number of the current training attempt (0 first).")
+    start_time: str | None = None
+    completion_time: str | None = None
+    outputs: Outputs | None = None
+    cost: Cost | None = None

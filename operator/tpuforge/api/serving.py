@@ -1,0 +1,88 @@
+"""ServingDeployment: spec and status."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import Field, model_validator
+
+from tpuforge.api.base import ApiModel, StatusModel
+from tpuforge.api.conditions import Condition
+from tpuforge.api.constants import DEFAULT_VLLM_IMAGE
+
+
+class FineTuneJobRef(ApiModel):
+    name: str = Field(description="A FineTuneJob in the same namespace; its merged model is served.")
+
+
+class ServingModel(ApiModel):
+    uri: str | None = Field(default=None, description="gs:// directory of a merged model (with _COMPLETE).")
+    fine_tune_job_ref: FineTuneJobRef | None = Field(
+        default=None, description="Serve the merged model of this FineTuneJob once it has Succeeded."
+    )
+    name: str | None = Field(
+        default=None,
+        description="Model catalog id for validation; defaults to the FineTuneJob's, else gemma4-31b.",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> ServingModel:
+        if (self.uri is None) == (self.fine_tune_job_ref is None):
+            raise ValueError("set exactly one of spec.model.uri and spec.model.fineTuneJobRef")
+        return self
+
+
+class ServingTpu(ApiModel):
+    slice: str = Field(default="v6e-8", description="TPU slice catalog id.")
+    spot: bool = Field(default=False, description="Schedule on Spot capacity.")
+
+
+class VllmSpec(ApiModel):
+    image: str = Field(default=DEFAULT_VLLM_IMAGE, description="vLLM-TPU image.")
+    tensor_parallel_size: int = Field(default=8, ge=1, description="vLLM --tensor-parallel-size.")
+    max_model_len: int = Field(default=16384, ge=1, description="vLLM --max-model-len.")
+    kv_cache_dtype: str = Field(default="auto", description="vLLM --kv-cache-dtype (auto, fp8, ...).")
+    max_num_seqs: int | None = Field(default=None, ge=1, description="vLLM --max-num-seqs.")
+    served_model_name: str | None = Field(
+        default=None, description="Name clients put in requests; defaults to the ServingDeployment's name."
+    )
+    model_path: str = Field(
+        default="/models/model", description="Where the init container puts the model inside the pod."
+    )
+    extra_args: list[str] = Field(default_factory=list, description="Appended last to `vllm serve`.")
+
+
+class XlaCacheSpec(ApiModel):
+    size: str = Field(default="20Gi", description="Size of the persistent XLA compilation cache.")
+    storage_class_name: str | None = Field(default=None, description="StorageClass of the cache volume.")
+    retain_on_delete: bool = Field(
+        default=True, description="Keep the cache PVC when the ServingDeployment is deleted."
+    )
+
+
+class ServingDeploymentSpec(ApiModel):
+    model: ServingModel
+    tpu: ServingTpu = Field(default_factory=ServingTpu)
+    vllm: VllmSpec = Field(default_factory=VllmSpec)
+    replicas: int = Field(default=1, ge=0, description="vLLM server replicas (one slice each).")
+    xla_cache: XlaCacheSpec = Field(default_factory=XlaCacheSpec)
+    service_account_name: str | None = Field(
+        default=None, description="ServiceAccount of the serving pods (GCS read access)."
+    )
+
+
+class ServingPhase(StrEnum):
+    PENDING = "Pending"
+    WAITING_FOR_MODEL = "WaitingForModel"
+    LOADING = "Loading"
+    READY = "Ready"
+    FAILED = "Failed"
+
+
+class ServingDeploymentStatus(StatusModel):
+    phase: ServingPhase | None = None
+    ready_replicas: int | None = None
+    endpoint: str | None = None
+    model_uri: str | None = None
+    conditions: list[Condition] = Field(default_factory=list)
+    observed_generation: int | None = None

@@ -1,0 +1,252 @@
+"""Semantic validation beyond the CRD schema. Every error names the field and the fix."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from tpuforge.api.catalog import MODELS, TPU_SLICES, ModelShape, TpuSlice, model_shape, tpu_slice
+from tpuforge.api.finetune import FineTuneJobSpec, MeshSpec
+from tpuforge.api.serving import ServingDeploymentSpec
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class FieldError:
+    field: str  # e.g. spec.tpu.mesh.tp
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class SpecError(ValueError):
+    """A spec that cannot run. `errors` lists every problem found, each naming its field."""
+
+    def __init__(self, errors: list[FieldError]):
+        self.errors = errors
+        super().__init__("; ".join(str(e) for e in errors))
+
+    @property
+    def fields(self) -> list[str]:
+        return [e.field for e in self.errors]
+
+
+def _alias_path(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    """Pydantic's error location, rendered with the wire (camelCase) names."""
+    parts: list[str] = []
+    current: Any = model
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1] = f"{parts[-1]}[{item}]" if parts else f"[{item}]"
+            continue
+        name = str(item)
+        fields = getattr(current, "model_fields", None)
+        if fields and name in fields:
+            info = fields[name]
+            parts.append(info.alias or name)
+            ann = info.annotation
+            current = _model_in(ann)
+        else:
+            parts.append(name)
+            current = None
+    return ".".join(parts)
+
+
+def _model_in(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def parse(model: type[M], raw: Any, root: str = "spec") -> M:
+    """Parse a wire object into `model`, turning pydantic's errors into FieldErrors under `root`."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        errors = []
+        for err in exc.errors():
+            path = _alias_path(model, tuple(err["loc"]))
+            field = f"{root}.{path}" if path else root
+            msg = err["msg"]
+            if err["type"] == "missing":
+                msg = "is required"
+            elif err["type"] == "extra_forbidden":
+                msg = "is not a known field (check its spelling and nesting)"
+            errors.append(FieldError(field, msg))
+        raise SpecError(errors) from None
+
+
+def _check_uri(errors: list[FieldError], field: str, uri: str | None) -> None:
+    if uri is None:
+        return
+    if not uri.startswith("gs://") or len(uri) <= len("gs://") or uri[len("gs://")] == "/":
+        errors.append(FieldError(field, f"must be a gs:// URI such as gs://my-bucket/path (got {uri!r})"))
+
+
+def _divides_heads(errors: list[FieldError], field: str, tp: int, shape: ModelShape) -> None:
+    counts = {
+        "query heads": shape.num_heads,
+        "kv heads": shape.num_kv_heads,
+        "global kv heads": shape.num_global_kv_heads,
+    }
+    bad = {k: v for k, v in counts.items() if v % tp}
+    if bad:
+        fits = sorted(d for d in range(1, shape.num_heads + 1) if all(v % d == 0 for v in counts.values()))
+        what = ", ".join(f"{v} {k}" for k, v in bad.items())
+        errors.append(
+            FieldError(
+                field,
+                f"tp={tp} does not divide {shape.id}'s {what}; use one of {fits}",
+            )
+        )
+
+
+def resolved_mesh(spec: FineTuneJobSpec) -> MeshSpec:
+    """The mesh the job runs on: the spec's, or the slice's default."""
+    if spec.tpu.mesh is not None:
+        return spec.tpu.mesh
+    s = tpu_slice(spec.tpu.slice)
+    return MeshSpec(fsdp=s.default_fsdp, tp=s.default_tp)
+
+
+def check_finetune(spec: FineTuneJobSpec) -> list[FieldError]:
+    """Every semantic problem with a FineTuneJob spec (empty when it can run)."""
+    errors: list[FieldError] = []
+    shape: ModelShape | None = MODELS.get(spec.model.name)
+    if shape is None:
+        errors.append(FieldError("spec.model.name", f"unknown model; use one of {sorted(MODELS)}"))
+    slc: TpuSlice | None = TPU_SLICES.get(spec.tpu.slice)
+    if slc is None:
+        errors.append(FieldError("spec.tpu.slice", f"unknown TPU slice; use one of {sorted(TPU_SLICES)}"))
+    elif slc.hosts > 1:
+        errors.append(
+            FieldError(
+                "spec.tpu.slice",
+                f"{slc.id} spans {slc.hosts} hosts; training supports single-host slices "
+                f"({', '.join(s.id for s in TPU_SLICES.values() if s.hosts == 1)})",
+            )
+        )
+    _check_uri(errors, "spec.model.uri", spec.model.uri)
+    _check_uri(errors, "spec.dataset.uri", spec.dataset.uri)
+    _check_uri(errors, "spec.dataset.evalUri", spec.dataset.eval_uri)
+    _check_uri(errors, "spec.checkpoint.uri", spec.checkpoint.uri)
+    _check_uri(errors, "spec.output.uri", spec.output.uri)
+    ck, out = spec.checkpoint.uri.rstrip("/") + "/", spec.output.uri.rstrip("/") + "/"
+    if ck.startswith(out) or out.startswith(ck):
+        errors.append(
+            FieldError(
+                "spec.output.uri", "must not be inside spec.checkpoint.uri or contain it; use siblings"
+            )
+        )
+
+    if slc is not None and shape is not None:
+        mesh = resolved_mesh(spec)
+        field = "spec.tpu.mesh" if spec.tpu.mesh else "spec.tpu.slice"
+        if mesh.fsdp * mesh.tp != slc.chips:
+            errors.append(
+                FieldError(
+                    field,
+                    f"mesh fsdp={mesh.fsdp} x tp={mesh.tp} = {mesh.fsdp * mesh.tp} devices, but {slc.id} has "
+                    f"{slc.chips} chips; make fsdp x tp = {slc.chips}",
+                )
+            )
+        _divides_heads(errors, "spec.tpu.mesh.tp", mesh.tp, shape)
+    if shape is not None:
+        unknown = [m for m in spec.lora.target_modules if m not in shape.lora_targets]
+        if unknown:
+            errors.append(
+                FieldError(
+                    "spec.lora.targetModules",
+                    f"{unknown} are not {shape.family} modules; choose from {list(shape.lora_targets)}",
+                )
+            )
+    t = spec.training
+    if t.max_steps is not None and t.warmup_steps >= t.max_steps:
+        errors.append(
+            FieldError(
+                "spec.training.warmupSteps",
+                f"warmup ({t.warmup_steps}) must be shorter than maxSteps ({t.max_steps})",
+            )
+        )
+    if spec.merge.memory is not None and not _is_quantity(spec.merge.memory):
+        errors.append(FieldError("spec.merge.memory", "must be a Kubernetes quantity such as 64Gi"))
+    return errors
+
+
+def _is_quantity(q: str) -> bool:
+    return re.fullmatch(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?", q) is not None
+
+
+def validate_finetune(raw: Any) -> FineTuneJobSpec:
+    """Parse and check a FineTuneJob spec; raise SpecError naming every bad field."""
+    spec = parse(FineTuneJobSpec, raw)
+    errors = check_finetune(spec)
+    if errors:
+        raise SpecError(errors)
+    return spec
+
+
+def check_serving(spec: ServingDeploymentSpec, model_id: str | None = None) -> list[FieldError]:
+    """Every semantic problem with a ServingDeployment spec. `model_id` is the resolved catalog id
+    (from the referenced FineTuneJob) when the spec does not name one."""
+    errors: list[FieldError] = []
+    _check_uri(errors, "spec.model.uri", spec.model.uri)
+    slc = TPU_SLICES.get(spec.tpu.slice)
+    if slc is None:
+        errors.append(FieldError("spec.tpu.slice", f"unknown TPU slice; use one of {sorted(TPU_SLICES)}"))
+    mid = spec.model.name or model_id or "gemma4-31b"
+    shape = MODELS.get(mid)
+    if shape is None:
+        errors.append(FieldError("spec.model.name", f"unknown model {mid!r}; use one of {sorted(MODELS)}"))
+    tp = spec.vllm.tensor_parallel_size
+    if slc is not None and (tp > slc.chips or slc.chips % tp):
+        errors.append(
+            FieldError(
+                "spec.vllm.tensorParallelSize",
+                f"tp={tp} must divide the {slc.chips} chips of {slc.id}; use one of "
+                f"{[d for d in range(1, slc.chips + 1) if slc.chips % d == 0]}",
+            )
+        )
+    if shape is not None:
+        # vLLM shards query heads and replicates KV heads when tp exceeds them.
+        kv_ok = all(k % tp == 0 or tp % k == 0 for k in (shape.num_kv_heads, shape.num_global_kv_heads))
+        if shape.num_heads % tp or not kv_ok:
+            errors.append(
+                FieldError(
+                    "spec.vllm.tensorParallelSize",
+                    f"tp={tp} must divide {shape.id}'s {shape.num_heads} query heads, and its kv heads "
+                    f"({shape.num_kv_heads}, {shape.num_global_kv_heads}) must divide tp or be multiples",
+                )
+            )
+    return errors
+
+
+def validate_serving(raw: Any, model_id: str | None = None) -> ServingDeploymentSpec:
+    spec = parse(ServingDeploymentSpec, raw)
+    errors = check_serving(spec, model_id)
+    if errors:
+        raise SpecError(errors)
+    return spec
+
+
+__all__ = [
+    "FieldError",
+    "SpecError",
+    "check_finetune",
+    "check_serving",
+    "model_shape",
+    "parse",
+    "resolved_mesh",
+    "tpu_slice",
+    "validate_finetune",
+    "validate_serving",
+]

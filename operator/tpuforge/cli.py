@@ -1,0 +1,47 @@
+"""The `tpuforge` command: operator, crds, sandbox, demo.
+
+Each subcommand's own options live with the code it runs; this module only dispatches, importing lazily so
+that `tpuforge crds` never pays for kopf and `tpuforge operator` never imports the sandbox.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+# command -> module whose main(argv) runs it
+COMMANDS = {
+    "operator": "tpuforge.controllers",
+    "crds": "tpuforge.crds",
+    "sandbox": "tpuforge.sandbox.cli",
+    "demo": "tpuforge.sandbox.demo",
+}
+
+USAGE = """usage: tpuforge COMMAND [ARGS]
+
+commands:
+  operator   run the operator (kopf) against the current kubeconfig
+  crds       write the CustomResourceDefinitions generated from tpuforge.api
+  sandbox    the local control plane, GCS and emulated TPU nodes: up|down|status|env|logs|preempt
+  demo       the whole pipeline on the sandbox: fine-tune, merge, verify, (serve)
+
+`tpuforge COMMAND --help` shows each command's options.
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    cmd, rest = args[0], args[1:]
+    if cmd not in COMMANDS:
+        print(f"tpuforge: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    run: Callable[[list[str]], int | None] = importlib.import_module(COMMANDS[cmd]).main
+    return int(run(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

