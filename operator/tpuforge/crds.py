@@ -226,20 +226,24 @@ def filename(kind: Kind) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tpuforge crds", description=__doc__)
     ap.add_argument("--out", type=Path, default=Path("crds"), help="directory to write (default: crds)")
+    ap.add_argument("--docs", type=Path, default=None, help="also write the API reference (docs/api.md)")
     ap.add_argument("--check", action="store_true", help="exit 1 when the files differ from the models")
     args = ap.parse_args(argv)
+    from tpuforge import apidocs
+
+    outputs = [(args.out / filename(kind), render(kind)) for kind in KINDS]
+    if args.docs is not None:
+        outputs.append((args.docs, apidocs.render()))
     stale = []
-    for kind in KINDS:
-        path = args.out / filename(kind)
-        text = render(kind)
+    for path, text in outputs:
         if args.check:
             if not path.exists() or path.read_text() != text:
                 stale.append(str(path))
             continue
-        args.out.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
         print(f"wrote {path}")
     if stale:
-        print(f"stale CRDs (run `make crds`): {', '.join(stale)}", file=sys.stderr)
+        print(f"stale generated files (run `make crds`): {', '.join(stale)}", file=sys.stderr)
         return 1
     return 0

@@ -78,3 +78,12 @@ def test_check_mode_reports_drift(tmp_path: Path) -> None:
     assert crds.main(["--out", str(tmp_path), "--check"]) == 0
     (tmp_path / crds.filename(crds.KINDS[0])).write_text("stale")
     assert crds.main(["--out", str(tmp_path), "--check"]) == 1
+
+
+def test_api_reference_is_current() -> None:
+    from tpuforge import apidocs
+
+    text = apidocs.render()
+    assert (ROOT / "docs" / "api.md").read_text() == text, "docs/api.md is stale: run `make crds`"
+    assert "| `maxSeqLen` | integer | **required** |" in text
+    assert "| `v5p-8` | tpu-v5p-slice | 2x2x1 |" in text

@@ -70,9 +70,7 @@ class MeshSpec(ApiModel):
 
 class TpuSpec(ApiModel):
     slice: str = Field(default="v5p-8", description="TPU slice catalog id (v5p-8, v5p-16, v6e-4, v6e-8).")
-    spot: bool = Field(
-        default=False, description="Schedule on Spot capacity; preemptions resume from checkpoints."
-    )
+    spot: bool = Field(default=False, description="Schedule on Spot capacity; preemptions resume from checkpoints.")
     mesh: MeshSpec | None = Field(
         default=None, description="Device mesh; defaults from the slice catalog (v5p-8: fsdp 1, tp 4)."
     )
@@ -128,19 +126,17 @@ class RunPolicy(ApiModel):
 
 
 class FineTuneJobSpec(ApiModel):
-    model: ModelRef
-    dataset: DatasetRef
-    lora: LoraSpec = Field(default_factory=LoraSpec)
-    training: TrainingSpec
-    tpu: TpuSpec = Field(default_factory=TpuSpec)
-    checkpoint: CheckpointSpec
-    output: OutputSpec
-    merge: MergeSpec = Field(default_factory=MergeSpec)
-    images: ImagesSpec = Field(default_factory=ImagesSpec)
-    run_policy: RunPolicy = Field(default_factory=RunPolicy)
-    queue_name: str | None = Field(
-        default=None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name)."
-    )
+    model: ModelRef = Field(description="The base model.")
+    dataset: DatasetRef = Field(description="The training data.")
+    lora: LoraSpec = Field(default_factory=LoraSpec, description="The LoRA adapter.")
+    training: TrainingSpec = Field(description="Sequence length, batch, schedule and loss.")
+    tpu: TpuSpec = Field(default_factory=TpuSpec, description="Where training runs.")
+    checkpoint: CheckpointSpec = Field(description="Where and how often training checkpoints.")
+    output: OutputSpec = Field(description="Where the merged model goes.")
+    merge: MergeSpec = Field(default_factory=MergeSpec, description="The merge that follows training.")
+    images: ImagesSpec = Field(default_factory=ImagesSpec, description="Container images.")
+    run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Suspension, retries, deadlines.")
+    queue_name: str | None = Field(default=None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name).")
     priority_class_name: str | None = Field(default=None, description="PriorityClass of the training pod.")
     service_account_name: str | None = Field(
         default=None,

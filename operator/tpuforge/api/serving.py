@@ -61,11 +61,13 @@ class XlaCacheSpec(ApiModel):
 
 
 class ServingDeploymentSpec(ApiModel):
-    model: ServingModel
-    tpu: ServingTpu = Field(default_factory=ServingTpu)
-    vllm: VllmSpec = Field(default_factory=VllmSpec)
+    model: ServingModel = Field(description="What to serve: a merged model URI or a FineTuneJob's output.")
+    tpu: ServingTpu = Field(default_factory=ServingTpu, description="Where the server runs.")
+    vllm: VllmSpec = Field(default_factory=VllmSpec, description="The vLLM server.")
     replicas: int = Field(default=1, ge=0, description="vLLM server replicas (one slice each).")
-    xla_cache: XlaCacheSpec = Field(default_factory=XlaCacheSpec)
+    xla_cache: XlaCacheSpec = Field(
+        default_factory=XlaCacheSpec, description="Persistent XLA compilation cache (VLLM_XLA_CACHE_PATH)."
+    )
     service_account_name: str | None = Field(
         default=None, description="ServiceAccount of the serving pods (GCS read access)."
     )

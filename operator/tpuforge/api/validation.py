@@ -143,9 +143,7 @@ def check_finetune(spec: FineTuneJobSpec) -> list[FieldError]:
     ck, out = spec.checkpoint.uri.rstrip("/") + "/", spec.output.uri.rstrip("/") + "/"
     if ck.startswith(out) or out.startswith(ck):
         errors.append(
-            FieldError(
-                "spec.output.uri", "must not be inside spec.checkpoint.uri or contain it; use siblings"
-            )
+            FieldError("spec.output.uri", "must not be inside spec.checkpoint.uri or contain it; use siblings")
         )
 
     if slc is not None and shape is not None:
