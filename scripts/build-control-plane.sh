@@ -27,9 +27,13 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq >>"$LOG" 2>&1 || true
   apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >>"$LOG" 2>&1 \
     || { echo "apt-get install failed; see $LOG" >&2; exit 1; }
-  # etcd-server's package starts a system etcd on 2379; the sandbox runs its own.
-  if command -v systemctl >/dev/null 2>&1; then systemctl stop etcd >/dev/null 2>&1 || true; fi
-  pkill -x etcd >/dev/null 2>&1 || true
+  # etcd-server's package may start a system etcd on 2379; the sandbox runs its own. Stop only that service
+  # (by its unit, or its init script's pidfile), never other etcd processes such as a running sandbox's.
+  if [ -d /run/systemd/system ]; then
+    systemctl disable --now etcd >/dev/null 2>&1 || true
+  elif [ -x /etc/init.d/etcd ]; then
+    /etc/init.d/etcd stop >/dev/null 2>&1 || true
+  fi
 fi
 if [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/kube-controller-manager" ]; then
   echo "control plane $K8S_VERSION cached in $OUT"

