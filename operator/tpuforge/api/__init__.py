@@ -5,6 +5,7 @@ from tpuforge.api.catalog import MODELS, TPU_SLICES, ModelShape, TpuSlice, model
 from tpuforge.api.conditions import Condition, now_rfc3339, set_condition
 from tpuforge.api.configs import JobRef, MergeConfig, ServeConfig, TrainConfig, merge_config, train_config
 from tpuforge.api.finetune import (
+    AttemptStatus,
     CheckpointSpec,
     Cost,
     DatasetRef,
@@ -48,6 +49,7 @@ from tpuforge.api.validation import (
 __all__ = [
     "MODELS",
     "TPU_SLICES",
+    "AttemptStatus",
     "CheckpointSpec",
     "Condition",
     "Cost",

@@ -180,6 +180,24 @@ class Cost(StatusModel):
     estimated_usd: float | None = Field(default=None, alias="estimatedUSD")
 
 
+class AttemptStatus(StatusModel):
+    """One training attempt (one training Job). A preemption, a retried failure or a resume starts a new one."""
+
+    attempt: int = Field(description="Attempt number (0 first); the training Job is <job>-train-<attempt>.")
+    job_name: str
+    pod_name: str | None = Field(default=None, description="The trainer pod, once it ran.")
+    start_step: int | None = Field(
+        default=None, description="Latest checkpoint step reported when the attempt began (it resumes there)."
+    )
+    start_time: str | None = Field(default=None, description="When the trainer started running (TPU time starts).")
+    end_time: str | None = None
+    outcome: str | None = Field(
+        default=None, description="Succeeded, Preempted, Failed or Suspended; unset while the attempt is live."
+    )
+    reason: str | None = None
+    message: str | None = None
+
+
 class FineTuneJobStatus(StatusModel):
     phase: FineTunePhase | None = None
     conditions: list[Condition] = Field(default_factory=list)
@@ -187,6 +205,9 @@ class FineTuneJobStatus(StatusModel):
     progress: Progress | None = None
     restarts: Restarts | None = None
     attempt: int | None = Field(default=None, description="Number of the current training attempt (0 first).")
+    attempts: list[AttemptStatus] = Field(
+        default_factory=list, description="Every training attempt so far, oldest first (TPU time, outcomes)."
+    )
     start_time: str | None = None
     completion_time: str | None = None
     outputs: Outputs | None = None

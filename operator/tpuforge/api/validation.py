@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -201,6 +202,23 @@ def check_serving(spec: ServingDeploymentSpec, model_id: str | None = None) -> l
     slc = TPU_SLICES.get(spec.tpu.slice)
     if slc is None:
         errors.append(FieldError("spec.tpu.slice", f"unknown TPU slice; use one of {sorted(TPU_SLICES)}"))
+    elif slc.hosts > 1:
+        single = [s.id for s in TPU_SLICES.values() if s.hosts == 1]
+        errors.append(
+            FieldError(
+                "spec.tpu.slice",
+                f"{slc.id} spans {slc.hosts} hosts and one vLLM server runs on one host; use one of {single}",
+            )
+        )
+    # The model volume is mounted at modelPath: it must be a directory of its own.
+    path = posixpath.normpath(spec.vllm.model_path)
+    if not spec.vllm.model_path.startswith("/") or path.split("/")[1] in ("", "dev", "proc", "sys", "etc"):
+        errors.append(
+            FieldError(
+                "spec.vllm.modelPath",
+                f"{spec.vllm.model_path!r}: use an absolute path outside /dev, /proc, /sys, /etc (e.g. /models/model)",
+            )
+        )
     mid = spec.model.name or model_id or "gemma4-31b"
     shape = MODELS.get(mid)
     if shape is None:

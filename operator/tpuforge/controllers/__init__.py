@@ -1,0 +1,108 @@
+"""The operator: kopf settings, login with the credentials `tpuforge.kube` loaded, and `main(argv)` for
+`tpuforge operator`. Importing this package registers every kind's handlers (one module per kind)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import kopf
+
+from tpuforge import kube, metrics
+from tpuforge.api.constants import LABEL_SERVING
+from tpuforge.controllers import finetunejob, servingdeployment
+
+__all__ = ["finetunejob", "main", "servingdeployment"]
+
+log = logging.getLogger(__name__)
+
+PREFIX = "tpuforge.dev"
+
+
+@kopf.on.startup()
+def configure_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
+    # Handler state (used by kinds with change handlers) lives in our own annotations and finalizer.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{PREFIX}/finalizer"
+    settings.posting.reporting_component = kube.COMPONENT
+    # Server-side label selectors for the child kinds kopf watches (the ServingDeployment controller's), so
+    # that the rest of the cluster's pods never reach the operator. The FineTuneJob controller watches its
+    # children with informers of its own (controllers/informer.py), with their own selectors.
+    settings.watching.label_selectors["v1", "pods"] = LABEL_SERVING
+    settings.watching.label_selectors["apps", "v1", "deployments"] = LABEL_SERVING
+
+
+@kopf.on.login()
+def login(**_: Any) -> kopf.ConnectionInfo:
+    """The credentials `kube.configure()` loaded (so kopf and the controllers' client are the same user)."""
+    cfg = kube.configuration()
+    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization") or ""
+    scheme, _sep, token = header.partition(" ") if " " in header else ("", "", header)
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        scheme=scheme or None,
+        token=token or None,
+        username=cfg.username or None,
+        password=cfg.password or None,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+    )
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tpuforge operator", description="Run the tpuforge operator.")
+    p.add_argument(
+        "--kubeconfig",
+        help="kubeconfig file; default: the pod's service account in a cluster, else $KUBECONFIG or ~/.kube/config",
+    )
+    p.add_argument("--context", help="kubeconfig context (default: its current context)")
+    p.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch only this namespace (repeatable; default: all namespaces)",
+    )
+    p.add_argument("--metrics-address", default="0.0.0.0", help="address of /metrics (default 0.0.0.0)")
+    p.add_argument("--metrics-port", type=int, default=8080, help="port of /metrics; 0 turns it off (default 8080)")
+    p.add_argument(
+        "--liveness", metavar="URL", help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz (default: none)"
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    kopf.configure(verbose=args.verbose)
+    if not args.verbose:
+        # kopf logs every handled watch event at INFO: thousands a minute on a busy cluster.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    try:
+        kube.configure(args.kubeconfig, args.context)
+    except Exception as exc:
+        log.error("cannot load Kubernetes credentials: %s", exc)
+        return 2
+    if args.metrics_port:
+        try:
+            metrics.serve(args.metrics_address, args.metrics_port)
+        except OSError as exc:
+            log.error(
+                "cannot serve /metrics on %s:%d (--metrics-port): %s", args.metrics_address, args.metrics_port, exc
+            )
+            return 2
+    kopf.run(
+        clusterwide=not args.namespace,
+        namespaces=args.namespace,
+        standalone=True,  # one operator per cluster (the Helm chart runs one replica); no peering objects
+        liveness_endpoint=args.liveness,
+        memo=kopf.Memo(namespaces=args.namespace or None),  # for the controllers' own informers
+    )
+    return 0

@@ -1,0 +1,220 @@
+"""What a FineTuneJob's children say, reduced to the few facts the decisions need, and how a finished
+training pod's ending is read: success, preemption (resume from a checkpoint) or failure (retry or give up).
+
+Pure: the views are built from raw API objects and compared by value, so the operator keeps them in its
+watch indices and the decision logic is tested on plain values.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tpuforge.api.constants import (
+    EXIT_BAD_CONFIG,
+    EXIT_PREEMPTED,
+    LABEL_ATTEMPT,
+    LABEL_COMPONENT,
+    TERMINATION_PREEMPTED,
+)
+from tpuforge.manifests.finetune import SPEC_KEY
+
+Raw = Mapping[str, Any]
+
+# Pod-level reasons that mean the pod was taken away rather than the trainer failing: kubelet or API
+# eviction, node loss, graceful node shutdown (a Spot VM being reclaimed), scheduler preemption.
+PREEMPTION_POD_REASONS = frozenset(
+    {"Evicted", "NodeLost", "Shutdown", "NodeShutdown", "Terminated", "Preempting", "TerminationByKubelet"}
+)
+MESSAGE_LIMIT = 1000  # status messages and Events stay readable in `kubectl describe`
+
+
+def _attempt(labels: Raw) -> int | None:
+    try:
+        return int(labels[LABEL_ATTEMPT])
+    except (KeyError, ValueError):
+        return None
+
+
+def _condition(status: Raw, type_: str) -> Raw | None:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == type_ and cond.get("status") == "True":
+            return dict(cond)
+    return None
+
+
+def _why(reason: str | None, message: str | None) -> str:
+    return ": ".join(p for p in ((reason or "").strip(), (message or "").strip()) if p)
+
+
+def clip(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """Keep the end of a long message: a termination log's last lines hold the error."""
+    text = text.strip()
+    return text if len(text) <= limit else "..." + text[-(limit - 3) :]
+
+
+@dataclass(frozen=True)
+class JobView:
+    name: str
+    component: str
+    attempt: int | None
+    complete: bool
+    failed: bool
+    failure: str  # the Failed condition's reason and message
+    deleting: bool
+
+    @property
+    def finished(self) -> bool:
+        return self.complete or self.failed
+
+
+def job_view(raw: Raw) -> JobView:
+    meta, status = raw.get("metadata") or {}, raw.get("status") or {}
+    labels = meta.get("labels") or {}
+    failed = _condition(status, "Failed")
+    return JobView(
+        name=meta.get("name", ""),
+        component=labels.get(LABEL_COMPONENT, ""),
+        attempt=_attempt(labels),
+        complete=_condition(status, "Complete") is not None,
+        failed=failed is not None,
+        failure=_why(failed.get("reason"), failed.get("message")) if failed else "",
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+@dataclass(frozen=True)
+class Terminated:
+    """The main container's terminated state."""
+
+    exit_code: int
+    reason: str
+    message: str
+    finished_at: str | None
+
+
+@dataclass(frozen=True)
+class PodView:
+    name: str
+    job_name: str
+    component: str
+    attempt: int | None
+    phase: str  # Pending, Running, Succeeded, Failed, Unknown
+    node_name: str | None
+    start_time: str | None
+    running_since: str | None
+    deleting: bool
+    reason: str  # pod-level status.reason (Evicted, NodeLost, ...)
+    message: str
+    disruption: str | None  # the DisruptionTarget condition's reason and message
+    unschedulable: str | None  # why the scheduler cannot place it
+    unschedulable_since: str | None
+    terminated: Terminated | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.phase in ("Succeeded", "Failed")
+
+
+def pod_view(raw: Raw) -> PodView:
+    meta, status = raw.get("metadata") or {}, raw.get("status") or {}
+    labels = meta.get("labels") or {}
+    containers = (raw.get("spec") or {}).get("containers") or [{}]
+    main = containers[0].get("name")
+    statuses = [c for c in status.get("containerStatuses") or [] if c.get("name") == main]
+    state = (statuses[0].get("state") or {}) if statuses else {}
+    term = state.get("terminated")
+    disruption = _condition(status, "DisruptionTarget")
+    unschedulable = since = None
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            unschedulable = _why(cond.get("reason"), cond.get("message")) or "not scheduled yet"
+            since = cond.get("lastTransitionTime")
+    return PodView(
+        name=meta.get("name", ""),
+        job_name=labels.get("job-name", ""),
+        component=labels.get(LABEL_COMPONENT, ""),
+        attempt=_attempt(labels),
+        phase=status.get("phase") or "Pending",
+        node_name=(raw.get("spec") or {}).get("nodeName"),
+        start_time=status.get("startTime"),
+        running_since=(state.get("running") or {}).get("startedAt"),
+        deleting=bool(meta.get("deletionTimestamp")),
+        reason=status.get("reason") or "",
+        message=status.get("message") or "",
+        disruption=(_why(disruption.get("reason"), disruption.get("message")) or "DisruptionTarget")
+        if disruption
+        else None,
+        unschedulable=unschedulable,
+        unschedulable_since=since,
+        terminated=Terminated(
+            exit_code=int(term.get("exitCode") or 0),
+            reason=term.get("reason") or "",
+            message=term.get("message") or "",
+            finished_at=term.get("finishedAt"),
+        )
+        if term
+        else None,
+    )
+
+
+@dataclass(frozen=True)
+class ConfigView:
+    """A training ConfigMap: the attempt it belongs to and the spec the run started with."""
+
+    name: str
+    attempt: int | None
+    spec: Mapping[str, Any] | None
+
+
+def config_view(raw: Raw) -> ConfigView:
+    meta = raw.get("metadata") or {}
+    text = (raw.get("data") or {}).get(SPEC_KEY)
+    try:
+        spec = json.loads(text) if text else None
+    except ValueError:
+        spec = None
+    return ConfigView(name=meta.get("name", ""), attempt=_attempt(meta.get("labels") or {}), spec=spec)
+
+
+Outcome = Literal["Succeeded", "Preempted", "Failed"]
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """How an attempt ended. `permanent` failures are not retried (the config itself is rejected)."""
+
+    outcome: Outcome
+    reason: str
+    message: str
+    at: str | None = None
+    permanent: bool = False
+
+
+def pod_ending(pod: PodView) -> AttemptEnd | None:
+    """The ending a terminal pod reports; None while it has not ended."""
+    term = pod.terminated
+    at = term.finished_at if term else None
+    if pod.phase == "Succeeded":
+        return AttemptEnd("Succeeded", "Completed", f"pod {pod.name} completed", at)
+    if pod.phase != "Failed":
+        return None
+    said = clip(term.message) if term else ""
+    if pod.disruption is not None:
+        detail = "; ".join(p for p in (pod.disruption, said) if p)
+        return AttemptEnd("Preempted", "DisruptionTarget", f"pod {pod.name} was disrupted: {clip(detail)}", at)
+    if pod.reason in PREEMPTION_POD_REASONS:
+        detail = "; ".join(p for p in (_why(pod.reason, pod.message), said) if p)
+        return AttemptEnd("Preempted", pod.reason, f"pod {pod.name} was stopped: {clip(detail)}", at)
+    if term is None:
+        return AttemptEnd(
+            "Failed", pod.reason or "PodFailed", clip(f"pod {pod.name} failed: {_why(pod.reason, pod.message)}")
+        )
+    if term.exit_code == EXIT_PREEMPTED or said.startswith(TERMINATION_PREEMPTED):
+        return AttemptEnd("Preempted", "TrainerCheckpointed", f"pod {pod.name}: {said or 'preempted'}", at)
+    detail = f"{term.reason or 'Error'}, exit code {term.exit_code}" + (f": {said}" if said else "")
+    if term.exit_code == EXIT_BAD_CONFIG:
+        return AttemptEnd("Failed", "InvalidConfig", f"pod {pod.name} rejected its config ({detail})", at, True)
+    return AttemptEnd("Failed", term.reason or "Error", f"pod {pod.name} failed ({detail})", at)

@@ -1,0 +1,686 @@
+"""The FineTuneJob decisions: from what is observed (the object and its children) to the status it should
+have and the actions that get there. Pure: no I/O, and `now` is passed in.
+
+Level-based and idempotent: every decision is a function of the stored status and the current attempt's
+children, and writes absolute values (attempt n, failures k), never increments of what was read. Running it
+twice, or on a stale view, gives the same result; the status patch carries the resourceVersion it was
+computed from, so a stale plan is refused by the apiserver rather than applied.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from tpuforge.api import (
+    AttemptStatus,
+    Cost,
+    FineTuneJobSpec,
+    FineTuneJobStatus,
+    FineTunePhase,
+    Outputs,
+    Restarts,
+    RunPolicy,
+    SpecError,
+    set_condition,
+    tpu_slice,
+    validate_finetune,
+)
+from tpuforge.api.conditions import ConditionStatus
+from tpuforge.controllers.finetune_children import (
+    AttemptEnd,
+    ConfigView,
+    JobView,
+    PodView,
+    clip,
+    pod_ending,
+)
+from tpuforge.manifests import finetune as m
+
+Obj = dict[str, Any]
+
+TERMINAL = (FineTunePhase.SUCCEEDED, FineTunePhase.FAILED)
+# Condition types.
+TRAINING = "Training"
+MERGED = "Merged"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+SUSPENDED = "Suspended"
+SPEC_CHANGE_NOT_APPLIED = "SpecChangeNotApplied"
+
+# Fields whose change after the start would change the training maths (or the pods' identity): later
+# attempts keep the values the run started with. Wire names, as `kubectl edit` shows them.
+FROZEN_FIELDS = ("model", "dataset", "lora", "training", "checkpoint", "serviceAccountName")
+FROZEN_TPU_FIELDS = ("slice", "mesh")
+# While a trainer runs, TPU time (and so cost) grows without any event: look again this often.
+# A pod the scheduler cannot place yet is how a node pool is asked to scale up (TPU nodes take minutes); only
+# after this long does the status say that the training pod cannot be scheduled, and why.
+UNSCHEDULABLE_REPORT_SECONDS = 300.0
+COST_REFRESH_SECONDS = 60.0
+TPU_HOURS_DIGITS = 3
+
+
+def rfc3339(t: datetime) -> str:
+    return t.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def parse_time(s: str) -> datetime:
+    return datetime.fromisoformat(s.replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True)
+class Observed:
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    spec: Mapping[str, Any]  # as stored (wire names); validated here
+    status: FineTuneJobStatus
+    jobs: tuple[JobView, ...] = ()
+    pods: tuple[PodView, ...] = ()
+    configs: tuple[ConfigView, ...] = ()
+    deleting: bool = False
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class ChildRef:
+    api_version: str
+    kind: str
+    name: str
+
+
+@dataclass
+class Plan:
+    status: FineTuneJobStatus
+    create: list[Obj] = field(default_factory=list)
+    delete: list[ChildRef] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    delete_self: bool = False
+    requeue_after: float | None = None
+
+    def requeue(self, seconds: float) -> None:
+        seconds = max(seconds, 0.0)
+        self.requeue_after = seconds if self.requeue_after is None else min(self.requeue_after, seconds)
+
+
+def _leaves(value: Any, path: str) -> dict[str, Any]:
+    if isinstance(value, Mapping) and value:
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_leaves(v, f"{path}.{k}"))
+        return out
+    return {path: value}
+
+
+def frozen_changes(started: FineTuneJobSpec, current: FineTuneJobSpec) -> list[str]:
+    """The frozen fields (leaf paths such as spec.training.learningRate) that differ from the start."""
+    a, b = started.to_wire(), current.to_wire()
+    old: dict[str, Any] = {}
+    new: dict[str, Any] = {}
+    for key in FROZEN_FIELDS:
+        old.update(_leaves(a.get(key), f"spec.{key}"))
+        new.update(_leaves(b.get(key), f"spec.{key}"))
+    for key in FROZEN_TPU_FIELDS:
+        old.update(_leaves(a.get("tpu", {}).get(key), f"spec.tpu.{key}"))
+        new.update(_leaves(b.get("tpu", {}).get(key), f"spec.tpu.{key}"))
+    return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+
+
+def effective_spec(started: FineTuneJobSpec, current: FineTuneJobSpec) -> FineTuneJobSpec:
+    """The current spec with the frozen fields taken from the spec the run started with."""
+    wire = current.to_wire()
+    first = started.to_wire()
+    for key in FROZEN_FIELDS:
+        if key in first:
+            wire[key] = first[key]
+        else:
+            wire.pop(key, None)
+    tpu = dict(wire.get("tpu", {}))
+    for key in FROZEN_TPU_FIELDS:
+        if key in first.get("tpu", {}):
+            tpu[key] = first["tpu"][key]
+        else:
+            tpu.pop(key, None)
+    wire["tpu"] = tpu
+    return FineTuneJobSpec.model_validate(wire)
+
+
+def started_spec(configs: tuple[ConfigView, ...]) -> FineTuneJobSpec | None:
+    """The spec the run started with, from the newest training ConfigMap that holds one."""
+    for cv in sorted(configs, key=lambda c: c.attempt if c.attempt is not None else -1, reverse=True):
+        if cv.spec is None:
+            continue
+        try:
+            return FineTuneJobSpec.model_validate(cv.spec)
+        except ValidationError:
+            continue
+    return None
+
+
+def tpu_hours(attempts: list[AttemptStatus], now: datetime) -> float:
+    """Slice-hours held by the trainer pods: each attempt from its start to its end (or now, if running)."""
+    seconds = 0.0
+    for a in attempts:
+        if a.start_time is None:
+            continue
+        end = parse_time(a.end_time) if a.end_time else now
+        seconds += max((end - parse_time(a.start_time)).total_seconds(), 0.0)
+    return seconds / 3600.0
+
+
+def eta_seconds(status: FineTuneJobStatus) -> int | None:
+    """Time left at the current attempt's rate: steps done since it resumed over the time it has run."""
+    prog = status.progress
+    if prog is None or prog.step is None or not prog.total_steps or prog.updated_at is None:
+        return None
+    current = _entry(status, status.attempt)
+    if current is None or current.start_time is None:
+        return None
+    done = prog.step - (current.start_step or 0)
+    elapsed = (parse_time(prog.updated_at) - parse_time(current.start_time)).total_seconds()
+    if done <= 0 or elapsed <= 0:
+        return None
+    return max(math.ceil((prog.total_steps - prog.step) * elapsed / done), 0)
+
+
+def _entry(status: FineTuneJobStatus, attempt: int | None) -> AttemptStatus | None:
+    if attempt is None:
+        return None
+    for a in status.attempts:
+        if a.attempt == attempt:
+            return a
+    return None
+
+
+class _Planner:
+    def __init__(self, o: Observed, now: datetime):
+        self.o = o
+        self.now = now
+        self.stamp = rfc3339(now)
+        self.st = o.status.model_copy(deep=True)
+        self.plan = Plan(status=self.st)
+        self.owner = m.owner(o.namespace, o.name, o.uid)
+        self.spec: FineTuneJobSpec | None = None
+
+    # --- small helpers --------------------------------------------------------------------------------
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        self.plan.events.append(Event(type_, reason, clip(message)))
+
+    def condition(self, type_: str, status: ConditionStatus, reason: str, message: str) -> None:
+        self.st.conditions = set_condition(
+            self.st.conditions, type_, status, reason, clip(message), self.o.generation, self.stamp
+        )
+
+    def has_condition(self, type_: str, status: str = "True") -> bool:
+        return any(c.type == type_ and c.status == status for c in self.st.conditions)
+
+    def train_job(self, attempt: int) -> JobView | None:
+        name = m.train_job_name(self.o.name, attempt)
+        return next((j for j in self.o.jobs if j.name == name), None)
+
+    def merge_job(self) -> JobView | None:
+        name = m.merge_job_name(self.o.name)
+        return next((j for j in self.o.jobs if j.name == name), None)
+
+    def pods_of(self, job: JobView) -> list[PodView]:
+        return [p for p in self.o.pods if p.job_name == job.name]
+
+    def delete_job(self, job: JobView) -> None:
+        ref = ChildRef("batch/v1", "Job", job.name)
+        if not job.deleting and ref not in self.plan.delete:
+            self.plan.delete.append(ref)
+
+    def live(self, job: JobView) -> bool:
+        """A Job that runs or may still start a pod. A Job whose pods have all ended is kept, so that its
+        pods' logs stay readable (`kubectl logs`) until the FineTuneJob is deleted."""
+        if job.finished or job.deleting:
+            return False
+        pods = self.pods_of(job)
+        return not pods or any(not p.terminal for p in pods)
+
+    def stop_children(self) -> None:
+        """Remove every training or merge Job still running (a finished job must not hold a slice)."""
+        for job in self.o.jobs:
+            if self.live(job):
+                self.delete_job(job)
+
+    def entry(self, attempt: int) -> AttemptStatus:
+        found = _entry(self.st, attempt)
+        if found is None:
+            last = self.st.progress.last_checkpoint_step if self.st.progress else None
+            found = AttemptStatus(attempt=attempt, job_name=m.train_job_name(self.o.name, attempt), start_step=last)
+            self.st.attempts = [*self.st.attempts, found]
+        return found
+
+    def close_attempt(self, attempt: int | None, outcome: str, reason: str, message: str, at: str | None) -> None:
+        if attempt is None:
+            return
+        e = self.entry(attempt)
+        if e.outcome is None:
+            e.outcome, e.reason, e.message = outcome, reason, clip(message)
+            e.end_time = (at or self.stamp) if e.start_time else None
+
+    # --- the phases -----------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        if self.o.deleting:
+            return
+        if self.st.phase in TERMINAL:
+            self.finished()
+        else:
+            self.spec = self.effective_spec()
+            if self.spec is not None and not self.deadline_passed():
+                if self.st.phase == FineTunePhase.MERGING:
+                    self.merging()
+                elif self.st.phase == FineTunePhase.SUSPENDED:
+                    self.suspended()
+                else:
+                    self.training()
+                self.wake_at_deadline()
+        self.derive()
+        self.st.observed_generation = self.o.generation
+
+    def effective_spec(self) -> FineTuneJobSpec | None:
+        started = started_spec(self.o.configs)
+        try:
+            current: FineTuneJobSpec | None = validate_finetune(self.o.spec)
+            error: SpecError | None = None
+        except SpecError as exc:
+            current, error = None, exc
+        if started is None:
+            if current is None:
+                assert error is not None
+                self.fail("InvalidSpec", f"invalid spec: {error}")
+            return current
+        if current is None:
+            self.spec_change(f"the edited spec is invalid ({error}); the job keeps the spec it started with")
+            return started
+        changed = frozen_changes(started, current)
+        self.spec_change(
+            f"{', '.join(changed)} changed after the job started; these fields change the training maths, so "
+            "the run keeps the values it started with (create a new FineTuneJob to train with them)"
+            if changed
+            else None
+        )
+        return effective_spec(started, current)
+
+    def spec_change(self, message: str | None) -> None:
+        if message is None:
+            if self.has_condition(SPEC_CHANGE_NOT_APPLIED):
+                self.condition(SPEC_CHANGE_NOT_APPLIED, "False", "SpecMatches", "the spec matches the running job")
+            return
+        before = next((c for c in self.st.conditions if c.type == SPEC_CHANGE_NOT_APPLIED), None)
+        self.condition(SPEC_CHANGE_NOT_APPLIED, "True", "FrozenFieldsChanged", message)
+        if before is None or before.status != "True" or before.message != clip(message):
+            self.event("Warning", "SpecChangeNotApplied", message)
+
+    def deadline_passed(self) -> bool:
+        assert self.spec is not None
+        limit = self.spec.run_policy.active_deadline_seconds
+        if limit is None or self.st.start_time is None or self.st.phase == FineTunePhase.SUSPENDED:
+            return False
+        ran = (self.now - parse_time(self.st.start_time)).total_seconds()
+        if ran < limit:
+            return False
+        message = (
+            f"the job ran for {int(ran)}s, past spec.runPolicy.activeDeadlineSeconds={limit}; "
+            "its Jobs were stopped (checkpoints stay)"
+        )
+        self.close_attempt(self.st.attempt, "Failed", "DeadlineExceeded", message, None)
+        self.fail("DeadlineExceeded", message)
+        return True
+
+    def wake_at_deadline(self) -> None:
+        assert self.spec is not None
+        limit = self.spec.run_policy.active_deadline_seconds
+        if limit is None or self.st.start_time is None or self.st.phase in (*TERMINAL, FineTunePhase.SUSPENDED):
+            return
+        self.plan.requeue(limit - (self.now - parse_time(self.st.start_time)).total_seconds())
+
+    def training(self) -> None:
+        assert self.spec is not None
+        st = self.st
+        if self.spec.run_policy.suspend:
+            self.suspend()
+            return
+        if st.attempt is None:
+            self.begin(0)
+            st.start_time = self.stamp
+            s = tpu_slice(self.spec.tpu.slice)
+            self.event(
+                "Normal",
+                "Created",
+                f"training on {s.id} ({s.accelerator} {s.topology}"
+                f"{', spot' if self.spec.tpu.spot else ''}) as Job {m.train_job_name(self.o.name, 0)}",
+            )
+        n = st.attempt
+        assert n is not None
+        job = self.train_job(n)
+        if job is None:
+            self.create_attempt(n)
+            return
+        if job.deleting:
+            return  # someone removed it: it is recreated once it is gone
+        pods = self.pods_of(job)
+        self.record_start(n, pods)
+        end = self.attempt_end(n, job, pods)
+        if end is None:
+            running = next((p for p in pods if p.phase == "Running" and not p.deleting), None)
+            if running is not None:
+                self.running(n, running)
+            elif not any(p.phase == "Running" for p in pods):
+                self.pending(n, pods)
+            return
+        self.close_attempt(n, end.outcome, end.reason, end.message, end.at)
+        if end.outcome == "Succeeded":
+            self.trained()
+        elif end.outcome == "Preempted":
+            self.preempted(n, job, end)
+        else:
+            self.failed_attempt(n, job, end)
+
+    def record_start(self, n: int, pods: list[PodView]) -> None:
+        """The first pod of the attempt that reached a node: its name and when TPU time began."""
+        started = next((p for p in pods if p.running_since or p.start_time), None)
+        e = self.entry(n)
+        if started is not None and e.pod_name is None:
+            e.pod_name = started.name
+            e.start_time = e.start_time or started.running_since or started.start_time
+
+    def begin(self, attempt: int) -> None:
+        """Make `attempt` the current one (its Job is created by create_attempt)."""
+        st = self.st
+        st.attempt = attempt
+        self.entry(attempt)
+        st.restarts = st.restarts or Restarts()
+        st.phase = FineTunePhase.PENDING
+        self.condition(TRAINING, "False", "Pending", f"attempt {attempt}: waiting for the training pod to start")
+
+    def create_attempt(self, n: int) -> None:
+        assert self.spec is not None
+        job_name = m.train_job_name(self.o.name, n)
+        busy = [p for p in self.o.pods if p.component == m.COMPONENT_TRAINER and not p.terminal]
+        if busy:
+            # Two trainers must never write the same checkpoint directory.
+            self.condition(
+                TRAINING,
+                "False",
+                "WaitingForPreviousAttempt",
+                f"attempt {n} starts when pod {busy[0].name} has stopped (it checkpoints on SIGTERM)",
+            )
+            return
+        self.plan.create.extend(m.attempt_objects(self.owner, self.spec, n))
+        self.st.phase = self.st.phase or FineTunePhase.PENDING
+        if not self.has_condition(TRAINING, "False"):
+            self.condition(TRAINING, "False", "Pending", f"attempt {n}: created Job {job_name}")
+
+    def attempt_end(self, n: int, job: JobView, pods: list[PodView]) -> AttemptEnd | None:
+        endings = [e for e in (pod_ending(p) for p in pods) if e is not None]
+        done = next((e for e in endings if e.outcome == "Succeeded"), None)
+        if done is not None:
+            return done
+        if endings:
+            return endings[-1]
+        if job.complete:
+            return AttemptEnd("Succeeded", "Completed", f"Job {job.name} completed")
+        if job.failed:
+            return AttemptEnd("Failed", "JobFailed", f"Job {job.name} failed: {job.failure}")
+        recorded = self.entry(n).pod_name
+        if recorded and not any(p.name == recorded for p in pods):
+            return AttemptEnd(
+                "Preempted",
+                "PodDeleted",
+                f"pod {recorded} disappeared before it finished (node loss, eviction or deletion)",
+            )
+        return None
+
+    def running(self, n: int, pod: PodView) -> None:
+        e = self.entry(n)
+        e.pod_name = e.pod_name or pod.name
+        e.start_time = e.start_time or pod.running_since or pod.start_time or self.stamp
+        if self.st.phase != FineTunePhase.TRAINING:
+            self.st.phase = FineTunePhase.TRAINING
+            where = f" on node {pod.node_name}" if pod.node_name else ""
+            self.condition(TRAINING, "True", "Running", f"attempt {n}: pod {pod.name} is training{where}")
+            self.event("Normal", "Training", f"attempt {n} started: pod {pod.name}{where}")
+        self.plan.requeue(COST_REFRESH_SECONDS)
+
+    def pending(self, n: int, pods: list[PodView]) -> None:
+        """Say why the pod does not start once it has waited longer than a TPU node pool takes to scale up
+        (before that, an unschedulable pod is the normal way to ask for a node)."""
+        stuck = next((p for p in pods if p.unschedulable), None)
+        if stuck is not None:
+            since = parse_time(stuck.unschedulable_since) if stuck.unschedulable_since else self.now
+            wait = UNSCHEDULABLE_REPORT_SECONDS - (self.now - since).total_seconds()
+            if wait > 0:
+                self.plan.requeue(wait)
+                return
+            self.condition(
+                TRAINING,
+                "False",
+                "Unschedulable",
+                f"attempt {n}: pod {stuck.name} has waited for a node since {rfc3339(since)}: {stuck.unschedulable}",
+            )
+        elif any(c.type == TRAINING and c.reason == "Unschedulable" for c in self.st.conditions):
+            self.condition(TRAINING, "False", "Pending", f"attempt {n}: waiting for the training pod to start")
+
+    def trained(self) -> None:
+        assert self.spec is not None
+        st = self.st
+        st.outputs = (st.outputs or Outputs()).model_copy(update={"checkpoint_uri": self.spec.checkpoint.uri})
+        step = st.progress.step if st.progress and st.progress.step is not None else None
+        self.condition(
+            TRAINING, "False", "Completed", "training finished" + (f" at step {step}" if step is not None else "")
+        )
+        if not self.spec.merge.enabled:
+            self.succeed(
+                f"training finished; the LoRA checkpoint is in {self.spec.checkpoint.uri} "
+                "(spec.merge.enabled is false, so nothing was merged)"
+            )
+            return
+        st.phase = FineTunePhase.MERGING
+        self.condition(MERGED, "False", "Merging", f"merging the LoRA weights into {self.spec.output.uri}")
+        self.event("Normal", "Merging", f"training finished; merging into {self.spec.output.uri}")
+        self.plan.create.extend(m.merge_objects(self.owner, self.spec))
+
+    def next_attempt(self, n: int, job: JobView) -> None:
+        if self.live(job):
+            self.delete_job(job)  # e.g. a replacement pod the Job controller started after a node loss
+        self.begin(n + 1)
+        self.create_attempt(n + 1)
+
+    def preempted(self, n: int, job: JobView, end: AttemptEnd) -> None:
+        st = self.st
+        st.restarts = (st.restarts or Restarts()).model_copy(
+            update={"preemptions": (st.restarts.preemptions if st.restarts else 0) + 1}
+        )
+        ckpt = st.progress.last_checkpoint_step if st.progress else None
+        resume = f"from checkpoint step {ckpt}" if ckpt is not None else "from the latest checkpoint"
+        self.event(
+            "Warning", "Preempted", f"attempt {n} was preempted ({end.message}); attempt {n + 1} resumes {resume}"
+        )
+        self.next_attempt(n, job)
+        self.condition(TRAINING, "False", "Preempted", f"attempt {n} was preempted; attempt {n + 1} resumes {resume}")
+
+    def failed_attempt(self, n: int, job: JobView, end: AttemptEnd) -> None:
+        assert self.spec is not None
+        st = self.st
+        failures = (st.restarts.failures if st.restarts else 0) + 1
+        st.restarts = (st.restarts or Restarts()).model_copy(update={"failures": failures})
+        limit = self.spec.run_policy.max_restarts
+        if end.permanent:
+            self.fail(end.reason, f"attempt {n}: {end.message}; not retried: fix the spec and create the job again")
+            return
+        if failures > limit:
+            self.fail(
+                "TrainingFailed",
+                f"attempt {n}: {end.message}; gave up after {failures} failures (spec.runPolicy.maxRestarts={limit})",
+            )
+            return
+        self.event(
+            "Warning",
+            "TrainingFailed",
+            f"attempt {n}: {end.message}; retrying as attempt {n + 1} ({failures} of {limit} restarts used)",
+        )
+        self.next_attempt(n, job)
+        self.condition(TRAINING, "False", "Retrying", f"attempt {n} failed; retrying as attempt {n + 1}")
+
+    def suspend(self) -> None:
+        st = self.st
+        n = st.attempt
+        job = self.train_job(n) if n is not None else None
+        if job is not None:
+            self.delete_job(job)
+        self.close_attempt(n, "Suspended", "Suspended", "spec.runPolicy.suspend was set", None)
+        if st.phase != FineTunePhase.SUSPENDED:
+            st.phase = FineTunePhase.SUSPENDED
+            self.condition(
+                SUSPENDED,
+                "True",
+                "Suspended",
+                "spec.runPolicy.suspend is true: the training Job was removed and the checkpoints stay; "
+                "set it to false to resume",
+            )
+            if n is not None:
+                self.condition(TRAINING, "False", "Suspended", f"attempt {n} was stopped")
+            self.event("Normal", "Suspended", "training stopped (spec.runPolicy.suspend); checkpoints stay")
+
+    def suspended(self) -> None:
+        assert self.spec is not None
+        st = self.st
+        if self.spec.run_policy.suspend:
+            job = self.train_job(st.attempt) if st.attempt is not None else None
+            if job is not None:
+                self.delete_job(job)
+            return
+        n = 0 if st.attempt is None else st.attempt + 1
+        st.start_time = self.stamp  # as for a Kubernetes Job, the deadline counts from the resume
+        self.begin(n)
+        self.condition(SUSPENDED, "False", "Resumed", f"resumed as attempt {n}")
+        self.event("Normal", "Resumed", f"resuming as attempt {n} from the latest checkpoint")
+        self.create_attempt(n)
+
+    def merging(self) -> None:
+        assert self.spec is not None
+        job = self.merge_job()
+        if job is None:
+            self.plan.create.extend(m.merge_objects(self.owner, self.spec))
+            return
+        if job.complete:
+            uri = self.spec.output.uri
+            self.st.outputs = (self.st.outputs or Outputs()).model_copy(update={"merged_model_uri": uri})
+            self.condition(MERGED, "True", "Merged", f"merged model in {uri}")
+            self.succeed(f"merged model written to {uri}")
+        elif job.failed:
+            ends = [e for e in (pod_ending(p) for p in self.pods_of(job)) if e is not None]
+            detail = ends[-1].message if ends else job.failure
+            self.condition(MERGED, "False", "MergeFailed", detail)
+            self.fail(
+                "MergeFailed",
+                f"the merge Job {job.name} failed after {m.MERGE_BACKOFF_LIMIT + 1} tries; last: {detail}",
+            )
+
+    def succeed(self, message: str) -> None:
+        st = self.st
+        st.phase = FineTunePhase.SUCCEEDED
+        st.completion_time = self.stamp
+        self.condition(SUCCEEDED, "True", "Succeeded", message)
+        self.event("Normal", "Succeeded", message)
+        self.expire()
+
+    def fail(self, reason: str, message: str) -> None:
+        st = self.st
+        st.phase = FineTunePhase.FAILED
+        st.completion_time = self.stamp
+        self.condition(FAILED, "True", reason, message)
+        self.event("Warning", reason, message)
+        self.stop_children()
+        self.expire()
+
+    def finished(self) -> None:
+        self.stop_children()
+        self.expire()
+
+    def expire(self) -> None:
+        """ttlSecondsAfterFinished: the operator deletes the finished object (children go with it)."""
+        try:
+            policy = RunPolicy.model_validate(self.o.spec.get("runPolicy") or {})
+        except ValidationError:
+            return
+        ttl = policy.ttl_seconds_after_finished
+        if ttl is None or self.st.completion_time is None:
+            return
+        left = ttl - (self.now - parse_time(self.st.completion_time)).total_seconds()
+        if left <= 0:
+            self.plan.delete_self = True
+        else:
+            self.plan.requeue(left)
+
+    # --- derived status -------------------------------------------------------------------------------
+
+    def derive(self) -> None:
+        """percent, etaSeconds and cost, from the trainer's progress and the attempts' TPU time."""
+        st = self.st
+        if st.progress is not None and st.progress.step is not None and st.progress.total_steps:
+            done = min(st.progress.step, st.progress.total_steps) / st.progress.total_steps
+            eta = eta_seconds(st) if st.phase == FineTunePhase.TRAINING else st.progress.eta_seconds
+            if st.phase in (FineTunePhase.MERGING, FineTunePhase.SUCCEEDED):
+                eta = 0
+            st.progress = st.progress.model_copy(update={"percent": round(100 * done, 1), "eta_seconds": eta})
+        slice_id = self.spec.tpu.slice if self.spec is not None else self.o.spec.get("tpu", {}).get("slice")
+        if not st.attempts or slice_id is None:
+            return
+        try:
+            price = tpu_slice(slice_id).usd_per_hour
+        except KeyError:
+            return
+        hours = round(tpu_hours(st.attempts, self.now), TPU_HOURS_DIGITS)
+        st.cost = Cost(tpu_hours=hours, estimated_usd=round(hours * price, 2))
+
+
+def plan(o: Observed, now: datetime) -> Plan:
+    """The status `o` should have at `now`, and the creates, deletes and Events that get it there."""
+    planner = _Planner(o, now)
+    planner.run()
+    return planner.plan
+
+
+# Status fields the operator writes. `progress` belongs to the trainer except the derived keys.
+OWNED_FIELDS = (
+    "phase",
+    "conditions",
+    "observedGeneration",
+    "restarts",
+    "attempt",
+    "attempts",
+    "startTime",
+    "completionTime",
+    "outputs",
+    "cost",
+)
+DERIVED_PROGRESS_FIELDS = ("percent", "etaSeconds")
+
+
+def status_patch(current: FineTuneJobStatus, desired: FineTuneJobStatus) -> Obj:
+    """The JSON merge patch from `current` to `desired` over the operator's fields only (empty: no change)."""
+    cur = current.model_dump(mode="json", by_alias=True, exclude_none=True)
+    new = desired.model_dump(mode="json", by_alias=True, exclude_none=True)
+    patch: Obj = {k: new.get(k) for k in OWNED_FIELDS if cur.get(k) != new.get(k)}
+    cur_p, new_p = cur.get("progress") or {}, new.get("progress") or {}
+    derived = {k: new_p.get(k) for k in DERIVED_PROGRESS_FIELDS if cur_p.get(k) != new_p.get(k)}
+    if derived:
+        patch["progress"] = derived
+    return patch

@@ -1,0 +1,289 @@
+"""FineTuneJob -> the Kubernetes objects that run it: per training attempt a ConfigMap (TrainConfig) and a Job
+on the TPU node pool; the pods' ServiceAccount and a Role/RoleBinding for progress reporting; after training,
+a ConfigMap (MergeConfig) and a merge Job on a CPU node pool.
+
+Pure: the same inputs give the same objects. Names are deterministic, so creating them again is a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from tpuforge.api.catalog import model_shape, tpu_slice
+from tpuforge.api.configs import merge_config, train_config
+from tpuforge.api.constants import (
+    API_VERSION,
+    CONFIG_FILE,
+    CONFIG_MOUNT_DIR,
+    FINETUNEJOB_KIND,
+    FINETUNEJOB_PLURAL,
+    GKE_SPOT,
+    GKE_TPU_ACCELERATOR,
+    GKE_TPU_TOPOLOGY,
+    LABEL_ATTEMPT,
+    LABEL_FINETUNEJOB,
+    LABEL_KUEUE_QUEUE,
+    TERMINATION_LOG,
+    TPU_RESOURCE,
+)
+from tpuforge.api.finetune import FineTuneJobSpec
+from tpuforge.manifests.common import (
+    Obj,
+    Owner,
+    child_name,
+    config_map,
+    metadata,
+    own_status_role,
+    role_binding,
+    service_account,
+    standard_labels,
+)
+
+COMPONENT_TRAINER = "trainer"
+COMPONENT_MERGER = "merger"
+COMPONENT_RBAC = "rbac"
+APP_TRAINER = "tpuforge-trainer"
+APP_MERGER = "tpuforge-merger"
+TRAINER_CONTAINER = "trainer"
+MERGER_CONTAINER = "merger"
+
+# The training ConfigMap also keeps the spec the run started with: later attempts take the fields that
+# change the training maths from it, so an edit after the start never changes a run half-way.
+SPEC_KEY = "finetunejob-spec.json"
+
+# On SIGTERM the trainer writes an Orbax checkpoint (LoRA weights + optimizer state: about 1.5 GB for the 31B
+# model at rank 64) straight to GCS before it exits. Five minutes covers a slow link; GKE Spot reclaims give
+# at most 30 s whatever this says, which is why the trainer also checkpoints every checkpoint.everySteps.
+TRAINER_TERMINATION_GRACE_SECONDS = 300
+# The merge is idempotent (it commits its output with a marker written last), so a transient failure such as
+# a GCS hiccup is retried by the Job controller; the operator reads the outcome from the Job.
+MERGE_BACKOFF_LIMIT = 2
+MERGE_CPU = "2"
+_GIB = 1 << 30
+_MIB = 1 << 20
+# The merge process itself (Python, safetensors, the GCS client) beside the tensors it holds.
+MERGE_RUNTIME_BYTES = 1 * _GIB
+
+# The report's XLA flag: cuts the first compile of the 31B model from ~8 to ~3 minutes. Staging files go to
+# /dev/shm (memory-backed) rather than the small boot disk of a TPU VM.
+XLA_FLAGS = "--xla_llvm_disable_expensive_passes=true"
+SHM_DIR = "/dev/shm"
+PROGRESS_VERBS = ("get", "patch")
+
+
+def owner(namespace: str, name: str, uid: str) -> Owner:
+    return Owner(API_VERSION, FINETUNEJOB_KIND, namespace, name, uid)
+
+
+def train_job_name(name: str, attempt: int) -> str:
+    return child_name(name, f"train-{attempt}")
+
+
+def merge_job_name(name: str) -> str:
+    return child_name(name, "merge")
+
+
+def progress_role_name(name: str) -> str:
+    return child_name(name, "progress")
+
+
+def service_account_name(name: str, spec: FineTuneJobSpec) -> str:
+    """The pods' ServiceAccount: the platform team's (Workload Identity) or the one the operator creates."""
+    return spec.service_account_name or child_name(name, "trainer")
+
+
+def labels(o: Owner, component: str, attempt: int | None = None) -> dict[str, str]:
+    app = APP_MERGER if component == COMPONENT_MERGER else APP_TRAINER
+    out = standard_labels(o, LABEL_FINETUNEJOB, app, component)
+    if attempt is not None:
+        out[LABEL_ATTEMPT] = str(attempt)
+    return out
+
+
+def rbac_objects(o: Owner, spec: FineTuneJobSpec) -> list[Obj]:
+    """The pods' ServiceAccount (unless the spec names one) and the Role + RoleBinding that let it get and
+    patch this FineTuneJob's status, and nothing else."""
+    lab = labels(o, COMPONENT_RBAC)
+    sa = service_account_name(o.name, spec)
+    role = progress_role_name(o.name)
+    objs = [] if spec.service_account_name else [service_account(o, sa, lab)]
+    objs.append(own_status_role(o, role, lab, FINETUNEJOB_PLURAL, PROGRESS_VERBS))
+    objs.append(role_binding(o, role, lab, role, sa))
+    return objs
+
+
+def frozen_spec_json(spec: FineTuneJobSpec) -> str:
+    return json.dumps(spec.to_wire(), sort_keys=True, separators=(",", ":"))
+
+
+def train_config_map(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
+    cfg = train_config(o.namespace, o.name, spec, attempt=attempt)
+    return config_map(
+        o,
+        train_job_name(o.name, attempt),
+        labels(o, COMPONENT_TRAINER, attempt),
+        {CONFIG_FILE: cfg.model_dump_json(by_alias=True), SPEC_KEY: frozen_spec_json(spec)},
+    )
+
+
+def _config_volume(config_map_name: str) -> Obj:
+    return {
+        "name": "config",
+        "configMap": {"name": config_map_name, "items": [{"key": CONFIG_FILE, "path": CONFIG_FILE}]},
+    }
+
+
+def _config_mount() -> Obj:
+    return {"name": "config", "mountPath": CONFIG_MOUNT_DIR, "readOnly": True}
+
+
+def _command(module: str) -> list[str]:
+    return [
+        "python",
+        "-m",
+        module,
+        "--config",
+        f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE}",
+        "--termination-log",
+        TERMINATION_LOG,
+    ]
+
+
+def train_job(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
+    slc = tpu_slice(spec.tpu.slice)
+    name = train_job_name(o.name, attempt)
+    lab = labels(o, COMPONENT_TRAINER, attempt)
+    job_labels = dict(lab)
+    if spec.queue_name:
+        job_labels[LABEL_KUEUE_QUEUE] = spec.queue_name
+    node_selector = {GKE_TPU_ACCELERATOR: slc.accelerator, GKE_TPU_TOPOLOGY: slc.topology}
+    tolerations: list[Obj] = [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    if spec.tpu.spot:
+        node_selector[GKE_SPOT] = "true"
+        tolerations.append({"key": GKE_SPOT, "operator": "Equal", "value": "true", "effect": "NoSchedule"})
+    chips = str(slc.chips_per_host)
+    metrics_port = train_config(o.namespace, o.name, spec, attempt).metrics_port
+    container: Obj = {
+        "name": TRAINER_CONTAINER,
+        "image": spec.images.trainer,
+        "command": _command("tpuforge_workloads.train"),
+        "env": [
+            {"name": "XLA_FLAGS", "value": XLA_FLAGS},
+            {"name": "TMPDIR", "value": SHM_DIR},
+            {"name": "PYTHONUNBUFFERED", "value": "1"},
+        ],
+        "resources": {"requests": {TPU_RESOURCE: chips}, "limits": {TPU_RESOURCE: chips}},
+        "volumeMounts": [_config_mount(), {"name": "dshm", "mountPath": SHM_DIR}],
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if metrics_port:
+        container["ports"] = [{"name": "metrics", "containerPort": metrics_port}]
+    pod_spec: Obj = {
+        "restartPolicy": "Never",
+        "serviceAccountName": service_account_name(o.name, spec),
+        "nodeSelector": node_selector,
+        "tolerations": tolerations,
+        "terminationGracePeriodSeconds": TRAINER_TERMINATION_GRACE_SECONDS,
+        "containers": [container],
+        "volumes": [_config_volume(name), {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+    }
+    if spec.priority_class_name:
+        pod_spec["priorityClassName"] = spec.priority_class_name
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(o, name, job_labels),
+        "spec": {
+            # The operator owns retries: it tells a preemption from a failure and resumes from a checkpoint.
+            "backoffLimit": 0,
+            "completions": 1,
+            "parallelism": 1,
+            "template": {"metadata": {"labels": lab}, "spec": pod_spec},
+        },
+    }
+
+
+def attempt_objects(o: Owner, spec: FineTuneJobSpec, attempt: int) -> list[Obj]:
+    """Everything a training attempt needs, in creation order: the Job comes last, so its pod never waits
+    for a ServiceAccount or ConfigMap that does not exist yet."""
+    return [*rbac_objects(o, spec), train_config_map(o, spec, attempt), train_job(o, spec, attempt)]
+
+
+def merge_memory(spec: FineTuneJobSpec) -> str:
+    """The merge pod's memory request: spec.merge.memory, else what a streamed merge holds at its peak (the
+    largest tensor as float32 twice, base and delta, plus one output shard and the runtime)."""
+    if spec.merge.memory:
+        return spec.merge.memory
+    shape = model_shape(spec.model.name)
+    peak = 2 * shape.largest_tensor_bytes + spec.merge.shard_size_mb * _MIB + MERGE_RUNTIME_BYTES
+    return f"{math.ceil(peak / _GIB)}Gi"
+
+
+def merge_config_map(o: Owner, spec: FineTuneJobSpec) -> Obj:
+    cfg = merge_config(o.namespace, o.name, spec)
+    return config_map(
+        o, merge_job_name(o.name), labels(o, COMPONENT_MERGER), {CONFIG_FILE: cfg.model_dump_json(by_alias=True)}
+    )
+
+
+def merge_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
+    name = merge_job_name(o.name)
+    lab = labels(o, COMPONENT_MERGER)
+    pod_spec: Obj = {
+        "restartPolicy": "Never",
+        "serviceAccountName": service_account_name(o.name, spec),
+        "containers": [
+            {
+                "name": MERGER_CONTAINER,
+                "image": spec.images.merger,
+                "command": _command("tpuforge_workloads.merge"),
+                "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+                "resources": {"requests": {"cpu": MERGE_CPU, "memory": merge_memory(spec)}},
+                "volumeMounts": [_config_mount()],
+                "terminationMessagePath": TERMINATION_LOG,
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }
+        ],
+        "volumes": [_config_volume(name)],
+    }
+    if spec.merge.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.merge.node_selector)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(o, name, lab),
+        "spec": {
+            "backoffLimit": MERGE_BACKOFF_LIMIT,
+            "completions": 1,
+            "parallelism": 1,
+            "template": {"metadata": {"labels": lab}, "spec": pod_spec},
+        },
+    }
+
+
+def merge_objects(o: Owner, spec: FineTuneJobSpec) -> list[Obj]:
+    return [merge_config_map(o, spec), merge_job(o, spec)]
+
+
+__all__ = [
+    "APP_MERGER",
+    "APP_TRAINER",
+    "COMPONENT_MERGER",
+    "COMPONENT_RBAC",
+    "COMPONENT_TRAINER",
+    "MERGER_CONTAINER",
+    "SPEC_KEY",
+    "TRAINER_CONTAINER",
+    "TRAINER_TERMINATION_GRACE_SECONDS",
+    "attempt_objects",
+    "merge_job_name",
+    "merge_memory",
+    "merge_objects",
+    "owner",
+    "rbac_objects",
+    "service_account_name",
+    "train_job",
+    "train_job_name",
+]

@@ -1,0 +1,251 @@
+"""The operator's Prometheus metrics, served on /metrics.
+
+Two sorts:
+- reconcile counters, errors, conflicts and durations, labelled by kind;
+- kube-state-style series about each custom object: one series per object, computed from the object's
+  latest status at scrape time, gone as soon as the object is. Each kind has a `PerObjectCollector` that
+  holds its objects' latest samples; the controllers `observe_*` after each reconcile and `forget_*` on
+  deletion.
+
+Every metric is documented in docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tpuforge.api import FineTuneJobStatus, FineTunePhase, ServingDeploymentStatus, ServingPhase
+
+# --- Reconciles (every kind) --------------------------------------------------------------------------------
+
+RECONCILES = Counter("tpuforge_reconcile", "Reconciles run, by kind.", ["kind"])
+RECONCILE_ERRORS = Counter(
+    "tpuforge_reconcile_errors", "Reconciles that failed with an error (retried with backoff).", ["kind"]
+)
+RECONCILE_CONFLICTS = Counter(
+    "tpuforge_reconcile_conflicts",
+    "Status writes refused because the object changed meanwhile (409); retried on the newer object.",
+    ["kind"],
+)
+RECONCILE_DURATION = Histogram(
+    "tpuforge_reconcile_duration_seconds",
+    "Time to reconcile one object, API calls included.",
+    ["kind"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+
+
+def serve(address: str, port: int) -> None:
+    """Serve /metrics (default registry: the operator's series plus process CPU and memory) in a thread."""
+    start_http_server(port, addr=address)
+
+
+# --- Per-object series --------------------------------------------------------------------------------------
+
+S = TypeVar("S")
+ObjectKey = tuple[str, str]  # namespace, name
+
+
+class PerObjectCollector(Collector, Generic[S]):
+    """The latest sample of each live object of one kind; `families` renders them at scrape time."""
+
+    def __init__(self) -> None:
+        self._samples: dict[ObjectKey, S] = {}
+        self._lock = threading.Lock()
+
+    def set(self, namespace: str, name: str, sample: S) -> None:
+        with self._lock:
+            self._samples[(namespace, name)] = sample
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._samples.pop((namespace, name), None)
+
+    def samples(self) -> list[S]:
+        with self._lock:
+            return list(self._samples.values())
+
+    def families(self, samples: list[S]) -> Iterable[Metric]:
+        raise NotImplementedError
+
+    def describe(self) -> Iterable[Metric]:
+        return self.families([])
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families(self.samples())
+
+
+# FineTuneJob ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FineTuneJobSample:
+    namespace: str
+    name: str
+    model: str
+    slice: str
+    phase: str
+    progress_ratio: float | None
+    step: int | None
+    loss: float | None
+    tokens_per_second: float | None
+    preemptions: int
+    failures: int
+    estimated_cost_usd: float | None
+
+
+def finetunejob_sample(
+    namespace: str, name: str, spec: Mapping[str, Any], status: FineTuneJobStatus
+) -> FineTuneJobSample:
+    prog = status.progress
+    ratio = None
+    if prog is not None and prog.percent is not None:
+        ratio = prog.percent / 100.0
+    elif prog is not None and prog.step is not None and prog.total_steps:
+        ratio = min(prog.step / prog.total_steps, 1.0)
+    return FineTuneJobSample(
+        namespace=namespace,
+        name=name,
+        model=str((spec.get("model") or {}).get("name") or ""),
+        slice=str((spec.get("tpu") or {}).get("slice") or ""),
+        phase=(status.phase or FineTunePhase.PENDING).value,
+        progress_ratio=ratio,
+        step=prog.step if prog else None,
+        loss=prog.loss if prog else None,
+        tokens_per_second=prog.tokens_per_second if prog else None,
+        preemptions=status.restarts.preemptions if status.restarts else 0,
+        failures=status.restarts.failures if status.restarts else 0,
+        estimated_cost_usd=status.cost.estimated_usd if status.cost else None,
+    )
+
+
+_FTJ = "tpuforge_finetunejob"
+_KEYS = ["namespace", "name"]
+
+
+class FineTuneJobCollector(PerObjectCollector[FineTuneJobSample]):
+    def families(self, samples: list[FineTuneJobSample]) -> Iterable[Metric]:
+        info = GaugeMetricFamily(
+            f"{_FTJ}_info", "A FineTuneJob: its model and TPU slice (always 1).", labels=[*_KEYS, "model", "slice"]
+        )
+        phase = GaugeMetricFamily(
+            f"{_FTJ}_phase", "1 for the FineTuneJob's current phase, 0 for the others.", labels=[*_KEYS, "phase"]
+        )
+        ratio = GaugeMetricFamily(f"{_FTJ}_progress_ratio", "Training steps done over total (0 to 1).", labels=_KEYS)
+        step = GaugeMetricFamily(f"{_FTJ}_step", "Last optimizer step the trainer reported.", labels=_KEYS)
+        loss = GaugeMetricFamily(f"{_FTJ}_loss", "Training loss at the last report.", labels=_KEYS)
+        tps = GaugeMetricFamily(f"{_FTJ}_tokens_per_second", "Training throughput at the last report.", labels=_KEYS)
+        restarts = CounterMetricFamily(
+            f"{_FTJ}_restarts", "Training restarts, by reason (preemption, failure).", labels=[*_KEYS, "reason"]
+        )
+        cost = GaugeMetricFamily(
+            f"{_FTJ}_estimated_cost_usd", "TPU slice-hours so far times the slice's list price.", labels=_KEYS
+        )
+        for s in samples:
+            key = [s.namespace, s.name]
+            info.add_metric([*key, s.model, s.slice], 1)
+            for p in FineTunePhase:
+                phase.add_metric([*key, p.value], 1 if p.value == s.phase else 0)
+            restarts.add_metric([*key, "preemption"], s.preemptions)
+            restarts.add_metric([*key, "failure"], s.failures)
+            for family, value in (
+                (ratio, s.progress_ratio),
+                (step, s.step),
+                (loss, s.loss),
+                (tps, s.tokens_per_second),
+                (cost, s.estimated_cost_usd),
+            ):
+                if value is not None:
+                    family.add_metric(key, value)
+        return [info, phase, ratio, step, loss, tps, restarts, cost]
+
+
+FINETUNEJOBS = FineTuneJobCollector()
+REGISTRY.register(FINETUNEJOBS)
+
+
+def observe_finetunejob(namespace: str, name: str, spec: Mapping[str, Any], status: FineTuneJobStatus) -> None:
+    FINETUNEJOBS.set(namespace, name, finetunejob_sample(namespace, name, spec, status))
+
+
+def forget_finetunejob(namespace: str, name: str) -> None:
+    FINETUNEJOBS.forget(namespace, name)
+
+
+# ServingDeployment ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ServingDeploymentSample:
+    namespace: str
+    name: str
+    model_uri: str
+    served_model: str
+    slice: str
+    image: str
+    phase: str
+    replicas: int
+    ready_replicas: int
+
+
+def servingdeployment_sample(
+    namespace: str, name: str, spec: Mapping[str, Any], status: ServingDeploymentStatus
+) -> ServingDeploymentSample:
+    vllm = spec.get("vllm") or {}
+    return ServingDeploymentSample(
+        namespace=namespace,
+        name=name,
+        model_uri=status.model_uri or "",
+        served_model=str(vllm.get("servedModelName") or name),
+        slice=str((spec.get("tpu") or {}).get("slice") or ""),
+        image=str(vllm.get("image") or ""),
+        phase=(status.phase or ServingPhase.PENDING).value,
+        replicas=int(spec.get("replicas", 1) or 0),
+        ready_replicas=status.ready_replicas or 0,
+    )
+
+
+_SDEP = "tpuforge_servingdeployment"
+
+
+class ServingDeploymentCollector(PerObjectCollector[ServingDeploymentSample]):
+    def families(self, samples: list[ServingDeploymentSample]) -> Iterable[Metric]:
+        info = GaugeMetricFamily(
+            f"{_SDEP}_info",
+            "A ServingDeployment: the model it serves, the name clients use, its TPU slice and vLLM image (always 1).",
+            labels=[*_KEYS, "model_uri", "served_model", "slice", "image"],
+        )
+        phase = GaugeMetricFamily(
+            f"{_SDEP}_phase", "1 for the ServingDeployment's current phase, 0 for the others.", labels=[*_KEYS, "phase"]
+        )
+        replicas = GaugeMetricFamily(f"{_SDEP}_replicas", "vLLM server replicas the spec asks for.", labels=_KEYS)
+        ready = GaugeMetricFamily(f"{_SDEP}_ready_replicas", "vLLM server replicas answering /health.", labels=_KEYS)
+        for s in samples:
+            key = [s.namespace, s.name]
+            info.add_metric([*key, s.model_uri, s.served_model, s.slice, s.image], 1)
+            for p in ServingPhase:
+                phase.add_metric([*key, p.value], 1 if p.value == s.phase else 0)
+            replicas.add_metric(key, s.replicas)
+            ready.add_metric(key, s.ready_replicas)
+        return [info, phase, replicas, ready]
+
+
+SERVINGDEPLOYMENTS = ServingDeploymentCollector()
+REGISTRY.register(SERVINGDEPLOYMENTS)
+
+
+def observe_servingdeployment(
+    namespace: str, name: str, spec: Mapping[str, Any], status: ServingDeploymentStatus
+) -> None:
+    SERVINGDEPLOYMENTS.set(namespace, name, servingdeployment_sample(namespace, name, spec, status))
+
+
+def forget_servingdeployment(namespace: str, name: str) -> None:
+    SERVINGDEPLOYMENTS.forget(namespace, name)

@@ -1,0 +1,79 @@
+"""The informer's store: views grouped by owner, changes reported once, and a new LIST drops what is gone.
+(Its LIST and WATCH against a real apiserver run in the integration tests.)"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tpuforge.controllers.finetune_children import JobView, config_view, pod_view
+from tpuforge.controllers.finetunejob import fresh
+from tpuforge.controllers.informer import Informer
+
+
+def make(changed: list[str]) -> Informer[str, int]:
+    return Informer(
+        api_version="v1",
+        kind="Pod",
+        label_selector="a",
+        namespaces=["ns"],
+        view=lambda obj: int(obj["v"]),
+        owner=lambda obj: obj.get("owner"),
+        on_change=lambda owner, before, after: changed.append(owner),
+    )
+
+
+def test_views_are_grouped_by_owner_and_only_changes_are_reported() -> None:
+    async def scenario() -> tuple[Any, ...]:
+        changed: list[str] = []
+        inf = make(changed)
+        inf._replace("ns", [("u1", "a", 1, "ns"), ("u2", "a", 2, "ns"), ("u3", "b", 3, "ns")])
+        first = (sorted(inf.get("a")), inf.get("b"), sorted(changed))
+        changed.clear()
+        inf._put("u1", "a", 1, "ns")  # same view: nothing to do
+        inf._put("u2", "a", 5, "ns")
+        inf._put("u3", "b", None, "ns")  # deleted
+        inf._put("u9", None, 1, "ns")  # not a child of anyone
+        return first, sorted(inf.get("a")), inf.get("b"), changed, len(inf)
+
+    first, a, b, changed, size = asyncio.run(scenario())
+    assert first == ([1, 2], (3,), ["a", "a", "b"])
+    assert (a, b, changed, size) == ([1, 5], (), ["a", "b"], 2)
+
+
+def test_a_new_list_drops_what_disappeared_meanwhile_and_signals_ready() -> None:
+    async def scenario() -> tuple[Any, ...]:
+        changed: list[str] = []
+        inf = make(changed)
+        inf._replace("ns", [("u1", "a", 1, "ns"), ("u2", "b", 2, "ns")])
+        ready = inf._ready.is_set()
+        changed.clear()
+        inf._replace("ns", [("u1", "a", 1, "ns")])  # u2 was deleted while the watch was down
+        return ready, inf.get("a"), inf.get("b"), changed
+
+    ready, a, b, changed = asyncio.run(scenario())
+    assert ready
+    assert (a, b, changed) == ((1,), (), ["b"])
+
+
+def test_moving_a_child_to_another_owner_updates_both() -> None:
+    async def scenario() -> tuple[Any, ...]:
+        changed: list[str] = []
+        inf = make(changed)
+        inf._put("u1", "a", 1, "ns")
+        inf._put("u1", "b", 1, "ns")
+        return inf.get("a"), inf.get("b"), changed
+
+    assert asyncio.run(scenario()) == ((), (1,), ["a", "a", "b"])
+
+
+def test_a_child_as_it_was_just_created_asks_for_no_reconcile() -> None:
+    new_job = JobView("j-train-0", "trainer", 0, complete=False, failed=False, failure="", deleting=False)
+    assert fresh(new_job)
+    assert not fresh(JobView("j-train-0", "trainer", 0, complete=True, failed=False, failure="", deleting=False))
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "trainer"}]}, "status": {"phase": "Pending"}}
+    assert fresh(pod_view(pod))
+    unschedulable = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    assert not fresh(pod_view({**pod, "status": {"phase": "Pending", "conditions": [unschedulable]}}))
+    assert not fresh(pod_view({**pod, "status": {"phase": "Failed"}}))
+    assert fresh(config_view({"metadata": {"name": "c"}, "data": {}}))

@@ -1,0 +1,428 @@
+"""The FineTuneJob decisions, driven through whole lifecycles on a small simulated cluster: what the plan
+creates and deletes is applied to the simulated children, its status is stored, and pods are moved by hand
+(as the integration tests do by patching pods/status)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from tpuforge import api
+from tpuforge.api.constants import CONFIG_FILE
+from tpuforge.controllers.finetune_children import ConfigView, JobView, config_view, pod_view
+from tpuforge.controllers.finetune_plan import (
+    FAILED,
+    SPEC_CHANGE_NOT_APPLIED,
+    Observed,
+    Plan,
+    plan,
+    status_patch,
+)
+from tpuforge.manifests import finetune as m
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+NAME = "gemma-verilog"
+
+
+def raw_spec(**overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"name": "gemma4-31b", "uri": "gs://b/models/gemma4-31b"},
+        "dataset": {"uri": "gs://b/data/train.jsonl"},
+        "training": {"maxSeqLen": 3072, "maxSteps": 1000, "warmupSteps": 10},
+        "checkpoint": {"uri": "gs://b/jobs/gemma-verilog/checkpoints"},
+        "output": {"uri": "gs://b/jobs/gemma-verilog/merged"},
+    }
+    spec.update(overrides)
+    return spec
+
+
+class World:
+    """A FineTuneJob and its children as the operator would observe them."""
+
+    def __init__(self, spec: dict[str, Any] | None = None):
+        self.spec = spec or raw_spec()
+        self.generation = 1
+        self.status = api.FineTuneJobStatus()
+        self.jobs: dict[str, JobView] = {}
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.configs: dict[str, ConfigView] = {}
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.now = T0
+        self.events: list[tuple[str, str, str]] = []
+        self.deleted_self = False
+
+    def observed(self) -> Observed:
+        return Observed(
+            namespace="team-a",
+            name=NAME,
+            uid="uid-1",
+            generation=self.generation,
+            spec=self.spec,
+            status=self.status,
+            jobs=tuple(self.jobs.values()),
+            pods=tuple(pod_view(p) for p in self.pods.values()),
+            configs=tuple(self.configs.values()),
+        )
+
+    def step(self, seconds: float = 1.0) -> Plan:
+        self.now += timedelta(seconds=seconds)
+        p = plan(self.observed(), self.now)
+        for obj in p.create:
+            key = (obj["kind"], obj["metadata"]["name"])
+            self.objects.setdefault(key, obj)
+            if obj["kind"] == "Job" and obj["metadata"]["name"] not in self.jobs:
+                labels = obj["metadata"]["labels"]
+                self.jobs[obj["metadata"]["name"]] = JobView(
+                    name=obj["metadata"]["name"],
+                    component=labels["app.kubernetes.io/component"],
+                    attempt=int(labels["tpuforge.dev/attempt"]) if "tpuforge.dev/attempt" in labels else None,
+                    complete=False,
+                    failed=False,
+                    failure="",
+                    deleting=False,
+                )
+            if obj["kind"] == "ConfigMap" and m.SPEC_KEY in obj["data"]:
+                self.configs[obj["metadata"]["name"]] = config_view(obj)
+        for ref in p.delete:
+            self.jobs.pop(ref.name, None)
+            for name in [n for n, pod in self.pods.items() if pod["metadata"]["labels"]["job-name"] == ref.name]:
+                self.pods[name]["metadata"]["deletionTimestamp"] = "now"
+        self.status = p.status
+        self.events += [(e.type, e.reason, e.message) for e in p.events]
+        self.deleted_self = self.deleted_self or p.delete_self
+        return p
+
+    # --- moving pods by hand ---
+
+    def pod(self, job: str, phase: str, name: str | None = None, **state: Any) -> str:
+        name = name or f"{job}-pod"
+        status: dict[str, Any] = {"phase": phase, "conditions": list(state.pop("conditions", []))}
+        if phase != "Pending":
+            status["startTime"] = (self.now - timedelta(seconds=1)).isoformat().replace("+00:00", "Z")
+        status.update(state.pop("pod_status", {}))
+        if phase == "Running":
+            status["containerStatuses"] = [{"name": "c", "state": {"running": {"startedAt": status["startTime"]}}}]
+        if "exit_code" in state:
+            term = {"exitCode": state.pop("exit_code"), "message": state.pop("message", ""), "reason": "Error"}
+            status["containerStatuses"] = [{"name": "c", "state": {"terminated": term}}]
+        self.pods[name] = {
+            "metadata": {"name": name, "labels": {"job-name": job, "app.kubernetes.io/component": "trainer"}},
+            "spec": {"containers": [{"name": "c"}], "nodeName": "tpu-node"},
+            "status": status,
+        }
+        return name
+
+    def job_done(self, job: str, complete: bool = True) -> None:
+        v = self.jobs[job]
+        self.jobs[job] = JobView(
+            v.name, v.component, v.attempt, complete, not complete, "" if complete else "BackoffLimitExceeded", False
+        )
+
+    def gone(self, pod: str) -> None:
+        del self.pods[pod]
+
+    def phase(self) -> api.FineTunePhase | None:
+        return self.status.phase
+
+    def reasons(self) -> list[str]:
+        return [r for _, r, _ in self.events]
+
+    def condition(self, type_: str) -> api.Condition:
+        return next(c for c in self.status.conditions if c.type == type_)
+
+
+def train(n: int) -> str:
+    return m.train_job_name(NAME, n)
+
+
+def test_happy_path_to_succeeded_with_the_merged_uri() -> None:
+    w = World()
+    p = w.step()
+    assert [o["kind"] for o in p.create] == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Job"]
+    assert w.phase() == api.FineTunePhase.PENDING and w.status.attempt == 0
+    assert w.status.start_time is not None and w.status.restarts == api.Restarts()
+    w.pod(train(0), "Running")
+    w.step()
+    assert w.phase() == api.FineTunePhase.TRAINING
+    assert w.status.attempts[0].pod_name == f"{train(0)}-pod"
+    w.pod(train(0), "Succeeded", exit_code=0)
+    p = w.step()
+    assert w.phase() == api.FineTunePhase.MERGING
+    assert [o["kind"] for o in p.create] == ["ConfigMap", "Job"]
+    assert w.status.outputs is not None and w.status.outputs.checkpoint_uri == "gs://b/jobs/gemma-verilog/checkpoints"
+    w.step()
+    assert w.phase() == api.FineTunePhase.MERGING
+    w.job_done(m.merge_job_name(NAME))
+    w.step()
+    assert w.phase() == api.FineTunePhase.SUCCEEDED
+    assert w.status.outputs.merged_model_uri == "gs://b/jobs/gemma-verilog/merged"
+    assert w.status.completion_time is not None
+    assert w.reasons() == ["Created", "Training", "Merging", "Succeeded"]
+    assert w.status.attempts[0].outcome == "Succeeded"
+
+
+def test_reconciling_again_changes_nothing() -> None:
+    w = World()
+    w.step()
+    w.pod(train(0), "Running")
+    w.step()
+    before = w.status.model_copy(deep=True)
+    p = plan(w.observed(), w.now)
+    assert p.create == [] and p.delete == [] and p.events == []
+    assert status_patch(before, p.status) == {}
+
+
+def test_the_same_stale_view_gives_the_same_absolute_decision() -> None:
+    w = World()
+    w.step()
+    w.pod(train(0), "Failed", exit_code=1, message="boom")
+    a = plan(w.observed(), w.now)
+    b = plan(w.observed(), w.now)
+    assert a.status == b.status and a.create == b.create
+    assert a.status.restarts is not None and a.status.restarts.failures == 1
+
+
+def test_invalid_spec_fails_naming_the_field_and_creates_nothing() -> None:
+    w = World(raw_spec(tpu={"slice": "v5p-8", "mesh": {"fsdp": 1, "tp": 3}}))
+    p = w.step()
+    assert p.create == []
+    assert w.phase() == api.FineTunePhase.FAILED
+    cond = w.condition(FAILED)
+    assert cond.reason == "InvalidSpec" and "spec.tpu.mesh" in cond.message
+    assert w.events[0][:2] == ("Warning", "InvalidSpec") and "spec.tpu.mesh" in w.events[0][2]
+
+
+def test_preemption_starts_a_new_attempt_that_resumes_and_counts_as_a_preemption() -> None:
+    w = World()
+    w.step()
+    w.pod(train(0), "Running")
+    w.step()
+    w.status.progress = api.Progress(step=40, total_steps=1000, last_checkpoint_step=40)
+    disrupted = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByKubelet", "message": "spot"}
+    w.pod(
+        train(0),
+        "Failed",
+        conditions=[disrupted],
+        pod_status={"reason": "Terminated"},
+        exit_code=83,
+        message="Preempted: checkpoint at step 40",
+    )
+    p = w.step()
+    assert w.status.restarts == api.Restarts(preemptions=1, failures=0)
+    assert w.status.attempt == 1 and w.phase() == api.FineTunePhase.PENDING
+    assert train(1) in [o["metadata"]["name"] for o in p.create if o["kind"] == "Job"]
+    cm = next(o for o in p.create if o["kind"] == "ConfigMap")
+    assert api.TrainConfig.model_validate_json(cm["data"][CONFIG_FILE]).attempt == 1
+    assert w.status.attempts[0].outcome == "Preempted"
+    assert w.status.attempts[1].start_step == 40
+    assert w.events[-1][:2] == ("Warning", "Preempted") and "checkpoint step 40" in w.events[-1][2]
+    assert p.delete == []  # the preempted Job has ended: kept for its logs
+    w.pod(train(1), "Running")
+    w.step()
+    w.pod(train(1), "Succeeded", exit_code=0)
+    w.step()
+    w.job_done(m.merge_job_name(NAME))
+    w.step()
+    assert w.phase() == api.FineTunePhase.SUCCEEDED
+    assert w.status.restarts.preemptions == 1
+
+
+def test_a_vanished_pod_is_a_preemption_and_its_replacement_is_stopped() -> None:
+    w = World()
+    w.step()
+    first = w.pod(train(0), "Running")
+    w.step()
+    w.gone(first)
+    w.pod(train(0), "Pending", name="replacement")  # the Job controller replaced it
+    p = w.step()
+    assert w.status.restarts is not None and w.status.restarts.preemptions == 1
+    assert w.status.attempts[0].reason == "PodDeleted"
+    assert [d.name for d in p.delete] == [train(0)]
+    assert w.status.attempt == 1
+
+
+def test_failures_are_retried_up_to_max_restarts_then_fail_with_the_message() -> None:
+    w = World(raw_spec(runPolicy={"maxRestarts": 2}))
+    w.step()
+    for n in range(3):
+        w.pod(train(n), "Running")
+        w.step()
+        w.pod(train(n), "Failed", exit_code=1, message=f"ValueError: nan loss (attempt {n})")
+        w.step()
+    assert w.phase() == api.FineTunePhase.FAILED
+    assert w.status.restarts == api.Restarts(failures=3, preemptions=0)
+    cond = w.condition(FAILED)
+    assert cond.reason == "TrainingFailed"
+    assert "nan loss (attempt 2)" in cond.message and "maxRestarts=2" in cond.message
+    assert w.reasons().count("TrainingFailed") == 3
+    assert w.status.attempt == 2 and train(3) not in w.jobs
+
+
+def test_a_rejected_config_fails_at_once() -> None:
+    w = World()
+    w.step()
+    w.pod(train(0), "Failed", exit_code=2, message="spec.training.maxSeqLen: too long for the tokenizer")
+    p = w.step()
+    assert w.phase() == api.FineTunePhase.FAILED
+    assert w.condition(FAILED).reason == "InvalidConfig"
+    assert "maxSeqLen" in w.condition(FAILED).message
+    assert not any(o["kind"] == "Job" for o in p.create)
+
+
+def test_suspend_removes_the_job_and_resume_waits_for_the_old_pod_then_resumes() -> None:
+    w = World()
+    w.step()
+    pod0 = w.pod(train(0), "Running")
+    w.step()
+    w.spec["runPolicy"] = {"suspend": True}
+    w.generation += 1
+    p = w.step()
+    assert [d.name for d in p.delete] == [train(0)]
+    assert w.phase() == api.FineTunePhase.SUSPENDED
+    assert w.status.attempts[0].outcome == "Suspended"
+    w.step()
+    w.spec["runPolicy"] = {"suspend": False}
+    w.generation += 1
+    p = w.step()
+    assert w.phase() == api.FineTunePhase.PENDING and w.status.attempt == 1
+    assert p.create == []  # the old trainer is still writing its checkpoint
+    assert w.condition("Training").reason == "WaitingForPreviousAttempt"
+    w.gone(pod0)
+    p = w.step()
+    assert train(1) in [o["metadata"]["name"] for o in p.create]
+    assert w.reasons()[-2:] == ["Suspended", "Resumed"]
+    assert w.status.restarts == api.Restarts()
+
+
+def test_created_suspended_starts_nothing_until_resumed() -> None:
+    w = World(raw_spec(runPolicy={"suspend": True}))
+    p = w.step()
+    assert p.create == [] and w.phase() == api.FineTunePhase.SUSPENDED
+    w.spec["runPolicy"] = {}
+    p = w.step()
+    assert w.status.attempt == 0 and train(0) in [o["metadata"]["name"] for o in p.create]
+
+
+def test_deadline_fails_the_job_and_stops_the_trainer() -> None:
+    w = World(raw_spec(runPolicy={"activeDeadlineSeconds": 600}))
+    p = w.step()
+    assert p.requeue_after == 600
+    w.pod(train(0), "Running")
+    w.step()
+    p = w.step(seconds=700)
+    assert w.phase() == api.FineTunePhase.FAILED
+    assert w.condition(FAILED).reason == "DeadlineExceeded"
+    assert [d.name for d in p.delete] == [train(0)]
+
+
+def test_ttl_deletes_the_finished_job_after_the_delay() -> None:
+    w = World(raw_spec(runPolicy={"ttlSecondsAfterFinished": 60}, merge={"enabled": False}))
+    w.step()
+    w.pod(train(0), "Succeeded", exit_code=0)
+    p = w.step()
+    assert w.phase() == api.FineTunePhase.SUCCEEDED
+    assert w.status.outputs is not None and w.status.outputs.merged_model_uri is None
+    assert p.requeue_after == 60 and not p.delete_self
+    p = w.step(seconds=30)
+    assert p.requeue_after == 30 and not p.delete_self
+    assert w.step(seconds=30).delete_self
+
+
+def test_changes_to_training_fields_are_not_applied_and_said_once() -> None:
+    w = World()
+    w.step()
+    w.pod(train(0), "Running")
+    w.step()
+    w.spec["training"] = {**w.spec["training"], "learningRate": 0.5}
+    w.spec["runPolicy"] = {"maxRestarts": 7}
+    w.spec["images"] = {"trainer": "tpuforge/trainer:hotfix"}
+    w.generation += 1
+    w.step()
+    cond = w.condition(SPEC_CHANGE_NOT_APPLIED)
+    assert cond.status == "True" and "spec.training.learningRate" in cond.message
+    assert cond.observed_generation == 2 and w.status.observed_generation == 2
+    w.step()
+    assert w.reasons().count("SpecChangeNotApplied") == 1
+    # The next attempt keeps the maths it started with and takes the other changes.
+    w.pod(train(0), "Failed", exit_code=1, message="boom")
+    p = w.step()
+    cm = next(o for o in p.create if o["kind"] == "ConfigMap")
+    assert api.TrainConfig.model_validate_json(cm["data"][CONFIG_FILE]).training.learning_rate == 1e-4
+    job = next(o for o in p.create if o["kind"] == "Job")
+    assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "tpuforge/trainer:hotfix"
+    assert json.loads(cm["data"][m.SPEC_KEY])["runPolicy"]["maxRestarts"] == 7
+    # Reverting clears the condition.
+    w.spec["training"] = {k: v for k, v in w.spec["training"].items() if k != "learningRate"}
+    w.step()
+    assert w.condition(SPEC_CHANGE_NOT_APPLIED).status == "False"
+
+
+def test_an_invalid_edit_after_the_start_keeps_the_job_running() -> None:
+    w = World()
+    w.step()
+    w.pod(train(0), "Running")
+    w.step()
+    w.spec["tpu"] = {"slice": "v5p-8", "mesh": {"fsdp": 1, "tp": 3}}
+    w.step()
+    assert w.phase() == api.FineTunePhase.TRAINING
+    assert "spec.tpu.mesh" in w.condition(SPEC_CHANGE_NOT_APPLIED).message
+
+
+def test_merge_failure_fails_with_the_merge_pods_message() -> None:
+    w = World()
+    w.step()
+    w.pod(train(0), "Succeeded", exit_code=0)
+    w.step()
+    merge = m.merge_job_name(NAME)
+    w.pods["merge-pod"] = {
+        "metadata": {"name": "merge-pod", "labels": {"job-name": merge, "app.kubernetes.io/component": "merger"}},
+        "spec": {"containers": [{"name": "merger"}]},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [
+                {"name": "merger", "state": {"terminated": {"exitCode": 1, "message": "403 Forbidden on gs://b"}}}
+            ],
+        },
+    }
+    w.job_done(merge, complete=False)
+    w.step()
+    assert w.phase() == api.FineTunePhase.FAILED
+    assert w.condition(FAILED).reason == "MergeFailed"
+    assert "403 Forbidden" in w.condition(FAILED).message
+
+
+def test_unschedulable_pods_say_why_once_a_scale_up_would_have_happened() -> None:
+    w = World()
+    w.step()
+    since = w.now.isoformat().replace("+00:00", "Z")
+    unsched = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "no TPU nodes",
+        "lastTransitionTime": since,
+    }
+    w.pod(train(0), "Pending", conditions=[unsched])
+    p = w.step()
+    assert w.condition("Training").reason == "Pending"  # node pools scale up for pods like this one
+    assert p.requeue_after == 299
+    w.step(seconds=299)
+    assert w.phase() == api.FineTunePhase.PENDING
+    assert w.condition("Training").reason == "Unschedulable"
+    assert "no TPU nodes" in w.condition("Training").message
+    w.pod(train(0), "Pending")  # scheduled at last
+    w.step()
+    assert w.condition("Training").reason == "Pending"
+
+
+def test_status_patch_covers_the_operators_fields_and_never_the_trainers() -> None:
+    current = api.FineTuneJobStatus.model_validate(
+        {"phase": "Training", "progress": {"step": 10, "totalSteps": 100, "loss": 1.2, "updatedAt": "t"}}
+    )
+    desired = current.model_copy(deep=True)
+    desired.phase = api.FineTunePhase.MERGING
+    assert desired.progress is not None
+    desired.progress = desired.progress.model_copy(update={"percent": 10.0, "step": 999, "loss": 0.0})
+    assert status_patch(current, desired) == {"phase": "Merging", "progress": {"percent": 10.0}}
+    assert status_patch(current, current) == {}
