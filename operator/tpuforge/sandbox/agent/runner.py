@@ -4,11 +4,13 @@ app containers as local process groups, probes, restarts, termination, and the p
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -48,7 +50,14 @@ INHERITED_ENV = (
     "HF_HOME",
     "HF_HUB_OFFLINE",
     "TRANSFORMERS_OFFLINE",
+    # A persistent XLA compilation cache, when the agent's caller has one (tests, the demo): training pods
+    # then compile each program once per machine, as a trainer image with a cache volume would.
+    "JAX_COMPILATION_CACHE_DIR",
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
 )
+# The trainer's metrics server binds this address; on a laptop every server listens on loopback only.
+METRICS_ADDR = {"TPUFORGE_METRICS_ADDR": "127.0.0.1"}
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -175,9 +184,17 @@ class PodRunner:
             self._signal_all(signal.SIGKILL)
             self.finished.wait(30)
 
+    @property
+    def tmp_dir(self) -> Path:
+        """The pod's TMPDIR. Short and outside the pod directory: programs put Unix sockets there (vLLM's
+        ZMQ IPC), whose paths may not exceed 107 bytes, and pod directories under a test's temp dir do."""
+        digest = hashlib.sha1(str(self.dir).encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / "tpf" / digest
+
     def cleanup(self) -> None:
         """The pod object is gone: free its volumes and scratch space, keep its logs."""
-        for sub in ("volumes", "work", "tmp", "rootfs", "containers", "kubeconfig"):
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        for sub in ("volumes", "work", "rootfs", "containers", "kubeconfig"):
             path = self.dir / sub
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
@@ -300,8 +317,10 @@ class PodRunner:
         uid_file = self.dir / "uid"
         if self.dir.exists() and (not uid_file.exists() or uid_file.read_text() != self.uid):
             shutil.rmtree(self.dir)  # a previous pod of the same name
-        for sub in ("logs", "work", "tmp", "containers"):
+        for sub in ("logs", "work", "containers"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        self.tmp_dir.mkdir(parents=True)
         uid_file.write_text(self.uid)
         (self.dir / "logs" / ".done").unlink(missing_ok=True)
         spec = self.pod["spec"]
@@ -353,9 +372,11 @@ class PodRunner:
         env.update(
             {
                 "HOSTNAME": self.pod["spec"].get("hostname") or self.name,
-                "TMPDIR": str(self.dir / "tmp"),
+                "TMPDIR": str(self.tmp_dir),
+                **runtime.env,
                 # Python images set this; without it, logs arrive only when the process exits.
                 "PYTHONUNBUFFERED": "1",
+                **METRICS_ADDR,
                 **self.ctx.gcs_env,
             }
         )

