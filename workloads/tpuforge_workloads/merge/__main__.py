@@ -1,0 +1,71 @@
+"""python -m tpuforge_workloads.merge --config PATH [--termination-log PATH] [--verify]
+
+Exit 0 after committing the output; EXIT_BAD_CONFIG (2) for a config or input rejected before anything was
+written; 1 for any other failure. The reason goes to the termination log (the pod's termination message).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+# The merge runs on a CPU node; keep JAX (imported by Orbax) from probing for accelerators.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from pydantic import ValidationError
+
+from tpuforge.api.configs import MergeConfig
+from tpuforge.api.constants import EXIT_BAD_CONFIG, TERMINATION_LOG
+from tpuforge_workloads import storage
+from tpuforge_workloads.merge.errors import MergeInputError
+from tpuforge_workloads.merge.merge import run_merge
+
+log = logging.getLogger("tpuforge_workloads.merge")
+_TERMINATION_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
+
+
+def write_termination(path: str, message: str) -> None:
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(message.encode()[: _TERMINATION_LIMIT - 4].decode(errors="ignore"))
+    except OSError as e:
+        log.warning("cannot write termination log %s: %s", path, e)
+
+
+def load_config(path: str) -> MergeConfig:
+    try:
+        return MergeConfig.model_validate_json(storage.read_text(path))
+    except storage.StorageError as e:
+        raise MergeInputError(f"--config {path}: cannot read it ({e})") from e
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise MergeInputError(f"--config {path}: {where}: {first['msg']} ({e.error_count()} errors)") from e
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tpuforge_workloads.merge", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True, help="MergeConfig JSON file")
+    parser.add_argument("--termination-log", default=TERMINATION_LOG, help="where the failure reason goes")
+    parser.add_argument("--verify", action="store_true", help="compare logits with the JAX LoRA model (slow)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("absl").setLevel(logging.ERROR)  # Orbax: each restore at INFO, read-only notes at WARNING
+    logging.getLogger("fsspec").setLevel(logging.WARNING)  # gcsfs: each file opened at INFO
+    try:
+        run_merge(load_config(args.config), verify=args.verify)
+    except MergeInputError as e:
+        log.error("%s", e)
+        write_termination(args.termination_log, str(e))
+        return EXIT_BAD_CONFIG
+    except Exception as e:
+        log.exception("merge failed")
+        write_termination(args.termination_log, f"{type(e).__name__}: {e}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

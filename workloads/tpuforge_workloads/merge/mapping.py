@@ -1,0 +1,132 @@
+"""Which HuggingFace tensor each Qwix LoRA adapter of a Tunix Gemma 4 model changes, and how.
+
+Qwix gives every adapted weight two factors, A and B, whose layouts follow the weight's einsum
+('BTD,NDH->BTNH' becomes 'BTD,Dr,rNH->BTNH'): A holds the contracted input axes then the rank, B the
+rank then the output axes. Every target here is a HuggingFace Linear weight W of shape (out, in) whose
+input axes are Tunix's contracted axes and whose output axes are B's (flattened in the same order), so
+each adapter reduces to the PEFT form: lora_A = A as (in, r) transposed, lora_B = B as (r, out)
+transposed, and the merged weight is W + (alpha / rank) * lora_B @ lora_A. That form serves both the
+merge and the PEFT adapter.
+
+| Tunix module     | A         | B           | HF tensor(s)                         |
+|------------------|-----------|-------------|--------------------------------------|
+| q_einsum         | (D, r)    | (r, N, h)   | self_attn.q_proj                     |
+| kv_einsum        | (D, r)    | (r, 2, K, h)| self_attn.k_proj (B[:, 0]), v_proj (B[:, 1]): one shared A |
+| k_einsum         | (D, r)    | (r, K, h)   | self_attn.k_proj; global layers with keys = values: no v_proj |
+| attn_vec_einsum  | (N, h, r) | (r, D)      | self_attn.o_proj                     |
+| gate/up_proj     | (D, r)    | (r, F)      | mlp.gate_proj / mlp.up_proj          |
+| down_proj        | (F, r)    | (r, D)      | mlp.down_proj                        |
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tpuforge_workloads.gemma4 import HF_PREFIXES, Gemma4Text, ModelError, parse_config
+from tpuforge_workloads.merge.errors import MergeInputError
+
+# Tunix module -> (HF block, HF projections). kv_einsum's B stacks keys then values on its axis 1.
+TUNIX_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "q_einsum": ("self_attn", ("q_proj",)),
+    "kv_einsum": ("self_attn", ("k_proj", "v_proj")),
+    "k_einsum": ("self_attn", ("k_proj",)),
+    "attn_vec_einsum": ("self_attn", ("o_proj",)),
+    "gate_proj": ("mlp", ("gate_proj",)),
+    "up_proj": ("mlp", ("up_proj",)),
+    "down_proj": ("mlp", ("down_proj",)),
+}
+
+
+def parse_base_config(config: Mapping[str, Any], config_uri: str) -> Gemma4Text:
+    """The base's decoder shape; a checkpoint that is not a dense Gemma 4 is rejected here."""
+    try:
+        return parse_config(config, config_uri)
+    except ModelError as e:
+        archs = config.get("architectures")
+        named = ", ".join(str(a) for a in archs) if isinstance(archs, list) and archs else "no architectures"
+        raise MergeInputError(
+            f"{e} [{named}]: point baseModelUri at the Gemma 4 checkpoint the adapter was trained on"
+        ) from e
+
+
+@dataclass(frozen=True)
+class HfLayout:
+    """Where the text decoder's tensors are in a base checkpoint."""
+
+    prefix: str
+    num_layers: int
+
+    @classmethod
+    def detect(cls, names: Collection[str], uri: str) -> HfLayout:
+        for prefix in HF_PREFIXES:
+            pattern = re.compile(re.escape(prefix) + r"layers\.(\d+)\.")
+            layers = {int(m.group(1)) for n in names if (m := pattern.match(n))}
+            if layers:
+                if layers != set(range(len(layers))):
+                    missing = sorted(set(range(max(layers) + 1)) - layers)
+                    raise MergeInputError(f"{uri}: decoder layers {missing[:5]} have no tensors: incomplete checkpoint")
+                return cls(prefix, len(layers))
+        raise MergeInputError(
+            f"{uri}: no tensors named model.layers.N.* or model.language_model.layers.N.*: not a Gemma 4 checkpoint"
+        )
+
+    def tensor(self, layer: int, block: str, proj: str) -> str:
+        return f"{self.prefix}layers.{layer}.{block}.{proj}.weight"
+
+    def module_tensors(self, layer: int, module: str) -> list[str]:
+        block, projs = TUNIX_MODULES[module]
+        return [self.tensor(layer, block, p) for p in projs]
+
+    def has_module(self, layer: int, module: str, names: Collection[str]) -> bool:
+        """Whether the base has the weights a Tunix module stands for in this layer: k_einsum stands for a
+        k_proj without a v_proj (keys = values), kv_einsum for both."""
+        v_proj = self.tensor(layer, "self_attn", "v_proj")
+        if module == "k_einsum" and v_proj in names:
+            return False
+        return all(t in names for t in self.module_tensors(layer, module))
+
+
+@dataclass(frozen=True)
+class LoraTarget:
+    """One HF weight that an adapter changes; `part` picks keys (0) or values (1) out of kv_einsum's B."""
+
+    tensor: str
+    layer: int
+    module: str
+    part: int | None
+    out_features: int
+    in_features: int
+
+
+def targets_of(
+    layout: HfLayout, layer: int, module: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...]
+) -> list[LoraTarget]:
+    if module not in TUNIX_MODULES:
+        raise MergeInputError(f"LoRA on layer {layer} module {module}: not one of {', '.join(TUNIX_MODULES)}")
+    rank = a_shape[-1]
+    if b_shape[0] != rank:
+        raise MergeInputError(f"layer {layer} {module}: LoRA A {a_shape} and B {b_shape} disagree on the rank")
+    in_features = math.prod(a_shape[:-1])
+    tensors = layout.module_tensors(layer, module)
+    if len(tensors) == 2:
+        if len(b_shape) < 2 or b_shape[1] != 2:
+            raise MergeInputError(f"layer {layer} {module}: LoRA B {b_shape} does not stack keys and values")
+        out_features = math.prod(b_shape[2:])
+        return [LoraTarget(t, layer, module, i, out_features, in_features) for i, t in enumerate(tensors)]
+    return [LoraTarget(tensors[0], layer, module, None, math.prod(b_shape[1:]), in_features)]
+
+
+def peft_factors(target: LoraTarget, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lora_A (rank, in), lora_B (out, rank)) in float32, with W += (alpha / rank) * lora_B @ lora_A."""
+    rank = a.shape[-1]
+    if target.part is not None:
+        b = b[:, target.part]
+    lora_a = np.ascontiguousarray(a.reshape(-1, rank).T, dtype=np.float32)
+    lora_b = np.ascontiguousarray(b.reshape(rank, -1).T, dtype=np.float32)
+    return lora_a, lora_b

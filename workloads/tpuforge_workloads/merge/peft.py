@@ -1,0 +1,71 @@
+"""The unmerged adapter in PEFT's format, for multi-LoRA serving: adapter/adapter_model.safetensors and
+adapter/adapter_config.json beside the merged model.
+
+Tensors are named base_model.model.<HF module>.lora_A.weight (rank, in) and .lora_B.weight (out, rank), so
+that W' = W + (lora_alpha / r) * lora_B @ lora_A, the same update the merge applies. kv_einsum's one A
+becomes the lora_A of both k_proj and v_proj.
+"""
+
+from __future__ import annotations
+
+import json
+from itertools import groupby
+
+from tpuforge_workloads.merge.mapping import LoraTarget, peft_factors
+from tpuforge_workloads.merge.plan import MergePlan
+from tpuforge_workloads.merge.safetensors_io import OutTensor, encode_header
+from tpuforge_workloads.merge.stream import StagedFile, as_bytes, open_staged, write_small
+
+ADAPTER_DIR = "adapter"
+WEIGHTS_FILE = f"{ADAPTER_DIR}/adapter_model.safetensors"
+CONFIG_FILE = f"{ADAPTER_DIR}/adapter_config.json"
+
+
+def peft_name(target: LoraTarget, factor: str) -> str:
+    module = target.tensor.removesuffix(".weight")
+    return f"base_model.model.{module}.lora_{factor}.weight"
+
+
+def adapter_config(plan: MergePlan) -> dict[str, object]:
+    lora = plan.config.lora
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": plan.config.base_model_uri,
+        "r": plan.lora.rank,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": sorted({t.tensor.split(".")[-2] for t in plan.targets}),
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "inference_mode": True,
+        "init_lora_weights": True,
+    }
+
+
+def write_adapter(plan: MergePlan, output: str, staging: str) -> list[StagedFile]:
+    targets = sorted(plan.targets, key=lambda t: (t.layer, t.tensor))
+    rank = plan.lora.rank
+    tensors = []
+    for t in targets:
+        tensors.append(OutTensor(peft_name(t, "A"), "F32", (rank, t.in_features)))
+        tensors.append(OutTensor(peft_name(t, "B"), "F32", (t.out_features, rank)))
+    header = encode_header(tensors)
+    f = open_staged(output, staging, WEIGHTS_FILE, len(header) + sum(x.nbytes for x in tensors))
+    try:
+        f.write(header)
+        for layer, group in groupby(targets, key=lambda t: t.layer):
+            params = plan.lora.layer(layer)  # one restore per layer
+            for t in group:
+                lora_a, lora_b = peft_factors(t, *params[t.module])
+                f.write(as_bytes(lora_a))
+                f.write(as_bytes(lora_b))
+        f.writer.close()
+    except BaseException:
+        f.writer.discard()
+        raise
+    config = (json.dumps(adapter_config(plan), indent=2) + "\n").encode()
+    return [f, write_small(output, staging, CONFIG_FILE, config)]

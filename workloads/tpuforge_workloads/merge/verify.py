@@ -1,0 +1,143 @@
+"""Checks of a published (not yet committed) output.
+
+spot_check (always, cheap): a few rows of a few merged tensors are read back from the output and compared
+with the same rows recomputed in float64 from the base and the LoRA factors; the start of one copied
+tensor is compared byte for byte.
+
+verify_logits (`--verify`, for tests and the demo; loads the whole model twice): transformers loads the
+output as any user would, and its logits on fixed tokens must match the JAX LoRA model's (base + adapters,
+unmerged) to 1e-4 in float32, with the same argmax.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from tpuforge_workloads import storage
+from tpuforge_workloads.merge.mapping import LoraTarget, peft_factors
+from tpuforge_workloads.merge.plan import MergePlan
+from tpuforge_workloads.merge.safetensors_io import FLOAT_DTYPES, ITEM_SIZES
+
+log = logging.getLogger(__name__)
+LOGIT_TOLERANCE = 1e-4
+_COPY_PROBE_BYTES = 1 << 16
+
+
+class VerifyError(RuntimeError):
+    """The output does not hold what the merge meant to write."""
+
+
+def output_location(plan: MergePlan, tensor: str) -> tuple[str, int]:
+    """(shard file name, byte offset of the tensor's data) in the output."""
+    for shard in plan.shards:
+        offset = len(shard.header)
+        for t in shard.tensors:
+            if t.name == tensor:
+                return shard.name, offset
+            offset += t.nbytes
+    raise KeyError(tensor)
+
+
+def _row(uri: str, offset: int, row: int, cols: int, dtype: str) -> np.ndarray:
+    size = cols * ITEM_SIZES[dtype]
+    return np.frombuffer(storage.read_range(uri, offset + row * size, size), dtype=FLOAT_DTYPES[dtype]).astype(
+        np.float64
+    )
+
+
+def _check_target(plan: MergePlan, output: str, target: LoraTarget) -> None:
+    job = plan.jobs[target.tensor]
+    shard, offset = output_location(plan, target.tensor)
+    out_uri = storage.join(output, shard)
+    lora_a, lora_b = (x.astype(np.float64) for x in peft_factors(target, *plan.lora.layer(target.layer)[target.module]))
+    rows, cols = job.source.shape
+    eps_out = float(np.finfo(FLOAT_DTYPES[job.out.dtype]).eps)
+    eps_f32 = float(np.finfo(np.float32).eps)
+    for r in sorted({0, rows // 2, rows - 1}):
+        base = _row(job.source.file, job.source.start, r, cols, job.source.dtype)
+        got = _row(out_uri, offset, r, cols, job.out.dtype)
+        want = base + plan.scale * (lora_b[r] @ lora_a)
+        # Rounding to the output dtype, plus float32 accumulation over the rank.
+        tol = eps_out * np.abs(want) + 8 * eps_f32 * (np.abs(base) + plan.scale * (np.abs(lora_b[r]) @ np.abs(lora_a)))
+        bad = np.abs(got - want) > tol + 1e-30
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise VerifyError(
+                f"{out_uri}: {target.tensor} row {r} column {i} is {got[i]!r}, expected {want[i]!r} "
+                f"(base {base[i]!r} + LoRA delta): the merged tensor is wrong"
+            )
+
+
+def spot_check(plan: MergePlan, output: str) -> None:
+    targets = plan.targets
+    for target in {id(t): t for t in (targets[0], targets[len(targets) // 2], targets[-1])}.values():
+        _check_target(plan, output, target)
+    copied = next((j for j in plan.jobs.values() if j.is_byte_copy), None)
+    if copied is not None:
+        shard, offset = output_location(plan, copied.out.name)
+        n = min(copied.source.nbytes, _COPY_PROBE_BYTES)
+        if storage.read_range(storage.join(output, shard), offset, n) != storage.read_range(
+            copied.source.file, copied.source.start, n
+        ):
+            raise VerifyError(f"{output}/{shard}: {copied.out.name} differs from the base: copy is wrong")
+    log.info("spot check passed (%d merged tensors, 1 copied tensor)", min(3, len(targets)))
+
+
+def local_copy(output: str, names: list[str], tmp: Path) -> Path:
+    """A local directory with the output's files (the output itself when it is local)."""
+    if not storage.is_gcs(output):
+        return Path(output)
+    for name in names:
+        storage.download_file(storage.join(output, name), tmp / name)
+    return tmp
+
+
+def fixed_tokens(vocab_size: int, batch: int = 2, length: int = 16) -> np.ndarray:
+    rng = np.random.default_rng(1234)
+    return rng.integers(1, vocab_size, size=(batch, length), dtype=np.int64)
+
+
+def hf_logits(model_dir: Path, tokens: np.ndarray) -> np.ndarray:
+    """Logits of the merged output as transformers computes them, in float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.eval()  # type: ignore[no-untyped-call]
+    with torch.no_grad():
+        out = model(input_ids=torch.from_numpy(tokens), attention_mask=torch.ones_like(torch.from_numpy(tokens)))
+    return np.asarray(out.logits.float().numpy())
+
+
+def compare_logits(got: np.ndarray, want: np.ndarray, what: str) -> float:
+    """Max |difference|; raises VerifyError past LOGIT_TOLERANCE or when an argmax differs."""
+    diff = float(np.max(np.abs(got - want)))
+    same_argmax = float(np.mean(np.argmax(got, -1) == np.argmax(want, -1)))
+    if diff > LOGIT_TOLERANCE or same_argmax < 1.0:
+        raise VerifyError(
+            f"{what}: max |logit diff| {diff:.3g} (limit {LOGIT_TOLERANCE}), same argmax on {same_argmax:.0%} "
+            "of positions: the merged model does not compute what the LoRA model does"
+        )
+    return diff
+
+
+def lora_model_logits(plan: MergePlan, tokens: np.ndarray) -> np.ndarray:
+    """Logits of the JAX LoRA model the merge started from: the base plus the step's adapters, unmerged."""
+    from tpuforge_workloads import lora
+
+    model, _ = lora.load_lora_model(plan.config.base_model_uri, plan.config.checkpoint_uri, plan.lora.step)
+    return lora.logits(model, tokens)
+
+
+def verify_logits(plan: MergePlan, output: str, names: list[str]) -> float:
+    tokens = fixed_tokens(plan.text.vocab_size)
+    want = lora_model_logits(plan, tokens)
+    with tempfile.TemporaryDirectory(prefix="merge-verify-") as tmp:
+        got = hf_logits(local_copy(output, names, Path(tmp)), tokens)
+    diff = compare_logits(got, want, f"{output} vs the JAX LoRA model")
+    log.info("verify passed: max |logit diff| %.3g", diff)
+    return diff
