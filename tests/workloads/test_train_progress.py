@@ -1,0 +1,107 @@
+"""The trainer's progress channel: status patches on a real FineTuneJob, Prometheus metrics, the run summary,
+and a broken channel that never blocks the caller."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tpuforge.api import JobRef, Progress
+from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND, FINETUNEJOB_PLURAL, GROUP, VERSION
+from tpuforge.sandbox.gcs import free_port
+from tpuforge_workloads.progress import METRICS_ADDR_ENV, RunProgress, RunSummary, StatusReporter, TrainMetrics
+
+
+def _progress(tmp_path: Path, reporter: StatusReporter | None, port: int = 0) -> RunProgress:
+    summary = RunSummary.open(str(tmp_path), {"modelName": "gemma4-tiny"}, attempt=1)
+    return RunProgress(100, TrainMetrics(port), summary, reporter, start_step=10, last_checkpoint_step=10)
+
+
+def test_metrics_and_summary_follow_the_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(METRICS_ADDR_ENV, "127.0.0.1")
+    port = free_port()
+    progress = _progress(tmp_path, None, port)
+    progress.step_done(11, loss=2.5, tokens=4096, tokens_total=4096)
+    progress.checkpoint_saved(11, 0.2)
+    progress.checkpoint_committed(11, 1.5)
+    progress.eval_done(11, 2.75)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for line in (
+        "tpuforge_trainer_step 11.0",
+        "tpuforge_trainer_total_steps 100.0",
+        "tpuforge_trainer_loss 2.5",
+        "tpuforge_trainer_eval_loss 2.75",
+        "tpuforge_trainer_tokens 4096.0",
+        "tpuforge_trainer_last_checkpoint_step 11.0",
+        'tpuforge_trainer_checkpoint_seconds_count{phase="commit"} 1.0',
+        "tpuforge_trainer_step_seconds_count 1.0",
+    ):
+        assert line in text, line
+    p = progress.progress()
+    assert (p.step, p.total_steps, p.loss, p.last_checkpoint_step, p.percent) == (11, 100, 2.5, 11, 11.0)
+    assert p.tokens_per_second and p.tokens_per_second > 0 and p.eta_seconds is not None
+    summary = progress.summary.to_json()
+    assert summary["attempts"][-1]["losses"] == {"11": 2.5}
+    assert summary["attempts"][-1]["checkpoints"] == [{"step": 11, "blocking_s": 0.2, "commit_s": 1.5}]
+
+
+def test_a_port_in_use_leaves_training_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(METRICS_ADDR_ENV, "127.0.0.1")
+    port = free_port()
+    TrainMetrics(port)
+    assert TrainMetrics(port).port == 0  # logged, not raised
+
+
+def test_a_failing_channel_never_blocks_and_keeps_retrying(tmp_path: Path) -> None:
+    calls: list[float] = []
+
+    def broken() -> Any:
+        calls.append(time.monotonic())
+        time.sleep(0.2)
+        raise ConnectionRefusedError("no API server")
+
+    reporter = StatusReporter(JobRef(namespace="ns", name="job"), interval=0.05, api_factory=broken)
+    progress = _progress(tmp_path, reporter)
+    started = time.monotonic()
+    for step in range(11, 61):
+        progress.step_done(step, loss=1.0, tokens=1, tokens_total=step)
+    assert time.monotonic() - started < 0.5  # 50 steps never waited for the channel
+    time.sleep(0.6)
+    reporter.close(timeout=2)
+    assert reporter.errors >= 2 and reporter.patches == 0
+
+
+@pytest.mark.cluster
+def test_progress_is_patched_into_the_finetunejob_status(api_client: Any, namespace: str, tmp_path: Path) -> None:
+    from kubernetes import client
+
+    api = client.CustomObjectsApi(api_client)
+    spec = {
+        "model": {"name": "gemma4-tiny", "uri": "gs://b/model"},
+        "dataset": {"uri": "gs://b/data.jsonl"},
+        "training": {"maxSeqLen": 64},
+        "checkpoint": {"uri": "gs://b/run/checkpoints"},
+        "output": {"uri": "gs://b/run/merged"},
+    }
+    body = {"apiVersion": API_VERSION, "kind": FINETUNEJOB_KIND, "metadata": {"name": "progress"}, "spec": spec}
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, FINETUNEJOB_PLURAL, body)
+    reporter = StatusReporter(JobRef(namespace=namespace, name="progress"), interval=0.1, api_factory=lambda: api)
+    progress = _progress(tmp_path, reporter)
+    progress.step_done(11, loss=2.25, tokens=2048, tokens_total=2048)
+    progress.checkpoint_committed(10, 1.0)
+
+    deadline = time.monotonic() + 20
+    while True:
+        obj = api.get_namespaced_custom_object(GROUP, VERSION, namespace, FINETUNEJOB_PLURAL, "progress")
+        got = Progress.model_validate((obj.get("status") or {}).get("progress") or {})
+        if got.step == 11 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    reporter.close()
+    assert (got.step, got.total_steps, got.loss, got.last_checkpoint_step) == (11, 100, 2.25, 10)
+    assert got.tokens_per_second and got.updated_at
+    assert obj["spec"]["model"] == spec["model"]  # the status patch left the spec alone

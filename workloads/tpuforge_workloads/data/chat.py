@@ -1,0 +1,116 @@
+"""Chat records -> tokens in the Gemma turn format, with the loss mask.
+
+A conversation becomes
+
+    <bos><turn>user\\n{content}<end>\\n<turn>model\\n{content}<end>\\n ...
+
+where <turn>/<end> are the tokenizer's turn markers: `<|turn>`/`<turn|>` (Gemma 4, which also has a system
+turn) or `<start_of_turn>`/`<end_of_turn>` (earlier Gemma, where a system prompt is folded into the first
+user turn). Control tokens are inserted by id, never parsed out of text, so a record cannot forge them.
+Each piece of text is encoded on its own (role line, content), which is how the chat template's output
+tokenizes too: the pieces meet at control tokens and newlines.
+
+The loss mask is True on the tokens the model must learn to produce: each assistant turn's content and
+its end-of-turn marker (with `loss_on="all"`, every token except <bos>). <bos> never carries loss, so that
+a packed row, where a <bos> follows the previous record, gives the same loss as the records alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from tpuforge_workloads.data.records import Message
+
+# (start, end, whether the format has a system turn), preferred first.
+TURN_MARKERS = (("<|turn>", "<turn|>", True), ("<start_of_turn>", "<end_of_turn>", False))
+ROLE_NAMES = {"user": "user", "assistant": "model", "system": "system"}
+
+
+class TokenizerError(ValueError):
+    """A tokenizer without the tokens the Gemma chat format needs."""
+
+
+@dataclass(frozen=True)
+class ChatTokens:
+    bos: int
+    eos: int
+    pad: int
+    turn_start: int
+    turn_end: int
+    system_turn: bool
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer, where: str = "tokenizer.json") -> ChatTokens:
+        def tid(token: str) -> int | None:
+            found = tokenizer.token_to_id(token)
+            return None if found is None else int(found)
+
+        missing = [t for t in ("<bos>", "<eos>", "<pad>") if tid(t) is None]
+        if missing:
+            raise TokenizerError(f"{where}: no {', '.join(missing)} token; a Gemma tokenizer has all three")
+        for start, end, system in TURN_MARKERS:
+            s, e = tid(start), tid(end)
+            if s is not None and e is not None:
+                return cls(tid("<bos>"), tid("<eos>"), tid("<pad>"), s, e, system)  # type: ignore[arg-type]
+        pairs = " or ".join(f"{s}/{e}" for s, e, _ in TURN_MARKERS)
+        raise TokenizerError(f"{where}: no turn markers ({pairs}); is this a Gemma chat tokenizer?")
+
+
+class ChatEncoder:
+    """Encodes conversations; `loss_on` is TrainingSpec.loss_on."""
+
+    def __init__(self, tokenizer: Tokenizer, loss_on: Literal["assistant", "all"] = "assistant"):
+        self.tokenizer = tokenizer
+        self.tokens = ChatTokens.of(tokenizer)
+        self.loss_on = loss_on
+        self._role_ids = {role: self._text(f"{name}\n") for role, name in ROLE_NAMES.items()}
+        self._newline = self._text("\n")
+
+    def _text(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False).ids) if text else []
+
+    def turns(self, messages: Sequence[Message]) -> list[tuple[str, str]]:
+        """(role, content) per turn, with a system message folded into the first user turn when the format
+        has no system turn."""
+        out = [(m.role, m.content) for m in messages]
+        if out and out[0][0] == "system" and not self.tokens.system_turn:
+            system = out.pop(0)[1]
+            for i, (role, content) in enumerate(out):
+                if role == "user":
+                    out[i] = (role, f"{system}\n\n{content}")
+                    break
+        return out
+
+    def encode(self, messages: Sequence[Message]) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids int32, loss mask bool), same length."""
+        return self.encode_many([messages])[0]
+
+    def encode_many(self, conversations: Sequence[Sequence[Message]]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`encode` for many conversations; the texts are tokenised in one parallel batch."""
+        turns = [self.turns(messages) for messages in conversations]
+        texts = [content for conversation in turns for _, content in conversation]
+        pieces = iter(self.tokenizer.encode_batch(texts, add_special_tokens=False) if texts else [])
+        return [self._assemble([(role, next(pieces).ids) for role, _ in conversation]) for conversation in turns]
+
+    def _assemble(self, turns: list[tuple[str, list[int]]]) -> tuple[np.ndarray, np.ndarray]:
+        t = self.tokens
+        ids: list[int] = [t.bos]
+        mask: list[bool] = [False]
+        every = self.loss_on == "all"
+        for role, content in turns:
+            learn = role == "assistant"
+            head = [t.turn_start, *self._role_ids[role]]
+            body = [*content, t.turn_end]
+            ids += head + body + self._newline
+            mask += [every] * len(head) + [learn or every] * len(body) + [every] * len(self._newline)
+        return np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=bool)
+
+    def prompt(self, messages: Sequence[Message]) -> np.ndarray:
+        """Tokens that ask the model for the next assistant turn (for generation checks)."""
+        ids, _ = self.encode(messages)
+        return np.concatenate([ids, [self.tokens.turn_start, *self._role_ids["assistant"]]]).astype(np.int32)

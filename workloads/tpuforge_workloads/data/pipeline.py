@@ -1,0 +1,307 @@
+"""Tokenised examples -> fixed-shape micro-batches with Grain.
+
+Every record is tokenised once, before training, which is also when over-length records are dropped or
+truncated (and counted) and when a dataset with nothing trainable is rejected. Rows are then a Grain
+random-access source: each epoch takes the examples in its own order drawn from the seed, and either pads
+each to `max_seq_len` or packs several into a row first-fit (planned from the lengths, so a packed row is
+one element, not one per example); Grain batches rows and a background thread makes batches ahead. The
+iterator's state is a batch position: checkpointed with the model, it makes a resumed run see exactly the
+batches the interrupted one would have.
+
+A batch is a dict of numpy arrays [rows, max_seq_len]:
+    input_tokens  int32   token ids, <pad> after the last example of a row
+    input_mask    bool    loss mask (which targets count)
+    segment_ids   int32   1, 2, ... per example in the row; 0 on padding
+    positions     int32   position within its own example
+`attention_mask` turns segment ids into the block-diagonal causal mask the model needs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from tpuforge_workloads.data.chat import ChatEncoder
+from tpuforge_workloads.data.records import DatasetError, Record
+
+if TYPE_CHECKING:
+    import grain
+
+Example = dict[str, np.ndarray]  # {"tokens": int32[n], "loss_mask": bool[n]}
+
+
+@dataclass
+class DataStats:
+    records: int = 0
+    examples: int = 0  # kept for training
+    dropped_over_length: int = 0
+    truncated: int = 0
+    dropped_no_loss: int = 0  # truncation left no token to learn from
+    tokens: int = 0  # real tokens in the kept examples (one epoch)
+    loss_tokens: int = 0
+    longest: int = 0  # before any truncation
+    shortest: int = 0
+
+    def to_json(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+def prepare_examples(
+    records: Sequence[Record],
+    encoder: ChatEncoder,
+    max_seq_len: int,
+    over_length: Literal["drop", "truncate"],
+    where: str,
+) -> tuple[list[Example], DataStats]:
+    """Tokenise every record and apply the over-length policy. Raises DatasetError, naming `where` and
+    the fix, when no example is left to train on."""
+    stats = DataStats(records=len(records))
+    examples: list[Example] = []
+    lengths = []
+    for tokens, mask in encoder.encode_many([r.messages for r in records]):
+        lengths.append(len(tokens))
+        if len(tokens) > max_seq_len:
+            if over_length == "drop":
+                stats.dropped_over_length += 1
+                continue
+            tokens, mask = tokens[:max_seq_len], mask[:max_seq_len]
+            stats.truncated += 1
+        # The first token is never a target: a mask that is True only there teaches nothing.
+        if not mask[1:].any():
+            stats.dropped_no_loss += 1
+            continue
+        examples.append({"tokens": tokens, "loss_mask": mask})
+        stats.tokens += len(tokens)
+        stats.loss_tokens += int(mask[1:].sum())
+    stats.examples = len(examples)
+    stats.longest, stats.shortest = max(lengths), min(lengths)
+    if not examples:
+        if stats.dropped_over_length == stats.records:
+            raise DatasetError(
+                f"{where}: all {stats.records} records are longer than training.maxSeqLen={max_seq_len} tokens "
+                f"(shortest: {stats.shortest}); raise maxSeqLen or set training.overLength: truncate"
+            )
+        raise DatasetError(
+            f"{where}: no record has an assistant token within the first {max_seq_len} tokens "
+            f"({stats.dropped_over_length} too long, {stats.dropped_no_loss} truncated to nothing); "
+            "raise training.maxSeqLen"
+        )
+    return examples, stats
+
+
+def pad_example(example: Example, length: int, pad_id: int) -> dict[str, np.ndarray]:
+    """One example in a row of its own, padded to `length`."""
+    n = len(example["tokens"])
+    tokens = np.full(length, pad_id, np.int32)
+    tokens[:n] = example["tokens"]
+    mask = np.zeros(length, bool)
+    mask[:n] = example["loss_mask"]
+    segments = np.zeros(length, np.int32)
+    segments[:n] = 1
+    return {
+        "input_tokens": tokens,
+        "input_mask": mask,
+        "segment_ids": segments,
+        "positions": np.arange(length, dtype=np.int32),
+    }
+
+
+def pack_examples(members: Sequence[Example], length: int, pad_id: int) -> dict[str, np.ndarray]:
+    """Several examples in one row, one after the other, each with its own segment id (1, 2, ...) and
+    positions from 0; padding after the last."""
+    tokens = np.full(length, pad_id, np.int32)
+    mask = np.zeros(length, bool)
+    segments = np.zeros(length, np.int32)
+    positions = np.zeros(length, np.int32)
+    start = 0
+    for seg, e in enumerate(members, start=1):
+        n = len(e["tokens"])
+        tokens[start : start + n] = e["tokens"]
+        mask[start : start + n] = e["loss_mask"]
+        segments[start : start + n] = seg
+        positions[start : start + n] = np.arange(n, dtype=np.int32)
+        start += n
+    return {"input_tokens": tokens, "input_mask": mask, "segment_ids": segments, "positions": positions}
+
+
+def first_fit(lengths: Sequence[int], capacity: int, bins: int) -> list[list[int]]:
+    """Rows of example indices, in the given order: each example goes to the first open row with room; when
+    none has room and `bins` rows are open, they are all emitted and a new set starts (Grain's first-fit
+    rule). Every example fits a row on its own (over-length ones were dropped or cut before)."""
+    rows: list[list[int]] = []
+    open_rows: list[list[int]] = []
+    room: list[int] = []
+    for i, n in enumerate(lengths):
+        for b, left in enumerate(room):
+            if n <= left:
+                open_rows[b].append(i)
+                room[b] -= n
+                break
+        else:
+            if len(open_rows) == bins:
+                rows += open_rows
+                open_rows, room = [], []
+            open_rows.append([i])
+            room.append(capacity - n)
+    return rows + open_rows
+
+
+class EpochOrder:
+    """Each epoch's order of the examples, drawn from (seed, epoch); the same in every run."""
+
+    def __init__(self, count: int, seed: int):
+        self.count = count
+        self.seed = seed
+        self._cached: tuple[int, np.ndarray] | None = None
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        if self._cached is None or self._cached[0] != epoch:  # iteration moves forward: keep one epoch
+            self._cached = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.count))
+        return self._cached[1]
+
+
+class PaddedRows:
+    """Grain random-access source: one example per row, epoch after epoch, shuffled per epoch."""
+
+    def __init__(self, examples: Sequence[Example], spec: BatchSpec):
+        self._examples = list(examples)
+        self._spec = spec
+        self._order = EpochOrder(len(self._examples), spec.seed)
+
+    def __len__(self) -> int:
+        n = len(self._examples)
+        return n * self._spec.epochs if self._spec.epochs is not None else sys.maxsize
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        epoch, i = divmod(index, len(self._examples))
+        example = self._examples[int(self._order(epoch)[i])]
+        return pad_example(example, self._spec.max_seq_len, self._spec.pad_id)
+
+
+class PackedRows:
+    """Grain random-access source: each epoch's shuffled examples packed first-fit into rows. Rows are
+    planned from the lengths alone (cheap, per epoch, on demand), so a row is one element for Grain and the
+    iterator state is a row position, as for padded rows."""
+
+    def __init__(self, examples: Sequence[Example], spec: BatchSpec):
+        self._examples = list(examples)
+        self._lengths = np.array([len(e["tokens"]) for e in self._examples])
+        self._spec = spec
+        self._order = EpochOrder(len(self._examples), spec.seed)
+        self._starts = [0]  # first row of each planned epoch, and the end of the last one
+        self._plan: tuple[int, list[list[int]]] | None = None
+
+    def _epoch_plan(self, epoch: int) -> list[list[int]]:
+        if self._plan is None or self._plan[0] != epoch:
+            order = self._order(epoch)
+            rows = first_fit(self._lengths[order].tolist(), self._spec.max_seq_len, self._spec.bins())
+            self._plan = (epoch, [[int(order[i]) for i in row] for row in rows])
+        return self._plan[1]
+
+    def _epoch_of(self, index: int) -> int:
+        while index >= self._starts[-1]:
+            epoch = len(self._starts) - 1
+            self._starts.append(self._starts[-1] + len(self._epoch_plan(epoch)))
+        return int(np.searchsorted(self._starts, index, side="right")) - 1
+
+    def __len__(self) -> int:
+        if self._spec.epochs is None:
+            return sys.maxsize
+        self._epoch_of(0)
+        while len(self._starts) <= self._spec.epochs:
+            self._epoch_of(self._starts[-1])
+        return self._starts[self._spec.epochs]
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        epoch = self._epoch_of(index)
+        members = self._epoch_plan(epoch)[index - self._starts[epoch]]
+        return pack_examples([self._examples[i] for i in members], self._spec.max_seq_len, self._spec.pad_id)
+
+
+@dataclass
+class BatchSpec:
+    max_seq_len: int
+    rows: int  # rows per micro-batch
+    packing: bool
+    seed: int
+    pad_id: int
+    epochs: int | None  # None repeats forever (a step budget ends the run)
+    packing_bins: int = field(default=0)  # first-fit rows open at once; 0 picks 4 x rows (at least 16)
+    # Batches made ahead by a background thread, so that making them overlaps the device step. The iterator
+    # state still counts only the batches handed out.
+    prefetch: int = 2
+
+    def bins(self) -> int:
+        return self.packing_bins or max(16, 4 * self.rows)
+
+
+class MicroBatches:
+    """Grain random-access source of micro-batches: batch i stacks rows [i * rows, (i + 1) * rows) of the
+    row source; a last partial batch is dropped. One Grain element per batch keeps Grain's per-element
+    bookkeeping off the per-row path."""
+
+    def __init__(self, examples: Sequence[Example], spec: BatchSpec):
+        self._rows: PaddedRows | PackedRows = PackedRows(examples, spec) if spec.packing else PaddedRows(examples, spec)
+        self._n = spec.rows
+
+    def __len__(self) -> int:
+        return len(self._rows) // self._n
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        rows = [self._rows[index * self._n + i] for i in range(self._n)]
+        return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+
+
+def batches(examples: Sequence[Example], spec: BatchSpec) -> grain.IterDataset:
+    """The training batches, in order. Iterate with `iter(...)`; the iterator has get_state/set_state,
+    and the state is a batch position."""
+    import grain  # imports JAX: not needed by the checks that run before training
+
+    ds = grain.MapDataset.source(MicroBatches(examples, spec)).to_iter_dataset(grain.ReadOptions(num_threads=0))
+    return grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=spec.prefetch)
+
+
+def count_batches(examples: Sequence[Example], spec: BatchSpec) -> int:
+    """How many micro-batches `batches` yields (finite epochs only)."""
+    if spec.epochs is None:
+        raise ValueError("an endless dataset has no batch count")
+    return len(MicroBatches(examples, spec))
+
+
+def eval_batches(examples: Sequence[Example], rows: int, max_seq_len: int, pad_id: int) -> list[dict[str, np.ndarray]]:
+    """Every eval example once, in file order, padded; the last batch is filled with empty rows (no loss)
+    so that every batch has the training shape."""
+    padded = [pad_example(e, max_seq_len, pad_id) for e in examples]
+    empty = pad_example({"tokens": np.zeros(0, np.int32), "loss_mask": np.zeros(0, bool)}, max_seq_len, pad_id)
+    while len(padded) % rows:
+        padded.append(empty)
+    return [{k: np.stack([p[k] for p in padded[i : i + rows]]) for k in padded[0]} for i in range(0, len(padded), rows)]
+
+
+def attention_mask(segment_ids: Any) -> Any:
+    """[B, T, T] bool: position t sees position s when s <= t and both are in the same example (padding,
+    segment 0, sees and is seen by nothing). Pure jnp, so it runs inside the jitted train step."""
+    import jax.numpy as jnp
+
+    t = segment_ids.shape[-1]
+    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return same & causal[None] & (segment_ids[:, None, :] != 0)
+
+
+def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    """A batch -> the keyword arguments of Tunix's default PEFT loss function."""
+    return {
+        "input_tokens": batch["input_tokens"],
+        "input_mask": batch["input_mask"],
+        "positions": batch["positions"],
+        "attention_mask": attention_mask(batch["segment_ids"]),
+    }
+
+
+def real_tokens(batch: dict[str, np.ndarray]) -> int:
+    return int(np.count_nonzero(batch["segment_ids"]))

@@ -1,0 +1,417 @@
+"""Gemma 4 for the trainer: HF config.json -> Tunix ModelConfig, checks against the model catalog, the device
+mesh, and loading HF safetensors with Tunix's Gemma 4 loader onto that mesh.
+
+The checkpoint's config.json is the authority for the model's shape; the catalog entry named by the job must
+agree with it (a wrong `model.name` or `model.uri` is caught here, before any weight is read).
+
+JAX, Flax and Tunix are imported inside the functions that need them, so that config checks stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tpuforge.api.catalog import ModelShape
+from tpuforge_workloads import storage
+
+if TYPE_CHECKING:
+    import jax
+    from tunix.models.gemma4 import model as gemma4_model
+
+MESH_AXES = ("fsdp", "tp")
+GEMMA4_MODEL_TYPES = ("gemma4", "gemma4_text")
+# Where the text decoder's tensors are: the multimodal checkpoints (and Tunix's loader) use the first,
+# text-only Gemma4ForCausalLM checkpoints the second.
+HF_PREFIXES = ("model.language_model.", "model.")
+_DTYPES = ("bfloat16", "float16", "float32")
+
+
+class ModelError(ValueError):
+    """A base model the trainer cannot use; the message names the file or field and the fix."""
+
+
+@dataclass(frozen=True)
+class Gemma4Text:
+    """The text decoder's shape, as config.json states it (HF names in comments)."""
+
+    num_layers: int  # num_hidden_layers
+    embed_dim: int  # hidden_size
+    hidden_dim: int  # intermediate_size
+    num_heads: int  # num_attention_heads
+    head_dim: int  # head_dim (sliding layers)
+    num_kv_heads: int  # num_key_value_heads (sliding layers)
+    global_head_dim: int  # global_head_dim
+    num_global_kv_heads: int  # num_global_key_value_heads
+    k_eq_v: bool  # attention_k_eq_v (global layers have keys = values)
+    sliding_window: int
+    layer_types: tuple[str, ...]  # "sliding_attention" | "full_attention" per layer
+    vocab_size: int
+    final_logit_softcap: float | None
+    local_rope_theta: float
+    global_rope_theta: float
+    global_rope_proportion: float
+    dtype: str
+    multimodal: bool  # config.json nests the decoder under text_config
+
+    @property
+    def hf_prefix(self) -> str:
+        return HF_PREFIXES[0] if self.multimodal else HF_PREFIXES[1]
+
+    def head_counts(self) -> dict[str, int]:
+        return {
+            "query heads": self.num_heads,
+            "kv heads": self.num_kv_heads,
+            "global kv heads": self.num_global_kv_heads,
+        }
+
+
+def read_config(model_uri: str) -> dict[str, Any]:
+    """config.json of the base model; a missing or unreadable file names the URI."""
+    uri = storage.join(model_uri, "config.json")
+    try:
+        text = storage.read_text(uri)
+    except storage.StorageError as e:
+        raise ModelError(f"model.uri: cannot read {uri} ({e}); point model.uri at a HuggingFace model directory") from e
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ModelError(f"{uri}: not JSON ({e})") from e
+    if not isinstance(raw, dict):
+        raise ModelError(f"{uri}: expected a JSON object")
+    return raw
+
+
+def parse_config(raw: Mapping[str, Any], where: str = "config.json") -> Gemma4Text:
+    """The text decoder's shape from a Gemma 4 config.json (multimodal or text-only)."""
+    model_type = raw.get("model_type")
+    if model_type not in GEMMA4_MODEL_TYPES:
+        raise ModelError(f"{where}: model_type {model_type!r} is not Gemma 4 ({' or '.join(GEMMA4_MODEL_TYPES)})")
+    multimodal = isinstance(raw.get("text_config"), Mapping)
+    text: Mapping[str, Any] = raw["text_config"] if multimodal else raw
+
+    def need(key: str) -> Any:
+        if text.get(key) is None:
+            raise ModelError(f"{where}: {'text_config.' if multimodal else ''}{key} is missing")
+        return text[key]
+
+    unsupported = {
+        "enable_moe_block": bool(text.get("enable_moe_block")),
+        "hidden_size_per_layer_input": bool(text.get("hidden_size_per_layer_input")),
+        "num_kv_shared_layers": bool(text.get("num_kv_shared_layers")),
+        "use_bidirectional_attention": bool(text.get("use_bidirectional_attention")),
+    }
+    bad = [k for k, on in unsupported.items() if on]
+    if bad:
+        raise ModelError(
+            f"{where}: {', '.join(bad)} set: the trainer supports the dense Gemma 4 decoder (31B layout) only"
+        )
+    num_layers = int(need("num_hidden_layers"))
+    layer_types = tuple(need("layer_types"))
+    if len(layer_types) != num_layers or not set(layer_types) <= {"sliding_attention", "full_attention"}:
+        raise ModelError(
+            f"{where}: layer_types must list sliding_attention/full_attention for each of {num_layers} layers"
+        )
+    rope = text.get("rope_parameters") or {}
+    sliding_rope = rope.get("sliding_attention", {"rope_type": "default", "rope_theta": 10_000.0})
+    full_rope = rope.get(
+        "full_attention", {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}
+    )
+    for name, params in (("sliding_attention", sliding_rope), ("full_attention", full_rope)):
+        if params.get("rope_type", "default") not in ("default", "proportional") or params.get("factor", 1.0) != 1.0:
+            raise ModelError(f"{where}: rope_parameters.{name} {params} is not supported (no RoPE scaling)")
+    dtype = str(text.get("dtype") or text.get("torch_dtype") or raw.get("dtype") or raw.get("torch_dtype") or "")
+    if dtype not in _DTYPES:
+        raise ModelError(f"{where}: dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
+    num_kv_heads = int(need("num_key_value_heads"))
+    return Gemma4Text(
+        num_layers=num_layers,
+        embed_dim=int(need("hidden_size")),
+        hidden_dim=int(need("intermediate_size")),
+        num_heads=int(need("num_attention_heads")),
+        head_dim=int(need("head_dim")),
+        num_kv_heads=num_kv_heads,
+        global_head_dim=int(text.get("global_head_dim") or need("head_dim")),
+        num_global_kv_heads=int(text.get("num_global_key_value_heads") or num_kv_heads),
+        k_eq_v=bool(text.get("attention_k_eq_v", False)),
+        sliding_window=int(need("sliding_window")),
+        layer_types=layer_types,
+        vocab_size=int(need("vocab_size")),
+        final_logit_softcap=text.get("final_logit_softcapping"),
+        local_rope_theta=float(sliding_rope.get("rope_theta", 10_000.0)),
+        global_rope_theta=float(full_rope.get("rope_theta", 1_000_000.0)),
+        global_rope_proportion=float(full_rope.get("partial_rotary_factor", 1.0)),
+        dtype=dtype,
+        multimodal=multimodal,
+    )
+
+
+def check_against_catalog(text: Gemma4Text, shape: ModelShape, where: str) -> None:
+    """The checkpoint must be the model the job names: the catalog drives validation and sizing."""
+    pattern = tuple(
+        "full_attention" if (i + 1) % (shape.sliding_per_global + 1) == 0 else "sliding_attention"
+        for i in range(shape.num_layers)
+    )
+    pairs = {
+        "num_hidden_layers": (text.num_layers, shape.num_layers),
+        "hidden_size": (text.embed_dim, shape.embed_dim),
+        "intermediate_size": (text.hidden_dim, shape.hidden_dim),
+        "num_attention_heads": (text.num_heads, shape.num_heads),
+        "head_dim": (text.head_dim, shape.head_dim),
+        "num_key_value_heads": (text.num_kv_heads, shape.num_kv_heads),
+        "global_head_dim": (text.global_head_dim, shape.global_head_dim),
+        "num_global_key_value_heads": (text.num_global_kv_heads, shape.num_global_kv_heads),
+        "sliding_window": (text.sliding_window, shape.sliding_window),
+        "vocab_size": (text.vocab_size, shape.vocab_size),
+        "layer_types": (text.layer_types, pattern),
+        "multimodal layout": (text.multimodal, shape.multimodal),
+    }
+    diffs = [f"{k} {got} (catalog: {want})" for k, (got, want) in pairs.items() if got != want]
+    if diffs:
+        raise ModelError(
+            f"{where} does not match catalog model {shape.id!r}: {'; '.join(diffs)}; set model.name to the "
+            "model at model.uri"
+        )
+
+
+def mesh_errors(text: Gemma4Text, fsdp: int, tp: int) -> list[str]:
+    """Why a (fsdp, tp) mesh cannot hold this model; empty when it can. Mirrors the model's sharding rules:
+    heads, the MLP hidden axis and the vocabulary split over tp; the embedding axis over fsdp."""
+    errors = []
+    counts = text.head_counts()
+    bad = {k: v for k, v in counts.items() if v % tp}
+    if bad:
+        fits = [d for d in range(1, text.num_heads + 1) if all(v % d == 0 for v in counts.values())]
+        errors.append(
+            f"mesh.tp={tp} does not divide the model's {', '.join(f'{v} {k}' for k, v in bad.items())}; "
+            f"use tp in {fits}"
+        )
+    for what, size, axis, n in (
+        ("intermediate_size", text.hidden_dim, "tp", tp),
+        ("vocab_size", text.vocab_size, "tp", tp),
+        ("hidden_size", text.embed_dim, "fsdp", fsdp),
+    ):
+        if size % n:
+            errors.append(f"mesh.{axis}={n} does not divide the model's {what} {size}")
+    return errors
+
+
+def tunix_config(text: Gemma4Text) -> gemma4_model.ModelConfig:
+    """Tunix's ModelConfig for this decoder. Flash attention stays off: its TPU kernels build their own
+    causal/local masks and ignore the attention mask the trainer passes, which packing relies on."""
+    import jax.numpy as jnp
+    from tunix.models.gemma4 import model as gm
+
+    pattern = tuple(
+        gm.AttentionType.GLOBAL if t == "full_attention" else gm.AttentionType.LOCAL_SLIDING for t in text.layer_types
+    )
+    dtype = getattr(jnp, text.dtype)
+    return gm.ModelConfig(
+        num_layers=text.num_layers,
+        num_embed=text.vocab_size,
+        embed_dim=text.embed_dim,
+        hidden_dim=text.hidden_dim,
+        num_heads=text.num_heads,
+        head_dim=text.head_dim,
+        num_kv_heads=text.num_kv_heads,
+        num_global_kv_heads=text.num_global_kv_heads,
+        global_key_size=text.global_head_dim,
+        k_eq_v_global=text.k_eq_v,
+        sliding_window_size=text.sliding_window,
+        # A pattern as long as the model: Tunix cycles it, so every layer gets exactly its own type.
+        attention_pattern=pattern,
+        final_logit_softcap=text.final_logit_softcap,
+        local_base_frequency=int(text.local_rope_theta),
+        global_base_frequency=int(text.global_rope_theta),
+        global_rope_proportion=text.global_rope_proportion,
+        local_rope_proportion=1.0,
+        param_dtype=dtype,
+        dtype=dtype,
+        use_flash_attention=False,
+    )
+
+
+def set_remat(model: Any, remat: bool) -> None:
+    """Turn rematerialisation of decoder layers on or off in a built model. Tunix reads it from each
+    module's config at call time; LoRA adapters must be added with it off (variables created inside
+    nnx.remat are discarded), so the trainer builds without it and turns it on afterwards."""
+    import dataclasses
+
+    from tunix.models.gemma4 import model as gm
+
+    wanted = gm.RematConfig.DECODER if remat else gm.RematConfig.NONE
+    for _, module in model.iter_modules():
+        cfg = getattr(module, "config", None)
+        if isinstance(cfg, gm.ModelConfig) and cfg.remat_config != wanted:
+            module.config = dataclasses.replace(cfg, remat_config=wanted)
+
+
+def make_mesh(fsdp: int, tp: int) -> jax.sharding.Mesh:
+    """A (fsdp, tp) mesh over the first fsdp*tp devices. Auto axes: the model code shards with constraints."""
+    import jax
+
+    devices = jax.devices()
+    need = fsdp * tp
+    if len(devices) < need:
+        raise ModelError(
+            f"mesh fsdp={fsdp} x tp={tp} needs {need} devices but this host has {len(devices)} "
+            f"({devices[0].platform}); make fsdp x tp = {len(devices)}"
+        )
+    return jax.make_mesh((fsdp, tp), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices[:need])
+
+
+def check_sharding(state: Any, mesh: jax.sharding.Mesh) -> None:
+    """Every parameter's sharded axes must divide evenly over the mesh (JAX refuses uneven shards; better
+    to name the parameter now than to fail halfway through loading). Works on abstract states too."""
+    import jax
+    from flax import nnx
+
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    specs = jax.tree.leaves(nnx.get_partition_spec(state), is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+    problems = []
+    for (path, leaf), spec in zip(leaves, specs, strict=True):
+        for dim, axes in zip(leaf.shape, spec, strict=False):
+            names = axes if isinstance(axes, tuple) else (axes,)
+            size = 1
+            for a in names:
+                if a is not None:
+                    size *= mesh.shape[a]
+            if dim % size:
+                name = jax.tree_util.keystr(path, simple=True, separator=".").removesuffix(".value")
+                problems.append(f"{name} {tuple(leaf.shape)}: axis of {dim} over {'x'.join(map(str, names))}={size}")
+    if problems:
+        raise ModelError(f"mesh {dict(mesh.shape)} does not divide the parameters: {'; '.join(problems[:5])}")
+
+
+# ---- loading -------------------------------------------------------------------------------------------
+
+
+def safetensors_names(path: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes from a safetensors header (8-byte length + JSON), without reading data."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
+
+
+def _key_mapping(cfg: gemma4_model.ModelConfig) -> dict[str, Any]:
+    """Tunix's HF->Tunix key mapping, widened to accept text-only checkpoints (`model.` prefix) as well as
+    the multimodal layout (`model.language_model.`) it was written for; Tunix matches keys from the start."""
+    from tunix.models.gemma4 import params_safetensors
+
+    mapping = params_safetensors._get_key_and_transform_mapping(cfg)
+    old = r"(?:model\.language_model\.)?"
+    return {pat.replace(old, r"(?:model\.(?:language_model\.)?)?", 1): v for pat, v in mapping.items()}
+
+
+_TMP_QKV = re.compile(r"tmp\.layers\.(\d+)\.attn\.([qkv])$")
+
+
+def _combine_qkv(text: Gemma4Text) -> Any:
+    """Turns the loader's per-projection attention tensors into Tunix's einsum weights. The key mapping has
+    already laid each out as (D, heads, head_dim); here q -> (N, D, h), k and v -> (K, D, h) stacked as
+    kv_einsum (2, K, D, h), or k alone as k_einsum on global layers where keys = values. Tunix's own
+    preprocessing guesses axes by size, which fails when the hidden size equals a head dim (the tiny
+    model); the layout is known, so nothing is guessed here. Works on host numpy arrays."""
+    import numpy as np
+
+    def preprocess(tensors: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        per_layer: dict[int, dict[str, Any]] = {}
+        for key, value in tensors.items():
+            m = _TMP_QKV.match(key)
+            if m:
+                per_layer.setdefault(int(m.group(1)), {})[m.group(2)] = value
+            else:
+                out[key] = value
+        for i, qkv in per_layer.items():
+            w = f"layers.{i}.attn."
+            out[w + "q_einsum.w"] = np.transpose(qkv["q"], (1, 0, 2))
+            k = np.transpose(qkv["k"], (1, 0, 2))
+            if text.layer_types[i] == "full_attention" and text.k_eq_v:
+                out[w + "k_einsum.w"] = k
+            else:
+                out[w + "kv_einsum.w"] = np.stack([k, np.transpose(qkv["v"], (1, 0, 2))])
+        return out
+
+    return preprocess
+
+
+def expected_hf_tensors(text: Gemma4Text) -> list[str]:
+    """The HF tensors the text decoder is made of (lm_head is tied to the embedding and absent)."""
+    p = text.hf_prefix
+    names = [f"{p}embed_tokens.weight", f"{p}norm.weight"]
+    for i, kind in enumerate(text.layer_types):
+        base = f"{p}layers.{i}."
+        projs = ["q_proj", "k_proj", "o_proj"]
+        if not (kind == "full_attention" and text.k_eq_v):
+            projs.append("v_proj")
+        names += [f"{base}self_attn.{x}.weight" for x in projs]
+        names += [f"{base}self_attn.{x}.weight" for x in ("q_norm", "k_norm")]
+        names += [f"{base}mlp.{x}.weight" for x in ("gate_proj", "up_proj", "down_proj")]
+        names += [
+            f"{base}{x}.weight"
+            for x in (
+                "input_layernorm",
+                "post_attention_layernorm",
+                "pre_feedforward_layernorm",
+                "post_feedforward_layernorm",
+            )
+        ]
+        names.append(f"{base}layer_scalar")
+    return names
+
+
+def check_tensors(names: Iterable[str], text: Gemma4Text, where: str) -> None:
+    """Every decoder tensor must be present under the layout's prefix: the loader would otherwise leave
+    parameters uninitialised instead of failing."""
+    have = set(names)
+    missing = [n for n in expected_hf_tensors(text) if n not in have]
+    if missing:
+        other = HF_PREFIXES[1] if text.hf_prefix == HF_PREFIXES[0] else HF_PREFIXES[0]
+        hint = ""
+        if any(n.startswith(other + "layers.") for n in have):
+            hint = f" (the tensors are under {other!r}: config.json and the weights disagree on the layout)"
+        raise ModelError(f"{where}: {len(missing)} decoder tensors missing, e.g. {', '.join(missing[:3])}{hint}")
+
+
+def stage_model_dir(model_uri: str, local_dir: Path, parallel: int = 8) -> Path:
+    """A local directory with the model's files (safetensors, config, tokenizer): `model_uri` itself when it
+    is local, else a copy under `local_dir` (Tunix's loader memory-maps local files). Shards download in
+    parallel: one stream does not fill a TPU host's network."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not storage.is_gcs(model_uri):
+        return Path(model_uri)
+    names = [n for n in storage.list_files(model_uri) if "/" not in n]
+    with ThreadPoolExecutor(parallel) as pool:
+        list(pool.map(lambda n: storage.download_file(storage.join(model_uri, n), local_dir / n), names))
+    return local_dir
+
+
+def load_model(model_dir: Path, text: Gemma4Text, cfg: gemma4_model.ModelConfig, mesh: jax.sharding.Mesh) -> Any:
+    """The base model with the checkpoint's weights, every parameter placed by the model's sharding rules."""
+    from tunix.models import safetensors_loader
+    from tunix.models.gemma4 import model as gm
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"{model_dir}: no *.safetensors files")
+    names: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        names.update(safetensors_names(f))
+    check_tensors(names, text, str(model_dir))
+    return safetensors_loader.load_and_create_model(
+        file_dir=str(model_dir),
+        model_class=gm.Gemma4,
+        config=cfg,
+        key_mapping=_key_mapping,
+        mesh=mesh,
+        preprocess_fn=_combine_qkv(text),
+        mode="optimized",
+    )

