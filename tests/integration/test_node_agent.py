@@ -183,7 +183,8 @@ def test_a_missing_configmap_keeps_the_pod_waiting_until_it_exists(core: client.
         cs = read(core, namespace, "late").status.container_statuses
         return cs and cs[0].state.waiting and cs[0].state.waiting.reason
 
-    assert wait_for(waiting_reason, 30, "the pod to report why it waits") == "FailedMount"
+    # It reports PodInitializing first, then the mount failure.
+    assert wait_for(lambda: waiting_reason() == "FailedMount", 30, "the pod to report FailedMount")
     core.create_namespaced_config_map(namespace, {"metadata": {"name": "later"}, "data": {"x": "arrived"}})
     p = wait_phase(core, namespace, "late", ("Succeeded", "Failed"))
     assert p.status.phase == "Succeeded"

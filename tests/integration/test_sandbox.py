@@ -50,7 +50,7 @@ def test_both_crds_are_established(api_client: client.ApiClient) -> None:
         assert conds.get("NamesAccepted") == "True", conds
 
 
-@pytest.mark.parametrize("example", ["finetune.yaml", "serving.yaml"])
+@pytest.mark.parametrize("example", ["finetune.yaml", "serving.yaml", "finetune-demo.yaml", "serving-demo.yaml"])
 def test_examples_apply(sandbox: Sandbox, namespace: str, example: str) -> None:
     path = REPO / "examples" / example
     out = kubectl(sandbox, "apply", "-n", namespace, "-f", str(path))

@@ -40,6 +40,9 @@ CONTROLLER_MANAGER = "kube-controller-manager"
 GCS = "fake-gcs-server"
 NODE_AGENT = "node-agent"
 COMPONENTS = (ETCD, APISERVER, CONTROLLER_MANAGER, GCS, NODE_AGENT)
+# Not started by up(): `tpuforge demo` runs the operator beside the sandbox with a pidfile and log of its own,
+# so that status shows it and down() stops it (first, while the apiserver it talks to is still there).
+OPERATOR = "operator"
 
 
 class SandboxError(RuntimeError):
@@ -213,10 +216,11 @@ class Sandbox:
         return True
 
     def down(self, purge: bool = False) -> list[str]:
-        """Stop the processes this sandbox started (node agent first, so pods end while the apiserver still
-        records it). `purge` also deletes the state directory. Returns what was stopped."""
+        """Stop the processes this sandbox started, and the demo's operator (that first, then the node agent,
+        so pods end while the apiserver still records it). `purge` also deletes the state directory. Returns
+        what was stopped."""
         stopped = []
-        for name in (NODE_AGENT, CONTROLLER_MANAGER, APISERVER, ETCD, GCS):
+        for name in (OPERATOR, NODE_AGENT, CONTROLLER_MANAGER, APISERVER, ETCD, GCS):
             # The agent gives pods their grace period (up to 15 s, as on GKE) before it exits.
             if self.daemon(name).stop(timeout=40.0 if name == NODE_AGENT else 10.0):
                 stopped.append(name)
@@ -240,6 +244,10 @@ class Sandbox:
                 continue
             pid = self.daemon(name).pid()
             out.append(ComponentStatus(name, "running" if pid else "stopped", pid, addr[name]))
+        operator = self.daemon(OPERATOR)
+        pid = operator.pid()
+        if pid is not None:
+            out.append(ComponentStatus(OPERATOR, "running", pid, str(operator.log)))
         return out
 
     def preempt(self, node: str, grace: int | None = None, wait: bool = True, timeout: float = 120.0) -> None:

@@ -1,0 +1,54 @@
+"""The demo's manifests: valid objects of the API, in the sandbox's default bucket, wired to each other."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tpuforge.api import ServingDeploymentSpec
+from tpuforge.sandbox.config import DEFAULT_BUCKET, repo_root
+from tpuforge.sandbox.demo import FINETUNE_YAML, SERVING_YAML, DemoError, halfway, load_job, load_yaml
+
+ROOT = repo_root()
+
+
+def test_the_demo_job_is_valid_and_writes_to_the_sandbox_bucket() -> None:
+    job = load_job(ROOT / FINETUNE_YAML, DEFAULT_BUCKET)
+    spec = job.spec
+    assert (spec.model.name, spec.tpu.slice, spec.tpu.spot) == ("gemma4-tiny", "v5p-8", True)
+    assert spec.merge.enabled and spec.merge.verify
+    # A preemption halfway must find a committed checkpoint to resume from.
+    assert spec.training.max_steps is not None and spec.checkpoint.every_steps <= spec.training.max_steps // 2
+
+
+def test_the_demo_serving_serves_the_demo_job() -> None:
+    body = load_yaml(ROOT / SERVING_YAML, "ServingDeployment")
+    spec = ServingDeploymentSpec.model_validate(body["spec"])
+    assert spec.model.fine_tune_job_ref is not None
+    assert spec.model.fine_tune_job_ref.name == load_job(ROOT / FINETUNE_YAML, DEFAULT_BUCKET).name
+    assert "127.0.0.1" in spec.vllm.extra_args  # loopback only on a laptop
+
+
+def test_a_job_outside_the_sandbox_bucket_is_refused_naming_the_field(tmp_path: Path) -> None:
+    doc = yaml.safe_load((ROOT / FINETUNE_YAML).read_text())
+    doc["spec"]["output"]["uri"] = "gs://elsewhere/merged"
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(DemoError, match=r"spec\.output\.uri gs://elsewhere/merged is not in .* gs://tpuforge"):
+        load_job(path, DEFAULT_BUCKET)
+
+
+def test_preemption_waits_for_half_the_steps_and_a_checkpoint() -> None:
+    spec = load_job(ROOT / FINETUNE_YAML, DEFAULT_BUCKET).spec
+    every, total = spec.checkpoint.every_steps, spec.training.max_steps
+    assert total is not None
+
+    def status(step: int, ckpt: int | None, phase: str = "Training") -> dict[str, object]:
+        return {"phase": phase, "progress": {"step": step, "totalSteps": total, "lastCheckpointStep": ckpt}}
+
+    assert not halfway(status(total // 2 - 1, every), spec)
+    assert not halfway(status(total // 2 + 1, None), spec)
+    assert not halfway(status(total // 2 + 1, every, phase="Merging"), spec)
+    assert halfway(status(total // 2, every), spec)
