@@ -19,7 +19,7 @@ import pytest
 from kubernetes import client
 
 from tests.fixtures.models import read_summary
-from tests.integration.test_finetunejob_support import Cluster, Operator, install_current_crds, running_operator
+from tests.integration.test_finetunejob_support import Cluster, Operator, running_operator
 from tpuforge import kube
 from tpuforge.manifests import finetune as m
 from tpuforge.sandbox import Sandbox, wait_for
@@ -39,18 +39,13 @@ STEPS = 100
 
 
 @pytest.fixture(scope="module")
-def crds_installed(api_client: client.ApiClient) -> None:
-    install_current_crds(api_client)
-
-
-@pytest.fixture(scope="module")
 def runs_bucket(gcs: GcsServer) -> str:
     create_bucket(gcs.url, BUCKET)
     return BUCKET
 
 
 @pytest.fixture
-def operator(crds_installed: None, sandbox: Sandbox, namespace: str, tmp_path: Path) -> Iterator[Operator]:
+def operator(sandbox: Sandbox, namespace: str, tmp_path: Path) -> Iterator[Operator]:
     yield from running_operator(sandbox, namespace, tmp_path)
 
 
