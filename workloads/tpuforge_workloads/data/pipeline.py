@@ -1,12 +1,11 @@
 """Tokenised examples -> fixed-shape micro-batches with Grain.
 
 Every record is tokenised once, before training, which is also when over-length records are dropped or
-truncated (and counted) and when a dataset with nothing trainable is rejected. Rows are then a Grain
-random-access source: each epoch takes the examples in its own order drawn from the seed, and either pads
-each to `max_seq_len` or packs several into a row first-fit (planned from the lengths, so a packed row is
-one element, not one per example); Grain batches rows and a background thread makes batches ahead. The
-iterator's state is a batch position: checkpointed with the model, it makes a resumed run see exactly the
-batches the interrupted one would have.
+truncated (and counted) and when a dataset with nothing trainable is rejected. Each epoch then takes the
+examples in its own order, drawn from the seed, and either pads each to `max_seq_len` or packs several into
+a row first-fit (planned from the lengths). Grain serves whole micro-batches from a random-access source, so
+the iterator's state is a batch position: checkpointed with the model, it makes a resumed run see exactly
+the batches the interrupted one would have.
 
 A batch is a dict of numpy arrays [rows, max_seq_len]:
     input_tokens  int32   token ids, <pad> after the last example of a row
@@ -93,39 +92,37 @@ def prepare_examples(
     return examples, stats
 
 
-def pad_example(example: Example, length: int, pad_id: int) -> dict[str, np.ndarray]:
-    """One example in a row of its own, padded to `length`."""
-    n = len(example["tokens"])
-    tokens = np.full(length, pad_id, np.int32)
-    tokens[:n] = example["tokens"]
-    mask = np.zeros(length, bool)
-    mask[:n] = example["loss_mask"]
-    segments = np.zeros(length, np.int32)
-    segments[:n] = 1
+def empty_batch(rows: int, length: int, pad_id: int) -> dict[str, np.ndarray]:
     return {
-        "input_tokens": tokens,
-        "input_mask": mask,
-        "segment_ids": segments,
-        "positions": np.arange(length, dtype=np.int32),
+        "input_tokens": np.full((rows, length), pad_id, np.int32),
+        "input_mask": np.zeros((rows, length), bool),
+        "segment_ids": np.zeros((rows, length), np.int32),
+        "positions": np.zeros((rows, length), np.int32),
     }
 
 
+def fill_row(batch: dict[str, np.ndarray], row: int, members: Sequence[Example]) -> None:
+    """Put `members` one after the other in row `row`: each with its own segment id (1, 2, ...) and
+    positions from 0; padding stays after the last."""
+    lengths = np.array([len(e["tokens"]) for e in members])
+    total = int(lengths.sum())
+    batch["input_tokens"][row, :total] = np.concatenate([e["tokens"] for e in members])
+    batch["input_mask"][row, :total] = np.concatenate([e["loss_mask"] for e in members])
+    batch["segment_ids"][row, :total] = np.repeat(np.arange(1, len(members) + 1, dtype=np.int32), lengths)
+    starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+    batch["positions"][row, :total] = np.arange(total, dtype=np.int32) - starts
+
+
 def pack_examples(members: Sequence[Example], length: int, pad_id: int) -> dict[str, np.ndarray]:
-    """Several examples in one row, one after the other, each with its own segment id (1, 2, ...) and
-    positions from 0; padding after the last."""
-    tokens = np.full(length, pad_id, np.int32)
-    mask = np.zeros(length, bool)
-    segments = np.zeros(length, np.int32)
-    positions = np.zeros(length, np.int32)
-    start = 0
-    for seg, e in enumerate(members, start=1):
-        n = len(e["tokens"])
-        tokens[start : start + n] = e["tokens"]
-        mask[start : start + n] = e["loss_mask"]
-        segments[start : start + n] = seg
-        positions[start : start + n] = np.arange(n, dtype=np.int32)
-        start += n
-    return {"input_tokens": tokens, "input_mask": mask, "segment_ids": segments, "positions": positions}
+    """One row holding `members` (one example: a padded row)."""
+    batch = empty_batch(1, length, pad_id)
+    fill_row(batch, 0, members)
+    return {k: v[0] for k, v in batch.items()}
+
+
+def pad_example(example: Example, length: int, pad_id: int) -> dict[str, np.ndarray]:
+    """One example in a row of its own, padded to `length`."""
+    return pack_examples([example], length, pad_id)
 
 
 def first_fit(lengths: Sequence[int], capacity: int, bins: int) -> list[list[int]]:
@@ -165,7 +162,7 @@ class EpochOrder:
 
 
 class PaddedRows:
-    """Grain random-access source: one example per row, epoch after epoch, shuffled per epoch."""
+    """Rows of one example each, epoch after epoch, shuffled per epoch."""
 
     def __init__(self, examples: Sequence[Example], spec: BatchSpec):
         self._examples = list(examples)
@@ -176,16 +173,14 @@ class PaddedRows:
         n = len(self._examples)
         return n * self._spec.epochs if self._spec.epochs is not None else sys.maxsize
 
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    def members(self, index: int) -> list[Example]:
         epoch, i = divmod(index, len(self._examples))
-        example = self._examples[int(self._order(epoch)[i])]
-        return pad_example(example, self._spec.max_seq_len, self._spec.pad_id)
+        return [self._examples[int(self._order(epoch)[i])]]
 
 
 class PackedRows:
-    """Grain random-access source: each epoch's shuffled examples packed first-fit into rows. Rows are
-    planned from the lengths alone (cheap, per epoch, on demand), so a row is one element for Grain and the
-    iterator state is a row position, as for padded rows."""
+    """Rows of several examples: each epoch's shuffled examples packed first-fit, planned from the lengths
+    alone (cheap, per epoch, on demand)."""
 
     def __init__(self, examples: Sequence[Example], spec: BatchSpec):
         self._examples = list(examples)
@@ -216,10 +211,9 @@ class PackedRows:
             self._epoch_of(self._starts[-1])
         return self._starts[self._spec.epochs]
 
-    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    def members(self, index: int) -> list[Example]:
         epoch = self._epoch_of(index)
-        members = self._epoch_plan(epoch)[index - self._starts[epoch]]
-        return pack_examples([self._examples[i] for i in members], self._spec.max_seq_len, self._spec.pad_id)
+        return [self._examples[i] for i in self._epoch_plan(epoch)[index - self._starts[epoch]]]
 
 
 @dataclass
@@ -231,9 +225,10 @@ class BatchSpec:
     pad_id: int
     epochs: int | None  # None repeats forever (a step budget ends the run)
     packing_bins: int = field(default=0)  # first-fit rows open at once; 0 picks 4 x rows (at least 16)
-    # Batches made ahead by a background thread, so that making them overlaps the device step. The iterator
-    # state still counts only the batches handed out.
-    prefetch: int = 2
+    # Batches made ahead by a background thread (the state still counts only batches handed out). Off by
+    # default: JAX dispatches each step asynchronously, so the next batch is already made while the device
+    # computes, and a thread would only contend for the GIL with the loop.
+    prefetch: int = 0
 
     def bins(self) -> int:
         return self.packing_bins or max(16, 4 * self.rows)
@@ -246,14 +241,17 @@ class MicroBatches:
 
     def __init__(self, examples: Sequence[Example], spec: BatchSpec):
         self._rows: PaddedRows | PackedRows = PackedRows(examples, spec) if spec.packing else PaddedRows(examples, spec)
-        self._n = spec.rows
+        self._spec = spec
 
     def __len__(self) -> int:
-        return len(self._rows) // self._n
+        return len(self._rows) // self._spec.rows
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        rows = [self._rows[index * self._n + i] for i in range(self._n)]
-        return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+        n = self._spec.rows
+        batch = empty_batch(n, self._spec.max_seq_len, self._spec.pad_id)
+        for r in range(n):
+            fill_row(batch, r, self._rows.members(index * n + r))
+        return batch
 
 
 def batches(examples: Sequence[Example], spec: BatchSpec) -> grain.IterDataset:
@@ -262,7 +260,9 @@ def batches(examples: Sequence[Example], spec: BatchSpec) -> grain.IterDataset:
     import grain  # imports JAX: not needed by the checks that run before training
 
     ds = grain.MapDataset.source(MicroBatches(examples, spec)).to_iter_dataset(grain.ReadOptions(num_threads=0))
-    return grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=spec.prefetch)
+    if spec.prefetch:
+        ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=spec.prefetch)
+    return ds
 
 
 def count_batches(examples: Sequence[Example], spec: BatchSpec) -> int:
