@@ -55,6 +55,8 @@ INHERITED_ENV = (
     "JAX_COMPILATION_CACHE_DIR",
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES",
+    # A checkout run from its source roots (a second working tree) gives its pods the same code.
+    "PYTHONPATH",
 )
 # The trainer's metrics server binds this address; on a laptop every server listens on loopback only.
 METRICS_ADDR = {"TPUFORGE_METRICS_ADDR": "127.0.0.1"}
