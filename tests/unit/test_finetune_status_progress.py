@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tpuforge import api
 from tpuforge.controllers.finetune_children import JobView, pod_view
-from tpuforge.controllers.finetune_plan import Observed, eta_seconds, plan, tpu_hours
+from tpuforge.controllers.finetune_plan import Observed, eta_seconds, plan, status_patch, tpu_hours
 from tpuforge.metrics import FineTuneJobCollector, finetunejob_sample
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -83,7 +83,30 @@ def test_plan_derives_percent_eta_and_cost_and_keeps_the_trainers_fields() -> No
     assert out.progress.percent == 25.0
     assert out.progress.eta_seconds == 3 * 3600
     assert (out.progress.loss, out.progress.tokens_per_second, out.progress.step) == (0.9, 763.0, 250)
-    assert out.cost == api.Cost(tpu_hours=2.0, estimated_usd=33.6)
+    assert out.cost == api.Cost(tpu_hours=2.0, estimated_usd=33.6, estimated_usd_display="$33.60")
+    assert (out.progress.percent_display, out.progress.eta_display) == ("25%", "3h")
+
+
+def test_plan_keeps_the_trainers_windowed_eta_while_training() -> None:
+    st = status(
+        phase="Training",
+        attempt=0,
+        attempts=[{"attempt": 0, "jobName": "j-train-0", "startTime": at(0), "podName": "p"}],
+        progress={"step": 250, "totalSteps": 1000, "etaSeconds": 101, "updatedAt": at(3600)},
+    )
+    pod = {
+        "metadata": {"name": "p", "labels": {"job-name": "j-train-0"}},
+        "spec": {"containers": [{"name": "trainer"}]},
+        "status": {"phase": "Running"},
+    }
+    job = JobView("j-train-0", "trainer", 0, False, False, "", False)
+    o = Observed("ns", "j", "u", 1, SPEC, st, jobs=(job,), pods=(pod_view(pod),))
+    p = plan(o, T0 + timedelta(seconds=3700))
+    assert p.status.progress is not None
+    assert (p.status.progress.eta_seconds, p.status.progress.eta_display) == (101, "1m41s")
+    patch = status_patch(st, p.status)
+    assert patch["progress"] == {"percentDisplay": "25%", "etaDisplay": "1m41s", "percent": 25.0}
+    assert patch["cost"]["estimatedUSDDisplay"] == "$17.27"  # 3700 s of a $16.80/h slice
 
 
 def test_metrics_one_series_per_object_gone_with_the_object() -> None:

@@ -3,6 +3,7 @@ and a broken channel that never blocks the caller."""
 
 from __future__ import annotations
 
+import logging
 import time
 import urllib.request
 from pathlib import Path
@@ -44,9 +45,87 @@ def test_metrics_and_summary_follow_the_steps(tmp_path: Path, monkeypatch: pytes
     p = progress.progress()
     assert (p.step, p.total_steps, p.loss, p.last_checkpoint_step, p.percent) == (11, 100, 2.5, 11, 11.0)
     assert p.tokens_per_second and p.tokens_per_second > 0 and p.eta_seconds is not None
+    assert (p.percent_display, p.loss_display) == ("11%", "2.500") and p.eta_display
     summary = progress.summary.to_json()
     assert summary["attempts"][-1]["losses"] == {"11": 2.5}
     assert summary["attempts"][-1]["checkpoints"] == [{"step": 11, "blocking_s": 0.2, "commit_s": 1.5}]
+
+
+class FakeClock:
+    """A clock the test moves by hand: steps take exactly as long as the test says."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_tokens_per_second_is_a_rate_over_the_window_not_the_last_step(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FakeClock()
+    summary = RunSummary.open(str(tmp_path), {"modelName": "gemma4-tiny"}, attempt=1)
+    metrics = TrainMetrics()
+    progress = RunProgress(400, metrics, summary, None, start_step=0, last_checkpoint_step=None, clock=clock)
+    tokens_total = 0
+
+    def steps(first: int, last: int, seconds: float, tokens: int = 1000) -> None:
+        # Asynchronous dispatch: the host sees results in pairs, one after a full two-step wait and the
+        # next almost at once (its result was already there), so a step's own wall time is meaningless.
+        nonlocal tokens_total
+        for step in range(first, last + 1):
+            clock.t += 2 * seconds - 0.001 if step % 2 else 0.001
+            tokens_total += tokens
+            progress.step_done(step, loss=2.0, tokens=tokens, tokens_total=tokens_total)
+
+    clock.t += 45.0  # the first step also compiles
+    tokens_total += 1000
+    progress.step_done(1, loss=2.0, tokens=1000, tokens_total=tokens_total)
+    steps(2, 101, seconds=0.5)  # 2000 tokens/s
+    p = progress.progress()
+    assert p.tokens_per_second == pytest.approx(2000, rel=0.1)
+    assert p.eta_seconds == pytest.approx((400 - 101) * 0.5, rel=0.1)
+
+    clock.t += 120.0  # evaluation: not training time
+    progress.restart_step_clock()
+    caplog.set_level(logging.INFO, logger="tpuforge_workloads.progress")
+    steps(102, 121, seconds=0.5)
+    p = progress.progress()
+    assert p.tokens_per_second == pytest.approx(2000, rel=0.1)
+
+    steps(122, 221, seconds=1.0)  # slower: 1000 tokens/s, once the window holds only slow steps
+    p = progress.progress()
+    assert p.tokens_per_second == pytest.approx(1000, rel=0.1)
+    assert p.eta_seconds == pytest.approx((400 - 221) * 1.0, rel=0.1)
+    assert p.eta_display is not None and p.eta_display.startswith("2m")  # about 179 s
+
+    # The status, the gauge and the log line carry the same number.
+    gauge = metrics.registry.get_sample_value("tpuforge_trainer_tokens_per_second")
+    assert gauge == p.tokens_per_second
+    assert f"tokens/s {p.tokens_per_second:.1f} " in caplog.records[-1].getMessage()
+
+
+def test_the_window_spans_at_least_20_steps_and_30_seconds(tmp_path: Path) -> None:
+    clock = FakeClock()
+    summary = RunSummary.open(str(tmp_path), {}, attempt=1)
+    progress = RunProgress(1000, TrainMetrics(), summary, None, start_step=0, last_checkpoint_step=None, clock=clock)
+    total = 0
+
+    def step(n: int, seconds: float, tokens: int = 100) -> None:
+        nonlocal total
+        clock.t += seconds
+        total += tokens
+        progress.step_done(n, loss=1.0, tokens=tokens, tokens_total=total)
+
+    for n in range(1, 400):  # fast steps, 1000 tokens/s: 30 s hold 300 of them
+        step(n, 0.1)
+    assert progress.progress().tokens_per_second == pytest.approx(1000, rel=0.01)
+    step(400, 0.1, tokens=30_100)  # one step with a burst of tokens moves a 30 s window, not 300x
+    assert progress.progress().tokens_per_second == pytest.approx((299 * 100 + 30_100) / 30, rel=0.01)
+    for n in range(401, 411):  # slow: the window keeps 20 steps (10 fast, with the burst, and 10 slow), 31 s
+        step(n, 3.0)
+    assert progress.progress().tokens_per_second == pytest.approx((9 * 100 + 30_100 + 10 * 100) / 31, rel=0.01)
 
 
 def test_a_port_in_use_leaves_training_alone(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
 
-from tpuforge.api import JobRef, Progress, now_rfc3339
+from tpuforge.api import JobRef, Progress, display, now_rfc3339
 from tpuforge.api.constants import FINETUNEJOB_PLURAL, GROUP, VERSION
 from tpuforge_workloads import storage
 
@@ -43,7 +45,9 @@ class TrainMetrics:
             "tpuforge_trainer_eval_loss", "Mean loss over the eval set, last evaluation.", registry=r
         )
         self.tokens_per_second = Gauge(
-            "tpuforge_trainer_tokens_per_second", "Real (non-padding) tokens trained per second, last step.", registry=r
+            "tpuforge_trainer_tokens_per_second",
+            "Real (non-padding) tokens trained per second over the last 30 s or 20 steps, whichever is longer.",
+            registry=r,
         )
         self.tokens = Gauge("tpuforge_trainer_tokens", "Real tokens trained on so far.", registry=r)
         self.step_seconds = Histogram(
@@ -191,9 +195,79 @@ class RunSummary:
             log.warning("run summary not written: %s", e)
 
 
+# Throughput is measured over at least this long and this many steps, whichever covers more: a single
+# step's wall time says little under asynchronous dispatch (a step whose result was already waiting looks
+# nearly free), and a window this size evens that out while still following real changes within a minute.
+RATE_WINDOW_SECONDS = 30.0
+RATE_WINDOW_STEPS = 20
+
+
+@dataclass(frozen=True)
+class _Mark:
+    """A point where a step's result was on the host: the clock (pauses removed), the step, the tokens so far."""
+
+    t: float
+    step: int
+    tokens: int
+
+
+class ThroughputWindow:
+    """Tokens/s and steps/s over the last RATE_WINDOW_SECONDS or RATE_WINDOW_STEPS, whichever is longer.
+
+    `mark` is called once a step's result is ready (its loss is a host float), so the marks time finished
+    device work, not dispatch. Pauses that are not training (evaluation) are cut out of the clock. With
+    fewer marks than a full window, the rate covers every mark since the first finished step (the first step
+    also compiles, so it only starts the clock), and, with a single mark, the time since training started.
+    """
+
+    def __init__(self, clock: Callable[[], float], start_step: int):
+        self._clock = clock
+        self._paused = 0.0
+        self._start = _Mark(clock(), start_step, 0)
+        self._marks: deque[_Mark] = deque()
+
+    def now(self) -> float:
+        return self._clock() - self._paused
+
+    def mark(self, step: int, tokens_total: int) -> None:
+        self._marks.append(_Mark(self.now(), step, tokens_total))
+        # Keep the newest mark that still spans a full window, and nothing older.
+        while len(self._marks) > 2 and self._full(self._marks[1]):
+            self._marks.popleft()
+
+    def restart(self) -> None:
+        """A pause ended: the time since the last mark was not training."""
+        last = self._marks[-1].t if self._marks else self._start.t
+        self._paused += max(self.now() - last, 0.0)
+
+    def _full(self, base: _Mark) -> bool:
+        last = self._marks[-1]
+        return last.t - base.t >= RATE_WINDOW_SECONDS and last.step - base.step >= RATE_WINDOW_STEPS
+
+    def _span(self) -> tuple[float, int, int] | None:
+        """Seconds, steps and tokens covered by the window."""
+        if not self._marks:
+            return None
+        last = self._marks[-1]
+        base = self._marks[0] if len(self._marks) > 1 else self._start
+        seconds = last.t - base.t
+        if seconds <= 0 or last.step <= base.step:
+            return None
+        return seconds, last.step - base.step, last.tokens - base.tokens
+
+    def tokens_per_second(self) -> float | None:
+        span = self._span()
+        return span[2] / span[0] if span else None
+
+    def seconds_per_step(self) -> float | None:
+        span = self._span()
+        return span[0] / span[1] if span else None
+
+
 class RunProgress:
     """What the training loop reports after each step; fans out to metrics, the status reporter and the
-    summary. Tokens/s is over the step's wall time, measured here between reports."""
+    summary. Tokens/s and the ETA come from one ThroughputWindow, and the status, the log line and the gauge
+    all carry the same rounded number."""
 
     def __init__(
         self,
@@ -203,6 +277,7 @@ class RunProgress:
         reporter: StatusReporter | None,
         start_step: int,
         last_checkpoint_step: int | None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.total_steps = total_steps
         self.metrics = metrics
@@ -211,10 +286,12 @@ class RunProgress:
         self.step = start_step
         self.loss: float | None = None
         self.tokens_per_second: float | None = None
+        self.eta_seconds: int | None = None
         self.last_checkpoint_step = last_checkpoint_step
         self._lock = threading.Lock()
-        self._started = time.monotonic()
-        self._step_started = time.monotonic()
+        self._clock = clock
+        self._window = ThroughputWindow(clock, start_step)
+        self._step_started = clock()
         self._step_times: list[float] = []
         metrics.total_steps.set(total_steps)
         metrics.step.set(start_step)
@@ -223,12 +300,18 @@ class RunProgress:
         self._publish()
 
     def step_done(self, step: int, loss: float, tokens: int, tokens_total: int) -> None:
-        now = time.monotonic()
+        """Step `step` has finished: `loss` is its loss as a host float (so the device work is done),
+        `tokens` its real tokens and `tokens_total` all real tokens trained on so far."""
+        now = self._clock()
         elapsed = now - self._step_started
         self._step_started = now
+        self._window.mark(step, tokens_total)
+        tps = self._window.tokens_per_second()
+        per_step = self._window.seconds_per_step()
         with self._lock:
             self.step, self.loss = step, loss
-            self.tokens_per_second = tokens / elapsed if elapsed > 0 else None
+            self.tokens_per_second = round(tps, 1) if tps is not None else None
+            self.eta_seconds = math.ceil(max(self.total_steps - step, 0) * per_step) if per_step is not None else None
         self._step_times.append(elapsed)
         self.metrics.step.set(step)
         self.metrics.loss.set(loss)
@@ -238,18 +321,21 @@ class RunProgress:
             self.metrics.tokens_per_second.set(self.tokens_per_second)
         self.summary.record_loss(step, loss)
         log.info(
-            "step %d/%d loss %.4f %s tokens/s %.2fs",
+            "step %d/%d loss %s tokens/s %s eta %s (step %.2fs, %d tokens)",
             step,
             self.total_steps,
-            loss,
-            f"{self.tokens_per_second:.0f}" if self.tokens_per_second else "-",
+            display.significant(loss),
+            f"{self.tokens_per_second:.1f}" if self.tokens_per_second is not None else "-",
+            display.duration(self.eta_seconds) if self.eta_seconds is not None else "-",
             elapsed,
+            tokens,
         )
         self._publish()
 
     def restart_step_clock(self) -> None:
         """Call when a pause that is not training ends (e.g. evaluation)."""
-        self._step_started = time.monotonic()
+        self._window.restart()
+        self._step_started = self._clock()
 
     def checkpoint_saved(self, step: int, blocking_s: float) -> None:
         self.metrics.checkpoint_seconds.labels("blocking").observe(blocking_s)
@@ -274,21 +360,23 @@ class RunProgress:
 
     def progress(self) -> Progress:
         with self._lock:
-            step, loss, tps, ckpt = self.step, self.loss, self.tokens_per_second, self.last_checkpoint_step
-        eta = None
-        if self._step_times and step < self.total_steps:
-            recent = self._step_times[-20:]
-            eta = int(sum(recent) / len(recent) * (self.total_steps - step))
+            step, loss, tps, eta, ckpt = (
+                self.step,
+                self.loss,
+                self.tokens_per_second,
+                self.eta_seconds,
+                self.last_checkpoint_step,
+            )
         return Progress(
             step=step,
             total_steps=self.total_steps,
             percent=round(100.0 * step / self.total_steps, 1) if self.total_steps else None,
             loss=round(loss, 6) if loss is not None else None,
-            tokens_per_second=round(tps, 1) if tps is not None else None,
+            tokens_per_second=tps,
             eta_seconds=eta,
             last_checkpoint_step=ckpt,
             updated_at=now_rfc3339(),
-        )
+        ).displayed()
 
     def _publish(self) -> None:
         if self.reporter is not None:

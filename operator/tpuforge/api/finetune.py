@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from tpuforge.api import display
 from tpuforge.api.base import ApiModel, StatusModel
 from tpuforge.api.catalog import GEMMA4_LORA_TARGETS, Dtype
 from tpuforge.api.conditions import Condition
@@ -155,14 +156,34 @@ class FineTunePhase(StrEnum):
 
 
 class Progress(StatusModel):
+    """Training progress. The trainer writes it; the operator derives percent and the ETA when the trainer is
+    silent (between attempts, after training). Each `...Display` field is its number formatted for
+    `kubectl get` (printer columns can only show fields); machines read the numbers."""
+
     step: int | None = None
     total_steps: int | None = None
     percent: float | None = None
+    percent_display: str | None = Field(default=None, description="percent for display, e.g. 45%.")
     loss: float | None = None
-    tokens_per_second: float | None = None
-    eta_seconds: int | None = None
+    loss_display: str | None = Field(default=None, description="loss to 4 significant digits, e.g. 2.346.")
+    tokens_per_second: float | None = Field(
+        default=None,
+        description="Real (non-padding) tokens trained per second over the last 30 s or 20 steps, whichever is longer.",
+    )
+    eta_seconds: int | None = Field(default=None, description="Seconds until training ends, at the same rate.")
+    eta_display: str | None = Field(default=None, description="etaSeconds as a duration, e.g. 1m41s or 3h12m.")
     last_checkpoint_step: int | None = None
     updated_at: str | None = None
+
+    def displayed(self) -> Progress:
+        """This progress with each display string formatted from its number (unset where the number is)."""
+        return self.model_copy(
+            update={
+                "percent_display": display.percent(self.percent) if self.percent is not None else None,
+                "loss_display": display.significant(self.loss) if self.loss is not None else None,
+                "eta_display": display.duration(self.eta_seconds) if self.eta_seconds is not None else None,
+            }
+        )
 
 
 class Restarts(StatusModel):
@@ -178,6 +199,14 @@ class Outputs(StatusModel):
 class Cost(StatusModel):
     tpu_hours: float | None = None
     estimated_usd: float | None = Field(default=None, alias="estimatedUSD")
+    estimated_usd_display: str | None = Field(
+        default=None, alias="estimatedUSDDisplay", description="estimatedUSD for display, e.g. $1.23."
+    )
+
+    @classmethod
+    def estimate(cls, tpu_hours: float, usd_per_hour: float) -> Cost:
+        usd = round(tpu_hours * usd_per_hour, 2)
+        return cls(tpu_hours=tpu_hours, estimated_usd=usd, estimated_usd_display=display.usd(usd))
 
 
 class AttemptStatus(StatusModel):
@@ -186,6 +215,7 @@ class AttemptStatus(StatusModel):
     attempt: int = Field(description="Attempt number (0 first); the training Job is <job>-train-<attempt>.")
     job_name: str
     pod_name: str | None = Field(default=None, description="The trainer pod, once it ran.")
+    node_name: str | None = Field(default=None, description="The node the trainer pod ran on.")
     start_step: int | None = Field(
         default=None, description="Latest checkpoint step reported when the attempt began (it resumes there)."
     )

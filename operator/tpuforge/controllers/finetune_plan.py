@@ -636,10 +636,16 @@ class _Planner:
         st = self.st
         if st.progress is not None and st.progress.step is not None and st.progress.total_steps:
             done = min(st.progress.step, st.progress.total_steps) / st.progress.total_steps
-            eta = eta_seconds(st) if st.phase == FineTunePhase.TRAINING else st.progress.eta_seconds
+            # The trainer's ETA comes from its recent rate; the average since the attempt began (model
+            # loading and compilation included) only stands in for a trainer that has not given one.
+            eta = st.progress.eta_seconds
+            if st.phase == FineTunePhase.TRAINING and eta is None:
+                eta = eta_seconds(st)
             if st.phase in (FineTunePhase.MERGING, FineTunePhase.SUCCEEDED):
                 eta = 0
-            st.progress = st.progress.model_copy(update={"percent": round(100 * done, 1), "eta_seconds": eta})
+            st.progress = st.progress.model_copy(
+                update={"percent": round(100 * done, 1), "eta_seconds": eta}
+            ).displayed()
         slice_id = self.spec.tpu.slice if self.spec is not None else self.o.spec.get("tpu", {}).get("slice")
         if not st.attempts or slice_id is None:
             return
@@ -648,7 +654,7 @@ class _Planner:
         except KeyError:
             return
         hours = round(tpu_hours(st.attempts, self.now), TPU_HOURS_DIGITS)
-        st.cost = Cost(tpu_hours=hours, estimated_usd=round(hours * price, 2))
+        st.cost = Cost.estimate(hours, price)
 
 
 def plan(o: Observed, now: datetime) -> Plan:
@@ -671,7 +677,7 @@ OWNED_FIELDS = (
     "outputs",
     "cost",
 )
-DERIVED_PROGRESS_FIELDS = ("percent", "etaSeconds")
+DERIVED_PROGRESS_FIELDS = ("percent", "percentDisplay", "etaSeconds", "etaDisplay")
 
 
 def status_patch(current: FineTuneJobStatus, desired: FineTuneJobStatus) -> Obj:
