@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
-COMPONENT = "tpuforge-operator"
+COMPONENT = "tpuforge"  # Events show it in the From column of `kubectl describe`: short leaves room
 MERGE_PATCH = "application/merge-patch+json"
 # Connections kept open to the apiserver, shared by every thread (the controllers' API calls, the informers'
 # watches): more than are ever in use at once, so none is closed and opened again (a TLS handshake each).

@@ -246,7 +246,7 @@ def test_a_failing_training_pod_is_retried_then_the_job_fails_with_the_container
     assert "gave up after 2 failures (spec.runPolicy.maxRestarts=1)" in message, message
     # The container's own message (its log's last lines, terminationMessagePolicy FallbackToLogsOnError).
     assert "exit code 137" in message and "records -> " in message, message
-    assert ("Warning", "TrainingFailed") in {(t, r) for t, r, _ in cluster.events(name)}
+    assert ("Warning", "Retrying") in {(t, r) for t, r, _ in cluster.events(name)}
     # Nothing is left running on the node.
     assert all(p["status"]["phase"] == "Failed" for p in cluster.children("Pod", name))
 

@@ -190,7 +190,7 @@ def test_invalid_spec_fails_naming_the_field_and_creates_nothing() -> None:
     assert w.phase() == api.FineTunePhase.FAILED
     cond = w.condition(FAILED)
     assert cond.reason == "InvalidSpec" and "spec.tpu.mesh" in cond.message
-    assert w.events[0][:2] == ("Warning", "InvalidSpec") and "spec.tpu.mesh" in w.events[0][2]
+    assert w.events[0][:2] == ("Warning", "Failed") and "spec.tpu.mesh" in w.events[0][2]
 
 
 def test_preemption_starts_a_new_attempt_that_resumes_and_counts_as_a_preemption() -> None:
@@ -216,7 +216,11 @@ def test_preemption_starts_a_new_attempt_that_resumes_and_counts_as_a_preemption
     assert api.TrainConfig.model_validate_json(cm["data"][CONFIG_FILE]).attempt == 1
     assert w.status.attempts[0].outcome == "Preempted"
     assert w.status.attempts[1].start_step == 40
-    assert w.events[-1][:2] == ("Warning", "Preempted") and "checkpoint step 40" in w.events[-1][2]
+    assert w.events[-2:] == [
+        ("Warning", "Preempted", "attempt 0 preempted on tpu-node"),
+        ("Normal", "Resuming", "attempt 1 from step 40, 0 steps lost"),
+    ]
+    assert w.status.attempts[0].node_name == "tpu-node"
     assert p.delete == []  # the preempted Job has ended: kept for its logs
     w.pod(train(1), "Running")
     w.step()
@@ -255,7 +259,8 @@ def test_failures_are_retried_up_to_max_restarts_then_fail_with_the_message() ->
     cond = w.condition(FAILED)
     assert cond.reason == "TrainingFailed"
     assert "nan loss (attempt 2)" in cond.message and "maxRestarts=2" in cond.message
-    assert w.reasons().count("TrainingFailed") == 3
+    assert w.reasons().count("Retrying") == 2 and w.reasons()[-1] == "Failed"
+    assert w.events[-1][2] == "attempt 2 failed (Error); gave up"
     assert w.status.attempt == 2 and train(3) not in w.jobs
 
 
@@ -343,7 +348,7 @@ def test_changes_to_training_fields_are_not_applied_and_said_once() -> None:
     assert cond.status == "True" and "spec.training.learningRate" in cond.message
     assert cond.observed_generation == 2 and w.status.observed_generation == 2
     w.step()
-    assert w.reasons().count("SpecChangeNotApplied") == 1
+    assert w.reasons().count("SpecFrozen") == 1
     # The next attempt keeps the maths it started with and takes the other changes.
     w.pod(train(0), "Failed", exit_code=1, message="boom")
     p = w.step()

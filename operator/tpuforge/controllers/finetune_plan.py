@@ -27,11 +27,13 @@ from tpuforge.api import (
     Restarts,
     RunPolicy,
     SpecError,
+    display,
     set_condition,
     tpu_slice,
     validate_finetune,
 )
 from tpuforge.api.conditions import ConditionStatus
+from tpuforge.controllers import finetune_events as ev
 from tpuforge.controllers.finetune_children import (
     AttemptEnd,
     ConfigView,
@@ -303,21 +305,26 @@ class _Planner:
         if started is None:
             if current is None:
                 assert error is not None
-                self.fail("InvalidSpec", f"invalid spec: {error}")
+                self.fail("InvalidSpec", f"invalid spec: {error}", ev.invalid_spec(error.fields))
             return current
         if current is None:
-            self.spec_change(f"the edited spec is invalid ({error}); the job keeps the spec it started with")
+            assert error is not None
+            self.spec_change(
+                f"the edited spec is invalid ({error}); the job keeps the spec it started with",
+                ev.invalid_edit(error.fields),
+            )
             return started
         changed = frozen_changes(started, current)
         self.spec_change(
             f"{', '.join(changed)} changed after the job started; these fields change the training maths, so "
             "the run keeps the values it started with (create a new FineTuneJob to train with them)"
             if changed
-            else None
+            else None,
+            ev.frozen(changed),
         )
         return effective_spec(started, current)
 
-    def spec_change(self, message: str | None) -> None:
+    def spec_change(self, message: str | None, short: str = "") -> None:
         if message is None:
             if self.has_condition(SPEC_CHANGE_NOT_APPLIED):
                 self.condition(SPEC_CHANGE_NOT_APPLIED, "False", "SpecMatches", "the spec matches the running job")
@@ -325,7 +332,7 @@ class _Planner:
         before = next((c for c in self.st.conditions if c.type == SPEC_CHANGE_NOT_APPLIED), None)
         self.condition(SPEC_CHANGE_NOT_APPLIED, "True", "FrozenFieldsChanged", message)
         if before is None or before.status != "True" or before.message != clip(message):
-            self.event("Warning", "SpecChangeNotApplied", message)
+            self.event("Warning", ev.SPEC_FROZEN, short)
 
     def deadline_passed(self) -> bool:
         assert self.spec is not None
@@ -340,7 +347,7 @@ class _Planner:
             "its Jobs were stopped (checkpoints stay)"
         )
         self.close_attempt(self.st.attempt, "Failed", "DeadlineExceeded", message, None)
-        self.fail("DeadlineExceeded", message)
+        self.fail("DeadlineExceeded", message, ev.deadline(display.duration(ran)))
         return True
 
     def wake_at_deadline(self) -> None:
@@ -360,12 +367,7 @@ class _Planner:
             self.begin(0)
             st.start_time = self.stamp
             s = tpu_slice(self.spec.tpu.slice)
-            self.event(
-                "Normal",
-                "Created",
-                f"training on {s.id} ({s.accelerator} {s.topology}"
-                f"{', spot' if self.spec.tpu.spot else ''}) as Job {m.train_job_name(self.o.name, 0)}",
-            )
+            self.event("Normal", ev.CREATED, ev.created(s.id, s.topology, self.spec.tpu.spot))
         n = st.attempt
         assert n is not None
         job = self.train_job(n)
@@ -399,6 +401,8 @@ class _Planner:
         if started is not None and e.pod_name is None:
             e.pod_name = started.name
             e.start_time = e.start_time or started.running_since or started.start_time
+        if started is not None and e.node_name is None and started.node_name:
+            e.node_name = started.node_name
 
     def begin(self, attempt: int) -> None:
         """Make `attempt` the current one (its Job is created by create_attempt)."""
@@ -450,12 +454,13 @@ class _Planner:
     def running(self, n: int, pod: PodView) -> None:
         e = self.entry(n)
         e.pod_name = e.pod_name or pod.name
+        e.node_name = e.node_name or pod.node_name
         e.start_time = e.start_time or pod.running_since or pod.start_time or self.stamp
         if self.st.phase != FineTunePhase.TRAINING:
             self.st.phase = FineTunePhase.TRAINING
             where = f" on node {pod.node_name}" if pod.node_name else ""
             self.condition(TRAINING, "True", "Running", f"attempt {n}: pod {pod.name} is training{where}")
-            self.event("Normal", "Training", f"attempt {n} started: pod {pod.name}{where}")
+            self.event("Normal", ev.TRAINING, ev.started(n, pod.node_name))
         self.plan.requeue(COST_REFRESH_SECONDS)
 
     def pending(self, n: int, pods: list[PodView]) -> None:
@@ -488,13 +493,22 @@ class _Planner:
         if not self.spec.merge.enabled:
             self.succeed(
                 f"training finished; the LoRA checkpoint is in {self.spec.checkpoint.uri} "
-                "(spec.merge.enabled is false, so nothing was merged)"
+                "(spec.merge.enabled is false, so nothing was merged)",
+                ev.trained_only(),
             )
             return
         st.phase = FineTunePhase.MERGING
         self.condition(MERGED, "False", "Merging", f"merging the LoRA weights into {self.spec.output.uri}")
-        self.event("Normal", "Merging", f"training finished; merging into {self.spec.output.uri}")
+        self.event("Normal", ev.MERGING, ev.merging(self.spec.output.uri))
         self.plan.create.extend(m.merge_objects(self.owner, self.spec))
+
+    def resuming(self, n: int) -> None:
+        """Say where attempt `n` picks up: the last checkpoint, and the steps since it that are done again."""
+        prog = self.st.progress
+        ckpt = prog.last_checkpoint_step if prog else None
+        step = prog.step if prog else None
+        lost = None if step is None else max(step - (ckpt or 0), 0)
+        self.event("Normal", ev.RESUMING, ev.resuming(n, ckpt, lost))
 
     def next_attempt(self, n: int, job: JobView) -> None:
         if self.live(job):
@@ -509,9 +523,8 @@ class _Planner:
         )
         ckpt = st.progress.last_checkpoint_step if st.progress else None
         resume = f"from checkpoint step {ckpt}" if ckpt is not None else "from the latest checkpoint"
-        self.event(
-            "Warning", "Preempted", f"attempt {n} was preempted ({end.message}); attempt {n + 1} resumes {resume}"
-        )
+        self.event("Warning", ev.PREEMPTED, ev.preempted(n, self.entry(n).node_name))
+        self.resuming(n + 1)
         self.next_attempt(n, job)
         self.condition(TRAINING, "False", "Preempted", f"attempt {n} was preempted; attempt {n + 1} resumes {resume}")
 
@@ -522,19 +535,21 @@ class _Planner:
         st.restarts = (st.restarts or Restarts()).model_copy(update={"failures": failures})
         limit = self.spec.run_policy.max_restarts
         if end.permanent:
-            self.fail(end.reason, f"attempt {n}: {end.message}; not retried: fix the spec and create the job again")
+            self.fail(
+                end.reason,
+                f"attempt {n}: {end.message}; not retried: fix the spec and create the job again",
+                ev.rejected_config(n),
+            )
             return
         if failures > limit:
             self.fail(
                 "TrainingFailed",
                 f"attempt {n}: {end.message}; gave up after {failures} failures (spec.runPolicy.maxRestarts={limit})",
+                ev.gave_up(n, end.reason, failures),
             )
             return
-        self.event(
-            "Warning",
-            "TrainingFailed",
-            f"attempt {n}: {end.message}; retrying as attempt {n + 1} ({failures} of {limit} restarts used)",
-        )
+        self.event("Warning", ev.RETRYING, ev.retrying(n, end.reason, failures, limit))
+        self.resuming(n + 1)
         self.next_attempt(n, job)
         self.condition(TRAINING, "False", "Retrying", f"attempt {n} failed; retrying as attempt {n + 1}")
 
@@ -556,7 +571,7 @@ class _Planner:
             )
             if n is not None:
                 self.condition(TRAINING, "False", "Suspended", f"attempt {n} was stopped")
-            self.event("Normal", "Suspended", "training stopped (spec.runPolicy.suspend); checkpoints stay")
+            self.event("Normal", ev.SUSPENDED, ev.suspended())
 
     def suspended(self) -> None:
         assert self.spec is not None
@@ -570,7 +585,8 @@ class _Planner:
         st.start_time = self.stamp  # as for a Kubernetes Job, the deadline counts from the resume
         self.begin(n)
         self.condition(SUSPENDED, "False", "Resumed", f"resumed as attempt {n}")
-        self.event("Normal", "Resumed", f"resuming as attempt {n} from the latest checkpoint")
+        ckpt = st.progress.last_checkpoint_step if st.progress else None
+        self.event("Normal", ev.RESUMED, ev.resumed(n, ckpt))
         self.create_attempt(n)
 
     def merging(self) -> None:
@@ -583,7 +599,7 @@ class _Planner:
             uri = self.spec.output.uri
             self.st.outputs = (self.st.outputs or Outputs()).model_copy(update={"merged_model_uri": uri})
             self.condition(MERGED, "True", "Merged", f"merged model in {uri}")
-            self.succeed(f"merged model written to {uri}")
+            self.succeed(f"merged model written to {uri}", ev.merged(uri))
         elif job.failed:
             ends = [e for e in (pod_ending(p) for p in self.pods_of(job)) if e is not None]
             detail = ends[-1].message if ends else job.failure
@@ -591,22 +607,25 @@ class _Planner:
             self.fail(
                 "MergeFailed",
                 f"the merge Job {job.name} failed after {m.MERGE_BACKOFF_LIMIT + 1} tries; last: {detail}",
+                ev.merge_failed(),
             )
 
-    def succeed(self, message: str) -> None:
+    def succeed(self, message: str, short: str) -> None:
+        """`message` for the condition; `short`, one describe line, for the Event."""
         st = self.st
         st.phase = FineTunePhase.SUCCEEDED
         st.completion_time = self.stamp
         self.condition(SUCCEEDED, "True", "Succeeded", message)
-        self.event("Normal", "Succeeded", message)
+        self.event("Normal", ev.SUCCEEDED, short)
         self.expire()
 
-    def fail(self, reason: str, message: str) -> None:
+    def fail(self, reason: str, message: str, short: str) -> None:
+        """The condition carries `reason` and the whole `message`; the Event says `short` in one line."""
         st = self.st
         st.phase = FineTunePhase.FAILED
         st.completion_time = self.stamp
         self.condition(FAILED, "True", reason, message)
-        self.event("Warning", reason, message)
+        self.event("Warning", ev.FAILED, short)
         self.stop_children()
         self.expire()
 

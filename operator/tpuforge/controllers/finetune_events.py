@@ -1,0 +1,173 @@
+"""The FineTuneJob's Events, each one line of `kubectl describe finetunejob` on an 80-column terminal.
+
+`kubectl describe` prints Events as a table through a tab writer that pads each column to its widest cell plus
+two spaces, after a two-space indent:
+
+      Type     Reason      Age    From      Message
+      ----     ------      ----   ----      -------
+      Warning  Preempted   5m10s  tpuforge  attempt 0 preempted on ...pool-3f2a1b2c-k9xz
+
+So the room left for the message is 80 less the indent, the widest Type ("Warning"), the widest Reason this
+operator can post (every Event on the object shares the column), the widest Age (five characters cover any
+age under two years: 9m59s, 7d23h, 729d; Events here are posted once, never counted up) and the From column
+(the Event's source component). Messages are built to fit that room: a name that would overflow keeps its end,
+which is the part that tells nodes and pods apart; the full names are in status.attempts and the conditions.
+"""
+
+from __future__ import annotations
+
+from tpuforge import kube
+
+DESCRIBE_WIDTH = 80
+INDENT = 2
+PADDING = 2
+AGE_WIDTH = 5
+ELLIPSIS = "..."
+MIN_NAME = 8  # shorter than this, a shortened name says nothing: leave it out instead
+
+# Every reason the FineTuneJob controller posts.
+CREATED = "Created"
+TRAINING = "Training"
+PREEMPTED = "Preempted"
+RETRYING = "Retrying"
+RESUMING = "Resuming"
+MERGING = "Merging"
+SUSPENDED = "Suspended"
+RESUMED = "Resumed"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+SPEC_FROZEN = "SpecFrozen"
+REASONS = (
+    CREATED,
+    TRAINING,
+    PREEMPTED,
+    RETRYING,
+    RESUMING,
+    MERGING,
+    SUSPENDED,
+    RESUMED,
+    SUCCEEDED,
+    FAILED,
+    SPEC_FROZEN,
+)
+
+
+def room(reasons: tuple[str, ...] = REASONS, component: str = kube.COMPONENT) -> int:
+    """Characters left for an Event message on one `kubectl describe` line."""
+    type_col = INDENT + len("Warning") + PADDING
+    reason_col = max(len("Reason"), *map(len, reasons)) + PADDING
+    age_col = max(len("Age"), AGE_WIDTH) + PADDING
+    from_col = max(len("From"), len(component)) + PADDING
+    return DESCRIBE_WIDTH - type_col - reason_col - age_col - from_col
+
+
+MESSAGE_ROOM = room()
+
+
+def fit(*candidates: str, name: str = "") -> str:
+    """The first candidate that fits MESSAGE_ROOM. In each, `{name}` stands for `name`, shortened from the
+    left when that makes the candidate fit (and at least MIN_NAME characters of it remain). If none fits, the
+    last one, clipped."""
+    for text in candidates:
+        full = text.replace("{name}", name)
+        if len(full) <= MESSAGE_ROOM:
+            return full
+        if "{name}" in text:
+            left = MESSAGE_ROOM - (len(text) - len("{name}")) - len(ELLIPSIS)
+            if left >= MIN_NAME:
+                return text.replace("{name}", ELLIPSIS + name[-left:])
+    last = candidates[-1].replace("{name}", name)
+    return last[: MESSAGE_ROOM - len(ELLIPSIS)] + ELLIPSIS
+
+
+def created(slice_id: str, topology: str, spot: bool) -> str:
+    extra = ", spot" if spot else ""
+    return fit(f"training on {slice_id} ({topology}{extra})", f"training on {slice_id}{extra}")
+
+
+def started(attempt: int, node: str | None) -> str:
+    if not node:
+        return fit(f"attempt {attempt} started")
+    return fit(f"attempt {attempt} started on {{name}}", f"attempt {attempt} started", name=node)
+
+
+def preempted(attempt: int, node: str | None) -> str:
+    if not node:
+        return fit(f"attempt {attempt} preempted")
+    return fit(f"attempt {attempt} preempted on {{name}}", f"attempt {attempt} preempted", name=node)
+
+
+def retrying(attempt: int, why: str, used: int, limit: int) -> str:
+    return fit(
+        f"attempt {attempt} failed ({why}); retry {used}/{limit}",
+        f"attempt {attempt} failed; retry {used}/{limit}",
+    )
+
+
+def resuming(attempt: int, step: int | None, lost: int | None) -> str:
+    """Where the next attempt picks up, and the steps done since that checkpoint (done again)."""
+    at = f"step {step}" if step is not None else "the start"
+    if lost is None:
+        return fit(f"attempt {attempt} resumes at {at}", f"attempt {attempt} from {at}")
+    return fit(
+        f"attempt {attempt} resumes at {at}, {lost} steps lost",
+        f"attempt {attempt} from {at}, {lost} steps lost",
+        f"attempt {attempt} from {at}, {lost} lost",
+    )
+
+
+def resumed(attempt: int, step: int | None) -> str:
+    at = f" from step {step}" if step is not None else ""
+    return fit(f"resuming as attempt {attempt}{at}", f"resuming as attempt {attempt}")
+
+
+def merging(uri: str) -> str:
+    return fit(f"merging into {uri}", "merging into spec.output.uri")
+
+
+def merged(uri: str) -> str:
+    return fit(f"merged model in {uri}", "merged model in spec.output.uri")
+
+
+def trained_only() -> str:
+    return fit("trained; merge off (spec.merge.enabled)", "trained; merge off")
+
+
+def suspended() -> str:
+    return fit("training stopped; checkpoints stay")
+
+
+def frozen(fields: list[str]) -> str:
+    short = [f.removeprefix("spec.") for f in fields]
+    n = len(fields)
+    return fit(f"{', '.join(short)} not applied", f"{n} frozen field{'s' if n != 1 else ''} not applied")
+
+
+def invalid_spec(fields: list[str]) -> str:
+    if not fields:
+        return "invalid spec"
+    return fit(f"invalid {', '.join(fields)}", f"invalid {fields[0]}", "invalid spec")
+
+
+def deadline(ran: str) -> str:
+    return fit(f"deadline exceeded after {ran}", "deadline exceeded")
+
+
+def gave_up(attempt: int, why: str, failures: int) -> str:
+    return fit(
+        f"attempt {attempt} failed ({why}); gave up",
+        f"attempt {attempt} failed; {failures} failures",
+    )
+
+
+def rejected_config(attempt: int) -> str:
+    return fit(f"attempt {attempt}: trainer rejected its config", f"attempt {attempt}: config rejected")
+
+
+def merge_failed() -> str:
+    return fit("merge failed; see the Merged condition", "merge failed")
+
+
+def invalid_edit(fields: list[str]) -> str:
+    named = f" ({', '.join(fields)})" if fields else ""
+    return fit(f"edit invalid{named}; not applied", "edit invalid; not applied")

@@ -1,0 +1,101 @@
+"""Every Event the FineTuneJob controller posts fits one line of `kubectl describe` on an 80-column terminal.
+
+The messages come from two places: every lifecycle in test_finetune_status_plan (the planner's real Events),
+and each message builder fed the longest inputs it can meet (GKE node names, gs:// URIs, many fields, large
+step numbers). They are laid out as `kubectl describe` lays out its Events table, with every reason present
+(so the Reason column is at its widest) and the widest age."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+
+import pytest
+
+from tests.unit import test_finetune_status_plan as flows
+from tpuforge import kube
+from tpuforge.controllers import finetune_events as ev
+from tpuforge.controllers.finetune_plan import Event
+
+NODE = "gke-tpuforge-prod-us-central1-v5p-8-spot-pool-3f2a1b2c-k9xz"
+URI = "gs://acme-ml-training-artifacts-us-central1/fine-tunes/gemma4-31b-verilog-2026-01-01/merged"
+FIELDS = ["spec.lora.rank", "spec.lora.targetModules", "spec.training.learningRate", "spec.training.maxSeqLen"]
+
+
+def describe_events(rows: list[tuple[str, str, str, str, str]]) -> list[str]:
+    """The Events table as `kubectl describe` prints it: a tab writer pads each column to its widest cell
+    plus 2, and the first cell of every row carries a 2-space indent (the header's too)."""
+    table = [("  Type", "Reason", "Age", "From", "Message"), ("  ----", "------", "----", "----", "-------")]
+    table += [("  " + t, r, a, f, m) for t, r, a, f, m in rows]
+    widths = [max(len(row[i]) for row in table) + 2 for i in range(4)]
+    return ["".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True)) + row[4] for row in table]
+
+
+def flow_events(monkeypatch: pytest.MonkeyPatch) -> list[Event]:
+    """The Events of every lifecycle the planner tests drive."""
+    seen: list[Event] = []
+    step = flows.World.step
+
+    def recording(self: flows.World, seconds: float = 1.0) -> flows.Plan:
+        p = step(self, seconds)
+        seen.extend(p.events)
+        return p
+
+    monkeypatch.setattr(flows.World, "step", recording)
+    for name, fn in vars(flows).items():
+        if name.startswith("test_") and inspect.isfunction(fn) and not inspect.signature(fn).parameters:
+            fn()
+    return seen
+
+
+def worst_cases() -> Iterator[str]:
+    """Each builder with the longest inputs it can be given."""
+    big = 1_234_567
+    yield ev.created("v5p-128", "4x4x4", spot=True)
+    yield ev.started(big, NODE)
+    yield ev.started(0, None)
+    yield ev.preempted(big, NODE)
+    yield ev.preempted(3, None)
+    yield ev.retrying(big, "ContainerCannotRunBecauseOfSomethingLong", big, big)
+    yield ev.resuming(big, big, big)
+    yield ev.resuming(1, None, None)
+    yield ev.resumed(big, big)
+    yield ev.merging(URI)
+    yield ev.merged(URI)
+    yield ev.trained_only()
+    yield ev.suspended()
+    yield ev.frozen(FIELDS)
+    yield ev.frozen(FIELDS[:1])
+    yield ev.invalid_spec(FIELDS)
+    yield ev.invalid_spec([])
+    yield ev.invalid_edit(FIELDS)
+    yield ev.deadline("729d23h")
+    yield ev.gave_up(big, "ContainerCannotRunBecauseOfSomethingLong", big)
+    yield ev.rejected_config(big)
+    yield ev.merge_failed()
+
+
+def test_the_room_is_what_describe_leaves() -> None:
+    widest = max(ev.REASONS, key=len)
+    line = describe_events([("Warning", widest, "9m59s", kube.COMPONENT, "x" * ev.MESSAGE_ROOM)])[-1]
+    assert len(line) == 80
+    assert ev.MESSAGE_ROOM >= 40  # short reasons and a short component leave room for a node name
+
+
+def test_every_event_fits_one_line_of_an_80_column_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    events = flow_events(monkeypatch)
+    assert {e.reason for e in events} == set(ev.REASONS), "a reason is never exercised, or is not in REASONS"
+    messages = [(e.type, e.message) for e in events] + [("Warning", m) for m in worst_cases()]
+    # Every reason in the table at once: the Reason column at its widest.
+    rows = [("Normal", r, "9m59s", kube.COMPONENT, "") for r in ev.REASONS]
+    rows += [(t, "Failed", "1s", kube.COMPONENT, m) for t, m in messages]
+    too_long = [line for line in describe_events(rows) if len(line) > 80]
+    assert not too_long, "\n".join(too_long)
+    assert all(m.strip() == m and m.split()[-1] not in ("of", "on", "in", "invalid") for _, m in messages)
+
+
+def test_short_names_keep_their_end() -> None:
+    message = ev.preempted(0, NODE)
+    assert message.startswith("attempt 0 preempted on ...") and message.endswith("3f2a1b2c-k9xz")
+    assert ev.preempted(0, "tpu-node") == "attempt 0 preempted on tpu-node"
+    assert ev.resuming(2, 400, 23) == "attempt 2 from step 400, 23 steps lost"
