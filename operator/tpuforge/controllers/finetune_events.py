@@ -106,7 +106,7 @@ def retrying(attempt: int, why: str, used: int, limit: int) -> str:
 
 def resuming(attempt: int, step: int | None, lost: int | None) -> str:
     """Where the next attempt picks up, and the steps done since that checkpoint (done again)."""
-    at = f"step {step}" if step is not None else "the start"
+    at = f"step {step}" if step is not None else "the latest checkpoint"
     if lost is None:
         return fit(f"attempt {attempt} resumes at {at}", f"attempt {attempt} from {at}")
     return fit(

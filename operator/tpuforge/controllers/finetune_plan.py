@@ -505,10 +505,11 @@ class _Planner:
     def resuming(self, n: int) -> None:
         """Say where attempt `n` picks up: the last checkpoint, and the steps since it that are done again."""
         prog = self.st.progress
-        ckpt = prog.last_checkpoint_step if prog else None
-        step = prog.step if prog else None
-        lost = None if step is None else max(step - (ckpt or 0), 0)
-        self.event("Normal", ev.RESUMING, ev.resuming(n, ckpt, lost))
+        if prog is None or prog.step is None:  # the trainer never reported: the operator cannot tell
+            self.event("Normal", ev.RESUMING, ev.resuming(n, None, None))
+            return
+        ckpt = prog.last_checkpoint_step or 0  # the trainer reports one from its start; none means step 0
+        self.event("Normal", ev.RESUMING, ev.resuming(n, ckpt, max(prog.step - ckpt, 0)))
 
     def next_attempt(self, n: int, job: JobView) -> None:
         if self.live(job):
