@@ -80,9 +80,10 @@ class TrainingBar:
         return {
             "phase": status.get("phase") or "Pending",
             "steps": f"{step if step is not None else '-'}/{total or '-'}",
-            "loss": f"{loss:.4f}" if loss is not None else "-",
+            # The texts `kubectl get` shows, when the status has them.
+            "loss": p.get("lossDisplay") or (f"{loss:.4f}" if loss is not None else "-"),
             "tps": f"{tps:.0f}" if tps is not None else "-",
-            "eta": duration(p.get("etaSeconds")),
+            "eta": p.get("etaDisplay") or duration(p.get("etaSeconds")),
         }
 
     def update(self, status: Mapping[str, Any]) -> None:
