@@ -232,6 +232,24 @@ def test_preemption_starts_a_new_attempt_that_resumes_and_counts_as_a_preemption
     assert w.status.restarts.preemptions == 1
 
 
+def test_steps_lost_count_only_what_the_preempted_attempt_did_past_the_checkpoint() -> None:
+    w = World()
+    w.step()
+    w.pod(train(0), "Running")
+    w.step()
+    stamp = (w.now + timedelta(seconds=1)).isoformat().replace("+00:00", "Z")
+    w.status.progress = api.Progress(step=523, total_steps=1000, last_checkpoint_step=500, updated_at=stamp)
+    w.pod(train(0), "Failed", pod_status={"reason": "Evicted"})
+    w.step(5)
+    assert w.events[-1] == ("Normal", "Resuming", "attempt 1 from step 500, 23 steps lost")
+    w.step(30)
+    w.pod(train(1), "Running")  # started after the last report: a preemption now loses nothing new
+    w.step()
+    w.pod(train(1), "Failed", pod_status={"reason": "Evicted"})
+    w.step()
+    assert w.events[-1] == ("Normal", "Resuming", "attempt 2 from step 500, 0 steps lost")
+
+
 def test_a_vanished_pod_is_a_preemption_and_its_replacement_is_stopped() -> None:
     w = World()
     w.step()

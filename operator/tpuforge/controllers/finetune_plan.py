@@ -509,7 +509,15 @@ class _Planner:
             self.event("Normal", ev.RESUMING, ev.resuming(n, None, None))
             return
         ckpt = prog.last_checkpoint_step or 0  # the trainer reports one from its start; none means step 0
-        self.event("Normal", ev.RESUMING, ev.resuming(n, ckpt, max(prog.step - ckpt, 0)))
+        # Progress older than the ended attempt's start is its predecessor's: that attempt did no step.
+        ended = _entry(self.st, n - 1)
+        stale = bool(
+            prog.updated_at
+            and ended is not None
+            and ended.start_time
+            and parse_time(prog.updated_at) < parse_time(ended.start_time)
+        )
+        self.event("Normal", ev.RESUMING, ev.resuming(n, ckpt, 0 if stale else max(prog.step - ckpt, 0)))
 
     def next_attempt(self, n: int, job: JobView) -> None:
         if self.live(job):
