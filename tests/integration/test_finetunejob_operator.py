@@ -145,6 +145,17 @@ def test_the_trainer_account_reports_its_own_progress_and_nothing_else(cluster: 
         cluster_edit = {"spec": {"runPolicy": {"maxRestarts": 99}}}
         kube.patch(trainer, API_VERSION, FINETUNEJOB_KIND, cluster.ns, mine, cluster_edit)
     assert spec_denied.value.status == 403
+    # Nor read the namespace's Secrets, listed or by name.
+    core = client.CoreV1Api(cluster.api)
+    core.create_namespaced_secret(cluster.ns, {"metadata": {"name": "hf-token"}, "stringData": {"token": "x"}})
+    as_trainer = client.CoreV1Api(trainer)
+    for read in (
+        lambda: as_trainer.list_namespaced_secret(cluster.ns),
+        lambda: as_trainer.read_namespaced_secret("hf-token", cluster.ns),
+    ):
+        with pytest.raises(kube.ApiException) as secret_denied:
+            read()
+        assert secret_denied.value.status == 403
 
 
 def test_a_platform_service_account_is_used_and_bound(cluster: Cluster) -> None:

@@ -12,6 +12,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tpuforge.api.constants import GKE_TPU_ACCELERATOR, TPU_RESOURCE
+from tpuforge.manifests.common import locked_down
 from tpuforge.sandbox import Sandbox, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -237,6 +238,32 @@ def test_a_pod_reaches_the_apiserver_with_its_service_account(
     assert p.status.phase == "Succeeded", log
     assert "read myself: whoami" in log
     assert "secrets: 403" in log  # it is the ServiceAccount, not the admin
+
+
+def test_a_locked_down_pod_runs_with_home_on_its_scratch_volume(core: client.CoreV1Api, namespace: str) -> None:
+    """The operator's pods mount a scratch volume at /tmp and point HOME and the caches into it. Here that is
+    a directory of the pod; the agent's own host paths (its TMPDIR, which lies under the host's /tmp) stay
+    as they are. runAsUser is not emulated: the process runs as the agent's user."""
+    code = (
+        "import json, os, pathlib, tempfile\n"
+        "cache = pathlib.Path(os.environ['XDG_CACHE_HOME']) / 'x'\n"
+        "cache.mkdir(parents=True)\n"
+        "(cache / 'f').write_text('ok')\n"
+        "with tempfile.NamedTemporaryFile() as t: tmp = t.name\n"
+        "print(json.dumps({'home': os.environ['HOME'], 'cache': str(cache), 'tmp': tmp,\n"
+        "  'kubeconfig': os.environ.get('KUBECONFIG')}))\n"
+    )
+    body = pod("locked", code)
+    body["spec"] = locked_down(body["spec"], api_access=False)
+    core.create_namespaced_pod(namespace, body)
+    p = wait_phase(core, namespace, "locked", ("Succeeded", "Failed"))
+    log = core.read_namespaced_pod_log("locked", namespace)
+    assert p.status.phase == "Succeeded", log
+    out = json.loads(log)
+    assert out["home"].endswith(f"/pods/{namespace}/locked/volumes/tmp")
+    assert out["cache"].startswith(out["home"] + "/")
+    assert not out["tmp"].startswith(out["home"])  # the agent's short TMPDIR, not remapped into the volume
+    assert out["kubeconfig"] is None  # no API access asked for, no token
 
 
 def test_two_pods_wanting_all_chips_of_one_v5p8_node_run_one_after_the_other(

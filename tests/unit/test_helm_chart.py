@@ -62,6 +62,10 @@ VALUES: dict[str, dict[str, Any]] = {
         },
         "dashboards": {"namespace": "monitoring", "annotations": {"grafana_folder": "tpuforge"}},
     },
+    "pinned": {
+        "image": {"digest": "sha256:" + "ab" * 32},
+        "networkPolicy": {"metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]},
+    },
     "bring-your-own": {
         "fullnameOverride": "ml-operator",
         "serviceAccount": {"create": False, "name": "ml-operator"},
@@ -188,6 +192,7 @@ def test_kinds_per_values() -> None:
             "Service",
             "ConfigMap",
             "Pod",
+            "NetworkPolicy",
         ]
     )
     assert kinds(render("everything-on")) == sorted(
@@ -200,7 +205,9 @@ def test_kinds_per_values() -> None:
             "ClusterPodMonitoring",
         ]
     )
-    assert kinds(render("bring-your-own")) == ["CustomResourceDefinition", "CustomResourceDefinition", "Deployment"]
+    assert kinds(render("bring-your-own")) == sorted(
+        ["CustomResourceDefinition", "CustomResourceDefinition", "Deployment", "NetworkPolicy"]
+    )
 
 
 # --- The operator Deployment ------------------------------------------------------------------------------
@@ -480,3 +487,23 @@ def test_every_value_is_documented_helm_docs_style() -> None:
             undocumented.append(m.group(2))
         stack.append((indent, documented))
     assert not undocumented, f"values without a `# --` comment: {undocumented}"
+
+
+def test_a_digest_pins_the_operator_image_in_every_pod() -> None:
+    objs = render("pinned")
+    image = f"tpuforge/operator@sha256:{'ab' * 32}"
+    assert operator_container(objs)["image"] == image
+    assert find(objs, "Pod")["spec"]["containers"][0]["image"] == image
+
+
+def test_the_network_policy_admits_the_probes_and_the_metrics_scrape_only() -> None:
+    for name, metrics_from in (("default", None), ("pinned", VALUES["pinned"]["networkPolicy"]["metricsFrom"])):
+        objs = render(name)
+        policy = find(objs, "NetworkPolicy")["spec"]
+        pod = find(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+        assert policy["podSelector"]["matchLabels"].items() <= pod.items()
+        assert policy["policyTypes"] == ["Ingress"]
+        rules = {r["ports"][0]["port"]: r.get("from") for r in policy["ingress"]}
+        assert rules == {"health": None, "metrics": metrics_from}
+    off = render("bring-your-own")  # metrics off: only the probes get in
+    assert [r["ports"][0]["port"] for r in find(off, "NetworkPolicy")["spec"]["ingress"]] == ["health"]

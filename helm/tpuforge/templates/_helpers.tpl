@@ -58,7 +58,11 @@ app.kubernetes.io/component: operator
 {{- end }}
 
 {{- define "tpuforge.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
 {{- end }}
 
 {{- define "tpuforge.metricsServiceName" -}}

@@ -137,3 +137,60 @@ def role_binding(owner: Owner, name: str, labels: dict[str, str], role: str, ser
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
         "subjects": [{"kind": "ServiceAccount", "name": service_account_name, "namespace": owner.namespace}],
     }
+
+
+# --- Pod security ------------------------------------------------------------------------------------------
+# The uid and gid every tpuforge container runs as. The images (images/*.Dockerfile) create this user; the
+# vLLM image does not need to, since nothing in it looks the user up. Above 10000, so it never shares a uid
+# with a user of the node.
+POD_UID = 65532
+# The one writable place besides the pod's own volumes: the root filesystem is read-only, and Python,
+# libtpu (its logs), vLLM (its IPC sockets, compile caches) and the HuggingFace libraries want a /tmp and a
+# home with cache directories.
+SCRATCH_VOLUME = "tmp"
+SCRATCH_DIR = "/tmp"
+SCRATCH_ENV = {
+    "HOME": SCRATCH_DIR,
+    "XDG_CACHE_HOME": f"{SCRATCH_DIR}/.cache",
+    "XDG_CONFIG_HOME": f"{SCRATCH_DIR}/.config",
+    "HF_HOME": f"{SCRATCH_DIR}/.cache/huggingface",
+}
+
+
+def _locked_container(container: Obj) -> Obj:
+    out = dict(container)
+    out["securityContext"] = {
+        "runAsNonRoot": True,
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    own = {e["name"] for e in out.get("env") or []}
+    out["env"] = [*(out.get("env") or []), *({"name": k, "value": v} for k, v in SCRATCH_ENV.items() if k not in own)]
+    out["volumeMounts"] = [*(out.get("volumeMounts") or []), {"name": SCRATCH_VOLUME, "mountPath": SCRATCH_DIR}]
+    return out
+
+
+def locked_down(pod_spec: Obj, *, api_access: bool) -> Obj:
+    """`pod_spec` as every tpuforge pod runs: as POD_UID (never root), no privilege escalation, no Linux
+    capabilities, the runtime's default seccomp profile, a read-only root filesystem with a scratch emptyDir
+    at /tmp that holds HOME and the caches, and fsGroup so that the pod's volumes are writable by that uid.
+    TPU access needs no privileged mode on GKE 1.28 and later. `api_access`: whether the pod talks to the
+    Kubernetes API (the trainer reports progress); other pods get no ServiceAccount token. Returns a copy."""
+    out = dict(pod_spec)
+    out["automountServiceAccountToken"] = api_access
+    out["securityContext"] = {
+        "runAsNonRoot": True,
+        "runAsUser": POD_UID,
+        "runAsGroup": POD_UID,
+        "fsGroup": POD_UID,
+        # A large XLA cache volume is not walked on every start once its owner is right.
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    for key in ("initContainers", "containers"):
+        if key in out:
+            out[key] = [_locked_container(c) for c in out[key]]
+    out["volumes"] = [*(out.get("volumes") or []), {"name": SCRATCH_VOLUME, "emptyDir": {}}]
+    return out

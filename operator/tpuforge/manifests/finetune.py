@@ -33,6 +33,7 @@ from tpuforge.manifests.common import (
     Owner,
     child_name,
     config_map,
+    locked_down,
     metadata,
     own_status_role,
     role_binding,
@@ -191,6 +192,8 @@ def train_job(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
     }
     if spec.priority_class_name:
         pod_spec["priorityClassName"] = spec.priority_class_name
+    # The trainer patches its FineTuneJob's status with its ServiceAccount token.
+    pod_spec = locked_down(pod_spec, api_access=True)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -250,6 +253,7 @@ def merge_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
     }
     if spec.merge.node_selector:
         pod_spec["nodeSelector"] = dict(spec.merge.node_selector)
+    pod_spec = locked_down(pod_spec, api_access=False)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",

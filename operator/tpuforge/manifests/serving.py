@@ -27,7 +27,16 @@ from tpuforge.api.constants import (
 )
 from tpuforge.api.serving import ServingDeploymentSpec
 from tpuforge.api.validation import FieldError
-from tpuforge.manifests.common import MAX_NAME, Obj, Owner, child_name, label_value, metadata, standard_labels
+from tpuforge.manifests.common import (
+    MAX_NAME,
+    Obj,
+    Owner,
+    child_name,
+    label_value,
+    locked_down,
+    metadata,
+    standard_labels,
+)
 
 VLLM_PORT = 8000
 HEALTH_PATH = "/health"
@@ -184,6 +193,8 @@ def vllm_env() -> list[Obj]:
         {"name": "VLLM_ENGINE_READY_TIMEOUT_S", "value": str(STARTUP_BUDGET_SECONDS)},
         # The model is a local directory: nothing should reach out to the Hugging Face Hub.
         {"name": "HF_HUB_OFFLINE", "value": "1"},
+        # vLLM otherwise reports usage statistics to its authors (and writes them under HOME).
+        {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
     ]
 
 
@@ -260,6 +271,8 @@ def pod_template(inp: ServingInputs) -> Obj:
     }
     if spec.service_account_name:
         pod["serviceAccountName"] = spec.service_account_name
+    # Neither vLLM nor the model fetch talks to the Kubernetes API (GCS access is Workload Identity's).
+    pod = locked_down(pod, api_access=False)
     annotations = {ANNOTATION_MODEL_URI: inp.model_uri, **scrape_annotations()}
     if inp.model_revision:
         annotations[ANNOTATION_MODEL_REVISION] = inp.model_revision

@@ -368,7 +368,10 @@ class PodRunner:
     def _termination_file(self, c: ContainerRun) -> Path:
         return self.dir / "containers" / c.name / "termination-log"
 
-    def _environment(self, c: ContainerRun) -> dict[str, str]:
+    def _environment(self, c: ContainerRun, paths: PathMap) -> dict[str, str]:
+        """The agent's values are host paths already; only the pod spec's own values are container paths to
+        map. (A pod that mounts a volume at /tmp must not have the agent's TMPDIR or kubeconfig, which may
+        live under the host's /tmp, rewritten into that volume.)"""
         runtime = runtime_for(c.spec.get("image", ""))
         env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         env.update(
@@ -384,7 +387,8 @@ class PodRunner:
         )
         if self.kubeconfig:
             env["KUBECONFIG"] = str(self.kubeconfig)
-        env.update(container_env(self.pod, c.spec, self._lookup, self.node.resources()))
+        own = container_env(self.pod, c.spec, self._lookup, self.node.resources())
+        env.update({k: paths.apply(v) for k, v in own.items()})
         env["PATH"] = f"{runtime.bin_dir}:{env.get('PATH') or SYSTEM_PATH}"
         if self.node.tpu:
             # One emulated CPU device per TPU chip of the node, so meshes keep their TPU shape.
@@ -395,9 +399,9 @@ class PodRunner:
 
     def _spawn(self, c: ContainerRun) -> subprocess.Popen[bytes]:
         paths = self._path_map(c)
-        env = self._environment(c)
-        env = {k: paths.apply(v) for k, v in env.items()}
-        argv = [paths.apply(expand(str(a), env)) for a in (c.spec.get("command") or []) + (c.spec.get("args") or [])]
+        env = self._environment(c, paths)
+        # Map the spec's text before expanding $(VAR): the values substituted are mapped already.
+        argv = [expand(paths.apply(str(a)), env) for a in (c.spec.get("command") or []) + (c.spec.get("args") or [])]
         cwd = self.dir / "work"
         if c.spec.get("workingDir"):
             mapped = paths.apply(c.spec["workingDir"])
@@ -528,7 +532,7 @@ class PodRunner:
 
     # -- probes ---------------------------------------------------------------------------------------------
     def _exec_probe(self, c: ContainerRun, command: list[str], timeout: float) -> int:
-        argv = [c.paths.apply(expand(a, c.env)) for a in command]
+        argv = [expand(c.paths.apply(a), c.env) for a in command]
         return subprocess.run(argv, env=c.env, cwd=c.cwd, capture_output=True, timeout=timeout, check=False).returncode
 
     def _probe_loop(self, c: ContainerRun, proc: subprocess.Popen[bytes]) -> None:
