@@ -69,7 +69,11 @@ class MeshSpec(ApiModel):
 
 
 class TpuSpec(ApiModel):
-    slice: str = Field(default="v5p-8", description="TPU slice catalog id (v5p-8, v5p-16, v6e-4, v6e-8).")
+    slice: str = Field(
+        default="v5p-8",
+        description="TPU slice catalog id: one host (v5p-8, v6e-4, v6e-8) or several, run as a JobSet "
+        "(v5p-16, v5p-32, v5p-64, v5p-128, v6e-16, v6e-32).",
+    )
     spot: bool = Field(default=False, description="Schedule on Spot capacity; preemptions resume from checkpoints.")
     mesh: MeshSpec | None = Field(
         default=None, description="Device mesh; defaults from the slice catalog (v5p-8: fsdp 1, tp 4)."
