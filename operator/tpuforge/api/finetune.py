@@ -185,11 +185,15 @@ class Cost(StatusModel):
 
 
 class AttemptStatus(StatusModel):
-    """One training attempt (one training Job). A preemption, a retried failure or a resume starts a new one."""
+    """One training attempt (one training Job, or JobSet on a multi-host slice). A preemption, a retried failure
+    or a resume starts a new one."""
 
-    attempt: int = Field(description="Attempt number (0 first); the training Job is <job>-train-<attempt>.")
+    attempt: int = Field(description="Attempt number (0 first); the training Job (or JobSet) is <job>-train-<attempt>.")
     job_name: str
     pod_name: str | None = Field(default=None, description="The trainer pod, once it ran.")
+    pods: list[str] | None = Field(
+        default=None, description="On a multi-host slice: every host's trainer pod, in host order, once they ran."
+    )
     start_step: int | None = Field(
         default=None, description="Latest checkpoint step reported when the attempt began (it resumes there)."
     )
