@@ -9,6 +9,7 @@ The sandbox has no v5p-16 node here, so its node agent never runs these pods."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from tpuforge.api.constants import (
     JOBSET_KIND,
     LABEL_JOBSET_NAME,
 )
+from tpuforge.controllers import informer
 from tpuforge.manifests import finetune as m
 from tpuforge.sandbox import Sandbox
 from tpuforge.sandbox.sandbox import install_crds
@@ -80,11 +82,12 @@ def host_pods(cluster: Cluster, jobset: dict[str, Any]) -> list[str]:
             "job-name": f"{js}-{rj['name']}-0",
             LABEL_JOBSET_NAME: js,
         }
-        pod = {
+        pod_name = f"{js}-{rj['name']}-0-{host}-abcde"
+        pod: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {
-                "name": f"{js}-{rj['name']}-0-{host}-abcde",
+                "name": pod_name,
                 "namespace": cluster.ns,
                 "labels": labels,
                 "annotations": {JOB_COMPLETION_INDEX: str(host)},
@@ -100,7 +103,7 @@ def host_pods(cluster: Cluster, jobset: dict[str, Any]) -> list[str]:
             "spec": {**template["spec"], "hostname": f"{js}-{rj['name']}-0-{host}", "subdomain": js},
         }
         kube.create(cluster.api, pod)
-        names.append(pod["metadata"]["name"])
+        names.append(pod_name)
     return names
 
 
@@ -185,3 +188,30 @@ def test_a_preempted_host_starts_the_next_attempt_and_a_failed_host_counts_one_f
     assert st["restarts"] == {"failures": 1, "preemptions": 1} and st["attempt"] == 2
     kind, _, message = cluster.wait_event(name, "TrainingFailed")
     assert "host 0 of 2" in message and "loss is NaN at step 41" in message
+
+
+def test_an_informer_of_a_kind_the_cluster_does_not_serve_is_ready_and_empty(
+    jobset_crd: str, sandbox: Sandbox, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without JobSet's CRD the operator still starts (its JobSet informer lists nothing and says the kind is
+    not served); with it, the same informer is served."""
+    kube.configure(sandbox.kubeconfig)
+    monkeypatch.setattr(informer, "UNSERVED_RETRY_SECONDS", 0.2)
+
+    async def start(api_version: str) -> tuple[bool, int]:
+        inf: informer.Informer[str, str] = informer.Informer(
+            api_version=api_version,
+            kind=JOBSET_KIND,
+            label_selector="a=b",
+            namespaces=[namespace],
+            view=lambda obj: "",
+            owner=lambda obj: None,
+            on_change=lambda owner, before, after: None,
+        )
+        await asyncio.wait_for(inf.start(), 10)
+        await asyncio.sleep(0.5)  # a second look, after the retry delay, changes nothing
+        inf.stop()
+        return inf.served, len(inf)
+
+    assert asyncio.run(start("jobset.x-k8s.io/v1alpha9")) == (False, 0)  # no such version is served
+    assert asyncio.run(start(JOBSET_API_VERSION)) == (True, 0)
