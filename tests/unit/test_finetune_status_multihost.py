@@ -119,16 +119,38 @@ def test_a_preempted_host_is_one_preemption_and_the_event_names_the_host_and_nod
     assert p.create[-1]["metadata"]["name"] == train(1)
 
 
-def test_a_host_failing_while_its_peer_is_preempted_waits_for_the_preemption() -> None:
+def test_a_host_failing_while_its_peer_is_being_preempted_is_that_preemption() -> None:
     w = Slice()
     w.step()
     running(w, 0)
     disrupted = {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet", "message": "x"}
     w.host(train(0), 1, "Running", conditions=[disrupted])
+    w.step()
+    assert w.status.attempt == 0  # a disruption alone ends nothing: the host may still save its checkpoint
     w.host(train(0), 0, "Failed", exit_code=1, message="connection to the coordinator lost")
     w.step()
-    assert w.status.restarts == api.Restarts() and w.status.attempt == 0
-    w.host(train(0), 1, "Failed", exit_code=EXIT_PREEMPTED, conditions=[disrupted])
+    assert w.status.restarts == api.Restarts(failures=0, preemptions=1)
+    assert "host 1 of 2" in (w.status.attempts[0].message or "")
+
+
+def test_the_preempted_host_is_named_even_when_its_peer_checkpointed_first() -> None:
+    w = Slice()
+    w.step()
+    running(w, 0)
+    disrupted = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByKubelet", "message": "x"}
+    w.host(train(0), 1, "Running", conditions=[disrupted])
+    w.host(train(0), 0, "Failed", exit_code=EXIT_PREEMPTED, message="Preempted: checkpoint at step 40")
+    w.step()
+    assert w.status.restarts == api.Restarts(failures=0, preemptions=1)
+    assert "host 1 of 2" in next(m for _, r, m in w.events if r == "Preempted")
+
+
+def test_a_vanished_host_outweighs_its_peers_failure() -> None:
+    w = Slice()
+    w.step()
+    running(w, 0)
+    w.gone(f"{train(0)}-trainer-0-1-x")
+    w.host(train(0), 0, "Failed", exit_code=1, message="peer lost")
     w.step()
     assert w.status.restarts == api.Restarts(failures=0, preemptions=1)
 

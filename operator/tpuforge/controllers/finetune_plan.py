@@ -500,27 +500,23 @@ class _Planner:
 
     def hosts_end(self, n: int, job: JobView, pods: list[PodView]) -> AttemptEnd | None:
         """A multi-host attempt ends with its first host: a preemption of any host is a preemption of the
-        attempt (the other hosts' errors follow from losing a peer), any other failure of a host is a failure,
-        and it succeeds when every host has."""
-        ended = [(p, e) for p in sorted(pods, key=_host_order) if (e := pod_ending(p)) is not None]
-        # The host that was taken away speaks first; the others then checkpoint too (exit 83) or lose it.
-        preempted = sorted(
-            (pe for pe in ended if pe[1].outcome == "Preempted"), key=lambda pe: pe[1].reason == "TrainerCheckpointed"
-        )
-        # A host being disrupted right now explains its peers' failures: wait for its ending.
-        disrupting = any(p.disruption is not None and not p.terminal for p in pods)
-        if not preempted and disrupting and any(e.outcome == "Failed" for _, e in ended):
-            return None
-        first = next(iter(preempted), None) or next(((p, e) for p, e in ended if e.outcome == "Failed"), None)
-        if first is not None:
-            pod, end = first
+        attempt (its peers' errors, or their checkpoint and exit 83, follow from losing it), any other failure
+        of a host is a failure, and it succeeds when every host has."""
+        pods = sorted(pods, key=_host_order)
+        ended = [(p, e) for p in pods if (e := pod_ending(p)) is not None]
+        failed = next(((p, e) for p, e in ended if e.outcome == "Failed"), None)
+        # The evidence of a preemption, best first: the host that was taken away, not a peer that checkpointed.
+        taken = [(p, e) for p, e in ended if e.outcome == "Preempted" and e.reason != "TrainerCheckpointed"]
+        if ended:
+            taken += [
+                (p, AttemptEnd("Preempted", "DisruptionTarget", f"pod {p.name} is being disrupted: {p.disruption}"))
+                for p in pods
+                if p.disruption is not None and not p.terminal
+            ]
+        taken += [(p, e) for p, e in ended if e.reason == "TrainerCheckpointed"]
+        if taken:
+            pod, end = taken[0]
             return dataclasses.replace(end, message=f"{self.host_of(pod)}: {end.message}")
-        done = [p for p, e in ended if e.outcome == "Succeeded"]
-        if len(done) >= self.hosts or job.complete:
-            at = ended[-1][1].at if ended else None
-            return AttemptEnd("Succeeded", "Completed", f"all {self.hosts} hosts of JobSet {job.name} completed", at)
-        if job.failed:
-            return AttemptEnd("Failed", "JobSetFailed", f"JobSet {job.name} failed: {job.failure}")
         gone = [name for name in self.entry(n).pods or [] if not any(p.name == name for p in pods)]
         if gone:
             return AttemptEnd(
@@ -528,6 +524,14 @@ class _Planner:
                 "PodDeleted",
                 f"pod {gone[0]} disappeared before it finished (node loss, eviction or deletion)",
             )
+        if failed is not None:
+            pod, end = failed
+            return dataclasses.replace(end, message=f"{self.host_of(pod)}: {end.message}")
+        if len(ended) >= self.hosts or job.complete:
+            at = ended[-1][1].at if ended else None
+            return AttemptEnd("Succeeded", "Completed", f"all {self.hosts} hosts of JobSet {job.name} completed", at)
+        if job.failed:
+            return AttemptEnd("Failed", "JobSetFailed", f"JobSet {job.name} failed: {job.failure}")
         return None
 
     def host_of(self, pod: PodView) -> str:
@@ -536,6 +540,7 @@ class _Planner:
         return f"{index} (pod {pod.name}" + (f" on node {pod.node_name})" if pod.node_name else ")")
 
     def running(self, n: int, pods: list[PodView]) -> None:
+        pods = sorted(pods, key=_host_order)
         pod = pods[0]
         e = self.entry(n)
         e.pod_name = e.pod_name or pod.name
@@ -544,7 +549,7 @@ class _Planner:
             self.st.phase = FineTunePhase.TRAINING
             if len(pods) > 1:
                 nodes = sorted({p.node_name for p in pods if p.node_name})
-                who = f"{len(pods)} pods ({', '.join(p.name for p in sorted(pods, key=_host_order))})"
+                who = f"{len(pods)} pods ({', '.join(p.name for p in pods)})"
                 where = f" on nodes {', '.join(nodes)}" if nodes else ""
                 self.condition(TRAINING, "True", "Running", f"attempt {n}: {who} are training{where}")
                 self.event("Normal", "Training", f"attempt {n} started: {who}{where}")
