@@ -5,8 +5,7 @@ JobSet controller and the kubelets (it creates each host's pod from the JobSet's
 through its phases), so that every ending is exact: a preemption of one host starts the next attempt, a
 failure of one host is counted.
 
-The sandbox's node agent, which plays the JobSet controller and the scheduler, is kept out of the way: the
-namespace is labelled for its JobSet controller to leave alone, and the pods name a scheduler of their own."""
+The sandbox has no v5p-16 node here, so its node agent never runs these pods."""
 
 from __future__ import annotations
 
@@ -39,28 +38,20 @@ pytestmark = pytest.mark.cluster
 
 HOSTS = 2
 SLICE = {"slice": "v5p-16"}
-# The sandbox agent's switches: no JobSet controller in this namespace, no scheduler for these pods.
-JOBSET_CONTROLLER_OFF = {"sandbox.tpuforge.dev/jobset-controller": "off"}
-SCHEDULER = "the-test"
 
 
 @pytest.fixture(scope="module")
 def jobset_crd(sandbox: Sandbox, api_client: client.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The upstream JobSet CRD, installed as Kubernetes 1.20 can hold it (no CEL rules, no empty defaults)."""
     crd = upstream.for_kubernetes_1_20(upstream.jobset_crd())
-    name = str(crd["metadata"]["name"])
-    if kube.get(api_client, "apiextensions.k8s.io/v1", "CustomResourceDefinition", None, name) is None:
-        path = tmp_path_factory.mktemp("jobset") / "jobset-crd.yaml"
-        path.write_text(json.dumps(crd))  # JSON is YAML, and writes much faster
-        install_crds(api_client, [path])
+    path = tmp_path_factory.mktemp("jobset") / "jobset-crd.yaml"
+    path.write_text(json.dumps(crd))  # JSON is YAML, and writes much faster
+    (name,) = install_crds(api_client, [path])
     return name
 
 
 @pytest.fixture
-def operator(
-    jobset_crd: str, sandbox: Sandbox, api_client: client.ApiClient, namespace: str, tmp_path: Path
-) -> Iterator[Operator]:
-    kube.patch(api_client, "v1", "Namespace", None, namespace, {"metadata": {"labels": JOBSET_CONTROLLER_OFF}})
+def operator(jobset_crd: str, sandbox: Sandbox, namespace: str, tmp_path: Path) -> Iterator[Operator]:
     # The CRD is served before the operator starts: its JobSet informer lists them from the first moment.
     yield from running_operator(sandbox, namespace, tmp_path)
 
@@ -109,12 +100,7 @@ def host_pods(cluster: Cluster, jobset: dict[str, Any]) -> list[str]:
                     }
                 ],
             },
-            "spec": {
-                **template["spec"],
-                "hostname": f"{js}-{rj['name']}-0-{host}",
-                "subdomain": js,
-                "schedulerName": SCHEDULER,
-            },
+            "spec": {**template["spec"], "hostname": f"{js}-{rj['name']}-0-{host}", "subdomain": js},
         }
         kube.create(cluster.api, pod)
         names.append(pod_name)
