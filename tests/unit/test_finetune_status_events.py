@@ -1,6 +1,7 @@
 """Every Event the FineTuneJob controller posts fits one line of `kubectl describe` on an 80-column terminal.
 
-The messages come from two places: every lifecycle in test_finetune_status_plan (the planner's real Events),
+The messages come from two places: every lifecycle in test_finetune_status_plan and _multihost (the planner's
+real Events),
 and each message builder fed the longest inputs it can meet (GKE node names, gs:// URIs, many fields, large
 step numbers). They are laid out as `kubectl describe` lays out its Events table, with every reason present
 (so the Reason column is at its widest) and the widest age."""
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.unit import test_finetune_status_multihost as multihost_flows
 from tests.unit import test_finetune_status_plan as flows
 from tpuforge import kube
 from tpuforge.controllers import finetune_events as ev
@@ -42,9 +44,10 @@ def flow_events(monkeypatch: pytest.MonkeyPatch) -> list[Event]:
         return p
 
     monkeypatch.setattr(flows.World, "step", recording)
-    for name, fn in vars(flows).items():
-        if name.startswith("test_") and inspect.isfunction(fn) and not inspect.signature(fn).parameters:
-            fn()
+    for module in (flows, multihost_flows):
+        for name, fn in vars(module).items():
+            if name.startswith("test_") and inspect.isfunction(fn) and not inspect.signature(fn).parameters:
+                fn()
     return seen
 
 
@@ -52,6 +55,11 @@ def worst_cases() -> Iterator[str]:
     """Each builder with the longest inputs it can be given."""
     big = 1_234_567
     yield ev.created("v5p-128", "4x4x4", spot=True)
+    yield ev.created("v5p-128", "4x4x4", spot=True, hosts=16)
+    yield ev.started_on_hosts(big, 16)
+    yield ev.host_preempted(big, 15, 16, NODE)
+    yield ev.host_preempted(big, None, 16, None)
+    yield ev.no_jobset("v5p-128")
     yield ev.started(big, NODE)
     yield ev.started(0, None)
     yield ev.preempted(big, NODE)

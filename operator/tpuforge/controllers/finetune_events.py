@@ -37,6 +37,7 @@ RESUMED = "Resumed"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 SPEC_FROZEN = "SpecFrozen"
+NO_JOBSET = "NoJobSet"
 REASONS = (
     CREATED,
     TRAINING,
@@ -49,6 +50,7 @@ REASONS = (
     SUCCEEDED,
     FAILED,
     SPEC_FROZEN,
+    NO_JOBSET,
 )
 
 
@@ -80,8 +82,10 @@ def fit(*candidates: str, name: str = "") -> str:
     return last[: MESSAGE_ROOM - len(ELLIPSIS)] + ELLIPSIS
 
 
-def created(slice_id: str, topology: str, spot: bool) -> str:
+def created(slice_id: str, topology: str, spot: bool, hosts: int = 1) -> str:
     extra = ", spot" if spot else ""
+    if hosts > 1:
+        return fit(f"training on {slice_id} ({hosts} hosts{extra})", f"training on {slice_id}{extra}")
     return fit(f"training on {slice_id} ({topology}{extra})", f"training on {slice_id}{extra}")
 
 
@@ -91,10 +95,28 @@ def started(attempt: int, node: str | None) -> str:
     return fit(f"attempt {attempt} started on {{name}}", f"attempt {attempt} started", name=node)
 
 
+def started_on_hosts(attempt: int, hosts: int) -> str:
+    return fit(f"attempt {attempt} started on {hosts} hosts")
+
+
 def preempted(attempt: int, node: str | None) -> str:
     if not node:
         return fit(f"attempt {attempt} preempted")
     return fit(f"attempt {attempt} preempted on {{name}}", f"attempt {attempt} preempted", name=node)
+
+
+def host_preempted(attempt: int, host: int | None, hosts: int, node: str | None) -> str:
+    """One host of a multi-host slice was taken away: which one, and its node."""
+    which = f"host {host}/{hosts}" if host is not None else f"a host of {hosts}"
+    if not node:
+        return fit(f"attempt {attempt} {which} preempted")
+    # The node tells the hosts apart; the attempt number is in the Resuming Event that follows.
+    return fit(
+        f"attempt {attempt} {which} preempted on {{name}}",
+        f"{which} preempted on {{name}}",
+        f"attempt {attempt} {which} preempted",
+        name=node,
+    )
 
 
 def retrying(attempt: int, why: str, used: int, limit: int) -> str:
@@ -171,3 +193,7 @@ def merge_failed() -> str:
 def invalid_edit(fields: list[str]) -> str:
     named = f" ({', '.join(fields)})" if fields else ""
     return fit(f"edit invalid{named}; not applied", "edit invalid; not applied")
+
+
+def no_jobset(slice_id: str) -> str:
+    return fit(f"{slice_id} needs JobSet: install it", "multi-host needs JobSet installed")
