@@ -1,0 +1,210 @@
+"""What training on several hosts costs over one: the trainer CLI on an emulated two-host slice (two
+processes joined by jax.distributed on loopback, 4 virtual CPU devices each, mesh fsdp=2 x tp=4 over both)
+against one process with all 8 devices, same config, seed and global batch. Measured in this run, on the tiny
+Gemma 4 model.
+
+The per-step cost of going multi-host is the hosts' agreement at every step boundary (one barrier through
+the coordination service), each process assembling its rows into global arrays, and the cross-process
+(gloo) collectives in the step itself. The ratio is the steady-state step time (median after the first,
+compiling step, from the run summary) of the two-process run over the one-process run; best of `--rounds`
+rounds that alternate which goes first. Target ratio <= 1.15.
+
+For context it also times one small all-reduce over the same 8 devices, within one process and across the
+two (the CPU emulation's cross-process collectives run over gloo on loopback TCP), and the hosts' per-step
+agreement (a coordination-service barrier).
+
+    .venv/bin/python benchmarks/train_multihost.py [--steps 30] [--rounds 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
+from tpuforge_workloads import tiny_model
+from tpuforge_workloads.data import demo
+from tpuforge_workloads.progress import SUMMARY_FILE
+from tpuforge_workloads.train.hosts import ENV_COORDINATOR_ADDRESS, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+
+ROOT = Path(__file__).resolve().parents[1]
+SEQ = 128
+MICRO_BATCH = 2  # per fsdp replica: 4 rows a micro-batch over fsdp=2
+ACCUMULATION = 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_config(model_dir: Path, data: Path, ckpt: Path, steps: int) -> TrainConfig:
+    return TrainConfig(
+        model_name="gemma4-tiny",
+        model_uri=str(model_dir),
+        dataset_uri=str(data),
+        lora=LoraSpec(rank=8, alpha=16.0, dropout=0.0),
+        training=TrainingSpec(
+            max_seq_len=SEQ,
+            micro_batch_size=MICRO_BATCH,
+            gradient_accumulation_steps=ACCUMULATION,
+            max_steps=steps,
+            learning_rate=1e-3,
+            warmup_steps=1,
+            packing=True,
+            remat=False,
+        ),
+        mesh=MeshSpec(fsdp=2, tp=4),
+        # Checkpoints only at the end: the comparison is about the step, not checkpoint I/O.
+        checkpoint=CheckpointSpec(uri=str(ckpt), every_steps=10_000, keep=1),
+        metrics_port=0,
+    )
+
+
+def environment(devices: int, cache: Path) -> dict[str, str]:
+    flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", os.environ.get("XLA_FLAGS", ""))
+    return {
+        **os.environ,
+        "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count={devices}".strip(),
+        "JAX_PLATFORMS": "cpu",
+        # Rounds after the first skip compiling; the first step is left out of the comparison anyway.
+        "JAX_COMPILATION_CACHE_DIR": str(cache),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "workloads"), str(ROOT)]),
+    }
+
+
+def run(config: TrainConfig, work: Path, hosts: int, cache: Path) -> dict[str, Any]:
+    """The trainer CLI on `hosts` processes (8 devices in all); the run summary's timings."""
+    work.mkdir(parents=True)
+    config_path = work / "config.json"
+    config_path.write_text(config.model_dump_json(by_alias=True, exclude_none=True))
+    coordinator = f"127.0.0.1:{free_port()}"
+    procs = []
+    for i in range(hosts):
+        env = environment(8 // hosts, cache)
+        if hosts > 1:
+            env.update({ENV_NUM_PROCESSES: str(hosts), ENV_PROCESS_ID: str(i), ENV_COORDINATOR_ADDRESS: coordinator})
+        argv = [sys.executable, "-m", "tpuforge_workloads.train", "--config", str(config_path)]
+        argv += ["--termination-log", str(work / f"termination-{i}")]
+        log = open(work / f"host-{i}.log", "w")  # noqa: SIM115 (closed with the process)
+        procs.append((subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    started = time.monotonic()
+    codes = []
+    for p, log in procs:
+        codes.append(p.wait(1800))
+        log.close()
+    if codes != [0] * hosts:
+        tail = (work / "host-0.log").read_text().splitlines()[-30:]
+        raise SystemExit(f"{hosts}-process run failed {codes}:\n" + "\n".join(tail))
+    summary = json.loads((Path(config.checkpoint.uri) / SUMMARY_FILE).read_text())
+    attempt = summary["attempts"][-1]
+    return {**attempt["timings"], "wall_s": time.monotonic() - started, "devices": len(attempt["devices"])}
+
+
+def probe(process_id: int, hosts: int, coordinator: str) -> None:
+    """(Run as a subprocess.) Milliseconds per blocking all-reduce of 8 KB over an fsdp=2 x tp=4 mesh, and
+    per Agreement round; printed as JSON by process 0."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from tpuforge_workloads.train import hosts as slice_hosts
+
+    h = slice_hosts.Hosts(process_id, hosts, coordinator if hosts > 1 else None)
+    slice_hosts.initialize(h)
+    mesh = jax.make_mesh((2, 4), ("fsdp", "tp"), devices=jax.devices())
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))  # type: ignore[no-untyped-call]
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())  # type: ignore[no-untyped-call]
+    x = jax.device_put(np.ones((8, 256), np.float32), rows)
+    total = jax.jit(lambda a: jnp.sum(a, axis=0), out_shardings=replicated)
+    total(x).block_until_ready()
+    started = time.perf_counter()
+    for _ in range(20):
+        total(x).block_until_ready()
+    allreduce_ms = (time.perf_counter() - started) / 20 * 1000
+    agree = slice_hosts.Agreement(h, "probe")
+    started = time.perf_counter()
+    for _ in range(20):
+        agree.any(False)
+    agreement_ms = (time.perf_counter() - started) / 20 * 1000
+    if process_id == 0:
+        print(json.dumps({"allreduce_ms": allreduce_ms, "agreement_ms": agreement_ms}), flush=True)
+
+
+def run_probe(hosts: int) -> dict[str, float]:
+    coordinator = f"127.0.0.1:{free_port()}"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--probe", str(i), str(hosts), coordinator],
+            cwd=ROOT,
+            env=environment(8 // hosts, Path(tempfile.gettempdir())),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for i in range(hosts)
+    ]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    line = next(x for x in outputs[0].splitlines() if x.startswith("{"))
+    return json.loads(line)  # type: ignore[no-any-return]
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--probe"]:
+        probe(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="train-multihost-"))
+    model_dir, data, cache = work / "model", work / "demo-chat.jsonl", work / "jax-cache"
+    tiny_model.write(str(model_dir))
+    data.write_text(demo.jsonl(demo.records()))
+    runs: dict[int, list[dict[str, Any]]] = {1: [], 2: []}
+    for r in range(args.rounds):
+        # Alternate which goes first, so that a machine getting busier or quieter favours neither.
+        for hosts in (1, 2) if r % 2 == 0 else (2, 1):
+            config = make_config(model_dir, data, work / f"ckpt-{hosts}-{r}", args.steps)
+            runs[hosts].append(run(config, work / f"run-{hosts}-{r}", hosts, cache))
+            print(f"round {r}: {hosts} process(es): {json.dumps(runs[hosts][-1])}", flush=True)
+    one = min(x["median_step_s"] for x in runs[1])
+    two = min(x["median_step_s"] for x in runs[2])
+    tokens_per_step = SEQ * MICRO_BATCH * 2 * ACCUMULATION  # token slots of one global step (packed)
+    results = {
+        "steps": args.steps,
+        "global_batch_rows": MICRO_BATCH * 2 * ACCUMULATION,
+        "seq_len": SEQ,
+        "one_process_8_devices_step_s": one,
+        "two_processes_4_devices_step_s": two,
+        "multihost_step_time_ratio": two / one,
+        "one_process_token_slots_per_s": tokens_per_step / one,
+        "two_processes_token_slots_per_s": tokens_per_step / two,
+        "runs": runs,
+    }
+    for hosts in (1, 2):
+        for k, v in run_probe(hosts).items():
+            results[f"{k}_{hosts}_process"] = v
+    print(json.dumps(results, indent=2))
+    ok = results["multihost_step_time_ratio"] <= 1.15
+    print(f"{'PASS' if ok else 'MISS'}  step time ratio (2 processes / 1 process, same global batch) <= 1.15")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
