@@ -7,7 +7,7 @@ A LoRA target is processed in blocks of whole rows: rows [r0, r1) of the merged 
 W[r0:r1] + (alpha / rank) * lora_B[r0:r1] @ lora_A, computed in float32 and cast to the output dtype.
 Every other tensor is copied byte for byte (or cast, when the config asks for another dtype).
 
-The CPU, not the disk, is what a merge can run out of (two cores here), so each merged element is touched
+On a node with few cores the CPU, not the disk, is what a merge runs out of, so each merged element is touched
 as few times as possible: a chunk is merged in sub-blocks of rows that stay in cache, the delta is computed
 into a small per-thread float32 buffer, the base added to it in place (numpy converts bf16 on the fly), and
 the sum converted to the output dtype once; no temporary is the size of a chunk. BLAS runs single-threaded
