@@ -375,3 +375,23 @@ def test_killed_mid_write_then_rerun_gives_the_complete_output(tmp_path: Path) -
     assert rerun.files == clean.files  # same bytes as a merge that never crashed
     assert commit.require_complete(str(out), checksums=True) == rerun
     assert not (out / commit.STAGING_DIR).exists()
+
+
+@pytest.mark.parametrize("out_dtype", ["BF16", "F32"])
+def test_row_blocks_in_place_equal_the_whole_chunk_product(out_dtype: str) -> None:
+    """A chunk merged in many small row blocks, in place in the base's own buffer (or into a float32 output),
+    is bit for bit the float32 sum of the whole chunk rounded once."""
+    from tpuforge_workloads.merge.safetensors_io import FLOAT_DTYPES
+    from tpuforge_workloads.merge.stream import add_delta
+
+    rng = np.random.default_rng(7)
+    rows, cols, rank = 37, 96, 8
+    base = rng.standard_normal((rows, cols), dtype=np.float32).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((rows, rank), dtype=np.float32)
+    a = rng.standard_normal((rank, cols), dtype=np.float32) * np.float32(0.1)
+    want = (base.astype(np.float32) + b @ a).astype(FLOAT_DTYPES[out_dtype])
+    buffer = bytearray(base.tobytes())
+    chunk = np.frombuffer(buffer, ml_dtypes.bfloat16).reshape(rows, cols)
+    out = chunk if out_dtype == "BF16" else np.empty((rows, cols), np.float32)
+    add_delta(chunk, b, a, out, np.empty(5 * cols + 3, np.float32))  # 8 blocks of 5 rows, the last of 2
+    assert out.tobytes() == want.tobytes()

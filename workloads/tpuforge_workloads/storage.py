@@ -242,6 +242,27 @@ def read_range(uri: str, start: int, length: int) -> bytes:
         raise _wrap(uri, e) from e
 
 
+def read_range_into(uri: str, start: int, buffer: memoryview) -> int:
+    """Fill `buffer` with the bytes of file `uri` from byte `start`; returns how many were read (fewer only at
+    the end of the file). Reading into a buffer the caller reuses saves the page faults of a fresh
+    allocation, which on a local disk cost more CPU than the read itself."""
+    if not is_gcs(uri):
+        try:
+            with open(uri, "rb") as f:
+                got = 0
+                while got < len(buffer):
+                    n = os.preadv(f.fileno(), [buffer[got:]], start + got)
+                    if n == 0:
+                        break
+                    got += n
+                return got
+        except Exception as e:
+            raise _wrap(uri, e) from e
+    data = read_range(uri, start, len(buffer))
+    buffer[: len(data)] = data
+    return len(data)
+
+
 # GCS staged writes upload parts of this size range (multiples of 256 KiB, as resumable uploads require),
 # at most this many at once, and compose at most this many sources per call (the GCS limit).
 _MIN_PART = 16 << 20
