@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -63,6 +64,7 @@ from tpuforge.sandbox.procs import free_port  # noqa: E402
 TARGET_BURST_RATIO = 1.5
 TARGET_P99_SECONDS = 1.0
 TARGET_RSS_MB = 250.0
+TARGET_CPU_MS_PER_JOB = 8.0
 CHILD_KINDS = {
     "ServiceAccount": "v1",
     "Role": "rbac.authorization.k8s.io/v1",
@@ -213,6 +215,21 @@ class OperatorProcess:
         t = self.ps.cpu_times()
         return float(t.user + t.system)
 
+    def thread_cpu_seconds(self) -> dict[int, float]:
+        """CPU seconds of each of the operator's threads, by thread id (the event loop's is the pid)."""
+        out: dict[int, float] = {}
+        tick = os.sysconf("SC_CLK_TCK")
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            try:
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
+        return out
+
+    def system_cpu_seconds(self) -> float:
+        return float(self.ps.cpu_times().system)
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -221,6 +238,23 @@ class OperatorProcess:
             print("  (the operator did not stop within 30 s of SIGTERM; killed)", flush=True)
             self.proc.kill()
             self.proc.wait(10)
+
+
+class Profiler:
+    """py-spy sampling the operator's running threads (idle ones, waiting on a socket or a lock, are left
+    out), without pausing it, until `stop`."""
+
+    def __init__(self, pid: int, out: Path):
+        py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        argv = [py_spy, "record", "--pid", str(pid), "--nonblocking", "--rate", "100", "--output", str(out)]
+        if out.suffix != ".svg":
+            argv += ["--format", "raw"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        time.sleep(1.0)  # attached before the burst starts
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(60)
 
 
 def settle(api: client.ApiClient, ns: str, n: int, operator: OperatorProcess) -> None:
@@ -302,6 +336,16 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=60.0, help="steady phase seconds (default 60)")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--operator-log", type=Path, help="keep the operator's log here")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        help="sample the operator's threads with py-spy during the burst; write its flame graph (SVG) here",
+    )
+    p.add_argument(
+        "--burst-only",
+        action="store_true",
+        help="stop after the burst (no settling, second baseline or steady phase): for profiling",
+    )
     args = p.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="tpuforge-bench-") as tmp_s:
@@ -340,7 +384,8 @@ def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.N
         jobs = JobWatch(api, ns)
         names = [f"burst-{i:05d}" for i in range(n)]
         print(f"burst: {n} FineTuneJobs ...", flush=True)
-        cpu0 = operator.cpu_seconds()
+        profiler = Profiler(operator.proc.pid, args.profile) if args.profile else None
+        cpu0, sys0, threads0 = operator.cpu_seconds(), operator.system_cpu_seconds(), operator.thread_cpu_seconds()
         start = time.monotonic()
         sent = create_all(api, ns, names)
         created = time.monotonic() - start
@@ -349,7 +394,30 @@ def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.N
         burst_latencies = sorted(jobs.seen[m.train_job_name(x, 0)] - sent[x] for x in names)
         print(f"  created in {created:.1f} s; every training Job after {burst:.1f} s", flush=True)
         live_cpu = operator.cpu_seconds() - cpu0
+        live_sys = operator.system_cpu_seconds() - sys0
+        threads = {t: c - threads0.get(t, 0.0) for t, c in operator.thread_cpu_seconds().items()}
+        loop_cpu = threads.pop(operator.proc.pid, 0.0)
+        busiest = sorted(threads.values(), reverse=True)
+        if profiler is not None:
+            profiler.stop()
         jobs.stop()
+        if args.burst_only:
+            return {
+                "jobs": n,
+                "baseline_seconds": round(before, 2),
+                "burst_seconds": round(burst, 2),
+                "burst_ratio": round(burst / before, 2),
+                "burst_latency_p50_seconds": round(percentile(burst_latencies, 50), 3),
+                "burst_latency_p99_seconds": round(percentile(burst_latencies, 99), 3),
+                "operator_cpu_seconds_burst": round(live_cpu, 1),
+                "operator_cpu_ms_per_job": round(live_cpu * 1000 / n, 1),
+                "operator_system_cpu_seconds_burst": round(live_sys, 1),
+                "operator_event_loop_cpu_seconds_burst": round(loop_cpu, 1),
+                "operator_other_threads_cpu_seconds_burst": [len(busiest), round(sum(busiest), 1)],
+                "operator_busiest_threads_cpu_seconds": [round(c, 2) for c in busiest[:8]],
+                "reconciles": _metric(operator.port, "tpuforge_reconcile_total"),
+                "duplicates": duplicates(api, ns, names),
+            }
         print(
             f"  settling: pods created, reported unschedulable after {UNSCHEDULABLE_REPORT_SECONDS:.0f} s ...",
             flush=True,
@@ -390,6 +458,9 @@ def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.N
         "steady_p99_seconds": round(percentile(lat, 99), 3),
         "steady_p99_target": TARGET_P99_SECONDS,
         "operator_cpu_seconds_burst": round(live_cpu, 1),
+        "operator_cpu_ms_per_job": round(live_cpu * 1000 / n, 1),
+        "operator_cpu_ms_per_job_target": TARGET_CPU_MS_PER_JOB,
+        "operator_system_cpu_seconds_burst": round(live_sys, 1),
         "operator_rss_mb_at_jobs_live": round(live_rss, 1),
         "operator_peak_rss_mb": round(peak_rss, 1),
         "rss_target_mb": TARGET_RSS_MB,

@@ -1,12 +1,16 @@
 """FineTuneJob controller: observe -> desired -> apply -> status.
 
-kopf watches the FineTuneJobs; informers (LIST + WATCH, selected by label on the server) keep their children
-(Jobs, pods, training ConfigMaps) in memory, grouped by the owner's uid. Any change to an object or to a child
-asks for a reconcile of the owner. The reconcile reads memory (no API reads), lets the pure
-`finetune_plan.plan` decide, and applies the plan: create missing children, delete the ones to stop, patch
-the status on the resourceVersion it was computed from (a 409 means a newer object is on its way: reconcile
-that one), then post the Events. The informers finish their first LIST before kopf starts watching the
-FineTuneJobs, so an operator that restarts sees every child before it decides anything.
+Informers (LIST + WATCH, selected by label on the server for the children) keep the FineTuneJobs and their
+children (Jobs, pods, training ConfigMaps) in memory, the children grouped by the owner's uid. Any change to an
+object or to a child asks for a reconcile of the owner. kopf does not watch FineTuneJobs: its per-event
+bookkeeping (a deep copy of each object for the diff base, handler progress, a task per object) cost more CPU
+than the reconciles themselves; the ServingDeployment controller hears of them from here (`on_object`).
+
+The reconcile reads memory (no API reads), lets the pure `finetune_plan.plan` decide, and applies the plan:
+create missing children, delete the ones to stop, patch the status on the resourceVersion it was computed
+from (a 409 means a newer object is on its way: reconcile that one), then post the Events. The children's
+informers finish their first LIST before the FineTuneJobs' informer starts, so an operator that restarts
+sees every child before it decides anything.
 """
 
 from __future__ import annotations
@@ -29,11 +33,8 @@ from tpuforge.api import FineTuneJobStatus
 from tpuforge.api.constants import (
     API_VERSION,
     FINETUNEJOB_KIND,
-    FINETUNEJOB_PLURAL,
-    GROUP,
     LABEL_COMPONENT,
     LABEL_FINETUNEJOB,
-    VERSION,
 )
 from tpuforge.controllers.finetune_children import (
     ConfigView,
@@ -88,6 +89,11 @@ class Snapshot:
         }
 
 
+def object_key(body: Mapping[str, Any]) -> Key:
+    meta = body.get("metadata") or {}
+    return meta.get("namespace", ""), meta.get("uid", "")
+
+
 def snapshot(body: Mapping[str, Any]) -> Snapshot:
     meta = body.get("metadata") or {}
     return Snapshot(
@@ -134,9 +140,21 @@ def owner_key(obj: Mapping[str, Any]) -> Key | None:
 
 
 class FineTuneJobController:
-    def __init__(self, namespaces: Sequence[str] | None = None):
+    """`on_object(namespace, name)` is told of every change of a FineTuneJob (deletions included)."""
+
+    def __init__(self, namespaces: Sequence[str] | None = None, on_object: Callable[[str, str], None] | None = None):
         self.objects: dict[Key, Snapshot] = {}
         self.queue: KeyedQueue[Key] = KeyedQueue(self.reconcile, WORKERS, name="finetunejob")
+        self._on_object = on_object
+        self.finetunejobs: Informer[Key, Snapshot] = Informer(
+            api_version=API_VERSION,
+            kind=FINETUNEJOB_KIND,
+            label_selector="",
+            namespaces=namespaces,
+            view=snapshot,
+            owner=object_key,
+            on_change=self.object_changed,
+        )
 
         # Each informer lists and watches one kind of child (RBAC: list and watch on it).
         trainer_configs = f"{CHILD_SELECTOR},{LABEL_COMPONENT}={COMPONENT_TRAINER}"
@@ -175,23 +193,27 @@ class FineTuneJobController:
         self._written: dict[Key, tuple[str, str, dict[str, Any]]] = {}
 
     async def start(self) -> None:
-        """Start the informers; return once each has its first LIST in memory."""
+        """Start the informers; return once each has its first LIST in memory, the children's first."""
         await asyncio.gather(self.jobs.start(), self.pods.start(), self.configs.start())
+        await self.finetunejobs.start()
 
     def child_changed(self, owner: Key, before: Any, after: Any) -> None:
         if before is None and after is not None and fresh(after):
             return
         self.queue.request(owner)
 
-    def object_changed(self, event_type: str | None, body: Mapping[str, Any]) -> None:
-        snap = snapshot(body)
-        key = (snap.namespace, snap.uid)
-        if event_type == "DELETED":
-            self.objects.pop(key, None)
-            self.forget(key)
-            metrics.forget_finetunejob(snap.namespace, snap.name)
+    def object_changed(self, key: Key, before: Snapshot | None, snap: Snapshot | None) -> None:
+        if snap is None:
+            if before is not None:
+                self.objects.pop(key, None)
+                self.forget(key)
+                metrics.forget_finetunejob(before.namespace, before.name)
+                if self._on_object is not None:
+                    self._on_object(before.namespace, before.name)
             return
         self.objects[key] = snap
+        if self._on_object is not None:
+            self._on_object(snap.namespace, snap.name)
         written = self._written.get(key)
         if written is not None and written[1] == snap.resource_version:
             return  # the echo of our own status write: the reconcile that made it already saw this state
@@ -307,7 +329,7 @@ class FineTuneJobController:
         self._created = {k: t for k, t in self._created.items() if k[0] != key[1]}
 
     async def close(self) -> None:
-        for informer in (self.jobs, self.pods, self.configs):
+        for informer in (self.finetunejobs, self.jobs, self.pods, self.configs):
             informer.stop()
         await self.queue.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
@@ -318,11 +340,16 @@ class FineTuneJobController:
 
 @kopf.on.startup()
 async def start_finetunejob_controller(memo: kopf.Memo, **_: Any) -> None:
-    # Startup handlers finish before kopf watches anything: the children are in memory before the first
-    # FineTuneJob event asks for a reconcile.
-    controller = FineTuneJobController(getattr(memo, "namespaces", None))
-    await controller.start()
+    # Startup handlers finish before kopf watches anything; this one returns once every FineTuneJob and
+    # child is in memory (the children first), so the first decisions see the whole cluster.
+    def tell_servingdeployments(namespace: str, name: str) -> None:
+        serving = getattr(memo, "servingdeployments", None)
+        if serving is not None:  # absent until its own startup handler has run
+            serving.finetunejob_changed(namespace, name)
+
+    controller = FineTuneJobController(getattr(memo, "namespaces", None), on_object=tell_servingdeployments)
     memo.finetunejobs = controller
+    await controller.start()
 
 
 @kopf.on.cleanup()
@@ -330,9 +357,3 @@ async def stop_finetunejob_controller(memo: kopf.Memo, **_: Any) -> None:
     controller: FineTuneJobController | None = getattr(memo, "finetunejobs", None)
     if controller is not None:
         await controller.close()
-
-
-@kopf.on.event(GROUP, VERSION, FINETUNEJOB_PLURAL)
-async def finetunejob_changed(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    controller: FineTuneJobController = memo.finetunejobs
-    controller.object_changed(event.get("type"), body)

@@ -1,7 +1,8 @@
 """ServingDeployment controller: observe -> desired -> apply -> status.
 
 One level-based `reconcile(namespace, name)` does all the work and is safe to run at any time. Watch events
-on the object, on its Deployment and pods, and on the FineTuneJob it serves ask for it through a keyed work
+on the object, on its Deployment and pods, and changes of the FineTuneJob it serves (which the FineTuneJob
+controller's informer reports) ask for it through a keyed work
 queue (one run per object at a time, failures retried with backoff). It reads what it needs from the API,
 applies the children the pure `tpuforge.manifests.serving` builds, derives the status from the Deployment
 and its pods, and patches it on the resourceVersion it read. Children carry owner references, so deleting
@@ -17,7 +18,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,6 @@ from tpuforge.api.conditions import ConditionStatus
 from tpuforge.api.constants import (
     API_VERSION,
     FINETUNEJOB_KIND,
-    FINETUNEJOB_PLURAL,
     GROUP,
     LABEL_COMPONENT,
     LABEL_SERVING,
@@ -452,9 +452,16 @@ class ServingDeploymentController:
     """Watch events ask for reconciles by (namespace, name); the queue runs one at a time per object, folds
     repeated requests together and retries failures with backoff."""
 
-    def __init__(self) -> None:
+    def __init__(self, by_job: Mapping[Key, Iterable[str]] | None = None) -> None:
         self.queue: KeyedQueue[Key] = KeyedQueue(self.reconcile, WORKERS, name="servingdeployment")
         self.executor = ThreadPoolExecutor(WORKERS, thread_name_prefix="servingdeployment")
+        self._by_job: Mapping[Key, Iterable[str]] = by_job or {}
+
+    def finetunejob_changed(self, namespace: str, name: str) -> None:
+        """A FineTuneJob changed (the FineTuneJob controller's informer says so): the ServingDeployments that
+        serve it may have a model now."""
+        for sdep in self._by_job.get((namespace, name), ()):
+            self.queue.request((namespace, sdep))
 
     async def reconcile(self, key: Key) -> float | None:
         metrics.RECONCILES.labels(SERVING_KIND).inc()
@@ -491,8 +498,10 @@ def servingdeployments_by_job(
 
 
 @kopf.on.startup()
-def start_servingdeployment_controller(memo: kopf.Memo, **_: Any) -> None:
-    memo.servingdeployments = ServingDeploymentController()
+def start_servingdeployment_controller(memo: kopf.Memo, **kwargs: Any) -> None:
+    # kopf passes every index to every handler as a keyword argument named after its function; it stays live.
+    by_job: kopf.Index[Key, str] = kwargs["servingdeployments_by_job"]
+    memo.servingdeployments = ServingDeploymentController(by_job)
 
 
 @kopf.on.cleanup()
@@ -521,12 +530,3 @@ async def servingdeployment_child_changed(
 ) -> None:
     # The label holds the owner's name: names are DNS labels (they name the Service), never shortened.
     memo.servingdeployments.queue.request((namespace or "", labels[LABEL_SERVING]))
-
-
-@kopf.on.event(GROUP, VERSION, FINETUNEJOB_PLURAL)
-async def servingdeployment_job_changed(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
-    """A FineTuneJob that succeeds (again) gives the ServingDeployments that serve it a model."""
-    # kopf passes every index as a keyword argument named after its function.
-    by_job: kopf.Index[Key, str] = kwargs["servingdeployments_by_job"]
-    for sdep in by_job.get((namespace or "", name), ()):
-        memo.servingdeployments.queue.request((namespace or "", sdep))
