@@ -4,7 +4,7 @@ Phases, all in one run against the same apiserver:
   baseline  for N FineTuneJobs created beforehand (untimed, no operator), one client makes exactly the writes
             the operator makes for each, computed by the operator's own decision code: the ServiceAccount,
             Role, RoleBinding, ConfigMap and Job, the status, the Event; with as many threads as the
-            operator has for API calls
+            operator makes API calls at once
   burst     the operator runs; one client creates N FineTuneJobs as fast as it can; the time until every one
             has its training Job, over the baseline's time (target <= 1.5). The burst also holds the N
             creates themselves, which the baseline does not. The baseline runs before the burst and again
@@ -56,7 +56,7 @@ from tpuforge.controllers.finetune_plan import (  # noqa: E402
     plan,
     status_patch,
 )
-from tpuforge.controllers.finetunejob import API_THREADS, creation_groups  # noqa: E402
+from tpuforge.controllers.finetunejob import API_CONCURRENCY, creation_groups  # noqa: E402
 from tpuforge.manifests import finetune as m  # noqa: E402
 from tpuforge.sandbox import Ports, Sandbox, wait_for  # noqa: E402
 from tpuforge.sandbox.procs import free_port  # noqa: E402
@@ -155,7 +155,7 @@ def run_baseline(api: client.ApiClient, n: int, ns_name: str) -> tuple[float, in
     """One client makes the operator's writes for n FineTuneJobs (created beforehand, untimed): per job the
     children (those a pod needs first), the status, the Event. Returns the time and the writes per job."""
     ns = namespace(api, ns_name)
-    with ThreadPoolExecutor(API_THREADS) as pool:
+    with ThreadPoolExecutor(API_CONCURRENCY) as pool:
         ftjs = list(pool.map(lambda i: kube.create(api, finetunejob(ns, f"base-{i:05d}")), range(n)))
     work = [(ftj, *operator_writes(ftj)) for ftj in ftjs]
 
@@ -168,7 +168,7 @@ def run_baseline(api: client.ApiClient, n: int, ns_name: str) -> tuple[float, in
             kube.post_event(api, ftj, e.type, e.reason, e.message)
 
     start = time.monotonic()
-    with ThreadPoolExecutor(API_THREADS) as pool:
+    with ThreadPoolExecutor(API_CONCURRENCY) as pool:
         list(pool.map(lambda w: write(*w), work))
     per_job = len(work[0][1]) + 1 + len(work[0][3])
     return time.monotonic() - start, per_job
@@ -289,7 +289,7 @@ def create_all(api: client.ApiClient, ns: str, names: list[str]) -> dict[str, fl
         sent[name] = time.monotonic()
         kube.create(api, finetunejob(ns, name))
 
-    with ThreadPoolExecutor(API_THREADS) as pool:
+    with ThreadPoolExecutor(API_CONCURRENCY) as pool:
         list(pool.map(one, names))
     return sent
 
@@ -372,9 +372,7 @@ def main() -> int:
 
 def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     n = args.jobs
-    print(
-        f"baseline: one client makes the operator's writes for {n} FineTuneJobs, {API_THREADS} threads ...", flush=True
-    )
+    print(f"baseline: one client makes the operator's writes for {n} FineTuneJobs, {API_CONCURRENCY} threads ...")
     before, writes = run_baseline(api, n, "bench-baseline-before")
     print(f"  {writes} writes per job: {before:.1f} s", flush=True)
 

@@ -20,10 +20,9 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import kopf
 from pydantic import ValidationError
@@ -54,9 +53,8 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # namespace, owner uid
 Obj = dict[str, Any]
-T = TypeVar("T")
 WORKERS = 64  # reconciles at once
-API_THREADS = 128  # blocking API calls at once (a reconcile makes up to three at a time)
+API_CONCURRENCY = 128  # API calls at once, one connection each (a reconcile makes up to three at a time)
 # What a pod needs to exist when it is created (else the Job controller backs off for seconds).
 POD_PREREQUISITES = ("ServiceAccount", "ConfigMap")
 CONFLICT_RETRY_SECONDS = 1.0  # if the newer object's watch event is lost, look again anyway
@@ -185,7 +183,7 @@ class FineTuneJobController:
             owner=owner_key,
             on_change=self.child_changed,
         )
-        self.executor = ThreadPoolExecutor(API_THREADS, thread_name_prefix="finetunejob")
+        self._api: kube.AsyncApi | None = None  # made on the event loop, in start()
         self._created: dict[tuple[str, str, str], float] = {}  # (owner uid, kind, name) -> when
         # Our last status write per object: (resourceVersion it was based on, the new one, the new status).
         # Until the watch brings the new version, the last event holds the old one; reading ours instead
@@ -194,6 +192,7 @@ class FineTuneJobController:
 
     async def start(self) -> None:
         """Start the informers; return once each has its first LIST in memory, the children's first."""
+        self._api = kube.AsyncApi(API_CONCURRENCY)
         await asyncio.gather(self.jobs.start(), self.pods.start(), self.configs.start())
         await self.finetunejobs.start()
 
@@ -264,17 +263,17 @@ class FineTuneJobController:
             metrics.RECONCILE_DURATION.labels(FINETUNEJOB_KIND).observe(time.perf_counter() - started)
 
     async def apply(self, snap: Snapshot, observed: Observed, p: Plan) -> float | None:
-        """The plan's API calls, each in a worker thread, in an order that is safe to interrupt anywhere:
+        """The plan's API calls, on the event loop, in an order that is safe to interrupt anywhere:
         children (what a pod needs at creation first, then the rest, each group at once), deletions, the
         status, and last the Events."""
-        api = kube.api_client()
+        api = self.api
         for group in creation_groups(p.create):
             await asyncio.gather(*(self.create_child(api, snap.uid, obj) for obj in group))
         await asyncio.gather(*(self.delete_child(api, snap.namespace, c) for c in p.delete))
         patch = status_patch(observed.status, p.status)
         if patch:
             try:
-                new = await self.call(lambda: kube.patch_status(api, snap.ref, patch, snap.resource_version))
+                new = await api.patch_status(snap.ref, patch, snap.resource_version)
             except kube.ApiException as exc:
                 if not kube.is_conflict(exc):
                     raise
@@ -293,35 +292,35 @@ class FineTuneJobController:
         await asyncio.gather(*(self.post_event(api, snap, e) for e in p.events))
         if p.delete_self:
             log.info("%s/%s: ttlSecondsAfterFinished has passed; deleting it", snap.namespace, snap.name)
-            await self.call(
-                lambda: kube.delete(api, API_VERSION, FINETUNEJOB_KIND, snap.namespace, snap.name, uid=snap.uid)
-            )
+            await api.delete(API_VERSION, FINETUNEJOB_KIND, snap.namespace, snap.name, uid=snap.uid)
             metrics.forget_finetunejob(snap.namespace, snap.name)
         else:
             metrics.observe_finetunejob(snap.namespace, snap.name, snap.spec, p.status)
         return p.requeue_after
 
-    async def call(self, request: Callable[[], T]) -> T:
-        """A blocking API call, in a worker thread."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, request)
+    @property
+    def api(self) -> kube.AsyncApi:
+        if self._api is None:
+            raise RuntimeError("FineTuneJobController.start() has not been called")
+        return self._api
 
-    async def create_child(self, api: Any, owner_uid: str, obj: Mapping[str, Any]) -> None:
+    async def create_child(self, api: kube.AsyncApi, owner_uid: str, obj: Mapping[str, Any]) -> None:
         key = (owner_uid, obj["kind"], obj["metadata"]["name"])
         now = time.monotonic()
         when = self._created.get(key)
         if when is not None and now - when < CREATED_MEMORY_SECONDS:
             return
-        if await self.call(lambda: kube.create_if_absent(api, obj)):
+        if await api.create_if_absent(obj):
             log.debug("created %s %s/%s", obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
         self._created[key] = now
         if len(self._created) > 10_000:
             self._created = {k: t for k, t in self._created.items() if now - t < CREATED_MEMORY_SECONDS}
 
-    async def delete_child(self, api: Any, namespace: str, child: ChildRef) -> None:
-        await self.call(lambda: kube.delete(api, child.api_version, child.kind, namespace, child.name))
+    async def delete_child(self, api: kube.AsyncApi, namespace: str, child: ChildRef) -> None:
+        await api.delete(child.api_version, child.kind, namespace, child.name)
 
-    async def post_event(self, api: Any, snap: Snapshot, event: Event) -> None:
-        await self.call(lambda: kube.post_event(api, snap.ref, event.type, event.reason, event.message))
+    async def post_event(self, api: kube.AsyncApi, snap: Snapshot, event: Event) -> None:
+        await api.post_event(snap.ref, event.type, event.reason, event.message)
 
     def forget(self, key: Key) -> None:
         self.queue.forget(key)
@@ -332,7 +331,8 @@ class FineTuneJobController:
         for informer in (self.finetunejobs, self.jobs, self.pods, self.configs):
             informer.stop()
         await self.queue.close()
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        if self._api is not None:
+            await self._api.close()
 
 
 # --- Wiring -------------------------------------------------------------------------------------------------
