@@ -175,10 +175,11 @@ def run_baseline(api: client.ApiClient, n: int, ns_name: str) -> tuple[float, in
 
 
 class OperatorProcess:
-    def __init__(self, sandbox: Sandbox, log: Path, namespaces: list[str]):
+    def __init__(self, sandbox: Sandbox, log: Path, namespaces: list[str], cprofile: Path | None = None):
         self.port = free_port()
         argv = [
             sys.executable,
+            *(["-m", "cProfile", "-o", str(cprofile)] if cprofile else []),
             "-m",
             "tpuforge.cli",
             "operator",
@@ -339,7 +340,8 @@ def main() -> int:
     p.add_argument(
         "--profile",
         type=Path,
-        help="sample the operator's threads with py-spy during the burst; write its flame graph (SVG) here",
+        help="profile the operator: py-spy during the burst, its flame graph (.svg) or raw stacks (.txt); or, "
+        "for a .prof path, cProfile of its event loop thread for the whole run (with --burst-only: the burst)",
     )
     p.add_argument(
         "--burst-only",
@@ -377,12 +379,13 @@ def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.N
     print(f"  {writes} writes per job: {before:.1f} s", flush=True)
 
     ns, steady_ns = namespace(api, "bench-burst"), namespace(api, "bench-steady")
-    operator = OperatorProcess(sandbox, tmp / "operator.log", [ns, steady_ns])
+    cprofile = args.profile if args.profile and args.profile.suffix == ".prof" else None
+    operator = OperatorProcess(sandbox, tmp / "operator.log", [ns, steady_ns], cprofile)
     try:
         jobs = JobWatch(api, ns)
         names = [f"burst-{i:05d}" for i in range(n)]
         print(f"burst: {n} FineTuneJobs ...", flush=True)
-        profiler = Profiler(operator.proc.pid, args.profile) if args.profile else None
+        profiler = Profiler(operator.proc.pid, args.profile) if args.profile and not cprofile else None
         cpu0, sys0, threads0 = operator.cpu_seconds(), operator.system_cpu_seconds(), operator.thread_cpu_seconds()
         start = time.monotonic()
         sent = create_all(api, ns, names)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import socket
 import ssl
@@ -50,6 +51,7 @@ USER_AGENT = "tpuforge-operator"
 # Retries for answers that say "try again" (429, 5xx) or a dropped connection.
 RETRY_DELAYS = (0.1, 0.4, 1.0, 2.0)
 _RETRY_STATUS = frozenset({0, 429, 500, 502, 503, 504})
+CREDENTIALS_SECONDS = 60.0  # how long a token read from the configuration is used before reading it again
 
 IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
@@ -161,15 +163,44 @@ def resource_path(
     return path
 
 
+class _Credentials:
+    """The Authorization header of one configuration, read again at most every CREDENTIALS_SECONDS, or at
+    once after the apiserver answered 401. Reading it through the configuration runs the kubeconfig
+    loader's refresh hook, which sets up the whole configuration again (proxy settings from the environment
+    included): about a millisecond, more than the rest of a request."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cfg: k8s.Configuration | None = None
+        self._header: dict[str, str] = {}
+        self._read_at = -math.inf
+
+    def header(self, cfg: k8s.Configuration) -> dict[str, str]:
+        now = time.monotonic()
+        with self._lock:
+            if cfg is self._cfg and now - self._read_at < CREDENTIALS_SECONDS:
+                return self._header
+        header: dict[str, str] = {}
+        token = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
+        if token:
+            header["Authorization"] = token
+        elif cfg.username and cfg.password:
+            header.update(urllib3.util.make_headers(basic_auth=f"{cfg.username}:{cfg.password}"))
+        with self._lock:
+            self._cfg, self._header, self._read_at = cfg, header, now
+        return header
+
+    def expire(self) -> None:
+        with self._lock:
+            self._read_at = -math.inf
+
+
+_credentials = _Credentials()
+
+
 def _headers(cfg: k8s.Configuration, content_type: str | None) -> dict[str, str]:
-    """The request's headers with its credentials (the bearer token is read through the configuration, which
-    refreshes it for service accounts and exec plugins); `content_type` when it has a body."""
-    headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
-    token = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
-    if token:
-        headers["Authorization"] = token
-    elif cfg.username and cfg.password:
-        headers.update(urllib3.util.make_headers(basic_auth=f"{cfg.username}:{cfg.password}"))
+    """The request's headers with its credentials; `content_type` when it has a body."""
+    headers = {"Accept": "application/json", "User-Agent": USER_AGENT, **_credentials.header(cfg)}
     if content_type:
         headers["Content-Type"] = content_type
     return headers
@@ -211,18 +242,23 @@ def request(
     connection); raises ApiException for the rest."""
     if query:
         path = f"{path}?{urlencode(query)}"
-    for delay in (*RETRY_DELAYS, None):
+    delays, refreshed = iter(RETRY_DELAYS), False
+    while True:
         try:
             resp = _send(api, method, path, body, content_type, REQUEST_TIMEOUT, stream=False)
             if not 200 <= resp.status <= 299:
                 raise _failure(resp)
             return json.loads(resp.data) if resp.data else {}
         except ApiException as exc:
+            if exc.status == 401 and not refreshed:  # a token that expired since it was read: read it again
+                _credentials.expire()
+                refreshed = True
+                continue
+            delay = next(delays, None)
             if exc.status not in _RETRY_STATUS or delay is None:
                 raise
             log.debug("%s %s: %s; retrying in %.1fs", method, path, exc.status, delay)
             time.sleep(delay)
-    raise AssertionError("unreachable")
 
 
 def _ref(obj: Mapping[str, Any]) -> tuple[str, str, str | None, str]:
@@ -297,6 +333,8 @@ class WatchStream:
         resp = _send(api, "GET", path, None, "", (REQUEST_TIMEOUT[0], timeout_seconds + 30.0), stream=True)
         if resp.status != 200:
             resp.read()
+            if resp.status == 401:  # the informer starts it again: with the credentials read again
+                _credentials.expire()
             raise _failure(resp)
         self._raw = resp
 
@@ -407,12 +445,17 @@ class AsyncApi:
     async def close(self) -> None:
         await self._session.close()
 
-    async def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Obj:
+    async def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json", answer: bool = True
+    ) -> Obj:
+        """One API call; the JSON answer as a dict, or {} without `answer` (parsing an object nobody reads
+        costs as much as sending it)."""
         data = None if body is None else json.dumps(body).encode()
         url = f"{self.cfg.host}{path}"
-        for delay in (*RETRY_DELAYS, None):
+        delays, refreshed = iter(RETRY_DELAYS), False
+        while True:
+            headers = _headers(self.cfg, content_type if data is not None else None)
             try:
-                headers = _headers(self.cfg, content_type if data is not None else None)
                 try:
                     async with self._session.request(
                         method, url, data=data, headers=headers, server_hostname=self._server_hostname
@@ -422,18 +465,22 @@ class AsyncApi:
                     raise ApiException(status=0, reason=f"{method} {path}: {exc}") from exc
                 if not 200 <= resp.status <= 299:
                     raise ApiException(status=resp.status, reason=resp.reason, body=payload.decode(errors="replace"))
-                return json.loads(payload) if payload else {}
+                return json.loads(payload) if payload and answer else {}
             except ApiException as exc:
+                if exc.status == 401 and not refreshed:
+                    _credentials.expire()
+                    refreshed = True
+                    continue
+                delay = next(delays, None)
                 if exc.status not in _RETRY_STATUS or delay is None:
                     raise
                 log.debug("%s %s: %s; retrying in %.1fs", method, path, exc.status, delay)
                 await asyncio.sleep(delay)
-        raise AssertionError("unreachable")
 
     async def create_if_absent(self, obj: Mapping[str, Any]) -> bool:
         api_version, kind, namespace, _ = _ref(obj)
         try:
-            await self.request("POST", resource_path(api_version, kind, namespace), body=obj)
+            await self.request("POST", resource_path(api_version, kind, namespace), body=obj, answer=False)
             return True
         except ApiException as exc:
             if is_already_exists(exc):
@@ -444,7 +491,8 @@ class AsyncApi:
         self, api_version: str, kind: str, namespace: str | None, name: str, uid: str | None = None
     ) -> bool:
         try:
-            await self.request("DELETE", resource_path(api_version, kind, namespace, name), body=_delete_options(uid))
+            path = resource_path(api_version, kind, namespace, name)
+            await self.request("DELETE", path, body=_delete_options(uid), answer=False)
             return True
         except ApiException as exc:
             if is_not_found(exc):
@@ -462,7 +510,8 @@ class AsyncApi:
         """Best effort, as `post_event`."""
         event = event_object(involved, type_, reason, message, _now())
         try:
-            await self.request("POST", resource_path("v1", "Event", event["metadata"]["namespace"]), body=event)
+            path = resource_path("v1", "Event", event["metadata"]["namespace"])
+            await self.request("POST", path, body=event, answer=False)
         except Exception as exc:  # events are advisory; the status carries the same facts
             log.warning("could not post event %s on %s: %s", reason, (involved.get("metadata") or {}).get("name"), exc)
 

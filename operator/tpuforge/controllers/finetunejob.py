@@ -4,7 +4,7 @@ Informers (LIST + WATCH, selected by label on the server for the children) keep 
 children (Jobs, pods, training ConfigMaps) in memory, the children grouped by the owner's uid. Any change to an
 object or to a child asks for a reconcile of the owner. kopf does not watch FineTuneJobs: its per-event
 bookkeeping (a deep copy of each object for the diff base, handler progress, a task per object) cost more CPU
-than the reconciles themselves; the ServingDeployment controller hears of them from here (`on_object`).
+than the reconciles themselves.
 
 The reconcile reads memory (no API reads), lets the pure `finetune_plan.plan` decide, and applies the plan:
 create missing children, delete the ones to stop, patch the status on the resourceVersion it was computed
@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -138,12 +139,9 @@ def owner_key(obj: Mapping[str, Any]) -> Key | None:
 
 
 class FineTuneJobController:
-    """`on_object(namespace, name)` is told of every change of a FineTuneJob (deletions included)."""
-
-    def __init__(self, namespaces: Sequence[str] | None = None, on_object: Callable[[str, str], None] | None = None):
+    def __init__(self, namespaces: Sequence[str] | None = None):
         self.objects: dict[Key, Snapshot] = {}
         self.queue: KeyedQueue[Key] = KeyedQueue(self.reconcile, WORKERS, name="finetunejob")
-        self._on_object = on_object
         self.finetunejobs: Informer[Key, Snapshot] = Informer(
             api_version=API_VERSION,
             kind=FINETUNEJOB_KIND,
@@ -207,12 +205,8 @@ class FineTuneJobController:
                 self.objects.pop(key, None)
                 self.forget(key)
                 metrics.forget_finetunejob(before.namespace, before.name)
-                if self._on_object is not None:
-                    self._on_object(before.namespace, before.name)
             return
         self.objects[key] = snap
-        if self._on_object is not None:
-            self._on_object(snap.namespace, snap.name)
         written = self._written.get(key)
         if written is not None and written[1] == snap.resource_version:
             return  # the echo of our own status write: the reconcile that made it already saw this state
@@ -342,14 +336,12 @@ class FineTuneJobController:
 async def start_finetunejob_controller(memo: kopf.Memo, **_: Any) -> None:
     # Startup handlers finish before kopf watches anything; this one returns once every FineTuneJob and
     # child is in memory (the children first), so the first decisions see the whole cluster.
-    def tell_servingdeployments(namespace: str, name: str) -> None:
-        serving = getattr(memo, "servingdeployments", None)
-        if serving is not None:  # absent until its own startup handler has run
-            serving.finetunejob_changed(namespace, name)
-
-    controller = FineTuneJobController(getattr(memo, "namespaces", None), on_object=tell_servingdeployments)
+    controller = FineTuneJobController(getattr(memo, "namespaces", None))
     memo.finetunejobs = controller
     await controller.start()
+    # What exists now (modules, kopf, the schemas, the objects just listed) mostly lives as long as the
+    # process: keep it out of the collector's full passes, which otherwise walk it again and again.
+    gc.freeze()
 
 
 @kopf.on.cleanup()
