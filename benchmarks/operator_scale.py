@@ -19,6 +19,7 @@ The sandbox has no nodes, so no pod runs: the numbers are the control plane's an
 
     python benchmarks/operator_scale.py                    # 1000 jobs, 10/s for 60 s
     python benchmarks/operator_scale.py --jobs 200 --duration 20 --json out.json
+    python benchmarks/operator_scale.py --jobs 500 --burst-only --profile burst.prof   # where the CPU goes
 """
 
 from __future__ import annotations
