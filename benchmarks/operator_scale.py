@@ -4,7 +4,7 @@ Phases, all in one run against the same apiserver:
   baseline  for N FineTuneJobs created beforehand (untimed, no operator), one client makes exactly the writes
             the operator makes for each, computed by the operator's own decision code: the ServiceAccount,
             Role, RoleBinding, ConfigMap and Job, the status, the Event; with as many threads as the
-            operator has for API calls
+            operator makes API calls at once
   burst     the operator runs; one client creates N FineTuneJobs as fast as it can; the time until every one
             has its training Job, over the baseline's time (target <= 1.5). The burst also holds the N
             creates themselves, which the baseline does not. The baseline runs before the burst and again
@@ -19,6 +19,7 @@ The sandbox has no nodes, so no pod runs: the numbers are the control plane's an
 
     python benchmarks/operator_scale.py                    # 1000 jobs, 10/s for 60 s
     python benchmarks/operator_scale.py --jobs 200 --duration 20 --json out.json
+    python benchmarks/operator_scale.py --jobs 500 --burst-only --profile burst.prof   # where the CPU goes
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -55,7 +57,7 @@ from tpuforge.controllers.finetune_plan import (  # noqa: E402
     plan,
     status_patch,
 )
-from tpuforge.controllers.finetunejob import API_THREADS, creation_groups  # noqa: E402
+from tpuforge.controllers.finetunejob import API_CONCURRENCY, creation_groups  # noqa: E402
 from tpuforge.manifests import finetune as m  # noqa: E402
 from tpuforge.sandbox import Ports, Sandbox, wait_for  # noqa: E402
 from tpuforge.sandbox.procs import free_port  # noqa: E402
@@ -63,6 +65,7 @@ from tpuforge.sandbox.procs import free_port  # noqa: E402
 TARGET_BURST_RATIO = 1.5
 TARGET_P99_SECONDS = 1.0
 TARGET_RSS_MB = 250.0
+TARGET_CPU_MS_PER_JOB = 8.0
 CHILD_KINDS = {
     "ServiceAccount": "v1",
     "Role": "rbac.authorization.k8s.io/v1",
@@ -153,7 +156,7 @@ def run_baseline(api: client.ApiClient, n: int, ns_name: str) -> tuple[float, in
     """One client makes the operator's writes for n FineTuneJobs (created beforehand, untimed): per job the
     children (those a pod needs first), the status, the Event. Returns the time and the writes per job."""
     ns = namespace(api, ns_name)
-    with ThreadPoolExecutor(API_THREADS) as pool:
+    with ThreadPoolExecutor(API_CONCURRENCY) as pool:
         ftjs = list(pool.map(lambda i: kube.create(api, finetunejob(ns, f"base-{i:05d}")), range(n)))
     work = [(ftj, *operator_writes(ftj)) for ftj in ftjs]
 
@@ -166,17 +169,18 @@ def run_baseline(api: client.ApiClient, n: int, ns_name: str) -> tuple[float, in
             kube.post_event(api, ftj, e.type, e.reason, e.message)
 
     start = time.monotonic()
-    with ThreadPoolExecutor(API_THREADS) as pool:
+    with ThreadPoolExecutor(API_CONCURRENCY) as pool:
         list(pool.map(lambda w: write(*w), work))
     per_job = len(work[0][1]) + 1 + len(work[0][3])
     return time.monotonic() - start, per_job
 
 
 class OperatorProcess:
-    def __init__(self, sandbox: Sandbox, log: Path, namespaces: list[str]):
+    def __init__(self, sandbox: Sandbox, log: Path, namespaces: list[str], cprofile: Path | None = None):
         self.port = free_port()
         argv = [
             sys.executable,
+            *(["-m", "cProfile", "-o", str(cprofile)] if cprofile else []),
             "-m",
             "tpuforge.cli",
             "operator",
@@ -213,6 +217,21 @@ class OperatorProcess:
         t = self.ps.cpu_times()
         return float(t.user + t.system)
 
+    def thread_cpu_seconds(self) -> dict[int, float]:
+        """CPU seconds of each of the operator's threads, by thread id (the event loop's is the pid)."""
+        out: dict[int, float] = {}
+        tick = os.sysconf("SC_CLK_TCK")
+        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
+            try:
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            out[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
+        return out
+
+    def system_cpu_seconds(self) -> float:
+        return float(self.ps.cpu_times().system)
+
     def stop(self) -> None:
         self.proc.terminate()
         try:
@@ -221,6 +240,23 @@ class OperatorProcess:
             print("  (the operator did not stop within 30 s of SIGTERM; killed)", flush=True)
             self.proc.kill()
             self.proc.wait(10)
+
+
+class Profiler:
+    """py-spy sampling the operator's running threads (idle ones, waiting on a socket or a lock, are left
+    out), without pausing it, until `stop`."""
+
+    def __init__(self, pid: int, out: Path):
+        py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        argv = [py_spy, "record", "--pid", str(pid), "--nonblocking", "--rate", "100", "--output", str(out)]
+        if out.suffix != ".svg":
+            argv += ["--format", "raw"]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        time.sleep(1.0)  # attached before the burst starts
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(60)
 
 
 def settle(api: client.ApiClient, ns: str, n: int, operator: OperatorProcess) -> None:
@@ -255,7 +291,7 @@ def create_all(api: client.ApiClient, ns: str, names: list[str]) -> dict[str, fl
         sent[name] = time.monotonic()
         kube.create(api, finetunejob(ns, name))
 
-    with ThreadPoolExecutor(API_THREADS) as pool:
+    with ThreadPoolExecutor(API_CONCURRENCY) as pool:
         list(pool.map(one, names))
     return sent
 
@@ -302,6 +338,17 @@ def main() -> int:
     p.add_argument("--duration", type=float, default=60.0, help="steady phase seconds (default 60)")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--operator-log", type=Path, help="keep the operator's log here")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        help="profile the operator: py-spy during the burst, its flame graph (.svg) or raw stacks (.txt); or, "
+        "for a .prof path, cProfile of its event loop thread for the whole run (with --burst-only: the burst)",
+    )
+    p.add_argument(
+        "--burst-only",
+        action="store_true",
+        help="stop after the burst (no settling, second baseline or steady phase): for profiling",
+    )
     args = p.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="tpuforge-bench-") as tmp_s:
@@ -328,19 +375,19 @@ def main() -> int:
 
 def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     n = args.jobs
-    print(
-        f"baseline: one client makes the operator's writes for {n} FineTuneJobs, {API_THREADS} threads ...", flush=True
-    )
+    print(f"baseline: one client makes the operator's writes for {n} FineTuneJobs, {API_CONCURRENCY} threads ...")
     before, writes = run_baseline(api, n, "bench-baseline-before")
     print(f"  {writes} writes per job: {before:.1f} s", flush=True)
 
     ns, steady_ns = namespace(api, "bench-burst"), namespace(api, "bench-steady")
-    operator = OperatorProcess(sandbox, tmp / "operator.log", [ns, steady_ns])
+    cprofile = args.profile if args.profile and args.profile.suffix == ".prof" else None
+    operator = OperatorProcess(sandbox, tmp / "operator.log", [ns, steady_ns], cprofile)
     try:
         jobs = JobWatch(api, ns)
         names = [f"burst-{i:05d}" for i in range(n)]
         print(f"burst: {n} FineTuneJobs ...", flush=True)
-        cpu0 = operator.cpu_seconds()
+        profiler = Profiler(operator.proc.pid, args.profile) if args.profile and not cprofile else None
+        cpu0, sys0, threads0 = operator.cpu_seconds(), operator.system_cpu_seconds(), operator.thread_cpu_seconds()
         start = time.monotonic()
         sent = create_all(api, ns, names)
         created = time.monotonic() - start
@@ -349,7 +396,30 @@ def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.N
         burst_latencies = sorted(jobs.seen[m.train_job_name(x, 0)] - sent[x] for x in names)
         print(f"  created in {created:.1f} s; every training Job after {burst:.1f} s", flush=True)
         live_cpu = operator.cpu_seconds() - cpu0
+        live_sys = operator.system_cpu_seconds() - sys0
+        threads = {t: c - threads0.get(t, 0.0) for t, c in operator.thread_cpu_seconds().items()}
+        loop_cpu = threads.pop(operator.proc.pid, 0.0)
+        busiest = sorted(threads.values(), reverse=True)
+        if profiler is not None:
+            profiler.stop()
         jobs.stop()
+        if args.burst_only:
+            return {
+                "jobs": n,
+                "baseline_seconds": round(before, 2),
+                "burst_seconds": round(burst, 2),
+                "burst_ratio": round(burst / before, 2),
+                "burst_latency_p50_seconds": round(percentile(burst_latencies, 50), 3),
+                "burst_latency_p99_seconds": round(percentile(burst_latencies, 99), 3),
+                "operator_cpu_seconds_burst": round(live_cpu, 1),
+                "operator_cpu_ms_per_job": round(live_cpu * 1000 / n, 1),
+                "operator_system_cpu_seconds_burst": round(live_sys, 1),
+                "operator_event_loop_cpu_seconds_burst": round(loop_cpu, 1),
+                "operator_other_threads_cpu_seconds_burst": [len(busiest), round(sum(busiest), 1)],
+                "operator_busiest_threads_cpu_seconds": [round(c, 2) for c in busiest[:8]],
+                "reconciles": _metric(operator.port, "tpuforge_reconcile_total"),
+                "duplicates": duplicates(api, ns, names),
+            }
         print(
             f"  settling: pods created, reported unschedulable after {UNSCHEDULABLE_REPORT_SECONDS:.0f} s ...",
             flush=True,
@@ -390,6 +460,9 @@ def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.N
         "steady_p99_seconds": round(percentile(lat, 99), 3),
         "steady_p99_target": TARGET_P99_SECONDS,
         "operator_cpu_seconds_burst": round(live_cpu, 1),
+        "operator_cpu_ms_per_job": round(live_cpu * 1000 / n, 1),
+        "operator_cpu_ms_per_job_target": TARGET_CPU_MS_PER_JOB,
+        "operator_system_cpu_seconds_burst": round(live_sys, 1),
         "operator_rss_mb_at_jobs_live": round(live_rss, 1),
         "operator_peak_rss_mb": round(peak_rss, 1),
         "rss_target_mb": TARGET_RSS_MB,

@@ -9,10 +9,13 @@ client explicitly, are synchronous and thread-safe (controllers run them in work
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import math
 import os
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -21,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
 
+import aiohttp
 import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -49,6 +53,7 @@ USER_AGENT = "tpuforge-operator"
 # Retries for answers that say "try again" (429, 5xx) or a dropped connection.
 RETRY_DELAYS = (0.1, 0.4, 1.0, 2.0)
 _RETRY_STATUS = frozenset({0, 429, 500, 502, 503, 504})
+CREDENTIALS_SECONDS = 60.0  # how long a token read from the configuration is used before reading it again
 
 IN_CLUSTER_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
@@ -161,28 +166,61 @@ def resource_path(
     return path
 
 
+class _Credentials:
+    """The Authorization header of one configuration, read again at most every CREDENTIALS_SECONDS, or at
+    once after the apiserver answered 401. Reading it through the configuration runs the kubeconfig
+    loader's refresh hook, which sets up the whole configuration again (proxy settings from the environment
+    included): about a millisecond, more than the rest of a request."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cfg: k8s.Configuration | None = None
+        self._header: dict[str, str] = {}
+        self._read_at = -math.inf
+
+    def header(self, cfg: k8s.Configuration) -> dict[str, str]:
+        now = time.monotonic()
+        with self._lock:
+            if cfg is self._cfg and now - self._read_at < CREDENTIALS_SECONDS:
+                return self._header
+        header: dict[str, str] = {}
+        token = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
+        if token:
+            header["Authorization"] = token
+        elif cfg.username and cfg.password:
+            header.update(urllib3.util.make_headers(basic_auth=f"{cfg.username}:{cfg.password}"))
+        with self._lock:
+            self._cfg, self._header, self._read_at = cfg, header, now
+        return header
+
+    def expire(self) -> None:
+        with self._lock:
+            self._read_at = -math.inf
+
+
+_credentials = _Credentials()
+
+
+def _headers(cfg: k8s.Configuration, content_type: str | None) -> dict[str, str]:
+    """The request's headers with its credentials; `content_type` when it has a body."""
+    headers = {"Accept": "application/json", "User-Agent": USER_AGENT, **_credentials.header(cfg)}
+    if content_type:
+        headers["Content-Type"] = content_type
+    return headers
+
+
 def _send(
     api: k8s.ApiClient, method: str, path: str, body: Any, content_type: str, timeout: tuple[float, float], stream: bool
 ) -> urllib3.BaseHTTPResponse:
-    """One HTTP exchange on the client's connection pool, with its credentials (the bearer token is read
-    through the configuration, which refreshes it for service accounts and exec plugins)."""
+    """One HTTP exchange on the client's connection pool."""
     cfg = api.configuration
-    headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
-    token = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
-    if token:
-        headers["Authorization"] = token
-    elif cfg.username and cfg.password:
-        headers.update(urllib3.util.make_headers(basic_auth=f"{cfg.username}:{cfg.password}"))
-    data = None
-    if body is not None:
-        data = json.dumps(body).encode()
-        headers["Content-Type"] = content_type
+    data = None if body is None else json.dumps(body).encode()
     try:
         return api.rest_client.pool_manager.request(
             method,
             f"{cfg.host}{path}",
             body=data,
-            headers=headers,
+            headers=_headers(cfg, content_type if data is not None else None),
             timeout=urllib3.Timeout(connect=timeout[0], read=timeout[1]),
             preload_content=not stream,
             retries=False,
@@ -207,18 +245,23 @@ def request(
     connection); raises ApiException for the rest."""
     if query:
         path = f"{path}?{urlencode(query)}"
-    for delay in (*RETRY_DELAYS, None):
+    delays, refreshed = iter(RETRY_DELAYS), False
+    while True:
         try:
             resp = _send(api, method, path, body, content_type, REQUEST_TIMEOUT, stream=False)
             if not 200 <= resp.status <= 299:
                 raise _failure(resp)
             return json.loads(resp.data) if resp.data else {}
         except ApiException as exc:
+            if exc.status == 401 and not refreshed:  # a token that expired since it was read: read it again
+                _credentials.expire()
+                refreshed = True
+                continue
+            delay = next(delays, None)
             if exc.status not in _RETRY_STATUS or delay is None:
                 raise
             log.debug("%s %s: %s; retrying in %.1fs", method, path, exc.status, delay)
             time.sleep(delay)
-    raise AssertionError("unreachable")
 
 
 def _ref(obj: Mapping[str, Any]) -> tuple[str, str, str | None, str]:
@@ -293,6 +336,8 @@ class WatchStream:
         resp = _send(api, "GET", path, None, "", (REQUEST_TIMEOUT[0], timeout_seconds + 30.0), stream=True)
         if resp.status != 200:
             resp.read()
+            if resp.status == 401:  # the informer starts it again: with the credentials read again
+                _credentials.expire()
             raise _failure(resp)
         self._raw = resp
 
@@ -309,6 +354,13 @@ class WatchStream:
             self._raw.release_conn()
 
 
+def _delete_options(uid: str | None, propagation: str = "Background") -> Obj:
+    body: Obj = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
+    if uid:
+        body["preconditions"] = {"uid": uid}
+    return body
+
+
 def delete(
     api: k8s.ApiClient,
     api_version: str,
@@ -320,11 +372,10 @@ def delete(
 ) -> bool:
     """Delete (children go with it, in the background); False when it was already gone. `uid` makes the
     call refuse a newer object of the same name."""
-    body: Obj = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
-    if uid:
-        body["preconditions"] = {"uid": uid}
     try:
-        request(api, "DELETE", resource_path(api_version, kind, namespace, name), body=body)
+        request(
+            api, "DELETE", resource_path(api_version, kind, namespace, name), body=_delete_options(uid, propagation)
+        )
         return True
     except ApiException as exc:
         if is_not_found(exc):
@@ -354,10 +405,118 @@ def patch_status(
 ) -> Obj:
     """Merge `status` into `obj`'s status subresource; with `resource_version`, only if it is unchanged."""
     api_version, kind, namespace, name = _ref(obj)
+    return patch(api, api_version, kind, namespace, name, _status_body(status, resource_version), subresource="status")
+
+
+def _status_body(status: Mapping[str, Any], resource_version: str | None) -> Obj:
     body: Obj = {"status": dict(status)}
     if resource_version:
         body["metadata"] = {"resourceVersion": resource_version}
-    return patch(api, api_version, kind, namespace, name, body, subresource="status")
+    return body
+
+
+# --- The same writes on the event loop ---------------------------------------------------------------------
+
+
+def _ssl_context(cfg: k8s.Configuration) -> ssl.SSLContext:
+    """TLS as the official client sets it up from the same configuration."""
+    ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
+    if not cfg.verify_ssl:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    if cfg.cert_file:
+        ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+    return ctx
+
+
+class AsyncApi:
+    """`create_if_absent`, `delete`, `patch_status` and `post_event` as coroutines, over a pool of kept-open
+    connections on the running event loop. A controller that makes thousands of calls a minute spends far
+    less CPU this way than with a thread per call: no thread hand-offs, and the HTTP parsing is native code.
+    Same credentials, retries and ApiException outcomes as the functions above. Create it, and `close` it,
+    on the loop that uses it."""
+
+    def __init__(self, connections: int = POOL_SIZE, cfg: k8s.Configuration | None = None):
+        self.cfg = cfg or configuration()
+        https = self.cfg.host.startswith("https:")
+        self._server_hostname = getattr(self.cfg, "tls_server_name", None) or None
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=connections, ssl=_ssl_context(self.cfg) if https else False),
+            timeout=aiohttp.ClientTimeout(sock_connect=REQUEST_TIMEOUT[0], sock_read=REQUEST_TIMEOUT[1]),
+        )
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def request(
+        self, method: str, path: str, body: Any = None, content_type: str = "application/json", answer: bool = True
+    ) -> Obj:
+        """One API call; the JSON answer as a dict, or {} without `answer` (parsing an object nobody reads
+        costs as much as sending it)."""
+        data = None if body is None else json.dumps(body).encode()
+        url = f"{self.cfg.host}{path}"
+        delays, refreshed = iter(RETRY_DELAYS), False
+        while True:
+            headers = _headers(self.cfg, content_type if data is not None else None)
+            try:
+                try:
+                    async with self._session.request(
+                        method, url, data=data, headers=headers, server_hostname=self._server_hostname
+                    ) as resp:
+                        payload = await resp.read()
+                except (aiohttp.ClientError, TimeoutError) as exc:  # no answer: refused, reset, timed out
+                    raise ApiException(status=0, reason=f"{method} {path}: {exc}") from exc
+                if not 200 <= resp.status <= 299:
+                    raise ApiException(status=resp.status, reason=resp.reason, body=payload.decode(errors="replace"))
+                return json.loads(payload) if payload and answer else {}
+            except ApiException as exc:
+                if exc.status == 401 and not refreshed:
+                    _credentials.expire()
+                    refreshed = True
+                    continue
+                delay = next(delays, None)
+                if exc.status not in _RETRY_STATUS or delay is None:
+                    raise
+                log.debug("%s %s: %s; retrying in %.1fs", method, path, exc.status, delay)
+                await asyncio.sleep(delay)
+
+    async def create_if_absent(self, obj: Mapping[str, Any]) -> bool:
+        api_version, kind, namespace, _ = _ref(obj)
+        try:
+            await self.request("POST", resource_path(api_version, kind, namespace), body=obj, answer=False)
+            return True
+        except ApiException as exc:
+            if is_already_exists(exc):
+                return False
+            raise
+
+    async def delete(
+        self, api_version: str, kind: str, namespace: str | None, name: str, uid: str | None = None
+    ) -> bool:
+        try:
+            path = resource_path(api_version, kind, namespace, name)
+            await self.request("DELETE", path, body=_delete_options(uid), answer=False)
+            return True
+        except ApiException as exc:
+            if is_not_found(exc):
+                return False
+            raise
+
+    async def patch_status(
+        self, obj: Mapping[str, Any], status: Mapping[str, Any], resource_version: str | None = None
+    ) -> Obj:
+        api_version, kind, namespace, name = _ref(obj)
+        path = resource_path(api_version, kind, namespace, name, "status")
+        return await self.request("PATCH", path, body=_status_body(status, resource_version), content_type=MERGE_PATCH)
+
+    async def post_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """Best effort, as `post_event`."""
+        event = event_object(involved, type_, reason, message, _now())
+        try:
+            path = resource_path("v1", "Event", event["metadata"]["namespace"])
+            await self.request("POST", path, body=event, answer=False)
+        except Exception as exc:  # events are advisory; the status carries the same facts
+            log.warning("could not post event %s on %s: %s", reason, (involved.get("metadata") or {}).get("name"), exc)
 
 
 # --- Events -----------------------------------------------------------------------------------------------
@@ -407,6 +566,7 @@ def post_event(api: k8s.ApiClient, involved: Mapping[str, Any], type_: str, reas
 
 __all__ = [
     "ApiException",
+    "AsyncApi",
     "WatchStream",
     "api_client",
     "configuration",

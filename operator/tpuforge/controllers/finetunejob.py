@@ -1,25 +1,29 @@
 """FineTuneJob controller: observe -> desired -> apply -> status.
 
-kopf watches the FineTuneJobs; informers (LIST + WATCH, selected by label on the server) keep their children
-(Jobs, JobSets, pods, training ConfigMaps) in memory, grouped by the owner's uid. Any change to an object or to a child
-asks for a reconcile of the owner. The reconcile reads memory (no API reads), lets the pure
-`finetune_plan.plan` decide, and applies the plan: create missing children, delete the ones to stop, patch
-the status on the resourceVersion it was computed from (a 409 means a newer object is on its way: reconcile
-that one), then post the Events. The informers finish their first LIST before kopf starts watching the
-FineTuneJobs, so an operator that restarts sees every child before it decides anything.
+Informers (LIST + WATCH, selected by label on the server for the children) keep the FineTuneJobs and their
+children (Jobs, JobSets, pods, training ConfigMaps) in memory, the children grouped by the owner's uid. Any
+change to an object or to a child asks for a reconcile of the owner. kopf does not watch FineTuneJobs: its
+per-event bookkeeping (a deep copy of each object for the diff base, handler progress, a task per object) cost
+more CPU than the reconciles themselves.
+
+The reconcile reads memory (no API reads), lets the pure `finetune_plan.plan` decide, and applies the plan:
+create missing children, delete the ones to stop, patch the status on the resourceVersion it was computed
+from (a 409 means a newer object is on its way: reconcile that one), then post the Events. The children's
+informers finish their first LIST before the FineTuneJobs' informer starts, so an operator that restarts
+sees every child before it decides anything.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
 import kopf
 from pydantic import ValidationError
@@ -29,14 +33,11 @@ from tpuforge.api import FineTuneJobStatus
 from tpuforge.api.constants import (
     API_VERSION,
     FINETUNEJOB_KIND,
-    FINETUNEJOB_PLURAL,
-    GROUP,
     JOBSET_API_VERSION,
     JOBSET_KIND,
     LABEL_COMPONENT,
     LABEL_FINETUNEJOB,
     LABEL_JOBSET_NAME,
-    VERSION,
 )
 from tpuforge.controllers.finetune_children import (
     ConfigView,
@@ -57,9 +58,8 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # namespace, owner uid
 Obj = dict[str, Any]
-T = TypeVar("T")
 WORKERS = 64  # reconciles at once
-API_THREADS = 128  # blocking API calls at once (a reconcile makes up to three at a time)
+API_CONCURRENCY = 128  # API calls at once, one connection each (a reconcile makes up to three at a time)
 # What a pod needs to exist when it is created (else the Job controller backs off for seconds).
 POD_PREREQUISITES = ("ServiceAccount", "ConfigMap")
 CONFLICT_RETRY_SECONDS = 1.0  # if the newer object's watch event is lost, look again anyway
@@ -90,6 +90,11 @@ class Snapshot:
             "kind": FINETUNEJOB_KIND,
             "metadata": {"namespace": self.namespace, "name": self.name, "uid": self.uid},
         }
+
+
+def object_key(body: Mapping[str, Any]) -> Key:
+    meta = body.get("metadata") or {}
+    return meta.get("namespace", ""), meta.get("uid", "")
 
 
 def snapshot(body: Mapping[str, Any]) -> Snapshot:
@@ -141,6 +146,15 @@ class FineTuneJobController:
     def __init__(self, namespaces: Sequence[str] | None = None):
         self.objects: dict[Key, Snapshot] = {}
         self.queue: KeyedQueue[Key] = KeyedQueue(self.reconcile, WORKERS, name="finetunejob")
+        self.finetunejobs: Informer[Key, Snapshot] = Informer(
+            api_version=API_VERSION,
+            kind=FINETUNEJOB_KIND,
+            label_selector="",
+            namespaces=namespaces,
+            view=snapshot,
+            owner=object_key,
+            on_change=self.object_changed,
+        )
 
         # Each informer lists and watches one kind of child (RBAC: list and watch on it).
         trainer_configs = f"{CHILD_SELECTOR},{LABEL_COMPONENT}={COMPONENT_TRAINER}"
@@ -182,7 +196,7 @@ class FineTuneJobController:
             owner=owner_key,
             on_change=self.child_changed,
         )
-        self.executor = ThreadPoolExecutor(API_THREADS, thread_name_prefix="finetunejob")
+        self._api: kube.AsyncApi | None = None  # made on the event loop, in start()
         self._created: dict[tuple[str, str, str], float] = {}  # (owner uid, kind, name) -> when
         # Our last status write per object: (resourceVersion it was based on, the new one, the new status).
         # Until the watch brings the new version, the last event holds the old one; reading ours instead
@@ -190,21 +204,22 @@ class FineTuneJobController:
         self._written: dict[Key, tuple[str, str, dict[str, Any]]] = {}
 
     async def start(self) -> None:
-        """Start the informers; return once each has its first LIST in memory."""
+        """Start the informers; return once each has its first LIST in memory, the children's first."""
+        self._api = kube.AsyncApi(API_CONCURRENCY)
         await asyncio.gather(self.jobs.start(), self.jobsets.start(), self.pods.start(), self.configs.start())
+        await self.finetunejobs.start()
 
     def child_changed(self, owner: Key, before: Any, after: Any) -> None:
         if before is None and after is not None and fresh(after):
             return
         self.queue.request(owner)
 
-    def object_changed(self, event_type: str | None, body: Mapping[str, Any]) -> None:
-        snap = snapshot(body)
-        key = (snap.namespace, snap.uid)
-        if event_type == "DELETED":
-            self.objects.pop(key, None)
-            self.forget(key)
-            metrics.forget_finetunejob(snap.namespace, snap.name)
+    def object_changed(self, key: Key, before: Snapshot | None, snap: Snapshot | None) -> None:
+        if snap is None:
+            if before is not None:
+                self.objects.pop(key, None)
+                self.forget(key)
+                metrics.forget_finetunejob(before.namespace, before.name)
             return
         self.objects[key] = snap
         written = self._written.get(key)
@@ -258,17 +273,17 @@ class FineTuneJobController:
             metrics.RECONCILE_DURATION.labels(FINETUNEJOB_KIND).observe(time.perf_counter() - started)
 
     async def apply(self, snap: Snapshot, observed: Observed, p: Plan) -> float | None:
-        """The plan's API calls, each in a worker thread, in an order that is safe to interrupt anywhere:
+        """The plan's API calls, on the event loop, in an order that is safe to interrupt anywhere:
         children (what a pod needs at creation first, then the rest, each group at once), deletions, the
         status, and last the Events."""
-        api = kube.api_client()
+        api = self.api
         for group in creation_groups(p.create):
             await asyncio.gather(*(self.create_child(api, snap.uid, obj) for obj in group))
         await asyncio.gather(*(self.delete_child(api, snap.namespace, c) for c in p.delete))
         patch = status_patch(observed.status, p.status)
         if patch:
             try:
-                new = await self.call(lambda: kube.patch_status(api, snap.ref, patch, snap.resource_version))
+                new = await api.patch_status(snap.ref, patch, snap.resource_version)
             except kube.ApiException as exc:
                 if not kube.is_conflict(exc):
                     raise
@@ -287,35 +302,35 @@ class FineTuneJobController:
         await asyncio.gather(*(self.post_event(api, snap, e) for e in p.events))
         if p.delete_self:
             log.info("%s/%s: ttlSecondsAfterFinished has passed; deleting it", snap.namespace, snap.name)
-            await self.call(
-                lambda: kube.delete(api, API_VERSION, FINETUNEJOB_KIND, snap.namespace, snap.name, uid=snap.uid)
-            )
+            await api.delete(API_VERSION, FINETUNEJOB_KIND, snap.namespace, snap.name, uid=snap.uid)
             metrics.forget_finetunejob(snap.namespace, snap.name)
         else:
             metrics.observe_finetunejob(snap.namespace, snap.name, snap.spec, p.status)
         return p.requeue_after
 
-    async def call(self, request: Callable[[], T]) -> T:
-        """A blocking API call, in a worker thread."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, request)
+    @property
+    def api(self) -> kube.AsyncApi:
+        if self._api is None:
+            raise RuntimeError("FineTuneJobController.start() has not been called")
+        return self._api
 
-    async def create_child(self, api: Any, owner_uid: str, obj: Mapping[str, Any]) -> None:
+    async def create_child(self, api: kube.AsyncApi, owner_uid: str, obj: Mapping[str, Any]) -> None:
         key = (owner_uid, obj["kind"], obj["metadata"]["name"])
         now = time.monotonic()
         when = self._created.get(key)
         if when is not None and now - when < CREATED_MEMORY_SECONDS:
             return
-        if await self.call(lambda: kube.create_if_absent(api, obj)):
+        if await api.create_if_absent(obj):
             log.debug("created %s %s/%s", obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
         self._created[key] = now
         if len(self._created) > 10_000:
             self._created = {k: t for k, t in self._created.items() if now - t < CREATED_MEMORY_SECONDS}
 
-    async def delete_child(self, api: Any, namespace: str, child: ChildRef) -> None:
-        await self.call(lambda: kube.delete(api, child.api_version, child.kind, namespace, child.name))
+    async def delete_child(self, api: kube.AsyncApi, namespace: str, child: ChildRef) -> None:
+        await api.delete(child.api_version, child.kind, namespace, child.name)
 
-    async def post_event(self, api: Any, snap: Snapshot, event: Event) -> None:
-        await self.call(lambda: kube.post_event(api, snap.ref, event.type, event.reason, event.message))
+    async def post_event(self, api: kube.AsyncApi, snap: Snapshot, event: Event) -> None:
+        await api.post_event(snap.ref, event.type, event.reason, event.message)
 
     def forget(self, key: Key) -> None:
         self.queue.forget(key)
@@ -323,10 +338,11 @@ class FineTuneJobController:
         self._created = {k: t for k, t in self._created.items() if k[0] != key[1]}
 
     async def close(self) -> None:
-        for informer in (self.jobs, self.jobsets, self.pods, self.configs):
+        for informer in (self.finetunejobs, self.jobs, self.jobsets, self.pods, self.configs):
             informer.stop()
         await self.queue.close()
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        if self._api is not None:
+            await self._api.close()
 
 
 # --- Wiring -------------------------------------------------------------------------------------------------
@@ -334,11 +350,14 @@ class FineTuneJobController:
 
 @kopf.on.startup()
 async def start_finetunejob_controller(memo: kopf.Memo, **_: Any) -> None:
-    # Startup handlers finish before kopf watches anything: the children are in memory before the first
-    # FineTuneJob event asks for a reconcile.
+    # Startup handlers finish before kopf watches anything; this one returns once every FineTuneJob and
+    # child is in memory (the children first), so the first decisions see the whole cluster.
     controller = FineTuneJobController(getattr(memo, "namespaces", None))
-    await controller.start()
     memo.finetunejobs = controller
+    await controller.start()
+    # What exists now (modules, kopf, the schemas, the objects just listed) mostly lives as long as the
+    # process: keep it out of the collector's full passes, which otherwise walk it again and again.
+    gc.freeze()
 
 
 @kopf.on.cleanup()
@@ -346,9 +365,3 @@ async def stop_finetunejob_controller(memo: kopf.Memo, **_: Any) -> None:
     controller: FineTuneJobController | None = getattr(memo, "finetunejobs", None)
     if controller is not None:
         await controller.close()
-
-
-@kopf.on.event(GROUP, VERSION, FINETUNEJOB_PLURAL)
-async def finetunejob_changed(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    controller: FineTuneJobController = memo.finetunejobs
-    controller.object_changed(event.get("type"), body)

@@ -1,7 +1,8 @@
 """ServingDeployment controller: observe -> desired -> apply -> status.
 
 One level-based `reconcile(namespace, name)` does all the work and is safe to run at any time. Watch events
-on the object, on its Deployment and pods, and on the FineTuneJob it serves ask for it through a keyed work
+on the object, on its Deployment and pods, and changes of the FineTuneJob it serves (an informer of its own,
+cheaper than kopf's watch) ask for it through a keyed work
 queue (one run per object at a time, failures retried with backoff). It reads what it needs from the API,
 applies the children the pure `tpuforge.manifests.serving` builds, derives the status from the Deployment
 and its pods, and patches it on the resourceVersion it read. Children carry owner references, so deleting
@@ -17,7 +18,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,6 @@ from tpuforge.api.conditions import ConditionStatus
 from tpuforge.api.constants import (
     API_VERSION,
     FINETUNEJOB_KIND,
-    FINETUNEJOB_PLURAL,
     GROUP,
     LABEL_COMPONENT,
     LABEL_SERVING,
@@ -39,6 +39,7 @@ from tpuforge.api.constants import (
     SERVING_PLURAL,
     VERSION,
 )
+from tpuforge.controllers.informer import Informer
 from tpuforge.controllers.workqueue import KeyedQueue
 from tpuforge.manifests import serving as manifests
 from tpuforge.manifests.common import LABEL_OWNER_UID
@@ -452,9 +453,28 @@ class ServingDeploymentController:
     """Watch events ask for reconciles by (namespace, name); the queue runs one at a time per object, folds
     repeated requests together and retries failures with backoff."""
 
-    def __init__(self) -> None:
+    def __init__(self, by_job: Mapping[Key, Iterable[str]], namespaces: Sequence[str] | None = None) -> None:
         self.queue: KeyedQueue[Key] = KeyedQueue(self.reconcile, WORKERS, name="servingdeployment")
         self.executor = ThreadPoolExecutor(WORKERS, thread_name_prefix="servingdeployment")
+        self._by_job = by_job
+        # The FineTuneJobs, as far as they decide a model to serve; a change of that asks for the reconcile
+        # of the ServingDeployments that reference the job.
+        self.finetunejobs: Informer[Key, tuple[str, ...]] = Informer(
+            api_version=API_VERSION,
+            kind=FINETUNEJOB_KIND,
+            label_selector="",
+            namespaces=namespaces,
+            view=model_view,
+            owner=object_key,
+            on_change=self.finetunejob_changed,
+        )
+
+    async def start(self) -> None:
+        await self.finetunejobs.start()
+
+    def finetunejob_changed(self, job: Key, before: Any, after: Any) -> None:
+        for sdep in self._by_job.get(job, ()):
+            self.queue.request((job[0], sdep))
 
     async def reconcile(self, key: Key) -> float | None:
         metrics.RECONCILES.labels(SERVING_KIND).inc()
@@ -477,8 +497,26 @@ class ServingDeploymentController:
         return None
 
     async def close(self) -> None:
+        self.finetunejobs.stop()
         await self.queue.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+def object_key(obj: Obj) -> Key:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace", ""), meta.get("name", "")
+
+
+def model_view(job: Obj) -> tuple[str, ...]:
+    """What `resolve_model` reads of a FineTuneJob."""
+    meta, status = job.get("metadata") or {}, job.get("status") or {}
+    return (
+        str(meta.get("uid") or ""),
+        str(status.get("phase") or ""),
+        str((status.get("outputs") or {}).get("mergedModelUri") or ""),
+        str(status.get("completionTime") or ""),
+        str(((job.get("spec") or {}).get("model") or {}).get("name") or ""),
+    )
 
 
 @kopf.index(GROUP, VERSION, SERVING_PLURAL)
@@ -491,8 +529,12 @@ def servingdeployments_by_job(
 
 
 @kopf.on.startup()
-def start_servingdeployment_controller(memo: kopf.Memo, **_: Any) -> None:
-    memo.servingdeployments = ServingDeploymentController()
+async def start_servingdeployment_controller(memo: kopf.Memo, **kwargs: Any) -> None:
+    # kopf passes every index to every handler as a keyword argument named after its function; it stays live.
+    by_job: kopf.Index[Key, str] = kwargs["servingdeployments_by_job"]
+    controller = ServingDeploymentController(by_job, getattr(memo, "namespaces", None))
+    memo.servingdeployments = controller
+    await controller.start()
 
 
 @kopf.on.cleanup()
@@ -521,12 +563,3 @@ async def servingdeployment_child_changed(
 ) -> None:
     # The label holds the owner's name: names are DNS labels (they name the Service), never shortened.
     memo.servingdeployments.queue.request((namespace or "", labels[LABEL_SERVING]))
-
-
-@kopf.on.event(GROUP, VERSION, FINETUNEJOB_PLURAL)
-async def servingdeployment_job_changed(namespace: str | None, name: str, memo: kopf.Memo, **kwargs: Any) -> None:
-    """A FineTuneJob that succeeds (again) gives the ServingDeployments that serve it a model."""
-    # kopf passes every index as a keyword argument named after its function.
-    by_job: kopf.Index[Key, str] = kwargs["servingdeployments_by_job"]
-    for sdep in by_job.get((namespace or "", name), ()):
-        memo.servingdeployments.queue.request((namespace or "", sdep))
