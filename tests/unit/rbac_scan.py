@@ -6,6 +6,7 @@ operator/tpuforge/controllers/:
 - `get`, `list_objects`, `delete`, `patch` name (apiVersion, kind) as arguments: constants are resolved;
   `x.api_version` / `x.kind` of a value object are the kinds the controllers construct such objects with
   (e.g. `ChildRef("batch/v1", "Job", name)`); anything else is a child built by the manifests;
+- the same calls of a `kube.AsyncApi`, made through a name `kube_api` (they have no client argument);
 - `create`, `create_if_absent`, and `request` with a `resource_path(...)` act on a child object, i.e. on the
   kinds the manifests modules the controller imports build (dict literals with apiVersion, kind, metadata);
 - `patch_status` writes the status of the kind the module reconciles (its kopf handlers' own-group
@@ -282,8 +283,10 @@ class Scan:
                 yield Use(Permission(group, plural, verb), f"{mod.where(deco)} (kopf.{handler})")
 
     def _reconciled(self, mod: Module) -> set[str]:
-        """Own-group plurals this module reconciles: those with a handler other than a plain event handler."""
-        return {p for h, (g, p), _ in kopf_handlers(mod) if g == GROUP and h != "event"}
+        """Own-group plurals this module reconciles: those with a handler other than a plain event handler,
+        and those it watches with an informer."""
+        watched = {u.permission.resource for u in self._informer_uses(mod) if u.permission.group == GROUP}
+        return watched | {p for h, (g, p), _ in kopf_handlers(mod) if g == GROUP and h != "event"}
 
     def _kinds(self, mod: Module, api_version: ast.AST | None, kind: ast.AST | None) -> set[ApiKind]:
         v, k = mod.value(api_version), mod.value(kind)
@@ -298,13 +301,14 @@ class Scan:
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
             fn, receiver = node.func.attr, _dotted(node.func.value)
-            if receiver != "kube":
+            if receiver not in ("kube", "kube_api"):
                 if _TYPED_CLIENT.match(fn):
                     raise AssertionError(f"{mod.where(node)}: call the API through tpuforge.kube ({receiver}.{fn})")
                 continue
             where = mod.where(node)
             if fn in _NAMED:
                 verb, i = _NAMED[fn]
+                i -= receiver == "kube_api"  # an AsyncApi call has no client argument
                 sub = next((mod.value(k.value) for k in node.keywords if k.arg == "subresource"), None)
                 args = node.args[i : i + 2]
                 for v, k in self._kinds(mod, *(args + [None] * (2 - len(args)))):

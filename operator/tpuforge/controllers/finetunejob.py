@@ -276,14 +276,14 @@ class FineTuneJobController:
         """The plan's API calls, on the event loop, in an order that is safe to interrupt anywhere:
         children (what a pod needs at creation first, then the rest, each group at once), deletions, the
         status, and last the Events."""
-        api = self.api
+        kube_api = self.api
         for group in creation_groups(p.create):
-            await asyncio.gather(*(self.create_child(api, snap.uid, obj) for obj in group))
-        await asyncio.gather(*(self.delete_child(api, snap.namespace, c) for c in p.delete))
+            await asyncio.gather(*(self.create_child(kube_api, snap.uid, obj) for obj in group))
+        await asyncio.gather(*(self.delete_child(kube_api, snap.namespace, c) for c in p.delete))
         patch = status_patch(observed.status, p.status)
         if patch:
             try:
-                new = await api.patch_status(snap.ref, patch, snap.resource_version)
+                new = await kube_api.patch_status(snap.ref, patch, snap.resource_version)
             except kube.ApiException as exc:
                 if not kube.is_conflict(exc):
                     raise
@@ -299,10 +299,10 @@ class FineTuneJobController:
                 new.get("status") or {},
             )
         # After the status: an Event is only said once the transition it reports is recorded.
-        await asyncio.gather(*(self.post_event(api, snap, e) for e in p.events))
+        await asyncio.gather(*(self.post_event(kube_api, snap, e) for e in p.events))
         if p.delete_self:
             log.info("%s/%s: ttlSecondsAfterFinished has passed; deleting it", snap.namespace, snap.name)
-            await api.delete(API_VERSION, FINETUNEJOB_KIND, snap.namespace, snap.name, uid=snap.uid)
+            await kube_api.delete(API_VERSION, FINETUNEJOB_KIND, snap.namespace, snap.name, uid=snap.uid)
             metrics.forget_finetunejob(snap.namespace, snap.name)
         else:
             metrics.observe_finetunejob(snap.namespace, snap.name, snap.spec, p.status)
@@ -314,23 +314,23 @@ class FineTuneJobController:
             raise RuntimeError("FineTuneJobController.start() has not been called")
         return self._api
 
-    async def create_child(self, api: kube.AsyncApi, owner_uid: str, obj: Mapping[str, Any]) -> None:
+    async def create_child(self, kube_api: kube.AsyncApi, owner_uid: str, obj: Mapping[str, Any]) -> None:
         key = (owner_uid, obj["kind"], obj["metadata"]["name"])
         now = time.monotonic()
         when = self._created.get(key)
         if when is not None and now - when < CREATED_MEMORY_SECONDS:
             return
-        if await api.create_if_absent(obj):
+        if await kube_api.create_if_absent(obj):
             log.debug("created %s %s/%s", obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
         self._created[key] = now
         if len(self._created) > 10_000:
             self._created = {k: t for k, t in self._created.items() if now - t < CREATED_MEMORY_SECONDS}
 
-    async def delete_child(self, api: kube.AsyncApi, namespace: str, child: ChildRef) -> None:
-        await api.delete(child.api_version, child.kind, namespace, child.name)
+    async def delete_child(self, kube_api: kube.AsyncApi, namespace: str, child: ChildRef) -> None:
+        await kube_api.delete(child.api_version, child.kind, namespace, child.name)
 
-    async def post_event(self, api: kube.AsyncApi, snap: Snapshot, event: Event) -> None:
-        await api.post_event(snap.ref, event.type, event.reason, event.message)
+    async def post_event(self, kube_api: kube.AsyncApi, snap: Snapshot, event: Event) -> None:
+        await kube_api.post_event(snap.ref, event.type, event.reason, event.message)
 
     def forget(self, key: Key) -> None:
         self.queue.forget(key)
