@@ -142,7 +142,7 @@ def test_a_multi_host_job_runs_as_a_jobset_the_apiserver_accepts(cluster: Cluste
     st = cluster.wait_phase(name, "Pending")
     assert st["attempts"][0]["jobName"] == train(name, 0)
     _, _, created = cluster.wait_event(name, "Created")
-    assert f"JobSet {train(name, 0)} of 2 hosts" in created
+    assert created == "training on v5p-16 (2 hosts)"
 
     pods = host_pods(cluster, js)
     set_pod(cluster, pods[0], "Running")
@@ -171,7 +171,8 @@ def test_a_preempted_host_starts_the_next_attempt_and_a_failed_host_counts_one_f
     assert st["restarts"] == {"failures": 0, "preemptions": 1} and st["attempt"] == 1
     assert st["attempts"][0]["outcome"] == "Preempted"
     kind, _, message = cluster.wait_event(name, "Preempted")
-    assert kind == "Warning" and f"host 1 of 2 (pod {pods[1]}" in message and "attempt 1 resumes" in message
+    assert kind == "Warning" and "host 1/2 preempted" in message
+    assert f"host 1 of 2 (pod {pods[1]}" in st["attempts"][0]["message"]
 
     # Attempt 1: host 0 fails; host 1 is stopped by the operator (the JobSet is deleted, its pods with it).
     pods = host_pods(cluster, js)
