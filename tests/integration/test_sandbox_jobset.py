@@ -13,7 +13,13 @@ from kubernetes.client.exceptions import ApiException
 from tpuforge.api.catalog import TPU_SLICES
 from tpuforge.api.constants import GKE_TPU_ACCELERATOR, GKE_TPU_TOPOLOGY, TPU_RESOURCE
 from tpuforge.sandbox import Sandbox, wait_for
-from tpuforge.sandbox.agent.jobsets import COMPLETION_INDEX, EXCLUSIVE_TOPOLOGY, JOBSET_NAME, LOOPBACK_PORTS
+from tpuforge.sandbox.agent.jobsets import (
+    COMPLETION_INDEX,
+    CONTROLLER_SWITCH,
+    EXCLUSIVE_TOPOLOGY,
+    JOBSET_NAME,
+    LOOPBACK_PORTS,
+)
 from tpuforge.sandbox.nodes import GKE_NODEPOOL
 
 pytestmark = pytest.mark.cluster
@@ -256,3 +262,20 @@ def test_a_suspended_jobset_creates_nothing_until_resumed(
     assert done["status"]["terminalState"] == "Completed"
     resumed = condition(done, "Suspended")
     assert resumed is not None and (resumed["status"], resumed["reason"]) == ("False", "ResumeJobs")
+
+
+def test_a_namespace_can_turn_the_jobset_controller_off_for_a_test_that_plays_it(
+    custom: client.CustomObjectsApi, core: client.CoreV1Api, api_client: client.ApiClient, namespace: str
+) -> None:
+    core.patch_namespace(namespace, {"metadata": {"labels": {CONTROLLER_SWITCH: "off"}}})
+    custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, jobset("mine", "pass"))
+    # A JobSet in a namespace with the controller on, created after it, is handled: passes have gone by.
+    other = f"{namespace}-on"
+    core.create_namespace({"metadata": {"name": other}})
+    try:
+        custom.create_namespaced_custom_object(GROUP, VERSION, other, PLURAL, jobset("theirs", "pass", suspend=True))
+        wait_for(lambda: condition(read_jobset(custom, other, "theirs"), "Suspended"), 30, "the other JobSet")
+    finally:
+        core.delete_namespace(other)
+    assert "status" not in read_jobset(custom, namespace, "mine")
+    assert client.BatchV1Api(api_client).list_namespaced_job(namespace).items == []

@@ -167,6 +167,9 @@ class Kube:
         except ApiException as e:
             log.debug("event %s on %s/%s not recorded: %s", reason, ns, meta["name"], e.status)
 
+    def list_namespaces(self, selector: str) -> list[Obj]:
+        return list(self._json(self.core.list_namespace(label_selector=selector, _preload_content=False))["items"])
+
     # -- what the JobSet controller manages ----------------------------------------------------------------------
     def list_jobsets(self) -> list[Obj]:
         """Every JobSet; none when the JobSet CRD is not installed."""

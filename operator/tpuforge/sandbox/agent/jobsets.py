@@ -44,6 +44,8 @@ RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
 EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 LOOPBACK_PORTS = "sandbox.tpuforge.dev/loopback-ports"
+# A namespace with this label set to "off" has no JobSet controller: for tests that play it themselves.
+CONTROLLER_SWITCH = "sandbox.tpuforge.dev/jobset-controller"
 # Each pod of a JobSet listens on its own loopback address, so two hosts' servers on one port never collide.
 LOOPBACK_IP = "sandbox.tpuforge.dev/loopback-ip"
 
@@ -355,6 +357,8 @@ class JobSetController:
         jobsets = self.kube.list_jobsets()
         if not jobsets:
             return set()
+        off = {n["metadata"]["name"] for n in self.kube.list_namespaces(f"{CONTROLLER_SWITCH}=off")}
+        jobsets = [js for js in jobsets if js["metadata"]["namespace"] not in off]
         jobs = self.kube.list_jobs()
         jobs_by_owner: dict[str, list[Obj]] = defaultdict(list)
         for job in jobs:
