@@ -81,13 +81,21 @@ def render() -> str:
     for kind in KINDS:
         _kind_section(kind, out)
     out.append("\n## TPU slices (`spec.tpu.slice`)\n")
-    out.append("| id | GKE accelerator | topology | machine type | chips/host x hosts | default mesh | on-demand $/h |")
-    out.append("|---|---|---|---|---|---|---|")
+    out.append(
+        "| id | GKE accelerator | topology | machine type | chips/host x hosts | default mesh | on-demand $/h "
+        "| a training attempt is |"
+    )
+    out.append("|---|---|---|---|---|---|---|---|")
     for s in TPU_SLICES.values():
+        runs = f"a JobSet of {s.hosts} pods" if s.hosts > 1 else "a Job"
         out.append(
             f"| `{s.id}` | {s.accelerator} | {s.topology} | {s.machine_type} | {s.chips_per_host} x {s.hosts} | "
-            f"fsdp {s.default_fsdp} x tp {s.default_tp} | {s.usd_per_hour:.2f} |"
+            f"fsdp {s.default_fsdp} x tp {s.default_tp} | {s.usd_per_hour:.2f} | {runs} |"
         )
+    out.append(
+        "\nPrices are on-demand list prices per chip-hour times the slice's chips; the mesh's tp stays within one "
+        "host (tp <= chips per host), fsdp spans the hosts."
+    )
     out.append("\n## Models (`spec.model.name`)\n")
     out.append("| id | layers | embed | heads x dim | kv heads (sliding / global) | global head dim | vocab | dtype |")
     out.append("|---|---|---|---|---|---|---|---|")

@@ -29,6 +29,8 @@ from kubernetes.client.exceptions import ApiException
 from tpuforge.api.constants import (
     FINETUNEJOB_KIND,
     FINETUNEJOB_PLURAL,
+    JOBSET_KIND,
+    JOBSET_PLURAL,
     SERVING_KIND,
     SERVING_PLURAL,
 )
@@ -69,6 +71,7 @@ PLURALS: dict[str, str] = {
     "Namespace": "namespaces",
     FINETUNEJOB_KIND: FINETUNEJOB_PLURAL,
     SERVING_KIND: SERVING_PLURAL,
+    JOBSET_KIND: JOBSET_PLURAL,
 }
 
 _lock = threading.Lock()

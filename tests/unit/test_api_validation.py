@@ -109,15 +109,53 @@ def test_mesh_must_use_every_chip() -> None:
 
 def test_default_mesh_per_slice_is_valid() -> None:
     for slice_id, s in catalog.TPU_SLICES.items():
-        if s.hosts > 1:
-            continue
         job = api.validate_finetune(spec(tpu={"slice": slice_id}))
         mesh = api.resolved_mesh(job)
         assert mesh.fsdp * mesh.tp == s.chips
+        assert mesh.tp <= s.chips_per_host, slice_id
 
 
-def test_multi_host_slice_is_refused_for_training() -> None:
-    assert "single-host" in errors_of(spec(tpu={"slice": "v5p-16"}))["spec.tpu.slice"]
+@pytest.mark.parametrize(
+    ("slice_id", "topology", "hosts"),
+    [
+        ("v5p-16", "2x2x2", 2),
+        ("v5p-32", "2x2x4", 4),
+        ("v5p-64", "2x4x4", 8),
+        ("v5p-128", "4x4x4", 16),
+        ("v6e-16", "4x4", 4),
+        ("v6e-32", "4x8", 8),
+    ],
+)
+def test_multi_host_slices_train_with_four_chips_per_host(slice_id: str, topology: str, hosts: int) -> None:
+    s = api.tpu_slice(slice_id)
+    assert (s.topology, s.hosts, s.chips_per_host) == (topology, hosts, 4)
+    assert s.machine_type in ("ct5p-hightpu-4t", "ct6e-standard-4t")
+    # The slice is billed per chip: the same $/chip-hour as the single-host slice of its generation.
+    single = api.tpu_slice("v5p-8" if slice_id.startswith("v5p") else "v6e-4")
+    assert s.usd_per_hour == pytest.approx(single.usd_per_hour / single.chips * s.chips)
+    job = api.validate_finetune(spec(tpu={"slice": slice_id}))
+    assert api.resolved_mesh(job) == api.MeshSpec(fsdp=s.chips // 4, tp=4)
+
+
+def test_a_multi_host_mesh_must_use_every_chip_of_every_host() -> None:
+    api.validate_finetune(spec(tpu={"slice": "v5p-16", "mesh": {"fsdp": 4, "tp": 2}}))
+    errs = errors_of(spec(tpu={"slice": "v5p-32", "mesh": {"fsdp": 2, "tp": 4}}))
+    assert "v5p-32 has 16 chips; make fsdp x tp = 16" in errs["spec.tpu.mesh"]
+
+
+def test_tensor_parallelism_across_hosts_is_refused_with_the_fix() -> None:
+    with pytest.raises(api.SpecError) as info:
+        api.validate_finetune(spec(tpu={"slice": "v5p-16", "mesh": {"fsdp": 1, "tp": 8}}))
+    said = [e.message for e in info.value.errors if e.field == "spec.tpu.mesh.tp"]
+    host = next(m for m in said if "spans more than one host" in m)
+    assert "tp=8 spans more than one host of v5p-16 (4 chips per host)" in host
+    assert "use tp <= 4" in host and "fsdp=2, tp=4" in host
+    # The model's heads rule still speaks on its own (tp=8 misses gemma4-31b's 4 global kv heads).
+    assert any("4 global kv heads" in m for m in said)
+    # A single host with 8 chips keeps tp=8 inside the host: only the heads rule speaks there.
+    with pytest.raises(api.SpecError) as info:
+        api.validate_finetune(spec(tpu={"slice": "v6e-8", "mesh": {"fsdp": 1, "tp": 8}}))
+    assert not any("spans more than one host" in e.message for e in info.value.errors)
 
 
 def test_unknown_slice_and_model_list_the_choices() -> None:
@@ -149,7 +187,7 @@ def test_catalog_lookups() -> None:
     assert api.model_shape("gemma4-31b").num_global_kv_heads == 4
     assert api.model_shape("gemma4-31b").hf_prefix == "model.language_model."
     assert api.model_shape("gemma4-tiny").hf_prefix == "model."
-    with pytest.raises(KeyError, match="known: v5p-16, v5p-8"):
+    with pytest.raises(KeyError, match="known: v5p-128, v5p-16, v5p-32"):
         api.tpu_slice("v9")
 
 

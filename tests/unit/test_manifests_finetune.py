@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
+import jsonschema
 import kubernetes_validate
 import pytest
 
+from tests.fixtures import upstream
 from tpuforge import api
 from tpuforge.api.constants import (
     CONFIG_FILE,
@@ -15,6 +17,9 @@ from tpuforge.api.constants import (
     GKE_SPOT,
     GKE_TPU_ACCELERATOR,
     GKE_TPU_TOPOLOGY,
+    JOBSET_API_VERSION,
+    JOBSET_EXCLUSIVE_TOPOLOGY,
+    JOBSET_KIND,
     LABEL_ATTEMPT,
     LABEL_FINETUNEJOB,
     LABEL_KUEUE_QUEUE,
@@ -175,3 +180,117 @@ def test_objects_validate_against_the_gke_kubernetes_schema(slice_: str) -> None
     s = spec(tpu={"slice": slice_, "spot": True}, queueName="q", priorityClassName="p")
     for obj in [*m.attempt_objects(OWNER, s, 0), *m.merge_objects(OWNER, s)]:
         kubernetes_validate.validate(obj, "1.30.0", strict=True)
+
+
+# --- multi-host slices: a JobSet per attempt ----------------------------------------------------------------
+
+
+def jobset_validator() -> jsonschema.protocols.Validator:
+    schema = upstream.jobset_schema()
+    cls = jsonschema.validators.validator_for(schema)
+    return cast(jsonschema.protocols.Validator, cls(schema))
+
+
+def trainer_job(jobset: dict[str, Any]) -> dict[str, Any]:
+    (rj,) = jobset["spec"]["replicatedJobs"]
+    return dict(rj["template"]["spec"])
+
+
+def test_single_host_slices_keep_a_plain_job() -> None:
+    for slice_id in ("v5p-8", "v6e-4", "v6e-8"):
+        assert m.train_workload(OWNER, spec(tpu={"slice": slice_id}), 0) == m.train_job(
+            OWNER, spec(tpu={"slice": slice_id}), 0
+        )
+
+
+@pytest.mark.parametrize("slice_id", ["v5p-16", "v5p-32", "v5p-64", "v5p-128", "v6e-16", "v6e-32"])
+def test_multi_host_attempt_is_a_jobset_of_one_pod_per_host(slice_id: str) -> None:
+    s = spec(tpu={"slice": slice_id, "spot": True}, queueName="tpu-queue", priorityClassName="training-high")
+    hosts = api.tpu_slice(slice_id).hosts
+    js = m.train_workload(OWNER, s, 3)
+    assert (js["apiVersion"], js["kind"]) == (JOBSET_API_VERSION, JOBSET_KIND)
+    assert js["metadata"]["name"] == "gemma-verilog-train-3"
+    assert js["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert js["metadata"]["annotations"] == {JOBSET_EXCLUSIVE_TOPOLOGY: "cloud.google.com/gke-nodepool"}
+    assert js["metadata"]["labels"][LABEL_KUEUE_QUEUE] == "tpu-queue"
+    assert js["spec"]["failurePolicy"] == {"maxRestarts": 0}
+    assert js["spec"]["network"] == {"enableDNSHostnames": True}
+    (rj,) = js["spec"]["replicatedJobs"]
+    assert (rj["name"], rj["replicas"]) == ("trainer", 1)
+    job = trainer_job(js)
+    assert (job["parallelism"], job["completions"], job["completionMode"], job["backoffLimit"]) == (
+        hosts,
+        hosts,
+        "Indexed",
+        0,
+    )
+    # The child Jobs carry none of the operator's labels: only the pods (and the JobSet) are watched.
+    assert "metadata" not in rj["template"]
+    # Each pod is one host's: the same template as a single-host Job's pod, with the slice's selector.
+    p = job["template"]["spec"]
+    assert p["nodeSelector"] == {
+        GKE_TPU_ACCELERATOR: api.tpu_slice(slice_id).accelerator,
+        GKE_TPU_TOPOLOGY: api.tpu_slice(slice_id).topology,
+        GKE_SPOT: "true",
+    }
+    assert p["containers"][0]["resources"]["limits"] == {TPU_RESOURCE: "4"}
+    assert p["priorityClassName"] == "training-high"
+    assert job["template"]["metadata"]["labels"][LABEL_OWNER_UID] == "uid-1"
+    assert job["template"]["metadata"]["labels"][LABEL_ATTEMPT] == "3"
+    assert job["template"] == m.train_pod_template(OWNER, s, 3)
+
+
+def test_each_host_learns_its_process_id_count_and_coordinator() -> None:
+    js = m.train_workload(OWNER, spec(tpu={"slice": "v5p-32"}), 1)
+    env = {e["name"]: e for e in trainer_job(js)["template"]["spec"]["containers"][0]["env"]}
+    assert env["TPUFORGE_NUM_PROCESSES"]["value"] == "4"
+    assert env["TPUFORGE_PROCESS_ID"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+    }
+    # Process 0's pod, by the hostname.subdomain JobSet gives it, on JAX's coordinator port.
+    assert env["TPUFORGE_COORDINATOR_ADDRESS"]["value"] == (
+        "gemma-verilog-train-1-trainer-0-0.gemma-verilog-train-1:8476"
+    )
+    single = pod(m.train_job(OWNER, spec(), 1))["containers"][0]["env"]
+    assert not {e["name"] for e in single} & set(env.keys() - {"XLA_FLAGS", "TMPDIR", "PYTHONUNBUFFERED"})
+
+
+def test_a_long_name_leaves_room_for_every_hosts_hostname() -> None:
+    long_owner = m.owner("team-a", "x" * 60, "uid-1")
+    js = m.train_workload(long_owner, spec(tpu={"slice": "v5p-128"}), 12)
+    name = js["metadata"]["name"]
+    assert name.endswith("-train-12") and len(f"{name}-trainer-0-15") <= 63
+    assert name == m.train_job_name(long_owner.name, 12, hosts=16)
+    # Its config map has the same name, and the pods mount it.
+    cm = m.train_config_map(long_owner, spec(tpu={"slice": "v5p-128"}), 12)
+    assert cm["metadata"]["name"] == name
+    volume = next(v for v in trainer_job(js)["template"]["spec"]["volumes"] if v["name"] == "config")
+    assert volume["configMap"]["name"] == name
+    # A single-host Job keeps the name it always had.
+    assert len(m.train_job_name(long_owner.name, 12)) == 63
+
+
+@pytest.mark.parametrize("slice_id", ["v5p-16", "v6e-32"])
+def test_jobsets_validate_against_the_published_jobset_schema(slice_id: str) -> None:
+    s = spec(tpu={"slice": slice_id, "spot": True}, queueName="q", priorityClassName="p")
+    js = m.train_workload(OWNER, s, 0)
+    jobset_validator().validate(js)
+    # The upstream schema leaves the Job template open: Kubernetes' own Job schema checks it (Indexed mode).
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x"}, "spec": trainer_job(js)}
+    kubernetes_validate.validate(job, "1.30.0", strict=True)
+    kinds = [o["kind"] for o in m.attempt_objects(OWNER, s, 0)]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "JobSet"]
+    for obj in m.attempt_objects(OWNER, s, 0)[:-1]:
+        kubernetes_validate.validate(obj, "1.30.0", strict=True)
+
+
+def test_the_schema_check_catches_what_the_apiserver_would_drop_or_refuse() -> None:
+    js = m.train_workload(OWNER, spec(tpu={"slice": "v5p-16"}), 0)
+    misspelt = json.loads(json.dumps(js))
+    misspelt["spec"]["network"]["enableDnsHostnames"] = True
+    with pytest.raises(jsonschema.ValidationError, match="enableDnsHostnames"):
+        jobset_validator().validate(misspelt)
+    wrong_type = json.loads(json.dumps(js))
+    wrong_type["spec"]["failurePolicy"]["maxRestarts"] = "0"
+    with pytest.raises(jsonschema.ValidationError):
+        jobset_validator().validate(wrong_type)

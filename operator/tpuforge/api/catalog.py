@@ -27,13 +27,36 @@ class TpuSlice:
         return self.chips_per_host * self.hosts
 
 
+# On-demand list price per chip-hour; a slice costs its chips times this (GKE bills TPU VMs per chip).
+V5P_USD_PER_CHIP_HOUR = 4.20
+V6E_USD_PER_CHIP_HOUR = 2.69
+
+
+def _slice(
+    id: str, accelerator: str, topology: str, machine_type: str, chips_per_host: int, hosts: int, usd_per_chip: float
+) -> TpuSlice:
+    """A slice whose default mesh keeps tensor parallelism inside one host (tp = 4, which divides the head
+    counts of every catalog model) and spreads the rest over FSDP, across hosts."""
+    chips = chips_per_host * hosts
+    tp = min(4, chips)
+    return TpuSlice(
+        id, accelerator, topology, machine_type, chips_per_host, hosts, round(chips * usd_per_chip, 2), chips // tp, tp
+    )
+
+
+# Multi-host slices are one GKE node pool of `hosts` TPU VMs (one pod per host, run as a JobSet).
 TPU_SLICES: dict[str, TpuSlice] = {
     s.id: s
     for s in (
-        TpuSlice("v5p-8", "tpu-v5p-slice", "2x2x1", "ct5p-hightpu-4t", 4, 1, 16.80, 1, 4),
-        TpuSlice("v5p-16", "tpu-v5p-slice", "2x2x2", "ct5p-hightpu-4t", 4, 2, 33.60, 2, 4),
-        TpuSlice("v6e-4", "tpu-v6e-slice", "2x2", "ct6e-standard-4t", 4, 1, 10.76, 1, 4),
-        TpuSlice("v6e-8", "tpu-v6e-slice", "2x4", "ct6e-standard-8t", 8, 1, 21.52, 2, 4),
+        _slice("v5p-8", "tpu-v5p-slice", "2x2x1", "ct5p-hightpu-4t", 4, 1, V5P_USD_PER_CHIP_HOUR),
+        _slice("v5p-16", "tpu-v5p-slice", "2x2x2", "ct5p-hightpu-4t", 4, 2, V5P_USD_PER_CHIP_HOUR),
+        _slice("v5p-32", "tpu-v5p-slice", "2x2x4", "ct5p-hightpu-4t", 4, 4, V5P_USD_PER_CHIP_HOUR),
+        _slice("v5p-64", "tpu-v5p-slice", "2x4x4", "ct5p-hightpu-4t", 4, 8, V5P_USD_PER_CHIP_HOUR),
+        _slice("v5p-128", "tpu-v5p-slice", "4x4x4", "ct5p-hightpu-4t", 4, 16, V5P_USD_PER_CHIP_HOUR),
+        _slice("v6e-4", "tpu-v6e-slice", "2x2", "ct6e-standard-4t", 4, 1, V6E_USD_PER_CHIP_HOUR),
+        _slice("v6e-8", "tpu-v6e-slice", "2x4", "ct6e-standard-8t", 8, 1, V6E_USD_PER_CHIP_HOUR),
+        _slice("v6e-16", "tpu-v6e-slice", "4x4", "ct6e-standard-4t", 4, 4, V6E_USD_PER_CHIP_HOUR),
+        _slice("v6e-32", "tpu-v6e-slice", "4x8", "ct6e-standard-4t", 4, 8, V6E_USD_PER_CHIP_HOUR),
     )
 }
 

@@ -37,6 +37,26 @@ GKE_TPU_TOPOLOGY = "cloud.google.com/gke-tpu-topology"
 GKE_SPOT = "cloud.google.com/gke-spot"
 TPU_RESOURCE = "google.com/tpu"
 
+# GKE node pool label: one multi-host TPU slice is one node pool.
+GKE_NODEPOOL = "cloud.google.com/gke-nodepool"
+
+# JobSet (jobset.x-k8s.io), which runs a multi-host slice's training pods: one pod per TPU VM host.
+JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"
+JOBSET_KIND = "JobSet"
+JOBSET_PLURAL = "jobsets"
+# One JobSet per node pool: JobSet's own scheduling gate, so two slices' pods never share a node pool.
+JOBSET_EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"  # set by JobSet on its Jobs and pods
+# Set by Indexed Jobs on each pod: its index, 0 .. completions-1 (the JAX process id).
+JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
+
+# The multi-host training pods' environment (the trainer calls jax.distributed.initialize with it). Unset on a
+# single host, where the trainer runs one process.
+ENV_NUM_PROCESSES = "TPUFORGE_NUM_PROCESSES"
+ENV_PROCESS_ID = "TPUFORGE_PROCESS_ID"
+ENV_COORDINATOR_ADDRESS = "TPUFORGE_COORDINATOR_ADDRESS"
+COORDINATOR_PORT = 8476  # JAX's usual coordinator port, on process 0's pod
+
 # The trainer exits with this code after it has checkpointed on SIGTERM, so the operator counts a
 # preemption and not a failure. 143 (128+SIGTERM) is what a process killed by SIGTERM reports, so the
 # trainer uses a code of its own.

@@ -69,7 +69,11 @@ class MeshSpec(ApiModel):
 
 
 class TpuSpec(ApiModel):
-    slice: str = Field(default="v5p-8", description="TPU slice catalog id (v5p-8, v5p-16, v6e-4, v6e-8).")
+    slice: str = Field(
+        default="v5p-8",
+        description="TPU slice catalog id: one host (v5p-8, v6e-4, v6e-8) or several, run as a JobSet "
+        "(v5p-16, v5p-32, v5p-64, v5p-128, v6e-16, v6e-32).",
+    )
     spot: bool = Field(default=False, description="Schedule on Spot capacity; preemptions resume from checkpoints.")
     mesh: MeshSpec | None = Field(
         default=None, description="Device mesh; defaults from the slice catalog (v5p-8: fsdp 1, tp 4)."
@@ -181,11 +185,15 @@ class Cost(StatusModel):
 
 
 class AttemptStatus(StatusModel):
-    """One training attempt (one training Job). A preemption, a retried failure or a resume starts a new one."""
+    """One training attempt (one training Job, or JobSet on a multi-host slice). A preemption, a retried failure
+    or a resume starts a new one."""
 
-    attempt: int = Field(description="Attempt number (0 first); the training Job is <job>-train-<attempt>.")
+    attempt: int = Field(description="Attempt number (0 first); the training Job (or JobSet) is <job>-train-<attempt>.")
     job_name: str
     pod_name: str | None = Field(default=None, description="The trainer pod, once it ran.")
+    pods: list[str] | None = Field(
+        default=None, description="On a multi-host slice: every host's trainer pod, in host order, once they ran."
+    )
     start_step: int | None = Field(
         default=None, description="Latest checkpoint step reported when the attempt began (it resumes there)."
     )

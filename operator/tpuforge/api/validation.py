@@ -128,14 +128,6 @@ def check_finetune(spec: FineTuneJobSpec) -> list[FieldError]:
     slc: TpuSlice | None = TPU_SLICES.get(spec.tpu.slice)
     if slc is None:
         errors.append(FieldError("spec.tpu.slice", f"unknown TPU slice; use one of {sorted(TPU_SLICES)}"))
-    elif slc.hosts > 1:
-        errors.append(
-            FieldError(
-                "spec.tpu.slice",
-                f"{slc.id} spans {slc.hosts} hosts; training supports single-host slices "
-                f"({', '.join(s.id for s in TPU_SLICES.values() if s.hosts == 1)})",
-            )
-        )
     _check_uri(errors, "spec.model.uri", spec.model.uri)
     _check_uri(errors, "spec.dataset.uri", spec.dataset.uri)
     _check_uri(errors, "spec.dataset.evalUri", spec.dataset.eval_uri)
@@ -156,6 +148,17 @@ def check_finetune(spec: FineTuneJobSpec) -> list[FieldError]:
                     field,
                     f"mesh fsdp={mesh.fsdp} x tp={mesh.tp} = {mesh.fsdp * mesh.tp} devices, but {slc.id} has "
                     f"{slc.chips} chips; make fsdp x tp = {slc.chips}",
+                )
+            )
+        if mesh.tp > slc.chips_per_host:
+            # Tensor parallelism all-reduces activations inside every layer: over ICI within one host it is
+            # cheap, across hosts it would stall every step. FSDP is the axis that spans hosts.
+            errors.append(
+                FieldError(
+                    "spec.tpu.mesh.tp",
+                    f"tp={mesh.tp} spans more than one host of {slc.id} ({slc.chips_per_host} chips per host), and "
+                    f"tensor parallelism across hosts would stall every step; use tp <= {slc.chips_per_host} and "
+                    f"fsdp = {slc.chips} / tp (e.g. fsdp={slc.default_fsdp}, tp={slc.default_tp})",
                 )
             )
         _divides_heads(errors, "spec.tpu.mesh.tp", mesh.tp, shape)

@@ -15,8 +15,11 @@ from typing import Any, Literal
 from tpuforge.api.constants import (
     EXIT_BAD_CONFIG,
     EXIT_PREEMPTED,
+    JOB_COMPLETION_INDEX,
+    JOBSET_KIND,
     LABEL_ATTEMPT,
     LABEL_COMPONENT,
+    LABEL_JOBSET_NAME,
     TERMINATION_PREEMPTED,
 )
 from tpuforge.manifests.finetune import SPEC_KEY
@@ -57,6 +60,8 @@ def clip(text: str, limit: int = MESSAGE_LIMIT) -> str:
 
 @dataclass(frozen=True)
 class JobView:
+    """A Job, or a JobSet (a multi-host attempt), by what the decisions need of either."""
+
     name: str
     component: str
     attempt: int | None
@@ -64,6 +69,7 @@ class JobView:
     failed: bool
     failure: str  # the Failed condition's reason and message
     deleting: bool
+    kind: str = "Job"
 
     @property
     def finished(self) -> bool:
@@ -82,6 +88,24 @@ def job_view(raw: Raw) -> JobView:
         failed=failed is not None,
         failure=_why(failed.get("reason"), failed.get("message")) if failed else "",
         deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def jobset_view(raw: Raw) -> JobView:
+    """A JobSet's ending: its Completed or Failed condition (or terminalState, which newer releases set)."""
+    meta, status = raw.get("metadata") or {}, raw.get("status") or {}
+    labels = meta.get("labels") or {}
+    failed = _condition(status, "Failed")
+    terminal = status.get("terminalState")
+    return JobView(
+        name=meta.get("name", ""),
+        component=labels.get(LABEL_COMPONENT, ""),
+        attempt=_attempt(labels),
+        complete=_condition(status, "Completed") is not None or terminal == "Completed",
+        failed=failed is not None or terminal == "Failed",
+        failure=_why(failed.get("reason"), failed.get("message")) if failed else "",
+        deleting=bool(meta.get("deletionTimestamp")),
+        kind=JOBSET_KIND,
     )
 
 
@@ -112,6 +136,7 @@ class PodView:
     unschedulable: str | None  # why the scheduler cannot place it
     unschedulable_since: str | None
     terminated: Terminated | None
+    host: int | None = None  # a JobSet pod's completion index: which host of the slice it runs on
 
     @property
     def terminal(self) -> bool:
@@ -132,9 +157,14 @@ def pod_view(raw: Raw) -> PodView:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
             unschedulable = _why(cond.get("reason"), cond.get("message")) or "not scheduled yet"
             since = cond.get("lastTransitionTime")
+    try:
+        host: int | None = int((meta.get("annotations") or {})[JOB_COMPLETION_INDEX])
+    except (KeyError, ValueError):
+        host = None
     return PodView(
         name=meta.get("name", ""),
-        job_name=labels.get("job-name", ""),
+        # A JobSet's pods belong to the attempt by the JobSet's name (their Job is the JobSet's child).
+        job_name=labels.get(LABEL_JOBSET_NAME) or labels.get("job-name", ""),
         component=labels.get(LABEL_COMPONENT, ""),
         attempt=_attempt(labels),
         phase=status.get("phase") or "Pending",
@@ -157,6 +187,7 @@ def pod_view(raw: Raw) -> PodView:
         )
         if term
         else None,
+        host=host,
     )
 
 

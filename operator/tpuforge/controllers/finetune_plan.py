@@ -9,6 +9,7 @@ computed from, so a stale plan is refused by the apiserver rather than applied.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from tpuforge.api import (
     validate_finetune,
 )
 from tpuforge.api.conditions import ConditionStatus
+from tpuforge.api.constants import JOBSET_API_VERSION, JOBSET_KIND
 from tpuforge.controllers.finetune_children import (
     AttemptEnd,
     ConfigView,
@@ -52,6 +54,10 @@ SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 SUSPENDED = "Suspended"
 SPEC_CHANGE_NOT_APPLIED = "SpecChangeNotApplied"
+
+# Where a multi-host job waits for JobSet to be installed, it looks again this often.
+JOBSET_RECHECK_SECONDS = 60.0
+JOBSET_INSTALL_URL = "https://jobset.sigs.k8s.io/docs/installation/"
 
 # Fields whose change after the start would change the training maths (or the pods' identity): later
 # attempts keep the values the run started with. Wire names, as `kubectl edit` shows them.
@@ -85,6 +91,7 @@ class Observed:
     pods: tuple[PodView, ...] = ()
     configs: tuple[ConfigView, ...] = ()
     deleting: bool = False
+    jobset_served: bool = True  # the cluster serves JobSets (their CRD is installed)
 
 
 @dataclass(frozen=True)
@@ -227,8 +234,16 @@ class _Planner:
     def has_condition(self, type_: str, status: str = "True") -> bool:
         return any(c.type == type_ and c.status == status for c in self.st.conditions)
 
+    @property
+    def hosts(self) -> int:
+        """The slice's hosts: more than one means a JobSet per attempt."""
+        return tpu_slice(self.spec.tpu.slice).hosts if self.spec is not None else 1
+
+    def train_name(self, attempt: int) -> str:
+        return m.train_job_name(self.o.name, attempt, self.hosts)
+
     def train_job(self, attempt: int) -> JobView | None:
-        name = m.train_job_name(self.o.name, attempt)
+        name = self.train_name(attempt)
         return next((j for j in self.o.jobs if j.name == name), None)
 
     def merge_job(self) -> JobView | None:
@@ -239,7 +254,10 @@ class _Planner:
         return [p for p in self.o.pods if p.job_name == job.name]
 
     def delete_job(self, job: JobView) -> None:
-        ref = ChildRef("batch/v1", "Job", job.name)
+        if job.kind == JOBSET_KIND:
+            ref = ChildRef(JOBSET_API_VERSION, JOBSET_KIND, job.name)
+        else:
+            ref = ChildRef("batch/v1", "Job", job.name)
         if not job.deleting and ref not in self.plan.delete:
             self.plan.delete.append(ref)
 
@@ -261,7 +279,7 @@ class _Planner:
         found = _entry(self.st, attempt)
         if found is None:
             last = self.st.progress.last_checkpoint_step if self.st.progress else None
-            found = AttemptStatus(attempt=attempt, job_name=m.train_job_name(self.o.name, attempt), start_step=last)
+            found = AttemptStatus(attempt=attempt, job_name=self.train_name(attempt), start_step=last)
             self.st.attempts = [*self.st.attempts, found]
         return found
 
@@ -357,14 +375,16 @@ class _Planner:
             self.suspend()
             return
         if st.attempt is None:
+            if self.jobset_missing():
+                return
             self.begin(0)
             st.start_time = self.stamp
             s = tpu_slice(self.spec.tpu.slice)
+            what = f"JobSet {self.train_name(0)} of {s.hosts} hosts" if s.hosts > 1 else f"Job {self.train_name(0)}"
             self.event(
                 "Normal",
                 "Created",
-                f"training on {s.id} ({s.accelerator} {s.topology}"
-                f"{', spot' if self.spec.tpu.spot else ''}) as Job {m.train_job_name(self.o.name, 0)}",
+                f"training on {s.id} ({s.accelerator} {s.topology}{', spot' if self.spec.tpu.spot else ''}) as {what}",
             )
         n = st.attempt
         assert n is not None
@@ -378,10 +398,10 @@ class _Planner:
         self.record_start(n, pods)
         end = self.attempt_end(n, job, pods)
         if end is None:
-            running = next((p for p in pods if p.phase == "Running" and not p.deleting), None)
-            if running is not None:
+            running = [p for p in pods if p.phase == "Running" and not p.deleting]
+            if running and len(running) >= self.hosts:
                 self.running(n, running)
-            elif not any(p.phase == "Running" for p in pods):
+            elif self.hosts > 1 or not any(p.phase == "Running" for p in pods):
                 self.pending(n, pods)
             return
         self.close_attempt(n, end.outcome, end.reason, end.message, end.at)
@@ -393,12 +413,19 @@ class _Planner:
             self.failed_attempt(n, job, end)
 
     def record_start(self, n: int, pods: list[PodView]) -> None:
-        """The first pod of the attempt that reached a node: its name and when TPU time began."""
-        started = next((p for p in pods if p.running_since or p.start_time), None)
+        """The first pod of the attempt that reached a node: its name and when TPU time began. On several
+        hosts, every host's pod as it reaches its node."""
+        on_nodes = [p for p in pods if p.running_since or p.start_time]
+        started = next(iter(on_nodes), None)
         e = self.entry(n)
         if started is not None and e.pod_name is None:
             e.pod_name = started.name
             e.start_time = e.start_time or started.running_since or started.start_time
+        if self.hosts > 1:
+            known = list(e.pods or [])
+            new = [p.name for p in sorted(on_nodes, key=_host_order) if p.name not in known]
+            if new:
+                e.pods = known + new
 
     def begin(self, attempt: int) -> None:
         """Make `attempt` the current one (its Job is created by create_attempt)."""
@@ -409,9 +436,28 @@ class _Planner:
         st.phase = FineTunePhase.PENDING
         self.condition(TRAINING, "False", "Pending", f"attempt {attempt}: waiting for the training pod to start")
 
+    def jobset_missing(self) -> bool:
+        """A multi-host slice on a cluster without JobSet: say so, create nothing, and look again later."""
+        if self.hosts == 1 or self.o.jobset_served:
+            return False
+        assert self.spec is not None
+        message = (
+            f"{self.spec.tpu.slice} spans {self.hosts} hosts, and multi-host training runs as a JobSet "
+            f"({JOBSET_API_VERSION}), which this cluster does not serve: install JobSet ({JOBSET_INSTALL_URL}); "
+            "the job starts once it is installed"
+        )
+        if not any(c.type == TRAINING and c.reason == "JobSetNotInstalled" for c in self.st.conditions):
+            self.event("Warning", "JobSetNotInstalled", message)
+        self.st.phase = self.st.phase or FineTunePhase.PENDING
+        self.condition(TRAINING, "False", "JobSetNotInstalled", message)
+        self.plan.requeue(JOBSET_RECHECK_SECONDS)
+        return True
+
     def create_attempt(self, n: int) -> None:
         assert self.spec is not None
-        job_name = m.train_job_name(self.o.name, n)
+        if self.jobset_missing():
+            return
+        job_name = self.train_name(n)
         busy = [p for p in self.o.pods if p.component == m.COMPONENT_TRAINER and not p.terminal]
         if busy:
             # Two trainers must never write the same checkpoint directory.
@@ -424,10 +470,15 @@ class _Planner:
             return
         self.plan.create.extend(m.attempt_objects(self.owner, self.spec, n))
         self.st.phase = self.st.phase or FineTunePhase.PENDING
-        if not self.has_condition(TRAINING, "False"):
-            self.condition(TRAINING, "False", "Pending", f"attempt {n}: created Job {job_name}")
+        if not self.has_condition(TRAINING, "False") or any(
+            c.type == TRAINING and c.reason == "JobSetNotInstalled" for c in self.st.conditions
+        ):
+            what = "JobSet" if self.hosts > 1 else "Job"
+            self.condition(TRAINING, "False", "Pending", f"attempt {n}: created {what} {job_name}")
 
     def attempt_end(self, n: int, job: JobView, pods: list[PodView]) -> AttemptEnd | None:
+        if self.hosts > 1:
+            return self.hosts_end(n, job, pods)
         endings = [e for e in (pod_ending(p) for p in pods) if e is not None]
         done = next((e for e in endings if e.outcome == "Succeeded"), None)
         if done is not None:
@@ -447,15 +498,65 @@ class _Planner:
             )
         return None
 
-    def running(self, n: int, pod: PodView) -> None:
+    def hosts_end(self, n: int, job: JobView, pods: list[PodView]) -> AttemptEnd | None:
+        """A multi-host attempt ends with its first host: a preemption of any host is a preemption of the
+        attempt (its peers' errors, or their checkpoint and exit 83, follow from losing it), any other failure
+        of a host is a failure, and it succeeds when every host has."""
+        pods = sorted(pods, key=_host_order)
+        ended = [(p, e) for p in pods if (e := pod_ending(p)) is not None]
+        failed = next(((p, e) for p, e in ended if e.outcome == "Failed"), None)
+        # The evidence of a preemption, best first: the host that was taken away, not a peer that checkpointed.
+        taken = [(p, e) for p, e in ended if e.outcome == "Preempted" and e.reason != "TrainerCheckpointed"]
+        if ended:
+            taken += [
+                (p, AttemptEnd("Preempted", "DisruptionTarget", f"pod {p.name} is being disrupted: {p.disruption}"))
+                for p in pods
+                if p.disruption is not None and not p.terminal
+            ]
+        taken += [(p, e) for p, e in ended if e.reason == "TrainerCheckpointed"]
+        if taken:
+            pod, end = taken[0]
+            return dataclasses.replace(end, message=f"{self.host_of(pod)}: {end.message}")
+        gone = [name for name in self.entry(n).pods or [] if not any(p.name == name for p in pods)]
+        if gone:
+            return AttemptEnd(
+                "Preempted",
+                "PodDeleted",
+                f"pod {gone[0]} disappeared before it finished (node loss, eviction or deletion)",
+            )
+        if failed is not None:
+            pod, end = failed
+            return dataclasses.replace(end, message=f"{self.host_of(pod)}: {end.message}")
+        if len(ended) >= self.hosts or job.complete:
+            at = ended[-1][1].at if ended else None
+            return AttemptEnd("Succeeded", "Completed", f"all {self.hosts} hosts of JobSet {job.name} completed", at)
+        if job.failed:
+            return AttemptEnd("Failed", "JobSetFailed", f"JobSet {job.name} failed: {job.failure}")
+        return None
+
+    def host_of(self, pod: PodView) -> str:
+        """Which host a pod is, for Events: its index in the slice and its node."""
+        index = f"host {pod.host} of {self.hosts}" if pod.host is not None else f"a host of {self.hosts}"
+        return f"{index} (pod {pod.name}" + (f" on node {pod.node_name})" if pod.node_name else ")")
+
+    def running(self, n: int, pods: list[PodView]) -> None:
+        pods = sorted(pods, key=_host_order)
+        pod = pods[0]
         e = self.entry(n)
         e.pod_name = e.pod_name or pod.name
         e.start_time = e.start_time or pod.running_since or pod.start_time or self.stamp
         if self.st.phase != FineTunePhase.TRAINING:
             self.st.phase = FineTunePhase.TRAINING
-            where = f" on node {pod.node_name}" if pod.node_name else ""
-            self.condition(TRAINING, "True", "Running", f"attempt {n}: pod {pod.name} is training{where}")
-            self.event("Normal", "Training", f"attempt {n} started: pod {pod.name}{where}")
+            if len(pods) > 1:
+                nodes = sorted({p.node_name for p in pods if p.node_name})
+                who = f"{len(pods)} pods ({', '.join(p.name for p in pods)})"
+                where = f" on nodes {', '.join(nodes)}" if nodes else ""
+                self.condition(TRAINING, "True", "Running", f"attempt {n}: {who} are training{where}")
+                self.event("Normal", "Training", f"attempt {n} started: {who}{where}")
+            else:
+                where = f" on node {pod.node_name}" if pod.node_name else ""
+                self.condition(TRAINING, "True", "Running", f"attempt {n}: pod {pod.name} is training{where}")
+                self.event("Normal", "Training", f"attempt {n} started: pod {pod.name}{where}")
         self.plan.requeue(COST_REFRESH_SECONDS)
 
     def pending(self, n: int, pods: list[PodView]) -> None:
@@ -649,6 +750,10 @@ class _Planner:
             return
         hours = round(tpu_hours(st.attempts, self.now), TPU_HOURS_DIGITS)
         st.cost = Cost(tpu_hours=hours, estimated_usd=round(hours * price, 2))
+
+
+def _host_order(pod: PodView) -> tuple[int, str]:
+    return (pod.host if pod.host is not None else 1 << 30, pod.name)
 
 
 def plan(o: Observed, now: datetime) -> Plan:

@@ -1,7 +1,7 @@
 """FineTuneJob controller: observe -> desired -> apply -> status.
 
 kopf watches the FineTuneJobs; informers (LIST + WATCH, selected by label on the server) keep their children
-(Jobs, pods, training ConfigMaps) in memory, grouped by the owner's uid. Any change to an object or to a child
+(Jobs, JobSets, pods, training ConfigMaps) in memory, grouped by the owner's uid. Any change to an object or to a child
 asks for a reconcile of the owner. The reconcile reads memory (no API reads), lets the pure
 `finetune_plan.plan` decide, and applies the plan: create missing children, delete the ones to stop, patch
 the status on the resourceVersion it was computed from (a 409 means a newer object is on its way: reconcile
@@ -31,6 +31,8 @@ from tpuforge.api.constants import (
     FINETUNEJOB_KIND,
     FINETUNEJOB_PLURAL,
     GROUP,
+    JOBSET_API_VERSION,
+    JOBSET_KIND,
     LABEL_COMPONENT,
     LABEL_FINETUNEJOB,
     VERSION,
@@ -41,6 +43,7 @@ from tpuforge.controllers.finetune_children import (
     PodView,
     config_view,
     job_view,
+    jobset_view,
     pod_view,
 )
 from tpuforge.controllers.finetune_plan import ChildRef, Event, Observed, Plan, plan, status_patch
@@ -149,6 +152,16 @@ class FineTuneJobController:
             owner=owner_key,
             on_change=self.child_changed,
         )
+        # Multi-host attempts. Where JobSet is not installed this informer is empty and says so (`served`).
+        self.jobsets: Informer[Key, JobView] = Informer(
+            api_version=JOBSET_API_VERSION,
+            kind=JOBSET_KIND,
+            label_selector=CHILD_SELECTOR,
+            namespaces=namespaces,
+            view=jobset_view,
+            owner=owner_key,
+            on_change=self.child_changed,
+        )
         self.pods: Informer[Key, PodView] = Informer(
             api_version="v1",
             kind="Pod",
@@ -176,7 +189,7 @@ class FineTuneJobController:
 
     async def start(self) -> None:
         """Start the informers; return once each has its first LIST in memory."""
-        await asyncio.gather(self.jobs.start(), self.pods.start(), self.configs.start())
+        await asyncio.gather(self.jobs.start(), self.jobsets.start(), self.pods.start(), self.configs.start())
 
     def child_changed(self, owner: Key, before: Any, after: Any) -> None:
         if before is None and after is not None and fresh(after):
@@ -219,10 +232,11 @@ class FineTuneJobController:
             generation=snap.generation,
             spec=snap.spec,
             status=status,
-            jobs=self.jobs.get(key),
+            jobs=self.jobs.get(key) + self.jobsets.get(key),
             pods=self.pods.get(key),
             configs=self.configs.get(key),
             deleting=snap.deleting,
+            jobset_served=self.jobsets.served,
         )
         return snap, observed
 
@@ -307,7 +321,7 @@ class FineTuneJobController:
         self._created = {k: t for k, t in self._created.items() if k[0] != key[1]}
 
     async def close(self) -> None:
-        for informer in (self.jobs, self.pods, self.configs):
+        for informer in (self.jobs, self.jobsets, self.pods, self.configs):
             informer.stop()
         await self.queue.close()
         self.executor.shutdown(wait=False, cancel_futures=True)

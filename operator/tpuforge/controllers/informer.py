@@ -6,6 +6,8 @@ Why not kopf's indices: kopf holds back every handler until each indexed object 
 its bookkeeping for that costs more than linear time in the number of objects: with a few thousand children
 an operator restart stalled for minutes. An informer knows when its LIST is in memory (`ready`), which is
 the one guarantee the decisions need: a child that is absent from the store is absent from the cluster.
+A kind the apiserver does not serve (404: its CRD is not installed) lists as empty with `served` False, and
+is looked for again every UNSERVED_RETRY_SECONDS.
 
 Each informer streams in a thread of its own and hands every change to the event loop, where the store lives;
 `on_change(owner_key, before, after)` is called there when an object's view changed (most status updates of
@@ -32,6 +34,8 @@ Obj = dict[str, Any]
 
 RETRY_SECONDS = 1.0
 WATCH_SECONDS = 300
+# A kind the cluster does not serve (a CRD not installed, such as JobSet's) is looked for again this often.
+UNSERVED_RETRY_SECONDS = 30.0
 
 
 class Informer(Generic[K, V]):
@@ -53,6 +57,8 @@ class Informer(Generic[K, V]):
         self._by_owner: dict[K, dict[str, V]] = {}
         self._listed: set[str | None] = set()
         self._ready = asyncio.Event()
+        # False while the apiserver answers 404 for the kind: the store is empty and counts as listed.
+        self.served = True
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -94,8 +100,9 @@ class Informer(Generic[K, V]):
         self._by_owner.setdefault(owner, {})[uid] = view
         self._on_change(owner, old[1] if old is not None else None, view)
 
-    def _replace(self, namespace: str | None, listed: list[tuple[str, K | None, V, str]]) -> None:
+    def _replace(self, namespace: str | None, listed: list[tuple[str, K | None, V, str]], served: bool = True) -> None:
         """A fresh LIST: what is not in it is gone."""
+        self.served = served
         present = {uid for uid, *_ in listed}
         for uid, (_, _, ns) in list(self._entries.items()):
             if (namespace is None or ns == namespace) and uid not in present:
@@ -125,7 +132,16 @@ class Informer(Generic[K, V]):
         while not self._stopping.is_set():
             try:
                 if not version:
-                    items, version = kube.list_collection(api, self.api_version, self.kind, namespace, self.selector)
+                    try:
+                        items, version = kube.list_collection(
+                            api, self.api_version, self.kind, namespace, self.selector
+                        )
+                    except kube.ApiException as exc:
+                        if not kube.is_not_found(exc):
+                            raise
+                        self._post(self._replace, namespace, [], False)
+                        time.sleep(UNSERVED_RETRY_SECONDS)
+                        continue
                     self._post(self._replace, namespace, [self._digest(o) for o in items])
                 stream = kube.WatchStream(
                     api, self.api_version, self.kind, namespace, version, self.selector, WATCH_SECONDS

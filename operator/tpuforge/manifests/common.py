@@ -56,13 +56,13 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:_HASH_LEN]
 
 
-def child_name(owner_name: str, suffix: str) -> str:
-    """`<owner>-<suffix>`, shortened with a hash of the owner's name when that exceeds 63 characters, so
+def child_name(owner_name: str, suffix: str, limit: int = MAX_NAME) -> str:
+    """`<owner>-<suffix>`, shortened with a hash of the owner's name when that exceeds `limit` characters, so
     two long names never collide and the same owner always gets the same name."""
     full = f"{owner_name}-{suffix}"
-    if len(full) <= MAX_NAME:
+    if len(full) <= limit:
         return full
-    keep = MAX_NAME - len(suffix) - _HASH_LEN - 2
+    keep = limit - len(suffix) - _HASH_LEN - 2
     return f"{owner_name[:keep].rstrip('-.')}-{_digest(owner_name)}-{suffix}"
 
 

@@ -1,6 +1,7 @@
 """FineTuneJob -> the Kubernetes objects that run it: per training attempt a ConfigMap (TrainConfig) and a Job
-on the TPU node pool; the pods' ServiceAccount and a Role/RoleBinding for progress reporting; after training,
-a ConfigMap (MergeConfig) and a merge Job on a CPU node pool.
+on the TPU node pool (on a multi-host slice, a JobSet of one pod per host); the pods' ServiceAccount and a
+Role/RoleBinding for progress reporting; after training, a ConfigMap (MergeConfig) and a merge Job on a CPU
+node pool.
 
 Pure: the same inputs give the same objects. Names are deterministic, so creating them again is a no-op.
 """
@@ -16,11 +17,20 @@ from tpuforge.api.constants import (
     API_VERSION,
     CONFIG_FILE,
     CONFIG_MOUNT_DIR,
+    COORDINATOR_PORT,
+    ENV_COORDINATOR_ADDRESS,
+    ENV_NUM_PROCESSES,
+    ENV_PROCESS_ID,
     FINETUNEJOB_KIND,
     FINETUNEJOB_PLURAL,
+    GKE_NODEPOOL,
     GKE_SPOT,
     GKE_TPU_ACCELERATOR,
     GKE_TPU_TOPOLOGY,
+    JOB_COMPLETION_INDEX,
+    JOBSET_API_VERSION,
+    JOBSET_EXCLUSIVE_TOPOLOGY,
+    JOBSET_KIND,
     LABEL_ATTEMPT,
     LABEL_FINETUNEJOB,
     LABEL_KUEUE_QUEUE,
@@ -29,6 +39,7 @@ from tpuforge.api.constants import (
 )
 from tpuforge.api.finetune import FineTuneJobSpec
 from tpuforge.manifests.common import (
+    MAX_NAME,
     Obj,
     Owner,
     child_name,
@@ -47,6 +58,8 @@ APP_TRAINER = "tpuforge-trainer"
 APP_MERGER = "tpuforge-merger"
 TRAINER_CONTAINER = "trainer"
 MERGER_CONTAINER = "merger"
+# The JobSet's one replicated Job: its pods are <jobset>-trainer-0-<host> (their hostnames).
+TRAINER_REPLICATED_JOB = "trainer"
 
 # The training ConfigMap also keeps the spec the run started with: later attempts take the fields that
 # change the training maths from it, so an edit after the start never changes a run half-way.
@@ -76,8 +89,13 @@ def owner(namespace: str, name: str, uid: str) -> Owner:
     return Owner(API_VERSION, FINETUNEJOB_KIND, namespace, name, uid)
 
 
-def train_job_name(name: str, attempt: int) -> str:
-    return child_name(name, f"train-{attempt}")
+def train_job_name(name: str, attempt: int, hosts: int = 1) -> str:
+    """The attempt's Job (one host) or JobSet (several): `<job>-train-<n>`. A JobSet's name is shorter when
+    needed, because its pods' hostnames `<jobset>-trainer-0-<host>` must stay DNS labels."""
+    suffix = f"train-{attempt}"
+    if hosts == 1:
+        return child_name(name, suffix)
+    return child_name(name, suffix, MAX_NAME - len(f"-{TRAINER_REPLICATED_JOB}-0-{hosts - 1}"))
 
 
 def merge_job_name(name: str) -> str:
@@ -121,7 +139,7 @@ def train_config_map(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
     cfg = train_config(o.namespace, o.name, spec, attempt=attempt)
     return config_map(
         o,
-        train_job_name(o.name, attempt),
+        train_job_name(o.name, attempt, tpu_slice(spec.tpu.slice).hosts),
         labels(o, COMPONENT_TRAINER, attempt),
         {CONFIG_FILE: cfg.model_dump_json(by_alias=True), SPEC_KEY: frozen_spec_json(spec)},
     )
@@ -150,13 +168,24 @@ def _command(module: str) -> list[str]:
     ]
 
 
-def train_job(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
+def _multi_host_env(jobset: str, hosts: int) -> list[Obj]:
+    """What each host's trainer needs for jax.distributed.initialize: the process count, its own index (the
+    Indexed Job's completion index) and process 0's address (its hostname in the JobSet's subdomain)."""
+    coordinator = f"{jobset}-{TRAINER_REPLICATED_JOB}-0-0.{jobset}:{COORDINATOR_PORT}"
+    return [
+        {"name": ENV_NUM_PROCESSES, "value": str(hosts)},
+        {
+            "name": ENV_PROCESS_ID,
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{JOB_COMPLETION_INDEX}']"}},
+        },
+        {"name": ENV_COORDINATOR_ADDRESS, "value": coordinator},
+    ]
+
+
+def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
+    """The training pod of one host, for a Job (one host) and a JobSet (each host) alike."""
     slc = tpu_slice(spec.tpu.slice)
-    name = train_job_name(o.name, attempt)
-    lab = labels(o, COMPONENT_TRAINER, attempt)
-    job_labels = dict(lab)
-    if spec.queue_name:
-        job_labels[LABEL_KUEUE_QUEUE] = spec.queue_name
+    name = train_job_name(o.name, attempt, slc.hosts)
     node_selector = {GKE_TPU_ACCELERATOR: slc.accelerator, GKE_TPU_TOPOLOGY: slc.topology}
     tolerations: list[Obj] = [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
     if spec.tpu.spot:
@@ -164,15 +193,18 @@ def train_job(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
         tolerations.append({"key": GKE_SPOT, "operator": "Equal", "value": "true", "effect": "NoSchedule"})
     chips = str(slc.chips_per_host)
     metrics_port = train_config(o.namespace, o.name, spec, attempt).metrics_port
+    env: list[Obj] = [
+        {"name": "XLA_FLAGS", "value": XLA_FLAGS},
+        {"name": "TMPDIR", "value": SHM_DIR},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    if slc.hosts > 1:
+        env += _multi_host_env(name, slc.hosts)
     container: Obj = {
         "name": TRAINER_CONTAINER,
         "image": spec.images.trainer,
         "command": _command("tpuforge_workloads.train"),
-        "env": [
-            {"name": "XLA_FLAGS", "value": XLA_FLAGS},
-            {"name": "TMPDIR", "value": SHM_DIR},
-            {"name": "PYTHONUNBUFFERED", "value": "1"},
-        ],
+        "env": env,
         "resources": {"requests": {TPU_RESOURCE: chips}, "limits": {TPU_RESOURCE: chips}},
         "volumeMounts": [_config_mount(), {"name": "dshm", "mountPath": SHM_DIR}],
         "terminationMessagePath": TERMINATION_LOG,
@@ -191,24 +223,80 @@ def train_job(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
     }
     if spec.priority_class_name:
         pod_spec["priorityClassName"] = spec.priority_class_name
+    return {"metadata": {"labels": labels(o, COMPONENT_TRAINER, attempt)}, "spec": pod_spec}
+
+
+def _train_labels(o: Owner, spec: FineTuneJobSpec, attempt: int) -> dict[str, str]:
+    out = labels(o, COMPONENT_TRAINER, attempt)
+    if spec.queue_name:
+        out[LABEL_KUEUE_QUEUE] = spec.queue_name
+    return out
+
+
+def train_job(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
+    """A single-host slice's attempt: a Job of one pod."""
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": metadata(o, name, job_labels),
+        "metadata": metadata(o, train_job_name(o.name, attempt), _train_labels(o, spec, attempt)),
         "spec": {
             # The operator owns retries: it tells a preemption from a failure and resumes from a checkpoint.
             "backoffLimit": 0,
             "completions": 1,
             "parallelism": 1,
-            "template": {"metadata": {"labels": lab}, "spec": pod_spec},
+            "template": train_pod_template(o, spec, attempt),
         },
     }
 
 
+def train_jobset(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
+    """A multi-host slice's attempt: a JobSet of one Indexed Job with one pod per host, all on one node pool.
+
+    The operator owns attempts as it does for a Job: no Job retries (backoffLimit 0), no JobSet restarts
+    (maxRestarts 0), so the first host that ends badly ends the attempt and the operator decides (a
+    preemption resumes from the checkpoint as a new JobSet, a failure counts towards maxRestarts)."""
+    hosts = tpu_slice(spec.tpu.slice).hosts
+    name = train_job_name(o.name, attempt, hosts)
+    return {
+        "apiVersion": JOBSET_API_VERSION,
+        "kind": JOBSET_KIND,
+        "metadata": metadata(o, name, _train_labels(o, spec, attempt), {JOBSET_EXCLUSIVE_TOPOLOGY: GKE_NODEPOOL}),
+        "spec": {
+            "failurePolicy": {"maxRestarts": 0},
+            # Each pod gets the hostname <jobset>-trainer-0-<host> in the subdomain <jobset> (a headless
+            # Service JobSet creates): process 0's name is the coordinator address.
+            "network": {"enableDNSHostnames": True},
+            "replicatedJobs": [
+                {
+                    "name": TRAINER_REPLICATED_JOB,
+                    "replicas": 1,
+                    "template": {
+                        "spec": {
+                            "backoffLimit": 0,
+                            "completions": hosts,
+                            "parallelism": hosts,
+                            "completionMode": "Indexed",
+                            "template": train_pod_template(o, spec, attempt),
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def train_workload(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
+    """The attempt's Job on a single-host slice, its JobSet on a multi-host one. Single-host slices keep a
+    plain Job so that they need nothing installed beyond Kubernetes itself."""
+    if tpu_slice(spec.tpu.slice).hosts > 1:
+        return train_jobset(o, spec, attempt)
+    return train_job(o, spec, attempt)
+
+
 def attempt_objects(o: Owner, spec: FineTuneJobSpec, attempt: int) -> list[Obj]:
-    """Everything a training attempt needs, in creation order: the Job comes last, so its pod never waits
-    for a ServiceAccount or ConfigMap that does not exist yet."""
-    return [*rbac_objects(o, spec), train_config_map(o, spec, attempt), train_job(o, spec, attempt)]
+    """Everything a training attempt needs, in creation order: the Job (or JobSet) comes last, so its pods
+    never wait for a ServiceAccount or ConfigMap that does not exist yet."""
+    return [*rbac_objects(o, spec), train_config_map(o, spec, attempt), train_workload(o, spec, attempt)]
 
 
 def merge_memory(spec: FineTuneJobSpec) -> str:
@@ -276,6 +364,7 @@ __all__ = [
     "MERGER_CONTAINER",
     "SPEC_KEY",
     "TRAINER_CONTAINER",
+    "TRAINER_REPLICATED_JOB",
     "TRAINER_TERMINATION_GRACE_SECONDS",
     "attempt_objects",
     "merge_job_name",
@@ -286,4 +375,7 @@ __all__ = [
     "service_account_name",
     "train_job",
     "train_job_name",
+    "train_jobset",
+    "train_pod_template",
+    "train_workload",
 ]

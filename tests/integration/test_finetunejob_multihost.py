@@ -1,0 +1,217 @@
+"""The FineTuneJob controller on a multi-host slice (v5p-16: two hosts), as `tpuforge operator` on the
+sandbox's kube-apiserver: the attempt's JobSet is created and accepted by the apiserver under the published
+JobSet CRD (v0.12.0 without what Kubernetes 1.20 cannot hold: its CEL rules and `default: ""`), and the test plays the
+JobSet controller and the kubelets (it creates each host's pod from the JobSet's template and moves it
+through its phases), so that every ending is exact: a preemption of one host starts the next attempt, a
+failure of one host is counted.
+
+The sandbox has no v5p-16 node here, so its node agent never runs these pods."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.fixtures import upstream
+from tests.integration.test_finetunejob_support import Cluster, Operator, eventually, running_operator, until
+from tpuforge import kube
+from tpuforge.api.constants import (
+    EXIT_PREEMPTED,
+    JOB_COMPLETION_INDEX,
+    JOBSET_API_VERSION,
+    JOBSET_KIND,
+    LABEL_JOBSET_NAME,
+)
+from tpuforge.controllers import informer
+from tpuforge.manifests import finetune as m
+from tpuforge.sandbox import Sandbox
+from tpuforge.sandbox.sandbox import install_crds
+
+pytestmark = pytest.mark.cluster
+
+HOSTS = 2
+SLICE = {"slice": "v5p-16"}
+
+
+@pytest.fixture(scope="module")
+def jobset_crd(sandbox: Sandbox, api_client: client.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The upstream JobSet CRD, installed as Kubernetes 1.20 can hold it (no CEL rules, no empty defaults)."""
+    crd = upstream.for_kubernetes_1_20(upstream.jobset_crd())
+    path = tmp_path_factory.mktemp("jobset") / "jobset-crd.yaml"
+    path.write_text(json.dumps(crd))  # JSON is YAML, and writes much faster
+    (name,) = install_crds(api_client, [path])
+    return name
+
+
+@pytest.fixture
+def operator(jobset_crd: str, sandbox: Sandbox, namespace: str, tmp_path: Path) -> Iterator[Operator]:
+    # The CRD is served before the operator starts: its JobSet informer lists them from the first moment.
+    yield from running_operator(sandbox, namespace, tmp_path)
+
+
+@pytest.fixture
+def cluster(api_client: client.ApiClient, namespace: str, operator: Operator) -> Cluster:
+    return Cluster(api_client, namespace)
+
+
+def train(name: str, attempt: int) -> str:
+    return m.train_job_name(name, attempt, HOSTS)
+
+
+def wait_jobset(cluster: Cluster, name: str) -> dict[str, Any]:
+    return until(lambda: kube.get(cluster.api, JOBSET_API_VERSION, JOBSET_KIND, cluster.ns, name), f"JobSet {name}")
+
+
+def host_pods(cluster: Cluster, jobset: dict[str, Any]) -> list[str]:
+    """The JobSet controller's part: one pod per host from the replicated Job's template, with the labels,
+    completion-index annotation, hostname and subdomain that JobSet and Indexed Jobs give them."""
+    (rj,) = jobset["spec"]["replicatedJobs"]
+    template = rj["template"]["spec"]["template"]
+    js = jobset["metadata"]["name"]
+    names = []
+    for host in range(rj["template"]["spec"]["completions"]):
+        labels = {
+            **template["metadata"]["labels"],
+            "job-name": f"{js}-{rj['name']}-0",
+            LABEL_JOBSET_NAME: js,
+        }
+        pod_name = f"{js}-{rj['name']}-0-{host}-abcde"
+        pod: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod_name,
+                "namespace": cluster.ns,
+                "labels": labels,
+                "annotations": {JOB_COMPLETION_INDEX: str(host)},
+                "ownerReferences": [
+                    {
+                        "apiVersion": JOBSET_API_VERSION,
+                        "kind": JOBSET_KIND,
+                        "name": js,
+                        "uid": jobset["metadata"]["uid"],
+                    }
+                ],
+            },
+            "spec": {**template["spec"], "hostname": f"{js}-{rj['name']}-0-{host}", "subdomain": js},
+        }
+        kube.create(cluster.api, pod)
+        names.append(pod_name)
+    return names
+
+
+def set_pod(cluster: Cluster, pod: str, phase: str, exit_code: int | None = None, **status: Any) -> None:
+    """The kubelet's part for one pod (by name)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    cs: dict[str, Any] = {"name": m.TRAINER_CONTAINER, "image": "x", "imageID": "", "ready": False, "restartCount": 0}
+    if phase == "Running":
+        cs.update(ready=True, state={"running": {"startedAt": now}})
+    elif exit_code is not None:
+        term = {"exitCode": exit_code, "reason": "Error", "message": status.pop("message", "")}
+        cs["state"] = {"terminated": {**term, "startedAt": now, "finishedAt": now}}
+    body = {"phase": phase, "startTime": now, "containerStatuses": [cs], **status}
+    kube.patch(cluster.api, "v1", "Pod", cluster.ns, pod, {"status": body}, subresource="status")
+
+
+def _assert(ok: bool) -> None:
+    assert ok
+
+
+def test_a_multi_host_job_runs_as_a_jobset_the_apiserver_accepts(cluster: Cluster) -> None:
+    name = cluster.create(tpu=SLICE)
+    js = wait_jobset(cluster, train(name, 0))
+    # Stored as sent: nothing the operator set was pruned by the schema.
+    assert js["metadata"]["ownerReferences"][0]["kind"] == "FineTuneJob"
+    assert js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == (
+        "cloud.google.com/gke-nodepool"
+    )
+    assert js["spec"]["network"] == {"enableDNSHostnames": True}
+    assert js["spec"]["failurePolicy"]["maxRestarts"] == 0  # (the schema adds its default restartStrategy)
+    job = js["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert (job["completions"], job["parallelism"], job["completionMode"]) == (HOSTS, HOSTS, "Indexed")
+    env = {e["name"] for e in job["template"]["spec"]["containers"][0]["env"]}
+    assert {"TPUFORGE_NUM_PROCESSES", "TPUFORGE_PROCESS_ID", "TPUFORGE_COORDINATOR_ADDRESS"} <= env
+    assert cluster.children("Job", name) == []  # no plain Job for a multi-host slice
+    st = cluster.wait_phase(name, "Pending")
+    assert st["attempts"][0]["jobName"] == train(name, 0)
+    _, _, created = cluster.wait_event(name, "Created")
+    assert f"JobSet {train(name, 0)} of 2 hosts" in created
+
+    pods = host_pods(cluster, js)
+    set_pod(cluster, pods[0], "Running")
+    set_pod(cluster, pods[1], "Running")
+    st = cluster.wait_phase(name, "Training")
+    eventually(lambda: _assert(cluster.status(name)["attempts"][0].get("pods") == pods), "every host's pod is named")
+    for pod in pods:
+        set_pod(cluster, pod, "Succeeded", exit_code=0)
+    cluster.wait_phase(name, "Merging")
+
+
+def test_a_preempted_host_starts_the_next_attempt_and_a_failed_host_counts_one_failure(cluster: Cluster) -> None:
+    name = cluster.create(tpu=SLICE, runPolicy={"maxRestarts": 1})
+    pods = host_pods(cluster, wait_jobset(cluster, train(name, 0)))
+    for pod in pods:
+        set_pod(cluster, pod, "Running")
+    cluster.wait_phase(name, "Training")
+
+    # Host 1's VM is reclaimed; both hosts agree on a step, checkpoint it and exit 83.
+    disrupted = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByKubelet", "message": "Spot"}
+    said = "Preempted: checkpoint at step 40"
+    set_pod(cluster, pods[1], "Failed", EXIT_PREEMPTED, message=said, conditions=[disrupted])
+    set_pod(cluster, pods[0], "Failed", EXIT_PREEMPTED, message=said)
+    js = wait_jobset(cluster, train(name, 1))
+    st = cluster.wait_phase(name, "Pending")
+    assert st["restarts"] == {"failures": 0, "preemptions": 1} and st["attempt"] == 1
+    assert st["attempts"][0]["outcome"] == "Preempted"
+    kind, _, message = cluster.wait_event(name, "Preempted")
+    assert kind == "Warning" and f"host 1 of 2 (pod {pods[1]}" in message and "attempt 1 resumes" in message
+
+    # Attempt 1: host 0 fails; host 1 is stopped by the operator (the JobSet is deleted, its pods with it).
+    pods = host_pods(cluster, js)
+    for pod in pods:
+        set_pod(cluster, pod, "Running")
+    cluster.wait_phase(name, "Training")
+    set_pod(cluster, pods[0], "Failed", 1, message="FloatingPointError: loss is NaN at step 41")
+    eventually(
+        lambda: _assert(kube.get(cluster.api, JOBSET_API_VERSION, JOBSET_KIND, cluster.ns, train(name, 1)) is None),
+        "the failed attempt's JobSet is deleted",
+    )
+    wait_jobset(cluster, train(name, 2))  # once host 1's pod is gone (garbage-collected with its JobSet)
+    st = cluster.status(name)
+    assert st["restarts"] == {"failures": 1, "preemptions": 1} and st["attempt"] == 2
+    kind, _, message = cluster.wait_event(name, "TrainingFailed")
+    assert "host 0 of 2" in message and "loss is NaN at step 41" in message
+
+
+def test_an_informer_of_a_kind_the_cluster_does_not_serve_is_ready_and_empty(
+    jobset_crd: str, sandbox: Sandbox, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without JobSet's CRD the operator still starts (its JobSet informer lists nothing and says the kind is
+    not served); with it, the same informer is served."""
+    kube.configure(sandbox.kubeconfig)
+    monkeypatch.setattr(informer, "UNSERVED_RETRY_SECONDS", 0.2)
+
+    async def start(api_version: str) -> tuple[bool, int]:
+        inf: informer.Informer[str, str] = informer.Informer(
+            api_version=api_version,
+            kind=JOBSET_KIND,
+            label_selector="a=b",
+            namespaces=[namespace],
+            view=lambda obj: "",
+            owner=lambda obj: None,
+            on_change=lambda owner, before, after: None,
+        )
+        await asyncio.wait_for(inf.start(), 10)
+        await asyncio.sleep(0.5)  # a second look, after the retry delay, changes nothing
+        inf.stop()
+        return inf.served, len(inf)
+
+    assert asyncio.run(start("jobset.x-k8s.io/v1alpha9")) == (False, 0)  # no such version is served
+    assert asyncio.run(start(JOBSET_API_VERSION)) == (True, 0)
