@@ -3,12 +3,12 @@ rewrite, status and exclusive placement. tests/integration/test_sandbox_jobset.p
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.fixtures import upstream
 from tpuforge.sandbox.agent.jobsets import (
     COMPLETION_INDEX,
     EXCLUSIVE_TOPOLOGY,
@@ -27,20 +27,12 @@ from tpuforge.sandbox.agent.jobsets import (
 from tpuforge.sandbox.jobset_crd import JOBSET_CRD_FILE, jobset_crd
 from tpuforge.sandbox.nodes import GKE_NODEPOOL
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def shared_upstream(name: str) -> Path | None:
-    for shared in (ROOT.parent / "shared", ROOT.parent.parent / "shared"):
-        if (shared / "upstream" / name).exists():
-            return shared / "upstream" / name
-    return None
-
 
 def test_the_jobset_crd_in_the_repo_is_the_upstream_file_unchanged() -> None:
-    reference = shared_upstream("jobset-crd.yaml")
-    if reference is None:
-        pytest.skip("no shared/upstream/ beside the repository")
+    try:
+        reference = upstream.upstream_file(upstream.JOBSET_CRD)
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
     assert JOBSET_CRD_FILE.read_bytes() == reference.read_bytes()
 
 
