@@ -12,6 +12,7 @@ from tokenizers import Tokenizer
 from tpuforge_workloads.data import demo
 from tpuforge_workloads.data.chat import ChatEncoder, ChatTokens, TokenizerError
 from tpuforge_workloads.data.pipeline import (
+    BATCH_ARRAYS,
     BatchSpec,
     attention_mask,
     batches,
@@ -183,7 +184,7 @@ def test_a_restored_iterator_continues_with_the_same_batches(
 
 def test_packed_rows_have_per_example_segments_positions_and_masks(examples: list[dict[str, np.ndarray]]) -> None:
     spec = _spec(packing=True, epochs=1)
-    rows = [b for batch in batches(examples, spec) for b in zip(*(batch[k] for k in sorted(batch)), strict=True)]
+    rows = [b for batch in batches(examples, spec) for b in zip(*(batch[k] for k in sorted(BATCH_ARRAYS)), strict=True)]
     by_tokens = {e["tokens"].tobytes(): e for e in examples}
     seen = 0
     for input_mask, input_tokens, positions, segment_ids in rows:

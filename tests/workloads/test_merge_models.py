@@ -78,7 +78,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
             state,
         ),
     )
-    checkpoints = TrainCheckpoints(str(root / "ckpt"), every_steps=1, keep=1, data_state=dict)
+    checkpoints = TrainCheckpoints(str(root / "ckpt"), every_steps=1, keep=1, data_iterator=None)
     checkpoints.save(STEP, model, force=True)
     checkpoints.close()
     lora.write_manifest(str(root / "ckpt"), lora.manifest("gemma4-tiny", str(root / "base"), SPEC))

@@ -55,8 +55,8 @@ def test_checkpoints_keep_the_latest_and_are_readable_without_the_model(tiny_tra
     assert np.abs(q["w_lora_b"]["value"]).max() > 0  # B starts at zero: training moved it
     assert set(tree["layers"]["0"]["attn"]) == {"q_einsum", "kv_einsum", "attn_vec_einsum"}
     assert set(tree["layers"]["1"]["attn"]) == {"q_einsum", "k_einsum", "attn_vec_einsum"}
-    data_state = json.loads(storage.read_text(storage.join(uri, "16", "data_iterator", "metadata")))
-    assert data_state  # the Grain iterator's position
+    data_state = json.loads(storage.read_text(storage.join(uri, "16", "data_iterator", "process_0-of-1.json")))
+    assert data_state  # the Grain iterator's position (one file per process)
 
 
 def test_progress_channel_failure_does_not_stop_training(tiny_training_run: TrainingRun) -> None:

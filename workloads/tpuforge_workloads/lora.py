@@ -134,12 +134,22 @@ def set_dropout_seed(model: Any, seed: int, mesh: jax.sharding.Mesh) -> None:
     The stream is replicated on the mesh, as a restored one is, so fresh and resumed runs compile the same
     train step."""
     import jax
+    import numpy as np
     from flax import nnx
 
     model.set_attributes(qwix_rngs=nnx.Rngs(dropout=seed + 1))
     rng = nnx.state(model, nnx.RngState)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())  # type: ignore[no-untyped-call]
-    nnx.update(model, jax.device_put(rng, replicated))
+
+    # Through host memory: the stream starts on one local device, and on a multi-host mesh an array can
+    # only be placed from the same host values on every process.
+    def place(x: Any) -> Any:
+        if jax.numpy.issubdtype(x.dtype, jax.dtypes.prng_key):
+            data = jax.device_put(np.asarray(jax.random.key_data(x)), replicated)
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+        return jax.device_put(np.asarray(x), replicated)
+
+    nnx.update(model, jax.tree.map(place, rng))
 
 
 def causal_inputs(tokens: np.ndarray) -> dict[str, Any]:

@@ -12,7 +12,12 @@ A batch is a dict of numpy arrays [rows, max_seq_len]:
     input_mask    bool    loss mask (which targets count)
     segment_ids   int32   1, 2, ... per example in the row; 0 on padding
     positions     int32   position within its own example
+plus `global_tokens`, an int64 scalar: the real tokens of the whole global batch.
 `attention_mask` turns segment ids into the block-diagonal causal mask the model needs.
+
+On a multi-host slice every process builds only its own rows of each global batch (the rows its devices
+hold on the batch axis, `process_rows`), from the same random-access source, so the global batch is the
+one a single process would build; `to_global` assembles the processes' rows into global arrays.
 """
 
 from __future__ import annotations
@@ -236,30 +241,35 @@ class BatchSpec:
 
 class MicroBatches:
     """Grain random-access source of micro-batches: batch i stacks rows [i * rows, (i + 1) * rows) of the
-    row source; a last partial batch is dropped. One Grain element per batch keeps Grain's per-element
-    bookkeeping off the per-row path."""
+    row source (of those, `local_rows` only: this process's share); a last partial batch is dropped. One
+    Grain element per batch keeps Grain's per-element bookkeeping off the per-row path."""
 
-    def __init__(self, examples: Sequence[Example], spec: BatchSpec):
+    def __init__(self, examples: Sequence[Example], spec: BatchSpec, local_rows: Sequence[int] | None = None):
         self._rows: PaddedRows | PackedRows = PackedRows(examples, spec) if spec.packing else PaddedRows(examples, spec)
         self._spec = spec
+        self._local = list(range(spec.rows)) if local_rows is None else list(local_rows)
 
     def __len__(self) -> int:
         return len(self._rows) // self._spec.rows
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         n = self._spec.rows
-        batch = empty_batch(n, self._spec.max_seq_len, self._spec.pad_id)
-        for r in range(n):
-            fill_row(batch, r, self._rows.members(index * n + r))
+        batch = empty_batch(len(self._local), self._spec.max_seq_len, self._spec.pad_id)
+        for i, r in enumerate(self._local):
+            fill_row(batch, i, self._rows.members(index * n + r))
+        # Counted from the lengths of every row, so each process knows the global batch's tokens.
+        members = (self._rows.members(index * n + r) for r in range(n))
+        batch["global_tokens"] = np.asarray(sum(len(e["tokens"]) for row in members for e in row), np.int64)
         return batch
 
 
-def batches(examples: Sequence[Example], spec: BatchSpec) -> grain.IterDataset:
-    """The training batches, in order. Iterate with `iter(...)`; the iterator has get_state/set_state,
-    and the state is a batch position."""
+def batches(examples: Sequence[Example], spec: BatchSpec, local_rows: Sequence[int] | None = None) -> grain.IterDataset:
+    """The training batches, in order (each holding `local_rows` of the global batch; default all). Iterate
+    with `iter(...)`; the iterator has get_state/set_state, and the state is a batch position."""
     import grain  # imports JAX: not needed by the checks that run before training
 
-    ds = grain.MapDataset.source(MicroBatches(examples, spec)).to_iter_dataset(grain.ReadOptions(num_threads=0))
+    source = MicroBatches(examples, spec, local_rows)
+    ds = grain.MapDataset.source(source).to_iter_dataset(grain.ReadOptions(num_threads=0))
     if spec.prefetch:
         ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=spec.prefetch)
     return ds
@@ -304,4 +314,29 @@ def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
 
 
 def real_tokens(batch: dict[str, np.ndarray]) -> int:
+    """Real tokens of the global batch (an eval batch: of the rows at hand)."""
+    if "global_tokens" in batch:
+        return int(batch["global_tokens"])
     return int(np.count_nonzero(batch["segment_ids"]))
+
+
+BATCH_ARRAYS = ("input_tokens", "input_mask", "segment_ids", "positions")
+
+
+def process_rows(sharding: Any, rows: int, length: int) -> list[int]:
+    """The rows of each global [rows, length] batch that this process's devices hold under `sharding`
+    (all of them on one host), in the order `to_global` expects them."""
+    spans = {
+        (s[0].start or 0, rows if s[0].stop is None else s[0].stop)
+        for s in sharding.addressable_devices_indices_map((rows, length)).values()
+    }
+    return [r for start, stop in sorted(spans) for r in range(start, stop)]
+
+
+def to_global(batch: dict[str, np.ndarray], sharding: Any, rows: int) -> dict[str, Any]:
+    """This process's rows of a batch -> global arrays of `rows` rows, sharded by `sharding` (every
+    process calls it with its own rows)."""
+    import jax
+
+    make = jax.make_array_from_process_local_data
+    return {k: make(sharding, batch[k], (rows, *batch[k].shape[1:])) for k in BATCH_ARRAYS}  # type: ignore[no-untyped-call]

@@ -4,4 +4,5 @@ plan         checks and prepares everything before JAX starts (config, model con
 loop         the JAX part: model, LoRA, optimizer, Tunix PeftTrainer, resume
 checkpoints  Orbax checkpoints with the data iterator and dropout stream
 preemption   SIGTERM -> checkpoint -> EXIT_PREEMPTED
+hosts        one or several hosts of a slice: jax.distributed, the stop agreement
 """

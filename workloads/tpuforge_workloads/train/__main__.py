@@ -3,12 +3,17 @@
 Exit codes: 0 trained to the last step; EXIT_BAD_CONFIG (2) config or input unusable, found before
 training; EXIT_PREEMPTED (83) SIGTERM handled, checkpoint saved (message starts with "Preempted");
 1 any other failure. The termination log gets one line saying which, and why.
+
+On a multi-host slice (TPUFORGE_NUM_PROCESSES > 1, see hosts.py) every host runs this; process 0 alone
+reports the job's progress, writes the run summary and serves the job-level metrics, and every process
+serves its own step and checkpoint timings on /metrics.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import platform
 import statistics
 import sys
@@ -18,7 +23,9 @@ from typing import Any
 
 from tpuforge.api.constants import EXIT_BAD_CONFIG, EXIT_PREEMPTED, TERMINATION_LOG, TERMINATION_PREEMPTED
 from tpuforge_workloads import gemma4
-from tpuforge_workloads.progress import RunProgress, RunSummary, StatusReporter, TrainMetrics
+from tpuforge_workloads.progress import METRICS_ADDR_ENV, RunProgress, RunSummary, StatusReporter, TrainMetrics
+from tpuforge_workloads.train import hosts as slice_hosts
+from tpuforge_workloads.train.hosts import Hosts, HostsError
 from tpuforge_workloads.train.plan import BadInput, Plan, load_config, make_plan
 from tpuforge_workloads.train.preemption import Preempted, PreemptionWatch
 
@@ -58,15 +65,44 @@ def _step_timings(progress: RunProgress | None) -> dict[str, Any]:
     }
 
 
-def train(plan: Plan, watch: PreemptionWatch, termination_log: str) -> int:
+class ProcessSummary(RunSummary):
+    """The run summary on a process other than 0: kept (its step times make the exit message), never
+    written; process 0 writes the job's."""
+
+    def write(self) -> None:
+        pass
+
+
+def process_metrics(port: int) -> TrainMetrics:
+    """A process other than 0 serves only what is its own: step and checkpoint timings. The job-level
+    series (step, loss, tokens) come from process 0 alone, so sums over a slice's pods count them once."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    metrics = TrainMetrics(0)
+    if port:
+        served = CollectorRegistry()
+        served.register(metrics.step_seconds)
+        served.register(metrics.checkpoint_seconds)
+        addr = os.environ.get(METRICS_ADDR_ENV, "0.0.0.0")
+        try:
+            start_http_server(port, addr=addr, registry=served)
+            metrics.port = port
+        except OSError as e:
+            log.warning("metrics server not started on %s:%d: %s; training continues", addr, port, e)
+    return metrics
+
+
+def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts = Hosts()) -> int:
     """Run the JAX part with reporting around it; returns the exit code."""
     c = plan.config
-    metrics = TrainMetrics(c.metrics_port)
-    summary = RunSummary.open(c.checkpoint.uri, c.to_wire(), c.attempt)
+    port = slice_hosts.metrics_port(c.metrics_port)
+    metrics = TrainMetrics(port) if hosts.primary else process_metrics(port)
+    summary_type = RunSummary if hosts.primary else ProcessSummary
+    summary = summary_type.open(c.checkpoint.uri, c.to_wire(), c.attempt)
     summary.attempt["data"] = plan.stats.to_json()
     if plan.eval_stats:
         summary.attempt["eval_data"] = plan.eval_stats.to_json()
-    reporter = StatusReporter(c.job, c.progress_interval_seconds) if c.job else None
+    reporter = StatusReporter(c.job, c.progress_interval_seconds) if c.job and hosts.primary else None
     timings: dict[str, float] = {}
     box: list[RunProgress] = []
 
@@ -78,13 +114,16 @@ def train(plan: Plan, watch: PreemptionWatch, termination_log: str) -> int:
     code, message = 1, "Training failed"
     started = time.monotonic()
     try:
+        slice_hosts.initialize(hosts)  # before anything else of JAX
         import jax
 
         from tpuforge_workloads.train import loop  # JAX starts here, after the input checks
 
         summary.attempt["devices"] = [str(d) for d in jax.devices()]
         summary.attempt["host"] = platform.node()
-        outcome = loop.run(plan, watch, progress_factory, timings)
+        if hosts.multi:
+            summary.attempt["processes"] = hosts.num_processes
+        outcome = loop.run(plan, watch, progress_factory, timings, hosts)
         if outcome.preempted:
             code = EXIT_PREEMPTED
             message = f"{TERMINATION_PREEMPTED} at step {outcome.step}; checkpoint saved"
@@ -135,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     watch = PreemptionWatch()
     watch.install()
     try:
-        plan = make_plan(load_config(args.config))
-    except BadInput as e:
+        hosts = slice_hosts.from_env()
+        plan = make_plan(load_config(args.config), write_manifest=hosts.primary)
+    except (BadInput, HostsError) as e:
         log.error("%s", e)
         write_termination(args.termination_log, f"Bad config: {e}")
         return EXIT_BAD_CONFIG
@@ -153,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         s.dropped_no_loss,
         plan.total_steps,
     )
-    return train(plan, watch, args.termination_log)
+    return train(plan, watch, args.termination_log, hosts)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,16 @@ Each step directory holds these items:
     optimizer_state  nnx.state(optimizer, nnx.optimizer.OptState): AdamW moments, schedule and
                      gradient-accumulation counters
     rng_counts       nnx.state(model, nnx.RngCount): where the LoRA dropout stream is (when dropout > 0)
-    data_iterator    JSON: the Grain iterator's state after the last batch of this step
+    data_iterator    the Grain iterator's state after the last batch of this step, one JSON file per
+                     process (process_<i>-of-<n>.json): on a multi-host slice each process reads its own
+                     rows of every batch, and each restores its own position
 
 plus Orbax's step metadata with `tokens` (real tokens trained on so far). Restoring all four puts a resumed
 run exactly where the interrupted one was: same weights, same optimizer moments, same dropout masks, same
 next batch. The class implements what Tunix's PeftTrainer calls on its `checkpoint_manager`.
+
+On a multi-host slice every process runs the same calls at the same steps: Orbax writes each process's
+shards of the arrays, process 0 writes the metadata and commits the step once all have written.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import grain
 import jax
 import orbax.checkpoint as ocp
 from flax import nnx
@@ -64,7 +70,8 @@ def _replicated_scalars(state: Any, mesh: Any) -> Any:
 
 
 class TrainCheckpoints:
-    """The run's CheckpointManager. `data_state()` gives the data iterator's state at save time;
+    """The run's CheckpointManager. `data_iterator` (a Grain iterator, or None) is saved with each step
+    and restored in place;
     `on_saved(step, blocking_s)` and `on_committed(step, total_s)` report durations (the commit runs in a
     background thread after training continues)."""
 
@@ -73,14 +80,14 @@ class TrainCheckpoints:
         uri: str,
         every_steps: int,
         keep: int,
-        data_state: Callable[[], dict[str, Any]],
+        data_iterator: Any | None,
         metadata: Callable[[], dict[str, Any]] = dict,
         on_saved: Callable[[int, float], None] | None = None,
         on_committed: Callable[[int, float], None] | None = None,
     ):
         self.uri = uri
         self.every_steps = every_steps
-        self._data_state = data_state
+        self._data_iterator = data_iterator
         self._metadata = metadata
         self._on_saved = on_saved
         self._on_committed = on_committed
@@ -88,7 +95,6 @@ class TrainCheckpoints:
         self._pending: tuple[int, float] | None = None
         self._last_saved: int | None = None
         self.committed_step: int | None = None
-        self.restored_data_state: dict[str, Any] | None = None
         self.restored_metadata: dict[str, Any] = {}
         self._manager = ocp.CheckpointManager(
             uri,
@@ -96,7 +102,7 @@ class TrainCheckpoints:
                 PARAMS_ITEM: ocp.PyTreeCheckpointHandler(),
                 OPTIMIZER_ITEM: ocp.PyTreeCheckpointHandler(),
                 RNG_ITEM: ocp.PyTreeCheckpointHandler(),
-                DATA_ITEM: ocp.JsonCheckpointHandler(),
+                DATA_ITEM: grain.checkpoint.CheckpointHandler(),
             },
             options=ocp.CheckpointManagerOptions(
                 max_to_keep=keep,
@@ -140,7 +146,8 @@ class TrainCheckpoints:
         counts = nnx.state(model, nnx.RngCount)
         if jax.tree.leaves(counts):
             items[RNG_ITEM] = _pytree_save(counts)
-        items[DATA_ITEM] = ocp.args.JsonSave(self._data_state())
+        if self._data_iterator is not None:
+            items[DATA_ITEM] = grain.checkpoint.CheckpointSave(self._data_iterator)
         started = time.monotonic()
         # The previous save must be committed first: Orbax waits for it inside save().
         self._manager.wait_until_finished()
@@ -166,7 +173,7 @@ class TrainCheckpoints:
         restore_only_lora_params: bool = True,
     ) -> tuple[int, dict[str, Any]]:
         """Restore the latest (or given) step into `model` and `optimizer`; (0, {}) when there is none.
-        The data iterator's state is left in `restored_data_state` for the caller to apply."""
+        The data iterator, when there is one, is set to the step's position."""
         step = self._manager.latest_step() if step is None else step
         if step is None:
             return 0, {}
@@ -182,15 +189,14 @@ class TrainCheckpoints:
         counts = nnx.state(model, nnx.RngCount)
         if jax.tree.leaves(counts) and RNG_ITEM in present:
             items[RNG_ITEM] = _pytree_restore(counts, _replicated_scalars(counts, mesh))
-        if DATA_ITEM in present:
-            items[DATA_ITEM] = ocp.args.JsonRestore()
+        if DATA_ITEM in present and self._data_iterator is not None:
+            items[DATA_ITEM] = grain.checkpoint.CheckpointRestore(self._data_iterator)
         restored = self._manager.restore(step, args=ocp.args.Composite(**items))
         nnx.update(model, restored[PARAMS_ITEM])
         if optimizer is not None:
             nnx.update(optimizer, restored[OPTIMIZER_ITEM])
         if RNG_ITEM in items:
             nnx.update(model, restored[RNG_ITEM])
-        self.restored_data_state = restored[DATA_ITEM] if DATA_ITEM in items else None
         self.restored_metadata = dict(meta.custom_metadata or {})
         self._last_saved = step
         log.info("restored step %d from %s in %.1fs", step, self.uri, time.monotonic() - started)

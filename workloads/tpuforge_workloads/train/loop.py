@@ -4,6 +4,10 @@ Tunix's PeftTrainer runs the loop (jitted step, gradient accumulation with optax
 buffering); this module hands it three things of ours: a checkpoint manager that also saves the data
 iterator and dropout stream, a data hook that feeds Grain batches and stops at a step boundary when asked
 (max steps reached, or SIGTERM), and a training hook that reports progress.
+
+The same code runs on each host of a multi-host slice (hosts.py): the mesh spans every host's devices,
+each process feeds its own rows of every global batch, and the hosts agree at every step boundary whether
+to stop, so a SIGTERM on any host checkpoints the same step everywhere.
 """
 
 from __future__ import annotations
@@ -21,9 +25,17 @@ from flax import nnx
 from tunix.sft import hooks, peft_trainer
 
 from tpuforge_workloads import gemma4, lora
-from tpuforge_workloads.data.pipeline import batches, eval_batches, model_inputs, real_tokens
+from tpuforge_workloads.data.pipeline import (
+    batches,
+    eval_batches,
+    model_inputs,
+    process_rows,
+    real_tokens,
+    to_global,
+)
 from tpuforge_workloads.progress import RunProgress
 from tpuforge_workloads.train.checkpoints import TrainCheckpoints
+from tpuforge_workloads.train.hosts import Agreement, Hosts
 from tpuforge_workloads.train.plan import Plan
 from tpuforge_workloads.train.preemption import PreemptionWatch
 
@@ -55,15 +67,28 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
 
 
 class BatchFeed(hooks.DataHooks):  # type: ignore[misc]
-    """Feeds the trainer from the Grain iterator. Returns None (the loop's stop signal) at an optimizer-step
-    boundary once the run is complete or a preemption was requested, so every checkpoint holds whole steps."""
+    """Feeds the trainer from the Grain iterator (this process's rows, made global arrays by `to_global`).
+    Returns None (the loop's stop signal) at an optimizer-step boundary once the run is complete or a
+    preemption was requested on any host, so every checkpoint holds whole steps."""
 
-    def __init__(self, iterator: Any, accumulation: int, total_steps: int, watch: PreemptionWatch, evals: list[Any]):
+    def __init__(
+        self,
+        iterator: Any,
+        accumulation: int,
+        total_steps: int,
+        watch: PreemptionWatch,
+        evals: list[Any],
+        to_global: Any = lambda batch: batch,
+        stop: Agreement | None = None,
+    ):
         self.iterator = iterator
         self.accumulation = accumulation
         self.total_steps = total_steps
         self.watch = watch
         self.evals = evals
+        self.to_global = to_global
+        self.stop = stop or Agreement(Hosts(), "stop")
+        self.preempted = False  # a SIGTERM on this or another host stopped the run
         self._eval_index = 0
         self.step_tokens: dict[int, int] = {}  # optimizer step (1-based) -> real tokens in it
         self.tokens_total = 0
@@ -71,7 +96,10 @@ class BatchFeed(hooks.DataHooks):  # type: ignore[misc]
 
     def load_next_train_batch(self, train_ctx: Any) -> Any:
         at_boundary = train_ctx.iter_steps % self.accumulation == 0
-        if at_boundary and (train_ctx.train_steps >= self.total_steps or self.watch.requested):
+        if at_boundary and train_ctx.train_steps >= self.total_steps:
+            return None
+        if at_boundary and self.stop.any(self.watch.requested):
+            self.preempted = True
             return None
         try:
             batch = next(self.iterator)
@@ -82,7 +110,7 @@ class BatchFeed(hooks.DataHooks):  # type: ignore[misc]
         n = real_tokens(batch)
         self.step_tokens[step] = self.step_tokens.get(step, 0) + n
         self.tokens_total += n
-        return batch
+        return self.to_global(batch)
 
     def load_next_eval_batch(self, train_ctx: Any) -> Any:
         if self._eval_index >= len(self.evals):
@@ -160,7 +188,9 @@ def build_model(plan: Plan, mesh: jax.sharding.Mesh, staging: Path, timings: dic
     return model
 
 
-def run(plan: Plan, watch: PreemptionWatch, progress_factory: Any, timings: dict[str, float]) -> Outcome:
+def run(
+    plan: Plan, watch: PreemptionWatch, progress_factory: Any, timings: dict[str, float], hosts: Hosts = Hosts()
+) -> Outcome:
     """Train per `plan`. `progress_factory(start_step, committed_step)` -> RunProgress is called once the
     resume point is known."""
     c = plan.config
@@ -169,16 +199,26 @@ def run(plan: Plan, watch: PreemptionWatch, progress_factory: Any, timings: dict
     with tempfile.TemporaryDirectory(prefix="tpuforge-model-") as staging:
         model = build_model(plan, mesh, Path(staging), timings)
 
-    iterator = iter(batches(plan.examples, plan.batch))
-    evals = eval_batches(plan.eval_examples, plan.rows, c.training.max_seq_len, plan.batch.pad_id)
-    feed = BatchFeed(iterator, g, plan.total_steps, watch, evals)
+    # Batches are split over fsdp (replicated over tp); this process makes only the rows its devices hold.
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))  # type: ignore[no-untyped-call]
+    local_rows = process_rows(sharding, plan.rows, c.training.max_seq_len)
+
+    def global_batch(batch: dict[str, Any]) -> dict[str, Any]:
+        return to_global(batch, sharding, plan.rows)
+
+    iterator = iter(batches(plan.examples, plan.batch, local_rows))
+    evals = [
+        global_batch({k: v[local_rows] for k, v in b.items()})
+        for b in eval_batches(plan.eval_examples, plan.rows, c.training.max_seq_len, plan.batch.pad_id)
+    ]
+    feed = BatchFeed(iterator, g, plan.total_steps, watch, evals, global_batch, Agreement(hosts, "stop"))
     progress_box: list[RunProgress] = []
 
     checkpoints = TrainCheckpoints(
         c.checkpoint.uri,
         every_steps=c.checkpoint.every_steps,
         keep=c.checkpoint.keep,
-        data_state=iterator.get_state,
+        data_iterator=iterator,
         metadata=lambda: {"tokens": feed.tokens_total},
         on_saved=lambda step, s: progress_box[0].checkpoint_saved(step, s) if progress_box else None,
         on_committed=lambda step, s: progress_box[0].checkpoint_committed(step, s) if progress_box else None,
@@ -196,8 +236,6 @@ def run(plan: Plan, watch: PreemptionWatch, progress_factory: Any, timings: dict
         trainer = SftTrainer(model, optimizer(plan), config, checkpoints)
     timings["restore_s"] = time.monotonic() - started
     start_step = trainer.train_steps
-    if checkpoints.restored_data_state is not None:
-        iterator.set_state(checkpoints.restored_data_state)
     feed.tokens_total = int(checkpoints.restored_metadata.get("tokens", 0))
     progress = progress_factory(start_step, checkpoints.committed_step)
     progress_box.append(progress)
@@ -208,7 +246,13 @@ def run(plan: Plan, watch: PreemptionWatch, progress_factory: Any, timings: dict
 
     watch.enter_loop()
     log.info(
-        "training steps %d..%d of %d on mesh %s", start_step + 1, plan.total_steps, plan.total_steps, dict(mesh.shape)
+        "training steps %d..%d of %d on mesh %s (%s, rows %s of each batch)",
+        start_step + 1,
+        plan.total_steps,
+        plan.total_steps,
+        dict(mesh.shape),
+        hosts,
+        f"{local_rows[0]}..{local_rows[-1]}",
     )
     started = time.monotonic()
     try:
@@ -225,6 +269,6 @@ def run(plan: Plan, watch: PreemptionWatch, progress_factory: Any, timings: dict
         step=step,
         total_steps=plan.total_steps,
         start_step=start_step,
-        preempted=step < plan.total_steps and watch.requested,
+        preempted=step < plan.total_steps and feed.preempted,
         loss=hook.losses[last] if last is not None else None,
     )

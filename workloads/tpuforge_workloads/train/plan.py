@@ -74,14 +74,15 @@ def total_steps(config: TrainConfig, micro_batches: int | None) -> int:
     return micro_batches // t.gradient_accumulation_steps
 
 
-def make_plan(config: TrainConfig) -> Plan:
+def make_plan(config: TrainConfig, write_manifest: bool = True) -> Plan:
+    """`write_manifest`: False on all but one process of a multi-host slice (they only check it)."""
     try:
-        return _make_plan(config)
+        return _make_plan(config, write_manifest)
     except (gemma4.ModelError, DatasetError, TokenizerError) as e:
         raise BadInput(str(e)) from e
 
 
-def _make_plan(config: TrainConfig) -> Plan:
+def _make_plan(config: TrainConfig, write_manifest: bool) -> Plan:
     t = config.training
     shape = MODELS.get(config.model_name)
     if shape is None:
@@ -139,7 +140,7 @@ def _make_plan(config: TrainConfig) -> Plan:
         )
 
     manifest = lora.manifest(config.model_name, config.model_uri, config.lora)
-    _check_checkpoint_dir(config, manifest)
+    _check_checkpoint_dir(config, manifest, write_manifest)
     return Plan(
         config=config,
         shape=shape,
@@ -157,9 +158,9 @@ def _make_plan(config: TrainConfig) -> Plan:
     )
 
 
-def _check_checkpoint_dir(config: TrainConfig, manifest: lora.LoraManifest) -> None:
+def _check_checkpoint_dir(config: TrainConfig, manifest: lora.LoraManifest, write: bool) -> None:
     """The checkpoint directory must be writable, and hold (if anything) this same adapter: resuming a
-    different rank or model into it would fail deep inside Orbax. Writes the manifest."""
+    different rank or model into it would fail deep inside Orbax. Writes the manifest (when `write`)."""
     uri = config.checkpoint.uri
     try:
         existing = lora.read_manifest(uri)
@@ -172,6 +173,8 @@ def _check_checkpoint_dir(config: TrainConfig, manifest: lora.LoraManifest) -> N
             f"checkpoint.uri {uri} holds checkpoints of another adapter ({existing.model_name}, rank "
             f"{existing.rank}, {existing.target_modules}); use a new checkpoint.uri or the same lora settings"
         )
+    if not write:
+        return
     try:
         lora.write_manifest(uri, manifest)
     except storage.StorageError as e:
