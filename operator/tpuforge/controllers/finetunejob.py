@@ -35,6 +35,7 @@ from tpuforge.api.constants import (
     JOBSET_KIND,
     LABEL_COMPONENT,
     LABEL_FINETUNEJOB,
+    LABEL_JOBSET_NAME,
     VERSION,
 )
 from tpuforge.controllers.finetune_children import (
@@ -146,7 +147,8 @@ class FineTuneJobController:
         self.jobs: Informer[Key, JobView] = Informer(
             api_version="batch/v1",
             kind="Job",
-            label_selector=CHILD_SELECTOR,
+            # A JobSet's own Jobs are its business: the operator follows the JobSet and its pods.
+            label_selector=f"{CHILD_SELECTOR},!{LABEL_JOBSET_NAME}",
             namespaces=namespaces,
             view=job_view,
             owner=owner_key,
