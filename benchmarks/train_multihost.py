@@ -9,6 +9,10 @@ the coordination service), each process assembling its rows into global arrays, 
 compiling step, from the run summary) of the two-process run over the one-process run; best of `--rounds`
 rounds that alternate which goes first. Target ratio <= 1.15.
 
+For context it also times one small all-reduce over the same 8 devices, within one process and across the
+two (the CPU emulation's cross-process collectives run over gloo on loopback TCP), and the hosts' per-step
+agreement (a coordination-service barrier).
+
     .venv/bin/python benchmarks/train_multihost.py [--steps 30] [--rounds 2] [--json out.json]
 """
 
@@ -108,7 +112,58 @@ def run(config: TrainConfig, work: Path, hosts: int, cache: Path) -> dict[str, A
     return {**attempt["timings"], "wall_s": time.monotonic() - started, "devices": len(attempt["devices"])}
 
 
+def probe(process_id: int, hosts: int, coordinator: str) -> None:
+    """(Run as a subprocess.) Milliseconds per blocking all-reduce of 8 KB over an fsdp=2 x tp=4 mesh, and
+    per Agreement round; printed as JSON by process 0."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from tpuforge_workloads.train import hosts as slice_hosts
+
+    h = slice_hosts.Hosts(process_id, hosts, coordinator if hosts > 1 else None)
+    slice_hosts.initialize(h)
+    mesh = jax.make_mesh((2, 4), ("fsdp", "tp"), devices=jax.devices())
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))  # type: ignore[no-untyped-call]
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())  # type: ignore[no-untyped-call]
+    x = jax.device_put(np.ones((8, 256), np.float32), rows)
+    total = jax.jit(lambda a: jnp.sum(a, axis=0), out_shardings=replicated)
+    total(x).block_until_ready()
+    started = time.perf_counter()
+    for _ in range(20):
+        total(x).block_until_ready()
+    allreduce_ms = (time.perf_counter() - started) / 20 * 1000
+    agree = slice_hosts.Agreement(h, "probe")
+    started = time.perf_counter()
+    for _ in range(20):
+        agree.any(False)
+    agreement_ms = (time.perf_counter() - started) / 20 * 1000
+    if process_id == 0:
+        print(json.dumps({"allreduce_ms": allreduce_ms, "agreement_ms": agreement_ms}), flush=True)
+
+
+def run_probe(hosts: int) -> dict[str, float]:
+    coordinator = f"127.0.0.1:{free_port()}"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--probe", str(i), str(hosts), coordinator],
+            cwd=ROOT,
+            env=environment(8 // hosts, Path(tempfile.gettempdir())),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        for i in range(hosts)
+    ]
+    outputs = [p.communicate(timeout=600)[0] for p in procs]
+    line = next(x for x in outputs[0].splitlines() if x.startswith("{"))
+    return json.loads(line)  # type: ignore[no-any-return]
+
+
 def main() -> int:
+    if sys.argv[1:2] == ["--probe"]:
+        probe(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=2)
@@ -140,6 +195,9 @@ def main() -> int:
         "two_processes_token_slots_per_s": tokens_per_step / two,
         "runs": runs,
     }
+    for hosts in (1, 2):
+        for k, v in run_probe(hosts).items():
+            results[f"{k}_{hosts}_process"] = v
     print(json.dumps(results, indent=2))
     ok = results["multihost_step_time_ratio"] <= 1.15
     print(f"{'PASS' if ok else 'MISS'}  step time ratio (2 processes / 1 process, same global batch) <= 1.15")
