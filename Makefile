@@ -59,7 +59,7 @@ pytest: setup
 test: setup lint types contracts pytest
 
 demo: setup
-	$(BIN)/tpuforge demo $(if $(PREEMPT),--preempt,)
+	$(BIN)/tpuforge demo $(if $(PREEMPT),--preempt,) $(if $(HOSTS),--hosts $(HOSTS),)
 
 sandbox-down:
 	-$(BIN)/tpuforge sandbox down

@@ -5,12 +5,12 @@ JobSet controller and the kubelets (it creates each host's pod from the JobSet's
 through its phases), so that every ending is exact: a preemption of one host starts the next attempt, a
 failure of one host is counted.
 
-The sandbox has no v5p-16 node here, so its node agent never runs these pods."""
+The test's namespace turns the sandbox's own JobSet emulation off, and its pods name a scheduler of their
+own, so the node agent never runs them (tests/e2e/test_multihost.py runs real ones)."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.fixtures import upstream
 from tests.integration.test_finetunejob_support import Cluster, Operator, eventually, running_operator, until
 from tpuforge import kube
 from tpuforge.api.constants import (
@@ -32,7 +31,9 @@ from tpuforge.api.constants import (
 from tpuforge.controllers import informer
 from tpuforge.manifests import finetune as m
 from tpuforge.sandbox import Sandbox
-from tpuforge.sandbox.sandbox import install_crds
+from tpuforge.sandbox.agent.jobsets import CONTROLLER_SWITCH
+from tpuforge.sandbox.jobset_crd import JOBSET_CRD_NAME
+from tpuforge.sandbox.kubeapi import Kube
 
 pytestmark = pytest.mark.cluster
 
@@ -41,17 +42,18 @@ SLICE = {"slice": "v5p-16"}
 
 
 @pytest.fixture(scope="module")
-def jobset_crd(sandbox: Sandbox, api_client: client.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The upstream JobSet CRD, installed as Kubernetes 1.20 can hold it (no CEL rules, no empty defaults)."""
-    crd = upstream.for_kubernetes_1_20(upstream.jobset_crd())
-    path = tmp_path_factory.mktemp("jobset") / "jobset-crd.yaml"
-    path.write_text(json.dumps(crd))  # JSON is YAML, and writes much faster
-    (name,) = install_crds(api_client, [path])
-    return name
+def jobset_crd(sandbox: Sandbox, api_client: client.ApiClient) -> str:
+    """The upstream JobSet CRD, as the sandbox installs it (no CEL rules, no empty defaults)."""
+    assert Kube(api_client).crd_established(JOBSET_CRD_NAME)
+    return JOBSET_CRD_NAME
 
 
 @pytest.fixture
-def operator(jobset_crd: str, sandbox: Sandbox, namespace: str, tmp_path: Path) -> Iterator[Operator]:
+def operator(
+    jobset_crd: str, sandbox: Sandbox, api_client: client.ApiClient, namespace: str, tmp_path: Path
+) -> Iterator[Operator]:
+    # This test plays the JobSet controller here, not the sandbox's node agent.
+    client.CoreV1Api(api_client).patch_namespace(namespace, {"metadata": {"labels": {CONTROLLER_SWITCH: "off"}}})
     # The CRD is served before the operator starts: its JobSet informer lists them from the first moment.
     yield from running_operator(sandbox, namespace, tmp_path)
 
@@ -100,7 +102,12 @@ def host_pods(cluster: Cluster, jobset: dict[str, Any]) -> list[str]:
                     }
                 ],
             },
-            "spec": {**template["spec"], "hostname": f"{js}-{rj['name']}-0-{host}", "subdomain": js},
+            "spec": {
+                **template["spec"],
+                "hostname": f"{js}-{rj['name']}-0-{host}",
+                "subdomain": js,
+                "schedulerName": "played-by-the-test",  # not the node agent's to run
+            },
         }
         kube.create(cluster.api, pod)
         names.append(pod_name)
@@ -187,8 +194,9 @@ def test_a_preempted_host_starts_the_next_attempt_and_a_failed_host_counts_one_f
     wait_jobset(cluster, train(name, 2))  # once host 1's pod is gone (garbage-collected with its JobSet)
     st = cluster.status(name)
     assert st["restarts"] == {"failures": 1, "preemptions": 1} and st["attempt"] == 2
-    kind, _, message = cluster.wait_event(name, "TrainingFailed")
-    assert "host 0 of 2" in message and "loss is NaN at step 41" in message
+    kind, _, message = cluster.wait_event(name, "Retrying")
+    assert kind == "Warning" and message.startswith("attempt 1 failed")
+    assert "host 0 of 2" in st["attempts"][1]["message"] and "loss is NaN at step 41" in st["attempts"][1]["message"]
 
 
 def test_an_informer_of_a_kind_the_cluster_does_not_serve_is_ready_and_empty(

@@ -11,7 +11,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tpuforge.api.constants import GKE_TPU_ACCELERATOR, TPU_RESOURCE
+from tpuforge.api.catalog import TPU_SLICES
+from tpuforge.api.constants import GKE_TPU_ACCELERATOR, GKE_TPU_TOPOLOGY, TPU_RESOURCE
 from tpuforge.manifests.common import locked_down
 from tpuforge.sandbox import Sandbox, wait_for
 
@@ -31,7 +32,7 @@ TRAP_SIGTERM = (
 
 
 def pod(
-    name: str, code: str, *, restart: str = "Never", accelerator: str | None = None, tpu: int = 0, **spec: Any
+    name: str, code: str, *, restart: str = "Never", slice_: str | None = None, tpu: int = 0, **spec: Any
 ) -> dict[str, Any]:
     container: dict[str, Any] = {"name": "main", "image": "python:3.11", "command": ["python", "-c", code]}
     container.update(spec.pop("container", {}))
@@ -41,8 +42,12 @@ def pod(
         "metadata": {"name": name},
         "spec": {"restartPolicy": restart, "terminationGracePeriodSeconds": 5, "containers": [container], **spec},
     }
-    if accelerator:
-        body["spec"]["nodeSelector"] = {GKE_TPU_ACCELERATOR: accelerator}
+    if slice_:  # as the operator selects a slice's node pool
+        tpu_slice = TPU_SLICES[slice_]
+        body["spec"]["nodeSelector"] = {
+            GKE_TPU_ACCELERATOR: tpu_slice.accelerator,
+            GKE_TPU_TOPOLOGY: tpu_slice.topology,
+        }
         body["spec"]["tolerations"] = [TPU_TOLERATION]
     if tpu:
         container["resources"] = {"limits": {TPU_RESOURCE: str(tpu)}}
@@ -279,7 +284,7 @@ def test_two_pods_wanting_all_chips_of_one_v5p8_node_run_one_after_the_other(
         body = pod(
             name,
             code,
-            accelerator="tpu-v5p-slice",
+            slice_="v5p-8",
             tpu=4,
             container={"env": [{"name": "XLA_FLAGS", "value": "--xla_dump_to=/tmp/x"}]},
         )
@@ -300,11 +305,11 @@ def test_two_pods_wanting_all_chips_of_one_v5p8_node_run_one_after_the_other(
 
 
 def test_a_pod_no_node_fits_stays_pending_with_the_reason(core: client.CoreV1Api, namespace: str) -> None:
-    core.create_namespaced_pod(namespace, pod("greedy", "pass", accelerator="tpu-v5p-slice", tpu=8))
+    core.create_namespaced_pod(namespace, pod("greedy", "pass", slice_="v5p-8", tpu=8))
     cond = wait_for(lambda: condition(read(core, namespace, "greedy"), "PodScheduled"), 30, "FailedScheduling")
     assert cond.status == "False" and cond.reason == "Unschedulable"
     assert cond.message == (
-        f"0/3 nodes are available: 1 Insufficient {TPU_RESOURCE}, 2 node(s) didn't match node selector."
+        f"0/5 nodes are available: 1 Insufficient {TPU_RESOURCE}, 4 node(s) didn't match node selector."
     )
     assert read(core, namespace, "greedy").status.phase == "Pending"
 
@@ -398,7 +403,7 @@ def test_delete_sends_sigterm_then_the_pod_is_gone(core: client.CoreV1Api, sandb
 def test_preempt_marks_disruption_and_fails_the_pods_on_the_node(
     core: client.CoreV1Api, sandbox: Sandbox, namespace: str
 ) -> None:
-    core.create_namespaced_pod(namespace, pod("spot", TRAP_SIGTERM, accelerator="tpu-v5p-slice", tpu=4))
+    core.create_namespaced_pod(namespace, pod("spot", TRAP_SIGTERM, slice_="v5p-8", tpu=4))
     wait_for(lambda: "started" in log_of(core, namespace, "spot"), 30, "the pod to start")
     sandbox.preempt("v5p-8-spot-0")
     p = read(core, namespace, "spot")

@@ -8,8 +8,9 @@ import pytest
 import yaml
 
 from tpuforge.api import ServingDeploymentSpec
+from tpuforge.api.validation import check_finetune
 from tpuforge.sandbox.config import DEFAULT_BUCKET, repo_root
-from tpuforge.sandbox.demo import FINETUNE_YAML, SERVING_YAML, DemoError, halfway, load_job, load_yaml
+from tpuforge.sandbox.demo import FINETUNE_YAML, SERVING_YAML, DemoError, for_hosts, halfway, load_job, load_yaml
 
 ROOT = repo_root()
 
@@ -21,6 +22,17 @@ def test_the_demo_job_is_valid_and_writes_to_the_sandbox_bucket() -> None:
     assert spec.merge.enabled and spec.merge.verify
     # A preemption halfway must find a committed checkpoint to resume from.
     assert spec.training.max_steps is not None and spec.checkpoint.every_steps <= spec.training.max_steps // 2
+
+
+def test_the_demo_job_on_two_hosts_is_the_same_job_on_a_v5p_16() -> None:
+    job = load_job(ROOT / FINETUNE_YAML, DEFAULT_BUCKET)
+    two = for_hosts(job, 2)
+    assert (two.spec.tpu.slice, two.spec.tpu.spot, two.spec.tpu.mesh) == ("v5p-16", True, None)  # catalog mesh
+    assert two.spec.model_copy(update={"tpu": job.spec.tpu}) == job.spec
+    assert check_finetune(two.spec) == []  # the operator accepts it
+    assert for_hosts(job, 1) is job
+    with pytest.raises(DemoError, match="--hosts 3: no tpu-v5p-slice slice has 3 hosts; choose one of 1, 2, 4"):
+        for_hosts(job, 3)
 
 
 def test_the_demo_serving_serves_the_demo_job() -> None:

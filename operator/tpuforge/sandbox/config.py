@@ -17,7 +17,9 @@ from tpuforge.api.catalog import TPU_SLICES, TpuSlice
 
 K8S_VERSION = "v1.20.2"
 DEFAULT_BUCKET = "tpuforge"
-DEFAULT_NODES = "v5p-8:spot=1,v6e-8=1,cpu=1"
+# A Spot v5p-8 host for training, a v6e-8 host for serving, a CPU node for merges, and the two hosts of a
+# Spot v5p-16 slice for multi-host training.
+DEFAULT_NODES = "v5p-8:spot=1,v6e-8=1,cpu=1,v5p-16:spot=1"
 # GKE gives non-system pods at most 15 s between the preemption notice and SIGKILL.
 GKE_SHUTDOWN_GRACE_SECONDS = 15
 

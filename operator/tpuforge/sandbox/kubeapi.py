@@ -20,6 +20,7 @@ log = logging.getLogger("tpuforge.sandbox.agent")
 Obj = dict[str, Any]
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
+JOBSET = ("jobset.x-k8s.io", "v1alpha2", "jobsets")  # group, version, plural
 
 
 def now() -> str:
@@ -37,6 +38,8 @@ class Kube:
         # Typed as Any: bodies are dicts and responses raw JSON, not the client's model classes.
         self.core: Any = client.CoreV1Api(api)
         self.ext: Any = client.ApiextensionsV1Api(api)
+        self.batch: Any = client.BatchV1Api(api)
+        self.custom: Any = client.CustomObjectsApi(api)
 
     @staticmethod
     def _json(resp: Any) -> Any:
@@ -71,6 +74,9 @@ class Kube:
                 return False
             raise
         return True
+
+    def patch_pod_metadata(self, ns: str, name: str, metadata: Obj) -> None:
+        self.core.patch_namespaced_pod(name, ns, {"metadata": metadata}, _content_type=MERGE, _preload_content=False)
 
     def bind(self, ns: str, name: str, node: str) -> None:
         body = {
@@ -160,6 +166,56 @@ class Kube:
             self.core.create_namespaced_event(ns, body, _preload_content=False)
         except ApiException as e:
             log.debug("event %s on %s/%s not recorded: %s", reason, ns, meta["name"], e.status)
+
+    def list_namespaces(self, selector: str) -> list[Obj]:
+        return list(self._json(self.core.list_namespace(label_selector=selector, _preload_content=False))["items"])
+
+    # -- what the JobSet controller manages ----------------------------------------------------------------------
+    def list_jobsets(self) -> list[Obj]:
+        """Every JobSet; none when the JobSet CRD is not installed."""
+        try:
+            resp = self.custom.list_cluster_custom_object(*JOBSET, _preload_content=False)
+        except ApiException as e:
+            if e.status == 404:
+                return []
+            raise
+        items: list[Obj] = self._json(resp)["items"]
+        return items
+
+    def patch_jobset(self, ns: str, name: str, patch: Obj) -> None:
+        self.custom.patch_namespaced_custom_object(
+            *JOBSET[:2], ns, JOBSET[2], name, patch, _content_type=MERGE, _preload_content=False
+        )
+
+    def patch_jobset_status(self, ns: str, name: str, status: Obj) -> None:
+        self.custom.patch_namespaced_custom_object_status(
+            *JOBSET[:2], ns, JOBSET[2], name, {"status": status}, _content_type=MERGE, _preload_content=False
+        )
+
+    def list_jobs(self) -> list[Obj]:
+        return list(self._json(self.batch.list_job_for_all_namespaces(_preload_content=False))["items"])
+
+    def create_job(self, ns: str, job: Obj) -> None:
+        try:
+            self.batch.create_namespaced_job(ns, job, _preload_content=False)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+
+    def delete_job(self, ns: str, name: str) -> None:
+        """Delete the Job; the garbage collector deletes its pods (gracefully)."""
+        try:
+            self.batch.delete_namespaced_job(name, ns, propagation_policy="Background", _preload_content=False)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def create_service(self, ns: str, service: Obj) -> None:
+        try:
+            self.core.create_namespaced_service(ns, service, _preload_content=False)
+        except ApiException as e:
+            if e.status != 409:
+                raise
 
     # -- nodes -----------------------------------------------------------------------------------------
     def list_nodes(self, selector: str) -> list[Obj]:

@@ -29,6 +29,7 @@ from tpuforge.sandbox.config import (
     repo_root,
 )
 from tpuforge.sandbox.gcs import create_bucket, gcs_argv, gcs_env, wait_gcs
+from tpuforge.sandbox.jobset_crd import JOBSET_CRD_FILE, jobset_crd
 from tpuforge.sandbox.kubeapi import Kube, new_api_client
 from tpuforge.sandbox.nodes import EMULATED_LABEL, PREEMPT_ANNOTATION, node_ready
 from tpuforge.sandbox.pki import Pki
@@ -339,19 +340,21 @@ class Sandbox:
 
 
 def install_crds(api: client.ApiClient, files: list[Path], timeout: float = 60.0) -> list[str]:
-    """Create or replace each CustomResourceDefinition and wait until all are Established."""
+    """Create or replace each CustomResourceDefinition in `files`, and the JobSet CRD (GKE clusters that run
+    multi-host training have JobSet installed), and wait until all are Established."""
     kube = Kube(api)
+    docs = [(str(path), doc) for path in files for doc in yaml.safe_load_all(path.read_text())]
+    docs.append((str(JOBSET_CRD_FILE), jobset_crd()))
     names = []
-    for path in files:
-        for doc in yaml.safe_load_all(path.read_text()):
-            if not doc or doc.get("kind") != "CustomResourceDefinition":
-                continue
-            name = doc["metadata"]["name"]
-            names.append(name)
-            try:
-                kube.apply_crd(doc)
-            except ApiException as e:
-                raise SandboxError(f"{path}: the apiserver rejected CRD {name}: {e.body}") from None
+    for source, doc in docs:
+        if not doc or doc.get("kind") != "CustomResourceDefinition":
+            continue
+        name = doc["metadata"]["name"]
+        names.append(name)
+        try:
+            kube.apply_crd(doc)
+        except ApiException as e:
+            raise SandboxError(f"{source}: the apiserver rejected CRD {name}: {e.body}") from None
     wait_for(lambda: all(kube.crd_established(n) for n in names), timeout, f"CRDs {', '.join(names)} to be Established")
     return names
 

@@ -10,7 +10,8 @@ Without them the run is one process, exactly as on a single host; every function
 a local answer, so the trainer has one code path for 1 and N processes.
 
 `TPUFORGE_METRICS_PORT`, when set, overrides the config's metrics port for this pod: on GKE every pod has its
-own address, but the sandbox runs all hosts' pods as processes of one machine, and gives each its own port.
+own address (the sandbox gives each host's pod its own loopback address), but trainer processes started by
+hand on one machine share one, and need a port each.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from tpuforge.sandbox.agent.jobsets import JOBSET_NAME, JobSetController, exclusive_nodes
 from tpuforge.sandbox.agent.logserver import serve_logs
 from tpuforge.sandbox.agent.runner import AgentContext, PodRunner
 from tpuforge.sandbox.agent.scheduling import TERMINAL, pick_node, tpu_in_use, tpu_request
@@ -49,6 +50,7 @@ class NodeAgent:
             ca_pem=Pki(cfg.pki).ca_crt.read_bytes(),
             gcs_env=gcs_env(cfg.gcs_url),
         )
+        self.jobsets = JobSetController(self.kube)
         self.runners: dict[str, PodRunner] = {}
         self.terminating: set[str] = set()
         self.preempting: set[str] = set()
@@ -121,6 +123,11 @@ class NodeAgent:
     # -- one pass --------------------------------------------------------------------------------------------
     def reconcile(self) -> None:
         pods, _ = self.kube.list_pods()
+        try:
+            unindexed = self.jobsets.reconcile(pods)
+        except Exception:  # pods of everything else still run
+            log.exception("JobSet pass failed")
+            unindexed = {p["metadata"]["uid"] for p in pods if JOBSET_NAME in (p["metadata"].get("labels") or {})}
         nodes = {
             n["metadata"]["name"]: n
             for n in self.kube.list_nodes(f"{EMULATED_LABEL}=true")
@@ -143,7 +150,7 @@ class NodeAgent:
                     self._delete(pod)
                 continue
             if not node:
-                if status.get("phase", "Pending") == "Pending":
+                if status.get("phase", "Pending") == "Pending" and uid not in unindexed:
                     pending.append(pod)
                 continue
             if node not in self.nodes or uid in self.runners or status.get("phase") in TERMINAL:
@@ -176,7 +183,10 @@ class NodeAgent:
             meta = pod["metadata"]
             if (pod["spec"].get("schedulerName") or "default-scheduler") != "default-scheduler":
                 continue
-            node, why = pick_node(pod, candidates, used)
+            exclusive = exclusive_nodes(pod, pods, candidates)
+            node, why = pick_node(pod, candidates if exclusive is None else exclusive, used)
+            if node is None and exclusive is not None and not exclusive:
+                why = f"0/{len(candidates)} nodes are available: no topology domain free for exclusive placement."
             if node is None:
                 if self.unschedulable.get(meta["uid"]) != why:
                     self.unschedulable[meta["uid"]] = why
@@ -197,6 +207,7 @@ class NodeAgent:
                 log.info("binding %s/%s to %s failed: %s", meta["namespace"], meta["name"], node, e.reason)
                 continue
             used[node] += tpu_request(pod)
+            pod["spec"]["nodeName"] = node  # the next pod of its Job follows it (exclusive placement)
             self.unschedulable.pop(meta["uid"], None)
             self.kube.event(
                 pod,

@@ -12,6 +12,8 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from tpuforge.sandbox.agent.jobsets import LOOPBACK_IP
+
 Obj = Mapping[str, Any]
 # (kind "ConfigMap" | "Secret", name) -> key -> bytes, or None when it does not exist
 Lookup = Callable[[str, str], "dict[str, bytes] | None"]
@@ -47,6 +49,7 @@ _LABEL_REF = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
 def field_value(pod: Obj, path: str) -> str:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
+    ip = (meta.get("annotations") or {}).get(LOOPBACK_IP) or "127.0.0.1"
     simple = {
         "metadata.name": meta.get("name", ""),
         "metadata.namespace": meta.get("namespace", ""),
@@ -54,8 +57,8 @@ def field_value(pod: Obj, path: str) -> str:
         "spec.nodeName": spec.get("nodeName", ""),
         "spec.serviceAccountName": spec.get("serviceAccountName", ""),
         "status.hostIP": "127.0.0.1",
-        "status.podIP": "127.0.0.1",
-        "status.podIPs": "127.0.0.1",
+        "status.podIP": ip,
+        "status.podIPs": ip,
     }
     if path in simple:
         return str(simple[path])

@@ -22,15 +22,17 @@ def _port(container: Obj, port: int | str) -> int:
     raise ValueError(f"no container port named {port!r}")
 
 
-def run_probe(probe: Obj, container: Obj, exec_command: Callable[[list[str], float], int]) -> tuple[bool, str]:
-    """One attempt: (success, failure message)."""
+def run_probe(
+    probe: Obj, container: Obj, exec_command: Callable[[list[str], float], int], host: str = "127.0.0.1"
+) -> tuple[bool, str]:
+    """One attempt on the pod's loopback address `host`: (success, failure message)."""
     timeout = float(probe.get("timeoutSeconds") or 1)
     try:
         if "httpGet" in probe:
             h = probe["httpGet"]
             scheme = (h.get("scheme") or "HTTP").lower()
             path = h.get("path") or "/"
-            url = f"{scheme}://127.0.0.1:{_port(container, h['port'])}{path if path.startswith('/') else '/' + path}"
+            url = f"{scheme}://{host}:{_port(container, h['port'])}{path if path.startswith('/') else '/' + path}"
             req = urllib.request.Request(url, headers={x["name"]: x["value"] for x in h.get("httpHeaders") or []})
             ctx = ssl._create_unverified_context() if scheme == "https" else None  # kubelet does not verify
             try:
@@ -43,7 +45,7 @@ def run_probe(probe: Obj, container: Obj, exec_command: Callable[[list[str], flo
             return False, f"HTTP probe failed with statuscode: {code}"
         if "tcpSocket" in probe:
             port = _port(container, probe["tcpSocket"]["port"])
-            with socket.create_connection(("127.0.0.1", port), timeout=timeout):
+            with socket.create_connection((host, port), timeout=timeout):
                 return True, ""
         if "exec" in probe:
             rc = exec_command(list(probe["exec"].get("command") or []), timeout)

@@ -19,6 +19,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from tpuforge.sandbox.agent.jobsets import COMPLETION_INDEX, LOOPBACK_IP, pod_hostname, rewrite_addresses
 from tpuforge.sandbox.agent.podenv import ConfigError, PathMap, container_env, expand
 from tpuforge.sandbox.agent.probes import run_probe
 from tpuforge.sandbox.agent.runtimes import runtime_for
@@ -58,8 +59,8 @@ INHERITED_ENV = (
     # A checkout run from its source roots (a second working tree) gives its pods the same code.
     "PYTHONPATH",
 )
-# The trainer's metrics server binds this address; on a laptop every server listens on loopback only.
-METRICS_ADDR = {"TPUFORGE_METRICS_ADDR": "127.0.0.1"}
+# The trainer's metrics server binds the pod's address; on a laptop every server listens on loopback only.
+METRICS_ADDR = "TPUFORGE_METRICS_ADDR"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -138,6 +139,8 @@ class PodRunner:
         self.dir: Path = ctx.pods_dir / self.ns / self.name
         self.restart_policy = spec.get("restartPolicy") or "Always"
         self.grace = int(spec.get("terminationGracePeriodSeconds", 30))
+        # 127.0.0.1, except for a JobSet's pods after its first: each has its own loopback address.
+        self.ip: str = (meta.get("annotations") or {}).get(LOOPBACK_IP) or "127.0.0.1"
         self.inits = [ContainerRun(c, True) for c in spec.get("initContainers") or []]
         self.apps = [ContainerRun(c, False) for c in spec.get("containers") or []]
         self.phase = "Pending"
@@ -376,19 +379,23 @@ class PodRunner:
         env = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
         env.update(
             {
-                "HOSTNAME": self.pod["spec"].get("hostname") or self.name,
+                "HOSTNAME": pod_hostname(self.pod) or self.name,
                 "TMPDIR": str(self.tmp_dir),
                 **runtime.env,
                 # Python images set this; without it, logs arrive only when the process exits.
                 "PYTHONUNBUFFERED": "1",
-                **METRICS_ADDR,
+                METRICS_ADDR: self.ip,
                 **self.ctx.gcs_env,
             }
         )
         if self.kubeconfig:
             env["KUBECONFIG"] = str(self.kubeconfig)
+        index = (self.pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX)
+        if index is not None:  # what the Indexed Job controller adds to every container
+            env["JOB_COMPLETION_INDEX"] = index
         own = container_env(self.pod, c.spec, self._lookup, self.node.resources())
         env.update({k: paths.apply(v) for k, v in own.items()})
+        env = {k: rewrite_addresses(v, self.pod) for k, v in env.items()}  # the sandbox's DNS
         env["PATH"] = f"{runtime.bin_dir}:{env.get('PATH') or SYSTEM_PATH}"
         if self.node.tpu:
             # One emulated CPU device per TPU chip of the node, so meshes keep their TPU shape.
@@ -555,7 +562,7 @@ class PodRunner:
                 return
             probe = probes[kind]
             due[kind] = time.monotonic() + float(probe.get("periodSeconds") or 10)
-            ok, msg = run_probe(probe, spec, lambda cmd, t: self._exec_probe(c, cmd, t))
+            ok, msg = run_probe(probe, spec, lambda cmd, t: self._exec_probe(c, cmd, t), host=self.ip)
             if ok:
                 ok_n[kind] += 1
                 fail_n[kind] = 0
@@ -646,8 +653,8 @@ class PodRunner:
                 "reason": self.reason,
                 "message": self.message,
                 "hostIP": "127.0.0.1",
-                "podIP": "127.0.0.1",
-                "podIPs": [{"ip": "127.0.0.1"}],
+                "podIP": self.ip,
+                "podIPs": [{"ip": self.ip}],
                 "startTime": self.start_time,
                 "conditions": [dict(c) for c in self.conditions.values()],
                 "initContainerStatuses": [c.status() for c in self.inits] or None,
