@@ -48,16 +48,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def make_config(model_dir: Path, data: Path, ckpt: Path, steps: int) -> TrainConfig:
+def make_config(
+    model_dir: Path,
+    data: Path,
+    ckpt: Path,
+    steps: int,
+    seq: int = SEQ,
+    micro_batch: int = MICRO_BATCH,
+    accumulation: int = ACCUMULATION,
+) -> TrainConfig:
     return TrainConfig(
         model_name="gemma4-tiny",
         model_uri=str(model_dir),
         dataset_uri=str(data),
         lora=LoraSpec(rank=8, alpha=16.0, dropout=0.0),
         training=TrainingSpec(
-            max_seq_len=SEQ,
-            micro_batch_size=MICRO_BATCH,
-            gradient_accumulation_steps=ACCUMULATION,
+            max_seq_len=seq,
+            micro_batch_size=micro_batch,
+            gradient_accumulation_steps=accumulation,
             max_steps=steps,
             learning_rate=1e-3,
             warmup_steps=1,
@@ -168,6 +176,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", help="also write the results here")
+    # The cross-process collectives per step are fixed by the model (weights gathered per layer, gradients
+    # reduced); a batch with more tokens per step shows how much of the step they stay once compute dominates,
+    # as it does on a TPU slice with a 31B model.
+    parser.add_argument("--seq-len", type=int, default=SEQ)
+    parser.add_argument("--micro-batch", type=int, default=MICRO_BATCH, help="rows per fsdp replica")
+    parser.add_argument("--accumulation", type=int, default=ACCUMULATION)
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="train-multihost-"))
@@ -178,16 +192,24 @@ def main() -> int:
     for r in range(args.rounds):
         # Alternate which goes first, so that a machine getting busier or quieter favours neither.
         for hosts in (1, 2) if r % 2 == 0 else (2, 1):
-            config = make_config(model_dir, data, work / f"ckpt-{hosts}-{r}", args.steps)
+            config = make_config(
+                model_dir,
+                data,
+                work / f"ckpt-{hosts}-{r}",
+                args.steps,
+                args.seq_len,
+                args.micro_batch,
+                args.accumulation,
+            )
             runs[hosts].append(run(config, work / f"run-{hosts}-{r}", hosts, cache))
             print(f"round {r}: {hosts} process(es): {json.dumps(runs[hosts][-1])}", flush=True)
     one = min(x["median_step_s"] for x in runs[1])
     two = min(x["median_step_s"] for x in runs[2])
-    tokens_per_step = SEQ * MICRO_BATCH * 2 * ACCUMULATION  # token slots of one global step (packed)
+    tokens_per_step = args.seq_len * args.micro_batch * 2 * args.accumulation  # token slots of a global step
     results = {
         "steps": args.steps,
-        "global_batch_rows": MICRO_BATCH * 2 * ACCUMULATION,
-        "seq_len": SEQ,
+        "global_batch_rows": args.micro_batch * 2 * args.accumulation,
+        "seq_len": args.seq_len,
         "one_process_8_devices_step_s": one,
         "two_processes_4_devices_step_s": two,
         "multihost_step_time_ratio": two / one,

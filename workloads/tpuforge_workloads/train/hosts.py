@@ -22,11 +22,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+# The pod environment the operator sets on every host of a JobSet (one definition, in the contract).
+from tpuforge.api.constants import ENV_COORDINATOR_ADDRESS, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+
 log = logging.getLogger(__name__)
 
-ENV_NUM_PROCESSES = "TPUFORGE_NUM_PROCESSES"
-ENV_PROCESS_ID = "TPUFORGE_PROCESS_ID"
-ENV_COORDINATOR_ADDRESS = "TPUFORGE_COORDINATOR_ADDRESS"
 ENV_METRICS_PORT = "TPUFORGE_METRICS_PORT"
 # A host waits this long at an agreement for the slowest one; the first comes after model load, which
 # differs between hosts by their download time. A host that dies fails the others' wait sooner: the
