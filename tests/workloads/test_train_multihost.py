@@ -36,7 +36,9 @@ RTOL = 1e-4
 
 
 def _config(model_uri: str, dataset_uri: str, name: str) -> TrainConfig:
-    config = tiny_train_config(model_uri, dataset_uri, f"gs://{RUNS_BUCKET}/{name}/checkpoints", max_steps=STEPS)
+    config = tiny_train_config(
+        model_uri, dataset_uri, f"gs://{RUNS_BUCKET}/multihost-{name}/checkpoints", max_steps=STEPS
+    )
     config.mesh = MeshSpec(fsdp=2, tp=4)
     config.eval_uri = dataset_uri.replace("demo-chat", "demo-eval")
     return config
