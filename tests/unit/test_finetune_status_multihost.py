@@ -91,6 +91,16 @@ def test_an_attempt_is_a_jobset_and_training_starts_when_every_host_runs() -> No
     assert w.status.attempts[0].outcome == "Succeeded"
 
 
+def test_the_attempt_names_its_hosts_pods_in_host_order_whichever_started_first() -> None:
+    w = Slice()
+    w.step()
+    w.host(train(0), 1, "Running")
+    w.step()
+    w.host(train(0), 0, "Running")
+    w.step()
+    assert w.status.attempts[0].pods == [f"{train(0)}-trainer-0-0-x", f"{train(0)}-trainer-0-1-x"]
+
+
 def test_one_host_done_is_not_the_attempt_done() -> None:
     w = Slice()
     w.step()

@@ -427,9 +427,10 @@ class _Planner:
             e.node_name = started.node_name
         if self.hosts > 1:
             known = list(e.pods or [])
-            new = [p.name for p in sorted(on_nodes, key=_host_order) if p.name not in known]
-            if new:
-                e.pods = known + new
+            new = [p.name for p in on_nodes if p.name not in known]
+            if new:  # in host order, whichever host reached its node first
+                host = {p.name: p.host for p in pods}
+                e.pods = sorted(known + new, key=lambda name: (_unknown_last(host.get(name)), name))
 
     def begin(self, attempt: int) -> None:
         """Make `attempt` the current one (its Job is created by create_attempt)."""
@@ -798,8 +799,12 @@ class _Planner:
         st.cost = Cost.estimate(hours, price)
 
 
+def _unknown_last(host: int | None) -> int:
+    return host if host is not None else 1 << 30
+
+
 def _host_order(pod: PodView) -> tuple[int, str]:
-    return (pod.host if pod.host is not None else 1 << 30, pod.name)
+    return (_unknown_last(pod.host), pod.name)
 
 
 def plan(o: Observed, now: datetime) -> Plan:
