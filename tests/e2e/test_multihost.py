@@ -62,11 +62,10 @@ def test_a_two_host_job_is_preempted_on_one_host_resumes_with_no_step_lost_and_m
     a0, a1 = status["attempts"]
     assert a0["outcome"] == "Preempted", a0
     assert a0["pods"] == [p["metadata"]["name"] for p in first]
-    saved_at = re.search(r"Preempted at step (\d+); checkpoint saved", a0["message"])
-    assert saved_at, a0
-    saved = int(saved_at.group(1))
-    assert 4 <= saved < total
-    assert (a1["outcome"], a1["startStep"]) == ("Succeeded", saved), a1
+    # The step both hosts agreed on and saved is where attempt 1 starts (the attempt's message is whichever
+    # host's ending the operator saw first: the disruption, or a checkpoint's exit 83).
+    saved = a1["startStep"]
+    assert a1["outcome"] == "Succeeded" and saved is not None and 4 <= saved < total, a1
     assert len(a1["pods"]) == len(HOSTS)
 
     # 0 steps lost: attempt 0 trained up to the checkpoint both hosts saved; attempt 1 restored it and went
