@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.fixtures.gcs",
     "tests.fixtures.cluster",
     "tests.fixtures.models",
+    "tests.fixtures.operator",
 ]

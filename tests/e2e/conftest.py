@@ -3,15 +3,10 @@ the tiny model."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
 
-from tests.integration.test_finetunejob_support import Cluster, Operator, running_operator
-from tpuforge.sandbox import Sandbox
 from tpuforge.sandbox.gcs import GcsServer, create_bucket
 
 BUCKET = "tpuforge-test-e2e"
@@ -25,16 +20,6 @@ STEPS = 100
 def runs_bucket(gcs: GcsServer) -> str:
     create_bucket(gcs.url, BUCKET)
     return BUCKET
-
-
-@pytest.fixture
-def operator(sandbox: Sandbox, namespace: str, tmp_path: Path) -> Iterator[Operator]:
-    yield from running_operator(sandbox, namespace, tmp_path)
-
-
-@pytest.fixture
-def cluster(api_client: client.ApiClient, namespace: str, operator: Operator) -> Cluster:
-    return Cluster(api_client, namespace)
 
 
 @pytest.fixture

@@ -3,34 +3,18 @@ kube-controller-manager (Job controller, garbage collector): every phase and way
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-from kubernetes import client
 
 from tests.integration.test_finetunejob_support import (
     Cluster,
     Operator,
     eventually,
-    running_operator,
 )
 from tpuforge import kube
 from tpuforge.api import TrainConfig
 from tpuforge.api.constants import CONFIG_FILE, EXIT_PREEMPTED
-from tpuforge.sandbox import Sandbox
 
 pytestmark = pytest.mark.cluster
-
-
-@pytest.fixture
-def operator(sandbox: Sandbox, namespace: str, tmp_path: Path) -> Iterator[Operator]:
-    yield from running_operator(sandbox, namespace, tmp_path)
-
-
-@pytest.fixture
-def cluster(api_client: client.ApiClient, namespace: str, operator: Operator) -> Cluster:
-    return Cluster(api_client, namespace)
 
 
 def test_happy_path_to_succeeded(cluster: Cluster, operator: Operator) -> None:

@@ -4,8 +4,6 @@ writes (409 conflicts), and the trainer's own RBAC, checked with real ServiceAcc
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,25 +13,13 @@ from tests.integration.test_finetunejob_support import (
     Cluster,
     Operator,
     eventually,
-    running_operator,
 )
 from tpuforge import kube
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
-from tpuforge.sandbox import Sandbox
 
 pytestmark = pytest.mark.cluster
 
 CHILD_KINDS = ("ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Job")
-
-
-@pytest.fixture
-def operator(sandbox: Sandbox, namespace: str, tmp_path: Path) -> Iterator[Operator]:
-    yield from running_operator(sandbox, namespace, tmp_path)
-
-
-@pytest.fixture
-def cluster(api_client: client.ApiClient, namespace: str, operator: Operator) -> Cluster:
-    return Cluster(api_client, namespace)
 
 
 def children(cluster: Cluster, name: str) -> dict[str, list[str]]:
