@@ -57,9 +57,9 @@ def test_finetunejob_schema_carries_defaults_enums_and_required() -> None:
 
 def test_printer_columns() -> None:
     names = [c["name"] for c in crds.crd(crds.KINDS[0])["spec"]["versions"][0]["additionalPrinterColumns"]]
-    assert names == ["Phase", "Progress", "Step", "Loss", "Tok/s", "ETA", "Cost", "Slice", "Age"]
+    assert names == ["Phase", "Progress", "Step", "Loss", "Tok/s", "ETA", "Cost", "Eval", "Slice", "Age"]
     names = [c["name"] for c in crds.crd(crds.KINDS[1])["spec"]["versions"][0]["additionalPrinterColumns"]]
-    assert names == ["Phase", "Ready", "Endpoint", "Model", "Slice", "Age"]
+    assert names == ["Phase", "Ready", "Endpoint", "Model", "Adapters", "Slice", "Age"]
 
 
 @pytest.mark.parametrize("example", ["finetune.yaml", "serving.yaml", "finetune-demo.yaml"])

@@ -3,12 +3,23 @@ configs, and validation. Depends on pydantic only."""
 
 from tpuforge.api.catalog import MODELS, TPU_SLICES, ModelShape, TpuSlice, model_shape, tpu_slice
 from tpuforge.api.conditions import Condition, now_rfc3339, set_condition
-from tpuforge.api.configs import JobRef, MergeConfig, ServeConfig, TrainConfig, merge_config, train_config
+from tpuforge.api.configs import (
+    EvalConfig,
+    JobRef,
+    MergeConfig,
+    ServeConfig,
+    TrainConfig,
+    merge_config,
+    train_config,
+)
 from tpuforge.api.finetune import (
     AttemptStatus,
     CheckpointSpec,
     Cost,
     DatasetRef,
+    EvalThresholds,
+    EvaluationSpec,
+    EvaluationStatus,
     FineTuneJobSpec,
     FineTuneJobStatus,
     FineTunePhase,
@@ -26,7 +37,12 @@ from tpuforge.api.finetune import (
     TrainingSpec,
 )
 from tpuforge.api.serving import (
+    AdapterPhase,
+    AdapterSource,
+    AdapterStatus,
     FineTuneJobRef,
+    LoraServingSpec,
+    PromotionSpec,
     ServingDeploymentSpec,
     ServingDeploymentStatus,
     ServingModel,
@@ -49,11 +65,18 @@ from tpuforge.api.validation import (
 __all__ = [
     "MODELS",
     "TPU_SLICES",
+    "AdapterPhase",
+    "AdapterSource",
+    "AdapterStatus",
     "AttemptStatus",
     "CheckpointSpec",
     "Condition",
     "Cost",
     "DatasetRef",
+    "EvalConfig",
+    "EvalThresholds",
+    "EvaluationSpec",
+    "EvaluationStatus",
     "FieldError",
     "FineTuneJobRef",
     "FineTuneJobSpec",
@@ -61,6 +84,7 @@ __all__ = [
     "FineTunePhase",
     "ImagesSpec",
     "JobRef",
+    "LoraServingSpec",
     "LoraSpec",
     "MergeConfig",
     "MergeSpec",
@@ -70,6 +94,7 @@ __all__ = [
     "OutputSpec",
     "Outputs",
     "Progress",
+    "PromotionSpec",
     "Restarts",
     "RunPolicy",
     "ServeConfig",

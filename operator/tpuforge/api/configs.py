@@ -7,7 +7,14 @@ from pydantic import Field
 
 from tpuforge.api.base import ApiModel
 from tpuforge.api.catalog import Dtype
-from tpuforge.api.finetune import CheckpointSpec, FineTuneJobSpec, LoraSpec, MeshSpec, TrainingSpec
+from tpuforge.api.finetune import (
+    CheckpointSpec,
+    EvalMetric,
+    FineTuneJobSpec,
+    LoraSpec,
+    MeshSpec,
+    TrainingSpec,
+)
 from tpuforge.api.validation import resolved_mesh
 
 
@@ -44,7 +51,28 @@ class MergeConfig(ApiModel):
     shard_size_mb: int = Field(default=4096, ge=1, alias="shardSizeMB")
     lora: LoraSpec = Field(default_factory=LoraSpec)
     write_adapter: bool = False
+    write_merged: bool = Field(default=True, description="False: export the adapter only (no merged model).")
     verify: bool = False
+
+
+class EvalConfig(ApiModel):
+    """What the evaluation pod reads: the base, the adapter (PEFT, for vLLM) and the checkpoint (for the
+    trainer's own loss), the records, and where the report goes."""
+
+    job: JobRef | None = None
+    model_name: str
+    base_model_uri: str
+    adapter_uri: str = Field(description="The committed PEFT adapter directory.")
+    checkpoint_uri: str = Field(description="The Orbax checkpoints; the loss uses the adapter's step.")
+    dataset_uri: str
+    metrics: list[EvalMetric]
+    max_examples: int = Field(ge=1)
+    max_new_tokens: int = Field(ge=1)
+    lora: LoraSpec
+    training: TrainingSpec = Field(description="maxSeqLen, lossOn and overLength shape the records as in training.")
+    mesh: MeshSpec = Field(description="Device mesh for the loss.")
+    report_uri: str = Field(description="Where the per-example results (JSONL) go.")
+    work_dir: str = Field(default="/tmp/tpuforge-eval", description="Local scratch for the model copies.")
 
 
 class ServeConfig(ApiModel):

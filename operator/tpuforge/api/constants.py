@@ -17,6 +17,7 @@ SERVING_SHORT = "sdep"
 PROJECT_VERSION = "0.1.0"
 DEFAULT_TRAINER_IMAGE = f"tpuforge/trainer:{PROJECT_VERSION}"
 DEFAULT_MERGER_IMAGE = f"tpuforge/merger:{PROJECT_VERSION}"
+DEFAULT_EVALUATOR_IMAGE = f"tpuforge/evaluator:{PROJECT_VERSION}"
 DEFAULT_OPERATOR_IMAGE = f"tpuforge/operator:{PROJECT_VERSION}"
 DEFAULT_VLLM_IMAGE = "vllm/vllm-tpu:gemma4"
 
@@ -68,6 +69,8 @@ TERMINATION_PREEMPTED = "Preempted"
 
 # Merge output commit marker: an output directory without it is absent to every reader.
 COMPLETE_MARKER = "_COMPLETE"
+# Where the export puts the PEFT adapter, committed on its own (its own _COMPLETE), under the output URI.
+ADAPTER_SUBDIR = "adapter"
 
 # Where pods find their config file (ConfigMap mounted read-only).
 CONFIG_MOUNT_DIR = "/etc/tpuforge"

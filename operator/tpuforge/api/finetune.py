@@ -11,7 +11,7 @@ from tpuforge.api import display
 from tpuforge.api.base import ApiModel, StatusModel
 from tpuforge.api.catalog import GEMMA4_LORA_TARGETS, Dtype
 from tpuforge.api.conditions import Condition
-from tpuforge.api.constants import DEFAULT_MERGER_IMAGE, DEFAULT_TRAINER_IMAGE
+from tpuforge.api.constants import DEFAULT_EVALUATOR_IMAGE, DEFAULT_MERGER_IMAGE, DEFAULT_TRAINER_IMAGE
 
 
 class ModelRef(ApiModel):
@@ -92,12 +92,20 @@ class OutputSpec(ApiModel):
 
 
 class MergeSpec(ApiModel):
-    enabled: bool = Field(default=True, description="Merge the LoRA weights into the base after training.")
+    enabled: bool = Field(
+        default=True,
+        description="Merge the LoRA weights into the base after training. false with writeAdapter: true exports "
+        "the adapter only (no merged copy of the base).",
+    )
     dtype: Dtype | None = Field(default=None, description="Output dtype; defaults to the base model's.")
     shard_size_mb: int = Field(
         default=4096, ge=1, alias="shardSizeMB", description="Maximum size of one safetensors shard in MB."
     )
-    write_adapter: bool = Field(default=False, description="Also write the unmerged adapter in PEFT format.")
+    write_adapter: bool = Field(
+        default=False,
+        description="Write the unmerged adapter in PEFT format to <output.uri>/adapter, committed on its own "
+        "(status.outputs.adapterUri), for ServingDeployment spec.adapters.",
+    )
     verify: bool = Field(
         default=False, description="Reload the merged model with transformers and compare logits (slow)."
     )
@@ -110,9 +118,50 @@ class MergeSpec(ApiModel):
     )
 
 
+EvalMetric = Literal["loss", "exactMatch"]
+EVAL_METRICS: tuple[EvalMetric, ...] = ("loss", "exactMatch")
+
+
+class EvalThresholds(ApiModel):
+    max_loss: float | None = Field(
+        default=None, gt=0, description="The adapter passes only if its held-out loss is at most this."
+    )
+    min_exact_match: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="The adapter passes only if this fraction of greedy answers equals the reference answer.",
+    )
+
+
+class EvaluationSpec(ApiModel):
+    dataset_uri: str | None = Field(
+        default=None, description="gs:// chat JSONL to evaluate on; defaults to spec.dataset.evalUri."
+    )
+    metrics: list[EvalMetric] = Field(
+        default_factory=lambda: list(EVAL_METRICS),
+        min_length=1,
+        description="loss: teacher-forced loss on the assistant tokens; exactMatch: greedy answers equal to the "
+        "records' last assistant turn.",
+    )
+    max_examples: int = Field(default=200, ge=1, description="Evaluate at most this many records (the first ones).")
+    max_new_tokens: int = Field(default=256, ge=1, description="Longest greedy answer generated for exactMatch.")
+    thresholds: EvalThresholds = Field(
+        default_factory=EvalThresholds, description="What the adapter must reach to pass (unset: always passes)."
+    )
+    slice: str = Field(
+        default="v6e-8",
+        description="TPU slice the evaluation runs on (the serving slice kind), or cpu for a CPU node (tests).",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Extra node selector for the evaluation pod (e.g. a CPU node pool)."
+    )
+
+
 class ImagesSpec(ApiModel):
     trainer: str = Field(default=DEFAULT_TRAINER_IMAGE, description="Training image.")
     merger: str = Field(default=DEFAULT_MERGER_IMAGE, description="Merge image.")
+    evaluator: str = Field(default=DEFAULT_EVALUATOR_IMAGE, description="Evaluation image (vLLM + tpuforge).")
 
 
 class RunPolicy(ApiModel):
@@ -139,6 +188,11 @@ class FineTuneJobSpec(ApiModel):
     checkpoint: CheckpointSpec = Field(description="Where and how often training checkpoints.")
     output: OutputSpec = Field(description="Where the merged model goes.")
     merge: MergeSpec = Field(default_factory=MergeSpec, description="The merge that follows training.")
+    evaluation: EvaluationSpec | None = Field(
+        default=None,
+        description="Score the adapter (and the base, for comparison) on held-out data after the export; "
+        "ServingDeployments promote the adapter only when it passes.",
+    )
     images: ImagesSpec = Field(default_factory=ImagesSpec, description="Container images.")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Suspension, retries, deadlines.")
     queue_name: str | None = Field(default=None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name).")
@@ -154,6 +208,7 @@ class FineTunePhase(StrEnum):
     PENDING = "Pending"
     TRAINING = "Training"
     MERGING = "Merging"
+    EVALUATING = "Evaluating"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     SUSPENDED = "Suspended"
@@ -198,6 +253,21 @@ class Restarts(StatusModel):
 class Outputs(StatusModel):
     checkpoint_uri: str | None = None
     merged_model_uri: str | None = None
+    adapter_uri: str | None = Field(
+        default=None, description="The committed PEFT adapter (<output.uri>/adapter), when one was written."
+    )
+
+
+class EvaluationStatus(StatusModel):
+    """The evaluation's result: the adapter's scores beside the base model's on the same records."""
+
+    metrics: dict[str, float] = Field(default_factory=dict, description="The adapter's scores, by metric.")
+    base_metrics: dict[str, float] = Field(default_factory=dict, description="The base model's scores.")
+    examples: int | None = Field(default=None, description="Records evaluated.")
+    passed: bool | None = Field(default=None, description="Whether every threshold was met.")
+    result: str | None = Field(default=None, description="Passed or Failed, for kubectl get.")
+    message: str | None = Field(default=None, description="The headline, or why it failed the thresholds.")
+    report_uri: str | None = Field(default=None, description="Per-example results (JSONL) in GCS.")
 
 
 class Cost(StatusModel):
@@ -249,4 +319,5 @@ class FineTuneJobStatus(StatusModel):
     start_time: str | None = None
     completion_time: str | None = None
     outputs: Outputs | None = None
+    evaluation: EvaluationStatus | None = None
     cost: Cost | None = None

@@ -32,9 +32,54 @@ class ServingModel(ApiModel):
         return self
 
 
+class AdapterSource(ApiModel):
+    """One LoRA adapter served next to the base model, under its own name."""
+
+    name: str = Field(
+        pattern=r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$",
+        max_length=63,
+        description="The name clients put in requests (the `model` field); lowercase letters, digits, -, . and _.",
+    )
+    fine_tune_job_ref: FineTuneJobRef | None = Field(
+        default=None,
+        description="Serve this FineTuneJob's adapter (status.outputs.adapterUri) once it has Succeeded and, "
+        "when spec.promotion asks, passed its evaluation.",
+    )
+    uri: str | None = Field(default=None, description="gs:// directory of a committed PEFT adapter (with _COMPLETE).")
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> AdapterSource:
+        if (self.uri is None) == (self.fine_tune_job_ref is None):
+            raise ValueError(f"adapter {self.name!r}: set exactly one of uri and fineTuneJobRef")
+        return self
+
+
+class PromotionSpec(ApiModel):
+    require_evaluation: bool | None = Field(
+        default=None,
+        description="Take a FineTuneJob's new adapter only when its evaluation passed. Default: true for jobs "
+        "with spec.evaluation, false for jobs without one.",
+    )
+
+
 class ServingTpu(ApiModel):
     slice: str = Field(default="v6e-8", description="TPU slice catalog id.")
     spot: bool = Field(default=False, description="Schedule on Spot capacity.")
+
+
+class LoraServingSpec(ApiModel):
+    """vLLM's multi-LoRA settings. They are fixed flags of the server: changing one restarts the pods, while
+    adding, replacing or removing an adapter does not."""
+
+    max_loras: int = Field(default=4, ge=1, description="vLLM --max-loras: adapters in one batch.")
+    max_lora_rank: int | None = Field(
+        default=None,
+        ge=1,
+        description="vLLM --max-lora-rank; defaults to the largest referenced job's rank (64 when only URIs).",
+    )
+    max_cpu_loras: int | None = Field(
+        default=None, ge=1, description="vLLM --max-cpu-loras: adapters cached in host memory (>= maxLoras)."
+    )
 
 
 class VllmSpec(ApiModel):
@@ -49,6 +94,9 @@ class VllmSpec(ApiModel):
     model_path: str = Field(
         default="/models/model", description="Where the init container puts the model inside the pod."
     )
+    lora: LoraServingSpec = Field(
+        default_factory=LoraServingSpec, description="Multi-LoRA settings, used when spec.adapters is not empty."
+    )
     extra_args: list[str] = Field(default_factory=list, description="Appended last to `vllm serve`.")
 
 
@@ -61,7 +109,17 @@ class XlaCacheSpec(ApiModel):
 
 
 class ServingDeploymentSpec(ApiModel):
-    model: ServingModel = Field(description="What to serve: a merged model URI or a FineTuneJob's output.")
+    model: ServingModel = Field(
+        description="What to serve: a merged model URI or a FineTuneJob's output; with adapters, their base model."
+    )
+    adapters: list[AdapterSource] = Field(
+        default_factory=list,
+        description="LoRA adapters served next to the base, each under its own name; loaded and unloaded at "
+        "runtime (no pod restart).",
+    )
+    promotion: PromotionSpec = Field(
+        default_factory=PromotionSpec, description="When a FineTuneJob's new adapter may take traffic."
+    )
     tpu: ServingTpu = Field(default_factory=ServingTpu, description="Where the server runs.")
     vllm: VllmSpec = Field(default_factory=VllmSpec, description="The vLLM server.")
     replicas: int = Field(default=1, ge=0, description="vLLM server replicas (one slice each).")
@@ -81,10 +139,31 @@ class ServingPhase(StrEnum):
     FAILED = "Failed"
 
 
+class AdapterPhase(StrEnum):
+    LOADING = "Loading"
+    READY = "Ready"
+    FAILED = "Failed"
+
+
+class AdapterStatus(StatusModel):
+    name: str
+    uri: str | None = Field(default=None, description="The adapter being served under this name.")
+    source: str | None = Field(default=None, description="The FineTuneJob it came from, when it did.")
+    revision: str | None = Field(default=None, description="Which output of that job (uid/completion time).")
+    step: int | None = Field(default=None, description="The training step the adapter was exported at.")
+    loaded_replicas: int = Field(default=0, description="Ready replicas that serve it.")
+    phase: AdapterPhase = AdapterPhase.LOADING
+    message: str | None = None
+
+
 class ServingDeploymentStatus(StatusModel):
     phase: ServingPhase | None = None
     ready_replicas: int | None = None
     endpoint: str | None = None
     model_uri: str | None = None
+    adapters: list[AdapterStatus] = Field(default_factory=list, description="Each spec.adapters entry, in order.")
+    adapters_ready: str | None = Field(
+        default=None, description="Adapters Ready on every ready replica / adapters in the spec, e.g. 2/2."
+    )
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = None
