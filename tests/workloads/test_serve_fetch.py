@@ -110,3 +110,30 @@ def test_a_manifest_naming_paths_outside_the_model_is_refused(bucket: str, tmp_p
     commit.write_marker(uri, m)
     rc, msg = run(tmp_path, "--model-uri", uri, "--target-dir", str(tmp_path / "m"))
     assert rc == 1 and "unsafe" in msg
+
+
+def test_an_uncommitted_base_model_is_copied_only_when_asked(bucket: str, tmp_path: Path) -> None:
+    uri = f"{bucket}/base/gemma"
+    publish(uri, marker=False)
+    target = tmp_path / "base"
+    rc, msg = run(tmp_path, "--model-uri", uri, "--target-dir", str(target))
+    assert rc == 1 and COMPLETE_MARKER in msg
+    (tmp_path / "termination-log").unlink()
+    rc, msg = run(tmp_path, "--model-uri", uri, "--target-dir", str(target), "--uncommitted-base")
+    assert (rc, msg) == (0, "")
+    assert {p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()} == {
+        *FILES,
+        fetch.FETCHED_STAMP,
+    }
+    assert fetch.fetch(ServeConfig(model_uri=uri, target_dir=str(target), require_marker=False))["files"] == 0
+    # A file that changes size is copied again.
+    storage.write_bytes(storage.join(uri, "config.json"), b'{"model_type": "gemma4_text", "x": 1}')
+    assert fetch.fetch(ServeConfig(model_uri=uri, target_dir=str(target), require_marker=False))["files"] == 4
+
+
+def test_a_base_without_config_json_is_refused(bucket: str, tmp_path: Path) -> None:
+    uri = f"{bucket}/base/not-a-model"
+    publish(uri, {"weights.bin": b"x"}, marker=False)
+    rc, msg = run(tmp_path, "--model-uri", uri, "--target-dir", str(tmp_path / "t"), "--uncommitted-base")
+    assert rc == 1 and "config.json" in msg
+    assert not (tmp_path / "t" / "weights.bin").exists()

@@ -80,6 +80,11 @@ class ServeConfig(ApiModel):
 
     model_uri: str
     target_dir: str
+    require_marker: bool = Field(
+        default=True,
+        description="Refuse a directory without _COMPLETE (a tpuforge output). False for a base model uploaded "
+        "in HuggingFace layout: every file under it is copied, sizes checked as listed.",
+    )
 
 
 def train_config(namespace: str, name: str, spec: FineTuneJobSpec, attempt: int = 0) -> TrainConfig:

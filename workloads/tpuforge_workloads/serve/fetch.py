@@ -5,7 +5,9 @@
 
 It refuses a model directory without the `_COMPLETE` marker (the merge has not finished, or failed), copies
 every file the marker's manifest lists, checking each file's size and sha256 as it streams, and leaves the
-target directory holding exactly those files. A restarted init container in the same pod finds the copy
+target directory holding exactly those files. A base model uploaded by hand has no marker: with
+--uncommitted-base (ServeConfig.requireMarker false) every file under the directory is copied and its size
+checked against the listing. A restarted init container in the same pod finds the copy
 done and exits at once. Exit codes: 0 done, 1 cannot fetch (missing marker, storage error, mismatch),
 EXIT_BAD_CONFIG for a bad config; the reason goes to the termination log, where the operator reads it.
 """
@@ -22,6 +24,7 @@ import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from pydantic import ValidationError
@@ -54,7 +57,7 @@ def _marker_digest(uri: str) -> str:
     return hashlib.sha256(storage.read_bytes(commit.marker_uri(uri))).hexdigest()
 
 
-def _already_fetched(uri: str, target: Path, digest: str, manifest: commit.Manifest) -> bool:
+def _already_fetched(uri: str, target: Path, digest: str, files: list[_File]) -> bool:
     stamp = target / FETCHED_STAMP
     try:
         seen = json.loads(stamp.read_text())
@@ -63,10 +66,28 @@ def _already_fetched(uri: str, target: Path, digest: str, manifest: commit.Manif
     if seen != {"modelUri": uri, "marker": digest}:
         return False
     # Sizes are cheap to check; the contents were verified as they were written.
-    return not commit.check_files(str(target), manifest, checksums=False)
+    return all((target / f.name).is_file() and (target / f.name).stat().st_size == f.size for f in files)
 
 
-def _copy_one(uri: str, f: commit.ManifestFile, target: Path) -> None:
+@dataclass(frozen=True)
+class _File:
+    name: str
+    size: int
+    sha256: str | None  # None for a base model's file: nothing recorded it
+
+
+def _listing(uri: str) -> list[_File]:
+    """Every file under an uncommitted model directory (a base model in HuggingFace layout)."""
+    files = [_File(n, storage.size(storage.join(uri, n)), None) for n in sorted(storage.list_files(uri))]
+    if not any(f.name == "config.json" for f in files):
+        raise FetchError(
+            f"{uri} holds no config.json, so it is not a model in HuggingFace layout; point the spec at the "
+            "directory with config.json, *.safetensors and the tokenizer"
+        )
+    return files
+
+
+def _copy_one(uri: str, f: _File, target: Path) -> None:
     src = storage.join(uri, f.name)
     partial = target / PARTIAL_DIR / f.name
     partial.parent.mkdir(parents=True, exist_ok=True)
@@ -79,7 +100,7 @@ def _copy_one(uri: str, f: commit.ManifestFile, target: Path) -> None:
             n += len(chunk)
     if n != f.size:
         raise FetchError(f"{src}: read {n} bytes, {COMPLETE_MARKER} says {f.size}; the model changed or is corrupt")
-    if h.hexdigest() != f.sha256:
+    if f.sha256 is not None and h.hexdigest() != f.sha256:
         raise FetchError(f"{src}: sha256 differs from {COMPLETE_MARKER}; the model changed or is corrupt")
     final = target / f.name
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -95,34 +116,45 @@ def _remove_strays(target: Path, keep: set[str]) -> None:
             p.rmdir()
 
 
+def _listing_digest(files: list[_File]) -> str:
+    return hashlib.sha256(json.dumps([[f.name, f.size] for f in files]).encode()).hexdigest()
+
+
 def fetch(cfg: ServeConfig) -> dict[str, float]:
-    """Copy the committed model at cfg.model_uri into cfg.target_dir; returns what it did."""
+    """Copy the model at cfg.model_uri (committed, or a base model when cfg.require_marker is false) into
+    cfg.target_dir; returns what it did."""
     uri, target = cfg.model_uri.rstrip("/"), Path(cfg.target_dir)
     started = time.monotonic()
     manifest = commit.read_manifest(uri)
-    if manifest is None:
+    if manifest is None and cfg.require_marker:
         raise FetchError(
             f"{uri} has no {COMPLETE_MARKER} marker: the merge has not finished or failed, so there is no model "
             "to serve yet; check the FineTuneJob (or spec.model.uri) and this pod retries on its own"
         )
-    for f in manifest.files:
+    if manifest is not None:
+        files = [_File(f.name, f.size, f.sha256) for f in manifest.files]
+        digest = _marker_digest(uri)
+    else:
+        files = _listing(uri)
+        digest = _listing_digest(files)
+    for f in files:
         _safe_name(f.name)
-    digest = _marker_digest(uri)
     target.mkdir(parents=True, exist_ok=True)
-    if _already_fetched(uri, target, digest, manifest):
+    if _already_fetched(uri, target, digest, files):
         return {"files": 0, "bytes": 0, "seconds": time.monotonic() - started}
     (target / FETCHED_STAMP).unlink(missing_ok=True)
     shutil.rmtree(target / PARTIAL_DIR, ignore_errors=True)
     with ThreadPoolExecutor(max_workers=PARALLEL_FILES, thread_name_prefix="fetch") as pool:
-        for fut in [pool.submit(_copy_one, uri, f, target) for f in manifest.files]:
+        for fut in [pool.submit(_copy_one, uri, f, target) for f in files]:
             fut.result()
-    if _marker_digest(uri) != digest:
+    now = _marker_digest(uri) if manifest is not None else _listing_digest(_listing(uri))
+    if now != digest:
         raise FetchError(f"{uri} was rewritten while it was being fetched; the pod retries with the new model")
     shutil.rmtree(target / PARTIAL_DIR, ignore_errors=True)
-    _remove_strays(target, manifest.names() | {FETCHED_STAMP})
+    _remove_strays(target, {f.name for f in files} | {FETCHED_STAMP})
     (target / FETCHED_STAMP).write_text(json.dumps({"modelUri": uri, "marker": digest}))
     seconds = time.monotonic() - started
-    return {"files": len(manifest.files), "bytes": manifest.total_size(), "seconds": seconds}
+    return {"files": len(files), "bytes": sum(f.size for f in files), "seconds": seconds}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -130,13 +162,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="a ServeConfig JSON file (modelUri, targetDir)")
     p.add_argument("--model-uri", help="gs:// (or local) directory of a committed merged model")
     p.add_argument("--target-dir", help="local directory to copy it into (the pod's model volume)")
+    p.add_argument(
+        "--uncommitted-base",
+        action="store_true",
+        help="the URI is a base model without _COMPLETE (HuggingFace layout): copy every file under it",
+    )
     p.add_argument("--termination-log", default=TERMINATION_LOG, help="where the failure reason goes")
     return p
 
 
 def _config(a: argparse.Namespace) -> ServeConfig:
     if a.config:
-        if a.model_uri or a.target_dir:
+        if a.model_uri or a.target_dir or a.uncommitted_base:
             raise ValueError("give either --config or --model-uri and --target-dir, not both")
         try:
             text = Path(a.config).read_text()
@@ -145,7 +182,7 @@ def _config(a: argparse.Namespace) -> ServeConfig:
         return ServeConfig.model_validate_json(text)
     if not (a.model_uri and a.target_dir):
         raise ValueError("give --config, or both --model-uri and --target-dir")
-    return ServeConfig(model_uri=a.model_uri, target_dir=a.target_dir)
+    return ServeConfig(model_uri=a.model_uri, target_dir=a.target_dir, require_marker=not a.uncommitted_base)
 
 
 def _terminate(path: str, message: str) -> None:
