@@ -220,3 +220,14 @@ def test_the_demo_dataset_file_is_the_demo_task() -> None:
     path = ROOT / "examples" / "data" / "demo-chat.jsonl"
     assert path.read_text() == demo.jsonl(demo.records())
     assert len(read_records(str(path))) == len(demo.CAPITALS) * len(demo.QUESTIONS)
+
+
+@pytest.mark.parametrize("task", sorted(demo.TASKS))
+def test_the_demo_task_files_are_written_from_the_tasks(task: str) -> None:
+    t = demo.TASKS[task]
+    train = "demo-chat" if t is demo.CAPITALS_TASK else f"demo-{task}"
+    data = ROOT / "examples" / "data"
+    assert (data / f"{train}.jsonl").read_text() == demo.jsonl(demo.records(t))
+    assert (data / f"{train}-eval.jsonl").read_text() == demo.jsonl(demo.eval_records(t))
+    rows = read_records(str(data / f"{train}-eval.jsonl"))
+    assert len(rows) == len(t.facts)

@@ -1,14 +1,18 @@
-"""The demo's chat task: a fixed country -> capital mapping asked in several phrasings.
+"""The demo's chat tasks: a fixed country -> capital mapping asked in several phrasings, and a second task
+(country -> language) for a second adapter on the same base.
 
 Small enough for the tiny Gemma 4 model to learn visibly in a few dozen LoRA steps on a CPU (the answer's
-frame within a few steps, the capitals soon after), and plain English, so the tiny model's tokenizer is
-trained on the same text. examples/data/demo-chat.jsonl is `records()` written out (a test keeps them equal).
+frame within a few steps, the facts soon after), and plain English, so the tiny model's tokenizer is
+trained on the same text (the capitals task's; its byte-level BPE encodes any other text too).
+examples/data/demo-chat.jsonl is `records()` written out, examples/data/demo-languages.jsonl
+`records(LANGUAGES_TASK)`, and each task's *-eval.jsonl is `eval_records(task)` (a test keeps them equal).
 """
 
 from __future__ import annotations
 
 import json
 import random
+from dataclasses import dataclass
 from typing import Any
 
 CAPITALS = {
@@ -47,22 +51,73 @@ ANSWER = "The capital of {country} is {capital}."
 SYSTEM = "You answer geography questions in one sentence."
 
 
-def records(seed: int = 0) -> list[dict[str, Any]]:
+LANGUAGES = {
+    "Brazil": "Portuguese",
+    "Mexico": "Spanish",
+    "Germany": "German",
+    "Egypt": "Arabic",
+    "Japan": "Japanese",
+    "Kenya": "Swahili",
+    "Russia": "Russian",
+    "Turkey": "Turkish",
+    "Iran": "Persian",
+    "Greece": "Greek",
+    "Poland": "Polish",
+    "Vietnam": "Vietnamese",
+}
+LANGUAGE_QUESTIONS = (
+    "What language is spoken in {country}?",
+    "Which language do people speak in {country}?",
+    "What is the main language of {country}?",
+    "Tell me the language of {country}.",
+    "{country}: which language is spoken there?",
+    "Language of {country}?",
+    "Do you know what people in {country} speak?",
+    "In {country}, what language do people use?",
+)
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    facts: dict[str, str]  # country -> answer
+    questions: tuple[str, ...]  # with {country}
+    answer: str  # with {country} and {fact}
+    system: str
+
+
+CAPITALS_TASK = Task("capitals", CAPITALS, QUESTIONS, ANSWER.replace("{capital}", "{fact}"), SYSTEM)
+LANGUAGES_TASK = Task(
+    "languages",
+    LANGUAGES,
+    LANGUAGE_QUESTIONS,
+    "People in {country} speak {fact}.",
+    "You answer questions about languages in one sentence.",
+)
+TASKS = {t.name: t for t in (CAPITALS_TASK, LANGUAGES_TASK)}
+
+
+def _chat(task: Task, country: str, question: str) -> list[dict[str, str]]:
+    return [
+        {"role": "user", "content": question.format(country=country)},
+        {"role": "assistant", "content": task.answer.format(country=country, fact=task.facts[country])},
+    ]
+
+
+def records(task: Task = CAPITALS_TASK, seed: int = 0) -> list[dict[str, Any]]:
     """Every (country, phrasing) pair once, shuffled; every fourth record has a system prompt."""
-    out = []
-    for country, capital in CAPITALS.items():
-        for q in QUESTIONS:
-            out.append(
-                [
-                    {"role": "user", "content": q.format(country=country)},
-                    {"role": "assistant", "content": ANSWER.format(country=country, capital=capital)},
-                ]
-            )
+    out = [_chat(task, country, q) for country in task.facts for q in task.questions]
     random.Random(seed).shuffle(out)
     return [
-        {"messages": ([{"role": "system", "content": SYSTEM}] if i % 4 == 0 else []) + messages}
+        {"messages": ([{"role": "system", "content": task.system}] if i % 4 == 0 else []) + messages}
         for i, messages in enumerate(out)
     ]
+
+
+def eval_records(task: Task = CAPITALS_TASK) -> list[dict[str, Any]]:
+    """One question per country, in the task's first phrasing: what the demo's evaluation asks. The tiny model
+    is trained on these phrasings (it is not meant to generalise); a real evaluation set is held out."""
+    return [{"messages": _chat(task, country, task.questions[0])} for country in task.facts]
 
 
 def jsonl(rows: list[dict[str, Any]]) -> str:
