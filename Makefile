@@ -59,7 +59,7 @@ pytest: setup
 test: setup lint types contracts pytest
 
 demo: setup
-	$(BIN)/tpuforge demo $(if $(PREEMPT),--preempt,) $(if $(HOSTS),--hosts $(HOSTS),)
+	$(BIN)/tpuforge demo $(if $(PREEMPT),--preempt,) $(if $(HOSTS),--hosts $(HOSTS),) $(if $(ADAPTERS),--adapters,)
 
 sandbox-down:
 	-$(BIN)/tpuforge sandbox down

