@@ -258,6 +258,13 @@ class Outputs(StatusModel):
     )
 
 
+# The evaluation's conditions on a FineTuneJob: Evaluated (False while it runs; False with reason
+# EVALUATION_FAILED when its Job failed or its result is unreadable) and EvaluationPassed (the verdict).
+CONDITION_EVALUATED = "Evaluated"
+CONDITION_EVALUATION_PASSED = "EvaluationPassed"
+REASON_EVALUATION_FAILED = "EvaluationFailed"
+
+
 class EvaluationStatus(StatusModel):
     """The evaluation's result: the adapter's scores beside the base model's on the same records."""
 
