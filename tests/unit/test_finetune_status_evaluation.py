@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.unit.test_finetune_status_plan import NAME, World, raw_spec, train
 from tpuforge import api
 from tpuforge.api.constants import CONFIG_FILE, EXIT_BAD_CONFIG
@@ -22,6 +25,7 @@ from tpuforge.controllers.finetune_plan import (
     status_patch,
 )
 from tpuforge.manifests import finetune as m
+from tpuforge.metrics import FineTuneJobCollector, finetunejob_sample
 
 OUT = "gs://b/jobs/gemma-verilog/merged"
 ADAPTER = f"{OUT}/adapter"
@@ -315,3 +319,54 @@ def test_the_evaluation_status_is_the_operators_to_write() -> None:
         "phase": "Succeeded",
         "evaluation": {"metrics": {}, "baseMetrics": {}, "passed": True},
     }
+
+
+def scraped(collector: FineTuneJobCollector) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    text = generate_latest(registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+def test_metrics_carry_the_scores_and_the_verdict_and_go_with_the_object() -> None:
+    collector = FineTuneJobCollector()
+    passed, below, crashed, evaluating = World(eval_spec()), World(eval_spec()), World(eval_spec()), World(eval_spec())
+    for w in (passed, below, crashed, evaluating):
+        to_evaluating(w)
+    eval_pod(passed, "Succeeded", exit_code=0, message=result(em=1.0, loss=0.5))
+    eval_pod(below, "Succeeded", exit_code=0, message=result(em=0.2, loss=0.5))
+    eval_pod(crashed, "Failed", exit_code=1, message="boom")
+    crashed.job_done(EVAL, complete=False)
+    for name, w in (("passed", passed), ("below", below), ("crashed", crashed), ("evaluating", evaluating)):
+        w.step()
+        collector.set("ns", name, finetunejob_sample("ns", name, w.spec, w.status))
+    got = scraped(collector)
+
+    def value(family: str, name: str, **labels: str) -> float | None:
+        return got.get((family, tuple(sorted({"namespace": "ns", "name": name, **labels}.items()))))
+
+    eval_metric = "tpuforge_finetunejob_eval_metric"
+    assert value(eval_metric, "passed", metric="exactMatch", model="adapter") == 1.0
+    assert value(eval_metric, "passed", metric="exactMatch", model="base") == 0.0
+    assert value(eval_metric, "passed", metric="loss", model="adapter") == 0.5
+    assert value(eval_metric, "passed", metric="loss", model="base") == 3.25
+    assert value(eval_metric, "below", metric="exactMatch", model="adapter") == 0.2
+    assert [value("tpuforge_finetunejob_eval_passed", n) for n in ("passed", "below", "crashed", "evaluating")] == [
+        1,
+        0,
+        None,  # no verdict: the series is absent, not 0
+        None,
+    ]
+    assert [value("tpuforge_finetunejob_eval_failed", n) for n in ("passed", "below", "crashed", "evaluating")] == [
+        0,
+        0,
+        1,
+        0,
+    ]
+    assert value(eval_metric, "crashed", metric="loss", model="adapter") is None
+    collector.forget("ns", "passed")
+    assert not any(dict(labels).get("name") == "passed" for _, labels in scraped(collector))
