@@ -1,7 +1,8 @@
 """checkov, a scanner this team did not write, finds nothing to fix in what tpuforge puts on a cluster: the
 Helm chart as `helm template` renders it, and the objects the operator creates for examples/finetune.yaml,
-examples/finetune-adapter.yaml (its export and evaluation Jobs) and examples/serving.yaml. Every failure checkov reports must be accepted, with its reason, in
-security/checkov-skips.yaml, and every entry there must still match a failure (no stale skips)."""
+examples/finetune-adapter.yaml (its export and evaluation Jobs) and examples/serving.yaml. Every failure
+checkov reports must be accepted, with its reason, in security/checkov-skips.yaml, and every entry there must
+still match a failure (no stale skips)."""
 
 from __future__ import annotations
 

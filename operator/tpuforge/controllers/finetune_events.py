@@ -161,7 +161,7 @@ def exporting(uri: str) -> str:
 
 
 def adapter_exported(uri: str) -> str:
-    return fit(f"adapter in {uri}", "adapter in <spec.output.uri>/adapter")
+    return fit(f"adapter in {uri}", "adapter in status.outputs.adapterUri")
 
 
 def evaluating(slice_id: str) -> str:
