@@ -274,7 +274,11 @@ class EvaluationStatus(StatusModel):
     passed: bool | None = Field(default=None, description="Whether every threshold was met.")
     result: str | None = Field(default=None, description="Passed or Failed, for kubectl get.")
     message: str | None = Field(default=None, description="The headline, or why it failed the thresholds.")
-    report_uri: str | None = Field(default=None, description="Per-example results (JSONL) in GCS.")
+    report_uri: str | None = Field(
+        default=None,
+        description="The report in GCS (<output.uri>/evaluation, committed with _COMPLETE): report.jsonl, one line "
+        "per example, and summary.json.",
+    )
 
 
 class Cost(StatusModel):
