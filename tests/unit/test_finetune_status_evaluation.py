@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.unit.test_finetune_status_plan import NAME, World, raw_spec, train
 from tpuforge import api
 from tpuforge.api.constants import CONFIG_FILE, EXIT_BAD_CONFIG
+from tpuforge.controllers.finetune_children import JobView
 from tpuforge.controllers.finetune_plan import (
     EVALUATED,
     EVALUATION_PASSED,
@@ -257,6 +258,18 @@ def test_a_crash_is_left_to_the_jobs_retries_then_fails_with_the_last_message() 
     assert cond.reason == "EvaluationFailed" and f"after {m.EVAL_BACKOFF_LIMIT + 1} tries" in cond.message
     assert "RESOURCE_EXHAUSTED" in cond.message  # the init container's message, the pod's last word
     assert "RESOURCE_EXHAUSTED" in w.condition(EVALUATED).message
+
+
+def test_a_job_failed_by_its_pod_failure_policy_says_it_was_not_retried() -> None:
+    """On clusters with pod failure policies the Job fails itself on a rejected config, and that can be seen
+    before the pod's own ending."""
+    w = World(eval_spec())
+    to_evaluating(w)
+    v = w.jobs[EVAL]
+    w.jobs[EVAL] = JobView(v.name, v.component, None, False, True, "PodFailurePolicy: exit code 2", False)
+    w.step()
+    assert w.phase() == api.FineTunePhase.FAILED
+    assert "failed at once (a rejected config); last: PodFailurePolicy" in w.condition(FAILED).message
 
 
 def test_an_unreadable_result_fails_with_a_clear_reason() -> None:

@@ -842,10 +842,15 @@ class _Planner:
             )
         elif job.failed:
             detail = failures[-1].message if failures else job.failure
+            # The Job's pod failure policy ends it at the first rejected config (its reason says so), which
+            # can be seen before the pod's own ending.
+            tries = (
+                "at once (a rejected config)"
+                if job.failure.startswith("PodFailurePolicy")
+                else (f"after {m.EVAL_BACKOFF_LIMIT + 1} tries")
+            )
             self.evaluation_failed(
-                REASON_EVALUATION_FAILED,
-                f"the evaluation Job {job.name} failed after {m.EVAL_BACKOFF_LIMIT + 1} tries; last: {detail}",
-                detail,
+                REASON_EVALUATION_FAILED, f"the evaluation Job {job.name} failed {tries}; last: {detail}", detail
             )
         elif job.complete and not any(not p.terminal for p in pods):
             self.evaluation_failed(
