@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from tpuforge.api import FineTuneJobStatus, FineTunePhase, ServingDeploymentStatus, ServingPhase
+from tpuforge.api.finetune import CONDITION_EVALUATED, REASON_EVALUATION_FAILED
 
 # --- Reconciles (every kind) --------------------------------------------------------------------------------
 
@@ -99,6 +100,16 @@ class FineTuneJobSample:
     preemptions: int
     failures: int
     estimated_cost_usd: float | None
+    # The evaluation: each score, by (metric, model) where model is "adapter" or "base"; the verdict; and
+    # whether the evaluation Job itself failed (None: no evaluation has started).
+    eval_scores: tuple[tuple[str, str, float], ...] = ()
+    eval_passed: bool | None = None
+    eval_failed: bool | None = None
+
+
+def _eval_failed(status: FineTuneJobStatus) -> bool | None:
+    cond = next((c for c in status.conditions if c.type == CONDITION_EVALUATED), None)
+    return None if cond is None else cond.reason == REASON_EVALUATION_FAILED
 
 
 def finetunejob_sample(
@@ -123,6 +134,15 @@ def finetunejob_sample(
         preemptions=status.restarts.preemptions if status.restarts else 0,
         failures=status.restarts.failures if status.restarts else 0,
         estimated_cost_usd=status.cost.estimated_usd if status.cost else None,
+        eval_scores=tuple(
+            (metric, model, value)
+            for model, scores in (("adapter", ev.metrics), ("base", ev.base_metrics))
+            for metric, value in sorted(scores.items())
+        )
+        if (ev := status.evaluation) is not None
+        else (),
+        eval_passed=status.evaluation.passed if status.evaluation else None,
+        eval_failed=_eval_failed(status),
     )
 
 
@@ -148,9 +168,29 @@ class FineTuneJobCollector(PerObjectCollector[FineTuneJobSample]):
         cost = GaugeMetricFamily(
             f"{_FTJ}_estimated_cost_usd", "TPU slice-hours so far times the slice's list price.", labels=_KEYS
         )
+        eval_metric = GaugeMetricFamily(
+            f"{_FTJ}_eval_metric",
+            "The evaluation's scores on the held-out records: the adapter's (model=adapter) and the base "
+            "model's (model=base), by metric (loss, exactMatch).",
+            labels=[*_KEYS, "metric", "model"],
+        )
+        eval_passed = GaugeMetricFamily(
+            f"{_FTJ}_eval_passed", "1 when the adapter met every evaluation threshold, 0 when not.", labels=_KEYS
+        )
+        eval_failed = GaugeMetricFamily(
+            f"{_FTJ}_eval_failed",
+            "1 when the evaluation Job failed or its result was unreadable (no verdict), 0 once it started.",
+            labels=_KEYS,
+        )
         for s in samples:
             key = [s.namespace, s.name]
             info.add_metric([*key, s.model, s.slice], 1)
+            for metric, model, points in s.eval_scores:
+                eval_metric.add_metric([*key, metric, model], points)
+            if s.eval_passed is not None:
+                eval_passed.add_metric(key, 1 if s.eval_passed else 0)
+            if s.eval_failed is not None:
+                eval_failed.add_metric(key, 1 if s.eval_failed else 0)
             for p in FineTunePhase:
                 phase.add_metric([*key, p.value], 1 if p.value == s.phase else 0)
             restarts.add_metric([*key, "preemption"], s.preemptions)
@@ -164,7 +204,7 @@ class FineTuneJobCollector(PerObjectCollector[FineTuneJobSample]):
             ):
                 if value is not None:
                     family.add_metric(key, value)
-        return [info, phase, ratio, step, loss, tps, restarts, cost]
+        return [info, phase, ratio, step, loss, tps, restarts, cost, eval_metric, eval_passed, eval_failed]
 
 
 FINETUNEJOBS = FineTuneJobCollector()

@@ -68,16 +68,41 @@ def test_kubectl_get_and_describe_read_well(
         ).displayed(),
         cost=api.Cost.estimate(2.75, 16.8),
     )
+    # An adapter-only job whose evaluation came out below its thresholds: it succeeded, EVAL says Failed.
+    below = done.model_copy(
+        update={
+            "evaluation": api.EvaluationStatus(
+                metrics={"exactMatch": 0.2}, base_metrics={"exactMatch": 0.0}, passed=False, result="Failed"
+            )
+        }
+    )
+    passed = done.model_copy(
+        update={"evaluation": api.EvaluationStatus(metrics={"exactMatch": 0.9}, passed=True, result="Passed")}
+    )
     obj = create(crd, namespace, "gemma-verilog", training)
     create(crd, namespace, "gemma-sql", done)
+    create(crd, namespace, "gemma-sql-adapter", passed)
+    create(crd, namespace, "gemma-sql-adapter-2", below)
 
     table = kubectl(sandbox_env, "get", "finetunejobs", "-n", namespace)
     print(table)
     lines = table.splitlines()
-    assert lines[0].split() == ["NAME", "PHASE", "PROGRESS", "STEP", "LOSS", "TOK/S", "ETA", "COST", "SLICE", "AGE"]
+    header = ["NAME", "PHASE", "PROGRESS", "STEP", "LOSS", "TOK/S", "ETA", "COST", "EVAL", "SLICE", "AGE"]
+    assert lines[0].split() == header
     rows = {line.split()[0]: line.split()[1:-1] for line in lines[1:]}
-    assert rows["gemma-verilog"] == ["Training", "45%", "452", "1.235", "1043", "3h12m", "$21.00", "v5p-8"]
+    assert rows["gemma-verilog"] == [
+        "Training",
+        "45%",
+        "452",
+        "1.235",
+        "1043",
+        "3h12m",
+        "$21.00",
+        "v5p-8",
+    ]  # EVAL empty
     assert rows["gemma-sql"] == ["Succeeded", "100%", "1000", "0.8123", "1051", "0s", "$46.20", "v5p-8"]
+    assert rows["gemma-sql-adapter"][-2:] == ["Passed", "v5p-8"]
+    assert rows["gemma-sql-adapter-2"][-2:] == ["Failed", "v5p-8"]
 
     # Every Event the controller can post, on one object: the Reason column is as wide as it gets.
     messages = [(e.type, e.reason, e.message) for e in flow_events(monkeypatch)]

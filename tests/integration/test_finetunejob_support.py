@@ -71,7 +71,7 @@ class Operator:
         except OSError:
             return ""
 
-    def metric(self, metric: str, **labels: str) -> float | None:
+    def metric(self, metric: str, /, **labels: str) -> float | None:
         want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
         for line in self.metrics().splitlines():
             series, _, value = line.rpartition(" ")

@@ -33,7 +33,9 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 from tpuforge import metrics
 from tpuforge.api import (
+    Condition,
     Cost,
+    EvaluationStatus,
     FineTuneJobStatus,
     FineTunePhase,
     Progress,
@@ -54,6 +56,7 @@ ALL = ".*"
 DEADLINE_S = 40.0
 
 FTJ_NS, FTJ_TRAINING, FTJ_DONE, FTJ_FAILED = "ml", "gemma-sft", "gemma-sft-v0", "broken"
+FTJ_BELOW, FTJ_EVAL_FAILED = "gemma-sft-v1", "gemma-sft-v2"  # below its thresholds; evaluation Job failed
 SDEP_NS, SDEP_READY, SDEP_LOADING = "serving", "chat", "chat-canary"
 
 
@@ -171,6 +174,34 @@ def operator_tick(n: int) -> None:
             phase=FineTunePhase.SUCCEEDED,
             progress=Progress(step=total, total_steps=total, percent=100.0, loss=0.9),
             cost=Cost(tpu_hours=3.3, estimated_usd=56.1),
+            conditions=[Condition(type="Evaluated", status="True", reason="Evaluated")],
+            evaluation=EvaluationStatus(
+                metrics={"exactMatch": 0.9, "loss": 0.4},
+                base_metrics={"exactMatch": 0.1, "loss": 2.6},
+                examples=200,
+                passed=True,
+            ),
+        ),
+    )
+    metrics.observe_finetunejob(
+        FTJ_NS,
+        FTJ_BELOW,
+        ftj,
+        FineTuneJobStatus(
+            phase=FineTunePhase.SUCCEEDED,
+            conditions=[Condition(type="Evaluated", status="True", reason="Evaluated")],
+            evaluation=EvaluationStatus(
+                metrics={"exactMatch": 0.2}, base_metrics={"exactMatch": 0.1}, examples=200, passed=False
+            ),
+        ),
+    )
+    metrics.observe_finetunejob(
+        FTJ_NS,
+        FTJ_EVAL_FAILED,
+        ftj,
+        FineTuneJobStatus(
+            phase=FineTunePhase.FAILED,
+            conditions=[Condition(type="Evaluated", status="False", reason="EvaluationFailed")],
         ),
     )
     metrics.observe_finetunejob(FTJ_NS, FTJ_FAILED, ftj, FineTuneJobStatus(phase=FineTunePhase.FAILED))
@@ -303,7 +334,7 @@ def exporters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exporters]:
         server.shutdown()
         server.server_close()
         thread.join(5)
-    for name in (FTJ_TRAINING, FTJ_DONE, FTJ_FAILED):
+    for name in (FTJ_TRAINING, FTJ_DONE, FTJ_FAILED, FTJ_BELOW, FTJ_EVAL_FAILED):
         metrics.forget_finetunejob(FTJ_NS, name)
     for name in (SDEP_READY, SDEP_LOADING):
         metrics.forget_servingdeployment(SDEP_NS, name)
@@ -472,6 +503,9 @@ def test_alert_rules_evaluate_on_the_real_series(prometheus: Prometheus) -> None
     # The failed FineTuneJob the operator reports is pending (it fires after its `for` of one minute).
     alerts = prometheus.get("/api/v1/alerts")["data"]["alerts"]
     assert any(a["labels"]["alertname"] == "FineTuneJobFailed" and a["labels"]["name"] == FTJ_FAILED for a in alerts)
+    # The failed evaluation, and only it (not the job below its thresholds).
+    evaluations = {a["labels"]["name"] for a in alerts if a["labels"]["alertname"] == "FineTuneJobEvaluationFailed"}
+    assert evaluations == {FTJ_EVAL_FAILED}
 
 
 def test_promtool_finds_no_lint_problems_in_tpuforge_metrics(exporters: Exporters) -> None:

@@ -1,7 +1,8 @@
 """checkov, a scanner this team did not write, finds nothing to fix in what tpuforge puts on a cluster: the
-Helm chart as `helm template` renders it, and the objects the operator creates for examples/finetune.yaml and
-examples/serving.yaml. Every failure checkov reports must be accepted, with its reason, in
-security/checkov-skips.yaml, and every entry there must still match a failure (no stale skips)."""
+Helm chart as `helm template` renders it, and the objects the operator creates for examples/finetune.yaml,
+examples/finetune-adapter.yaml (its export and evaluation Jobs) and examples/serving.yaml. Every failure
+checkov reports must be accepted, with its reason, in security/checkov-skips.yaml, and every entry there must
+still match a failure (no stale skips)."""
 
 from __future__ import annotations
 
@@ -56,12 +57,17 @@ def example_spec(name: str, model: type[Any]) -> tuple[str, Any]:
 
 
 def operator_objects() -> list[dict[str, Any]]:
-    """What the operator creates for the two examples: the first training attempt, the merge, and the
-    serving children once the job's merged model exists."""
+    """What the operator creates for the examples: the first training attempt, the merge, the adapter-only
+    export and the evaluation, and the serving children once the job's merged model exists."""
     job_name, job = example_spec("finetune.yaml", FineTuneJobSpec)
     assert isinstance(job, FineTuneJobSpec)
     o = finetune.owner(EXAMPLES_NAMESPACE, job_name, OWNER_UID)
     objs = [*finetune.attempt_objects(o, job, 0), *finetune.merge_objects(o, job)]
+    # The adapter-only job with an evaluation: its export and its evaluation Job on a TPU slice.
+    adapter_name, adapter_job = example_spec("finetune-adapter.yaml", FineTuneJobSpec)
+    assert isinstance(adapter_job, FineTuneJobSpec) and adapter_job.evaluation is not None
+    a = finetune.owner(EXAMPLES_NAMESPACE, adapter_name, OWNER_UID)
+    objs += [*finetune.merge_objects(a, adapter_job), *finetune.eval_objects(a, adapter_job)]
 
     sdep_name, sdep = example_spec("serving.yaml", ServingDeploymentSpec)
     assert isinstance(sdep, ServingDeploymentSpec)

@@ -1,7 +1,7 @@
 """Every Event the FineTuneJob controller posts fits one line of `kubectl describe` on an 80-column terminal.
 
-The messages come from two places: every lifecycle in test_finetune_status_plan and _multihost (the planner's
-real Events),
+The messages come from two places: every lifecycle in test_finetune_status_plan, _multihost and _evaluation
+(the planner's real Events),
 and each message builder fed the longest inputs it can meet (GKE node names, gs:// URIs, many fields, large
 step numbers). They are laid out as `kubectl describe` lays out its Events table, with every reason present
 (so the Reason column is at its widest) and the widest age."""
@@ -13,9 +13,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.unit import test_finetune_status_evaluation as evaluation_flows
 from tests.unit import test_finetune_status_multihost as multihost_flows
 from tests.unit import test_finetune_status_plan as flows
 from tpuforge import kube
+from tpuforge.api.evaluation import Check
 from tpuforge.controllers import finetune_events as ev
 from tpuforge.controllers.finetune_plan import Event
 
@@ -44,7 +46,7 @@ def flow_events(monkeypatch: pytest.MonkeyPatch) -> list[Event]:
         return p
 
     monkeypatch.setattr(flows.World, "step", recording)
-    for module in (flows, multihost_flows):
+    for module in (flows, multihost_flows, evaluation_flows):
         for name, fn in vars(module).items():
             if name.startswith("test_") and inspect.isfunction(fn) and not inspect.signature(fn).parameters:
                 fn()
@@ -81,6 +83,20 @@ def worst_cases() -> Iterator[str]:
     yield ev.gave_up(big, "ContainerCannotRunBecauseOfSomethingLong", big)
     yield ev.rejected_config(big)
     yield ev.merge_failed()
+    yield ev.exporting(URI + "/adapter")
+    yield ev.adapter_exported(URI + "/adapter")
+    yield ev.evaluating("v6e-8")
+    yield ev.evaluating("cpu")
+    worst = {"exactMatch": 0.99, "loss": 123.456789, "someNewMetricName": 1234.5678}
+    yield ev.eval_passed(worst, worst)
+    yield ev.eval_passed({"loss": 123.456789}, {"loss": 123.456789})
+    yield ev.eval_passed(worst, {})
+    yield ev.eval_below(Check("loss", "maxLoss", 0.0001234, 123.456789, False))
+    yield ev.eval_below(Check("exactMatch", "minExactMatch", 1.0, 0.99, False))
+    yield ev.eval_below(Check("exactMatch", "minExactMatch", 1.0, None, False))
+    yield ev.eval_below(None)
+    yield ev.eval_failed()
+    yield ev.eval_unreadable()
 
 
 def test_the_room_is_what_describe_leaves() -> None:
@@ -107,3 +123,10 @@ def test_short_names_keep_their_end() -> None:
     assert message.startswith("attempt 0 preempted on ...") and message.endswith("3f2a1b2c-k9xz")
     assert ev.preempted(0, "tpu-node") == "attempt 0 preempted on tpu-node"
     assert ev.resuming(2, 400, 23) == "attempt 2 from step 400, 23 steps lost"
+
+
+def test_the_evaluation_headline_shows_the_gain_over_the_base() -> None:
+    metrics, base = {"exactMatch": 1.0, "loss": 0.1234}, {"exactMatch": 0.0, "loss": 3.5}
+    assert ev.eval_passed(metrics, base) == "eval passed: em 1.00 (base 0.00)"
+    assert ev.eval_passed({"loss": 0.1234}, {"loss": 3.5}) == "eval passed: loss 0.1234 (base 3.5)"
+    assert ev.eval_below(Check("loss", "maxLoss", 0.5, 0.75, False)) == "eval below threshold: loss 0.75 > 0.5"

@@ -295,3 +295,112 @@ def test_the_schema_check_catches_what_the_apiserver_would_drop_or_refuse() -> N
     wrong_type["spec"]["failurePolicy"]["maxRestarts"] = "0"
     with pytest.raises(jsonschema.ValidationError):
         jobset_validator().validate(wrong_type)
+
+
+# --- the evaluation: base + adapter scored on held-out records ----------------------------------------------
+
+
+def eval_spec(**evaluation: Any) -> api.FineTuneJobSpec:
+    return spec(
+        dataset={"uri": "gs://b/data/train.jsonl", "evalUri": "gs://b/data/eval.jsonl"},
+        merge={"enabled": False, "writeAdapter": True},
+        evaluation=evaluation,
+        images={"evaluator": "registry/evaluator:1", "trainer": "registry/trainer:1"},
+    )
+
+
+def test_eval_objects_are_a_config_map_and_a_job_named_for_the_job() -> None:
+    cm, job = m.eval_objects(OWNER, eval_spec())
+    assert (cm["kind"], job["kind"]) == ("ConfigMap", "Job")
+    assert cm["metadata"]["name"] == job["metadata"]["name"] == m.eval_job_name("gemma-verilog") == "gemma-verilog-eval"
+    cfg = api.EvalConfig.model_validate_json(cm["data"][CONFIG_FILE])
+    assert cfg == api.eval_config("team-a", "gemma-verilog", eval_spec())
+    for obj in (cm, job):
+        # Owned by the FineTuneJob: deleting it deletes them (and the Job's pods) by garbage collection.
+        (ref,) = obj["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+            "FineTuneJob",
+            "gemma-verilog",
+            "uid-1",
+            True,
+        )
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/component"] == "evaluator" and labels[LABEL_OWNER_UID] == "uid-1"
+        assert labels["app.kubernetes.io/name"] == "tpuforge-evaluator"
+
+
+def test_the_loss_runs_first_with_the_trainers_image_then_the_scorer_reads_it() -> None:
+    p = pod(m.eval_job(OWNER, eval_spec()))
+    (loss,) = p["initContainers"]
+    (score,) = p["containers"]
+    config = f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE}"
+    assert (loss["name"], loss["image"]) == ("loss", "registry/trainer:1")
+    assert loss["command"] == [
+        "python", "-m", "tpuforge_workloads.evaluate.loss", "--config", config,
+        "--out", "/work/loss.json", "--termination-log", TERMINATION_LOG,
+    ]  # fmt: skip
+    assert (score["name"], score["image"]) == ("score", "registry/evaluator:1")
+    assert score["command"] == [
+        "python", "-m", "tpuforge_workloads.evaluate.score", "--config", config,
+        "--loss", "/work/loss.json", "--termination-log", TERMINATION_LOG,
+    ]  # fmt: skip
+    for c in (loss, score):
+        mounts = {v["name"]: v for v in c["volumeMounts"]}
+        assert mounts["work"]["mountPath"] == "/work"
+        assert mounts["config"] == {"name": "config", "mountPath": CONFIG_MOUNT_DIR, "readOnly": True}
+        assert c["terminationMessagePath"] == TERMINATION_LOG
+    volumes = {v["name"]: v for v in p["volumes"]}
+    assert volumes["work"] == {"name": "work", "emptyDir": {}}
+    assert volumes["config"]["configMap"]["name"] == "gemma-verilog-eval"
+
+
+def test_without_the_loss_metric_there_is_no_loss_container() -> None:
+    p = pod(m.eval_job(OWNER, eval_spec(metrics=["exactMatch"])))
+    assert "initContainers" not in p
+    assert "--loss" not in p["containers"][0]["command"]
+
+
+def test_on_a_tpu_slice_the_pod_owns_one_host_of_it() -> None:
+    p = pod(m.eval_job(OWNER, eval_spec(slice="v6e-8", nodeSelector={"pool": "eval"})))
+    assert p["nodeSelector"] == {GKE_TPU_ACCELERATOR: "tpu-v6e-slice", GKE_TPU_TOPOLOGY: "2x4", "pool": "eval"}
+    assert {"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"} in p["tolerations"]
+    for c in [*p["initContainers"], *p["containers"]]:
+        assert c["resources"] == {"requests": {TPU_RESOURCE: "8"}, "limits": {TPU_RESOURCE: "8"}}
+
+
+def test_on_cpu_the_pod_asks_for_no_tpu() -> None:
+    p = pod(m.eval_job(OWNER, eval_spec(slice="cpu", nodeSelector={"pool": "cpu"})))
+    assert p["nodeSelector"] == {"pool": "cpu"} and "tolerations" not in p
+    for c in [*p["initContainers"], *p["containers"]]:
+        assert c["resources"] == {"requests": {"cpu": m.EVAL_CPU, "memory": m.EVAL_CPU_MEMORY}}
+    assert "nodeSelector" not in pod(m.eval_job(OWNER, eval_spec(slice="cpu")))
+
+
+def test_the_eval_pod_runs_locked_down_without_an_api_token_as_the_jobs_service_account() -> None:
+    s = eval_spec()
+    p = pod(m.eval_job(OWNER, s))
+    assert p["automountServiceAccountToken"] is False  # the result travels in the termination message
+    assert p["serviceAccountName"] == m.service_account_name("gemma-verilog", s) == "gemma-verilog-trainer"
+    assert p["securityContext"]["runAsNonRoot"] is True and p["restartPolicy"] == "Never"
+    named = pod(m.eval_job(OWNER, spec(**{**eval_spec().to_wire(), "serviceAccountName": "wi-sa"})))
+    assert named["serviceAccountName"] == "wi-sa"
+
+
+def test_the_eval_job_retries_crashes_like_the_merge_but_not_a_rejected_config() -> None:
+    job = m.eval_job(OWNER, eval_spec())
+    assert job["spec"]["backoffLimit"] == m.MERGE_BACKOFF_LIMIT == m.EVAL_BACKOFF_LIMIT
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}} in rules
+    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} in rules
+
+
+def test_eval_builders_are_pure_and_need_an_evaluation() -> None:
+    assert m.eval_objects(OWNER, eval_spec()) == m.eval_objects(OWNER, eval_spec())
+    with pytest.raises(ValueError, match=r"spec\.evaluation is unset"):
+        m.eval_job(OWNER, spec())
+
+
+@pytest.mark.parametrize("evaluation", [{"slice": "v6e-8"}, {"slice": "cpu", "metrics": ["exactMatch"]}])
+def test_eval_objects_validate_against_the_kubernetes_schema(evaluation: dict[str, Any]) -> None:
+    for obj in m.eval_objects(OWNER, eval_spec(**evaluation)):
+        kubernetes_validate.validate(obj, "1.30.0", strict=True)

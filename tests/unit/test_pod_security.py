@@ -34,9 +34,16 @@ def serving_pod() -> dict[str, Any]:
 
 def pods() -> dict[str, dict[str, Any]]:
     spec = job_spec()
+    # Both containers of the evaluation pod: the loss (init) and the scorer.
+    eval_spec = job_spec(
+        dataset={"uri": "gs://b/data/train.jsonl", "evalUri": "gs://b/data/eval.jsonl"},
+        merge={"enabled": False, "writeAdapter": True},
+        evaluation={},
+    )
     return {
         "trainer": finetune.train_job(OWNER, spec, 0)["spec"]["template"]["spec"],
         "merger": finetune.merge_job(OWNER, spec)["spec"]["template"]["spec"],
+        "evaluator": finetune.eval_job(OWNER, eval_spec)["spec"]["template"]["spec"],
         "serving": serving_pod(),
     }
 
@@ -45,7 +52,7 @@ def containers(pod: dict[str, Any]) -> list[dict[str, Any]]:
     return [*pod.get("initContainers", []), *pod["containers"]]
 
 
-@pytest.mark.parametrize("name", ["trainer", "merger", "serving"])
+@pytest.mark.parametrize("name", ["trainer", "merger", "evaluator", "serving"])
 def test_pods_run_as_the_images_non_root_user_under_runtime_default_seccomp(name: str) -> None:
     pod = pods()[name]
     assert pod["securityContext"] == {
@@ -59,7 +66,7 @@ def test_pods_run_as_the_images_non_root_user_under_runtime_default_seccomp(name
     assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
 
 
-@pytest.mark.parametrize("name", ["trainer", "merger", "serving"])
+@pytest.mark.parametrize("name", ["trainer", "merger", "evaluator", "serving"])
 def test_containers_drop_everything_and_write_only_to_their_volumes(name: str) -> None:
     pod = pods()[name]
     volumes = {v["name"]: v for v in pod["volumes"]}
@@ -85,7 +92,7 @@ def test_containers_drop_everything_and_write_only_to_their_volumes(name: str) -
 
 def test_only_the_trainer_gets_a_service_account_token() -> None:
     got = {name: pod["automountServiceAccountToken"] for name, pod in pods().items()}
-    assert got == {"trainer": True, "merger": False, "serving": False}
+    assert got == {"trainer": True, "merger": False, "evaluator": False, "serving": False}
 
 
 def test_a_containers_own_environment_wins_over_the_scratch_defaults() -> None:

@@ -9,9 +9,12 @@ from tpuforge.api.configs import (
     MergeConfig,
     ServeConfig,
     TrainConfig,
+    adapter_uri,
+    eval_config,
     merge_config,
     train_config,
 )
+from tpuforge.api.evaluation import evaluation_verdict
 from tpuforge.api.finetune import (
     AttemptStatus,
     CheckpointSpec,
@@ -110,8 +113,11 @@ __all__ = [
     "TrainingSpec",
     "VllmSpec",
     "XlaCacheSpec",
+    "adapter_uri",
     "check_finetune",
     "check_serving",
+    "eval_config",
+    "evaluation_verdict",
     "merge_config",
     "model_shape",
     "now_rfc3339",

