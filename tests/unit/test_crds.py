@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from tpuforge import crds
+from tpuforge.api import validate_finetune, validate_serving
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,15 +63,25 @@ def test_printer_columns() -> None:
     assert names == ["Phase", "Ready", "Endpoint", "Model", "Adapters", "Slice", "Age"]
 
 
-@pytest.mark.parametrize("example", ["finetune.yaml", "finetune-adapter.yaml", "serving.yaml", "finetune-demo.yaml"])
-def test_examples_validate_against_the_generated_schema(example: str) -> None:
-    path = ROOT / "examples" / example
-    if not path.exists():
-        pytest.fail(f"missing example {path}")
-    obj = yaml.safe_load(path.read_text())
-    kind = next(k for k in crds.KINDS if k.kind == obj["kind"])
-    schema = crds.crd(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    jsonschema.Draft4Validator(schema).validate(obj)  # OpenAPI 3.0 bounds follow draft 4
+EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_examples_validate_against_the_generated_schema_and_the_api(example: str) -> None:
+    docs = [d for d in yaml.safe_load_all((ROOT / "examples" / example).read_text()) if d]
+    assert docs, example
+    for obj in docs:
+        kind = next(k for k in crds.KINDS if k.kind == obj["kind"])
+        schema = crds.crd(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        jsonschema.Draft4Validator(schema).validate(obj)  # OpenAPI 3.0 bounds follow draft 4
+        if kind.kind == "FineTuneJob":
+            validate_finetune(obj["spec"])
+        else:
+            validate_serving(obj["spec"], "gemma4-tiny" if "demo" in example else None)
+
+
+def test_every_example_kind_is_covered() -> None:
+    assert {"finetune.yaml", "finetune-adapter.yaml", "serving.yaml", "finetune-demo.yaml"} <= set(EXAMPLES)
 
 
 def test_check_mode_reports_drift(tmp_path: Path) -> None:
