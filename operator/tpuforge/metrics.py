@@ -193,6 +193,7 @@ class ServingDeploymentSample:
     phase: str
     replicas: int
     ready_replicas: int
+    adapters: tuple[tuple[str, int], ...] = ()  # each spec.adapters name, with the replicas serving it
 
 
 def servingdeployment_sample(
@@ -209,6 +210,7 @@ def servingdeployment_sample(
         phase=(status.phase or ServingPhase.PENDING).value,
         replicas=int(spec.get("replicas", 1) or 0),
         ready_replicas=status.ready_replicas or 0,
+        adapters=tuple((a.name, a.loaded_replicas) for a in status.adapters),
     )
 
 
@@ -216,6 +218,25 @@ _SDEP = "tpuforge_servingdeployment"
 
 
 class ServingDeploymentCollector(PerObjectCollector[ServingDeploymentSample]):
+    def __init__(self) -> None:
+        super().__init__()
+        # The last load of each adapter, by (namespace, name) then adapter: kept across reconciles, forgotten
+        # with the object or the adapter.
+        self._load_seconds: dict[ObjectKey, dict[str, float]] = {}
+
+    def observe_load(self, namespace: str, name: str, adapter: str, seconds: float) -> None:
+        with self._lock:
+            self._load_seconds.setdefault((namespace, name), {})[adapter] = seconds
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._samples.pop((namespace, name), None)
+            self._load_seconds.pop((namespace, name), None)
+
+    def load_seconds(self) -> dict[ObjectKey, dict[str, float]]:
+        with self._lock:
+            return {k: dict(v) for k, v in self._load_seconds.items()}
+
     def families(self, samples: list[ServingDeploymentSample]) -> Iterable[Metric]:
         info = GaugeMetricFamily(
             f"{_SDEP}_info",
@@ -227,6 +248,17 @@ class ServingDeploymentCollector(PerObjectCollector[ServingDeploymentSample]):
         )
         replicas = GaugeMetricFamily(f"{_SDEP}_replicas", "vLLM server replicas the spec asks for.", labels=_KEYS)
         ready = GaugeMetricFamily(f"{_SDEP}_ready_replicas", "vLLM server replicas answering /health.", labels=_KEYS)
+        loaded = GaugeMetricFamily(
+            f"{_SDEP}_adapter_loaded",
+            "Ready replicas serving each LoRA adapter of spec.adapters (0 while it loads or failed).",
+            labels=[*_KEYS, "adapter"],
+        )
+        load_seconds = GaugeMetricFamily(
+            f"{_SDEP}_adapter_load_seconds",
+            "Seconds the last load of each adapter took on a replica: the fetch into the pod plus vLLM's load.",
+            labels=[*_KEYS, "adapter"],
+        )
+        last_loads = self.load_seconds()
         for s in samples:
             key = [s.namespace, s.name]
             info.add_metric([*key, s.model_uri, s.served_model, s.slice, s.image], 1)
@@ -234,7 +266,12 @@ class ServingDeploymentCollector(PerObjectCollector[ServingDeploymentSample]):
                 phase.add_metric([*key, p.value], 1 if p.value == s.phase else 0)
             replicas.add_metric(key, s.replicas)
             ready.add_metric(key, s.ready_replicas)
-        return [info, phase, replicas, ready]
+            seconds = last_loads.get((s.namespace, s.name), {})
+            for adapter, n in s.adapters:
+                loaded.add_metric([*key, adapter], n)
+                if adapter in seconds:
+                    load_seconds.add_metric([*key, adapter], seconds[adapter])
+        return [info, phase, replicas, ready, loaded, load_seconds]
 
 
 SERVINGDEPLOYMENTS = ServingDeploymentCollector()
@@ -245,6 +282,10 @@ def observe_servingdeployment(
     namespace: str, name: str, spec: Mapping[str, Any], status: ServingDeploymentStatus
 ) -> None:
     SERVINGDEPLOYMENTS.set(namespace, name, servingdeployment_sample(namespace, name, spec, status))
+
+
+def observe_adapter_load(namespace: str, name: str, adapter: str, seconds: float) -> None:
+    SERVINGDEPLOYMENTS.observe_load(namespace, name, adapter, seconds)
 
 
 def forget_servingdeployment(namespace: str, name: str) -> None:
