@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tpuforge.api import FineTuneJobStatus, FineTunePhase, ServingDeploymentStatus, ServingPhase
+from tpuforge.api import AdapterPhase, FineTuneJobStatus, FineTunePhase, ServingDeploymentStatus, ServingPhase
 
 # --- Reconciles (every kind) --------------------------------------------------------------------------------
 
@@ -193,7 +193,7 @@ class ServingDeploymentSample:
     phase: str
     replicas: int
     ready_replicas: int
-    adapters: tuple[tuple[str, int], ...] = ()  # each spec.adapters name, with the replicas serving it
+    adapters: tuple[tuple[str, int, str], ...] = ()  # each spec.adapters name: replicas serving it, phase
 
 
 def servingdeployment_sample(
@@ -210,7 +210,7 @@ def servingdeployment_sample(
         phase=(status.phase or ServingPhase.PENDING).value,
         replicas=int(spec.get("replicas", 1) or 0),
         ready_replicas=status.ready_replicas or 0,
-        adapters=tuple((a.name, a.loaded_replicas) for a in status.adapters),
+        adapters=tuple((a.name, a.loaded_replicas, a.phase.value) for a in status.adapters),
     )
 
 
@@ -258,6 +258,11 @@ class ServingDeploymentCollector(PerObjectCollector[ServingDeploymentSample]):
             "Seconds the last load of each adapter took on a replica: the fetch into the pod plus vLLM's load.",
             labels=[*_KEYS, "adapter"],
         )
+        adapter_phase = GaugeMetricFamily(
+            f"{_SDEP}_adapter_phase",
+            "1 for each adapter's current phase (Loading, Ready, Failed), 0 for the others.",
+            labels=[*_KEYS, "adapter", "phase"],
+        )
         last_loads = self.load_seconds()
         for s in samples:
             key = [s.namespace, s.name]
@@ -267,11 +272,13 @@ class ServingDeploymentCollector(PerObjectCollector[ServingDeploymentSample]):
             replicas.add_metric(key, s.replicas)
             ready.add_metric(key, s.ready_replicas)
             seconds = last_loads.get((s.namespace, s.name), {})
-            for adapter, n in s.adapters:
+            for adapter, n, current in s.adapters:
                 loaded.add_metric([*key, adapter], n)
+                for ap in AdapterPhase:
+                    adapter_phase.add_metric([*key, adapter, ap.value], 1 if ap.value == current else 0)
                 if adapter in seconds:
                     load_seconds.add_metric([*key, adapter], seconds[adapter])
-        return [info, phase, replicas, ready, loaded, load_seconds]
+        return [info, phase, replicas, ready, loaded, adapter_phase, load_seconds]
 
 
 SERVINGDEPLOYMENTS = ServingDeploymentCollector()
