@@ -17,6 +17,7 @@ import pytest
 
 from tests.fixtures.adapters import RANK, STEP, adapter_metadata, export_adapter, publish_adapter
 from tpuforge.api.constants import COMPLETE_MARKER
+from tpuforge.sandbox import wait_for
 from tpuforge.sandbox.gcs import free_port
 from tpuforge_workloads import storage
 from tpuforge_workloads.serve import adapters as sidecar
@@ -133,9 +134,13 @@ def test_a_failed_adapter_is_fetched_again_once_its_marker_appears(
     uri = publish_adapter(exported[1], f"{bucket}/late/adapter", adapter_metadata(tiny_model_dir), committed=False)
     call("PUT", f"{pod}/adapters/late", {"uri": uri})
     assert settled(pod, "late")["phase"] == sidecar.FAILED
+    # Tried again, it stays Failed (never Fetching) while it keeps failing: alerts on Failed hold.
+    for _ in range(5):
+        assert call("PUT", f"{pod}/adapters/late", {"uri": uri})[1]["phase"] == sidecar.FAILED
+        assert settled(pod, "late")["phase"] == sidecar.FAILED
     publish_adapter(exported[1], uri, adapter_metadata(tiny_model_dir))
     call("PUT", f"{pod}/adapters/late", {"uri": uri})
-    assert settled(pod, "late")["phase"] == sidecar.READY
+    wait_for(lambda: settled(pod, "late")["phase"] == sidecar.READY, 30, "the retried fetch to succeed")
     assert storage.is_file(f"{uri}/{COMPLETE_MARKER}")
 
 

@@ -26,6 +26,7 @@ import shutil
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -64,6 +65,7 @@ class AdapterState:
     path: str | None = None
     seconds: float | None = None
     since: float = 0.0  # monotonic time of the last change, for retries
+    busy: bool = False  # a fetch is running for it
 
 
 def _sha256_file(path: Path) -> str:
@@ -100,10 +102,13 @@ class AdapterStore:
         uri = uri.rstrip("/")
         with self._lock:
             st = self._states.get(name)
-            stale = st is not None and st.phase == FAILED and time.monotonic() - st.since >= RETRY_SECONDS
-            if st is None or (st.uri, st.revision) != (uri, revision) or stale:
-                st = AdapterState(uri=uri, revision=revision, since=time.monotonic())
+            if st is None or (st.uri, st.revision) != (uri, revision):
+                st = AdapterState(uri=uri, revision=revision, since=time.monotonic(), busy=True)
                 self._states[name] = st
+                self._pool.submit(self._fetch, name, st)
+            elif st.phase == FAILED and not st.busy and time.monotonic() - st.since >= RETRY_SECONDS:
+                # It stays Failed while it is tried again: an adapter that keeps failing never looks Fetching.
+                st.busy, st.since = True, time.monotonic()
                 self._pool.submit(self._fetch, name, st)
             return _public(st)
 
@@ -136,8 +141,9 @@ class AdapterStore:
             self._finish(name, st, FAILED, str(e), None, None, started)
             return
         except Exception as e:  # a bug must not leave the adapter Fetching for ever
+            traceback.print_exc()
             self._finish(name, st, FAILED, f"{type(e).__name__}: {e}", None, None, started)
-            raise
+            return
         self._finish(name, st, READY, f"fetched {st.uri}", path, step, started)
 
     def _finish(
@@ -148,7 +154,7 @@ class AdapterStore:
                 return  # replaced or removed meanwhile: that request's state stands
             st.phase, st.message, st.path, st.step = phase, message, path, step
             st.seconds = time.monotonic() - t0
-            st.since = time.monotonic()
+            st.since, st.busy = time.monotonic(), False
         print(f"adapter {name}: {phase}: {message}", file=sys.stderr if phase == FAILED else sys.stdout)
 
     def base_config_sha256(self) -> str:
@@ -212,7 +218,7 @@ class AdapterStore:
 
 def _public(st: AdapterState) -> dict[str, Any]:
     out = asdict(st)
-    out.pop("since")
+    del out["since"], out["busy"]
     return out
 
 
