@@ -62,7 +62,7 @@ def test_printer_columns() -> None:
     assert names == ["Phase", "Ready", "Endpoint", "Model", "Adapters", "Slice", "Age"]
 
 
-@pytest.mark.parametrize("example", ["finetune.yaml", "serving.yaml", "finetune-demo.yaml"])
+@pytest.mark.parametrize("example", ["finetune.yaml", "serving.yaml", "finetune-demo.yaml", "serving-adapters.yaml"])
 def test_examples_validate_against_the_generated_schema(example: str) -> None:
     path = ROOT / "examples" / example
     if not path.exists():

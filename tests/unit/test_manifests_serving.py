@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from tpuforge import api
 from tpuforge.api.catalog import model_shape, tpu_slice
@@ -317,3 +319,19 @@ def test_adapter_objects_validate_against_the_gke_kubernetes_schema() -> None:
     inp = adapter_inputs(ADAPTERS, job_rank=16, vllm={"lora": {"maxCpuLoras": 8}})
     for obj in (serving.deployment(inp), serving.service(inp)):
         kubernetes_validate.validate(obj, "1.30.0", strict=True)
+
+
+def test_the_adapters_example_is_valid_and_pins_its_rank() -> None:
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "serving-adapters.yaml").read_text())
+    spec = api.validate_serving(raw["spec"])
+    assert api.check_serving(spec, None, serving.served_model_name(raw["metadata"]["name"], spec)) == []
+    inp = serving.ServingInputs(
+        owner=serving.owner("ml", raw["metadata"]["name"], "u"),
+        spec=spec,
+        model_uri=spec.model.uri or "",
+        model=model_shape("gemma4-31b"),
+        slice=tpu_slice("v6e-8"),
+        adapter_job_rank=16,
+    )
+    assert flag(serving.vllm_args(inp), "--max-lora-rank") == "64"
+    assert serving.uncommitted_base(spec)
