@@ -7,7 +7,8 @@ queue (one run per object at a time, failures retried with backoff). It reads wh
 applies the children the pure `tpuforge.manifests.serving` builds, derives the status from the Deployment
 and its pods, and patches it on the resourceVersion it read. Children carry owner references, so deleting
 the object lets the garbage collector remove them; the XLA cache PVC is owned only when the spec does not
-retain it.
+retain it. LoRA adapters (spec.adapters) are brought to every ready replica over HTTP by
+`serving_adapters`, without touching the pod template; while one loads, the reconcile asks to run again soon.
 """
 
 from __future__ import annotations
