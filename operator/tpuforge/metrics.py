@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tpuforge.api import FineTuneJobStatus, FineTunePhase, ServingDeploymentStatus, ServingPhase
+from tpuforge.api import AdapterPhase, FineTuneJobStatus, FineTunePhase, ServingDeploymentStatus, ServingPhase
 from tpuforge.api.finetune import CONDITION_EVALUATED, REASON_EVALUATION_FAILED
 
 # --- Reconciles (every kind) --------------------------------------------------------------------------------
@@ -233,6 +233,7 @@ class ServingDeploymentSample:
     phase: str
     replicas: int
     ready_replicas: int
+    adapters: tuple[tuple[str, int, str], ...] = ()  # each spec.adapters name: replicas serving it, phase
 
 
 def servingdeployment_sample(
@@ -249,6 +250,7 @@ def servingdeployment_sample(
         phase=(status.phase or ServingPhase.PENDING).value,
         replicas=int(spec.get("replicas", 1) or 0),
         ready_replicas=status.ready_replicas or 0,
+        adapters=tuple((a.name, a.loaded_replicas, a.phase.value) for a in status.adapters),
     )
 
 
@@ -256,6 +258,25 @@ _SDEP = "tpuforge_servingdeployment"
 
 
 class ServingDeploymentCollector(PerObjectCollector[ServingDeploymentSample]):
+    def __init__(self) -> None:
+        super().__init__()
+        # The last load of each adapter, by (namespace, name) then adapter: kept across reconciles, forgotten
+        # with the object or the adapter.
+        self._load_seconds: dict[ObjectKey, dict[str, float]] = {}
+
+    def observe_load(self, namespace: str, name: str, adapter: str, seconds: float) -> None:
+        with self._lock:
+            self._load_seconds.setdefault((namespace, name), {})[adapter] = seconds
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._samples.pop((namespace, name), None)
+            self._load_seconds.pop((namespace, name), None)
+
+    def load_seconds(self) -> dict[ObjectKey, dict[str, float]]:
+        with self._lock:
+            return {k: dict(v) for k, v in self._load_seconds.items()}
+
     def families(self, samples: list[ServingDeploymentSample]) -> Iterable[Metric]:
         info = GaugeMetricFamily(
             f"{_SDEP}_info",
@@ -267,6 +288,22 @@ class ServingDeploymentCollector(PerObjectCollector[ServingDeploymentSample]):
         )
         replicas = GaugeMetricFamily(f"{_SDEP}_replicas", "vLLM server replicas the spec asks for.", labels=_KEYS)
         ready = GaugeMetricFamily(f"{_SDEP}_ready_replicas", "vLLM server replicas answering /health.", labels=_KEYS)
+        loaded = GaugeMetricFamily(
+            f"{_SDEP}_adapter_loaded",
+            "Ready replicas serving each LoRA adapter of spec.adapters (0 while it loads or failed).",
+            labels=[*_KEYS, "adapter"],
+        )
+        load_seconds = GaugeMetricFamily(
+            f"{_SDEP}_adapter_load_seconds",
+            "Seconds the last load of each adapter took on a replica: the fetch into the pod plus vLLM's load.",
+            labels=[*_KEYS, "adapter"],
+        )
+        adapter_phase = GaugeMetricFamily(
+            f"{_SDEP}_adapter_phase",
+            "1 for each adapter's current phase (Loading, Ready, Failed), 0 for the others.",
+            labels=[*_KEYS, "adapter", "phase"],
+        )
+        last_loads = self.load_seconds()
         for s in samples:
             key = [s.namespace, s.name]
             info.add_metric([*key, s.model_uri, s.served_model, s.slice, s.image], 1)
@@ -274,7 +311,14 @@ class ServingDeploymentCollector(PerObjectCollector[ServingDeploymentSample]):
                 phase.add_metric([*key, p.value], 1 if p.value == s.phase else 0)
             replicas.add_metric(key, s.replicas)
             ready.add_metric(key, s.ready_replicas)
-        return [info, phase, replicas, ready]
+            seconds = last_loads.get((s.namespace, s.name), {})
+            for adapter, n, current in s.adapters:
+                loaded.add_metric([*key, adapter], n)
+                for ap in AdapterPhase:
+                    adapter_phase.add_metric([*key, adapter, ap.value], 1 if ap.value == current else 0)
+                if adapter in seconds:
+                    load_seconds.add_metric([*key, adapter], seconds[adapter])
+        return [info, phase, replicas, ready, loaded, adapter_phase, load_seconds]
 
 
 SERVINGDEPLOYMENTS = ServingDeploymentCollector()
@@ -285,6 +329,10 @@ def observe_servingdeployment(
     namespace: str, name: str, spec: Mapping[str, Any], status: ServingDeploymentStatus
 ) -> None:
     SERVINGDEPLOYMENTS.set(namespace, name, servingdeployment_sample(namespace, name, spec, status))
+
+
+def observe_adapter_load(namespace: str, name: str, adapter: str, seconds: float) -> None:
+    SERVINGDEPLOYMENTS.observe_load(namespace, name, adapter, seconds)
 
 
 def forget_servingdeployment(namespace: str, name: str) -> None:

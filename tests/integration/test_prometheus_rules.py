@@ -33,6 +33,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 
 from tpuforge import metrics
 from tpuforge.api import (
+    AdapterPhase,
+    AdapterStatus,
     Condition,
     Cost,
     EvaluationStatus,
@@ -205,9 +207,17 @@ def operator_tick(n: int) -> None:
         ),
     )
     metrics.observe_finetunejob(FTJ_NS, FTJ_FAILED, ftj, FineTuneJobStatus(phase=FineTunePhase.FAILED))
+    adapters = [
+        AdapterStatus(name="support", uri="gs://b/ft/adapter", loaded_replicas=1, phase=AdapterPhase.READY),
+        AdapterStatus(name="sql", uri="gs://b/sql/adapter", phase=AdapterPhase.FAILED, message="no _COMPLETE"),
+    ]
     metrics.observe_servingdeployment(
-        SDEP_NS, SDEP_READY, sdep, ServingDeploymentStatus(phase=ServingPhase.READY, ready_replicas=1)
+        SDEP_NS,
+        SDEP_READY,
+        sdep,
+        ServingDeploymentStatus(phase=ServingPhase.READY, ready_replicas=1, adapters=adapters, adapters_ready="1/2"),
     )
+    metrics.observe_adapter_load(SDEP_NS, SDEP_READY, "support", 2.5 + n % 3)
     metrics.observe_servingdeployment(
         SDEP_NS,
         SDEP_LOADING,

@@ -217,8 +217,8 @@ def test_an_invalid_spec_fails_and_creates_nothing(
     wait_for(lambda: "Failed" in events(api, ns, "bad"), WAIT, "a Failed event")
 
 
-def finetunejob(api: client.ApiClient, ns: str, name: str) -> None:
-    body = {
+def finetunejob(api: client.ApiClient, ns: str, name: str, **spec: Any) -> None:
+    body: dict[str, Any] = {
         "apiVersion": API_VERSION,
         "kind": "FineTuneJob",
         "metadata": {"name": name},
@@ -231,6 +231,7 @@ def finetunejob(api: client.ApiClient, ns: str, name: str) -> None:
             "output": {"uri": f"gs://runs/{name}/merged"},
         },
     }
+    body["spec"].update(spec)
     client.CustomObjectsApi(api).create_namespaced_custom_object(GROUP, VERSION, ns, "finetunejobs", body)
 
 
@@ -291,6 +292,78 @@ def test_a_failed_job_with_nothing_served_fails(
     sdep(api, ns, "chat", **tiny_spec(model={"fineTuneJobRef": {"name": "ft"}}))
     s = status_when(api, ns, "chat", phase_is("Failed"), "phase Failed")
     assert "FineTuneJobFailed" in str(s["conditions"])
+
+
+def adapters_of(s: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {a["name"]: a for a in s.get("adapters") or []}
+
+
+def condition(s: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next((c for c in s.get("conditions") or [] if c["type"] == type_), {})
+
+
+def test_adapters_take_a_jobs_output_only_after_its_evaluation_passed(
+    operator: KopfRunner, api_client: client.ApiClient, namespace: str
+) -> None:
+    api, ns = api_client, namespace
+    a1, a2, plain = "gs://runs/ft/v1/adapter", "gs://runs/ft/v2/adapter", "gs://runs/plain/adapter"
+    ft_spec = {"evaluation": {"thresholds": {"maxLoss": 2.0}}, "merge": {"writeAdapter": True}, "lora": {"rank": 16}}
+    finetunejob(api, ns, "ft", **ft_spec)
+    finetunejob(api, ns, "other", model={"name": "gemma4-e4b", "uri": "gs://models/e4b"})
+    job_status(api, ns, "ft", {"phase": "Training"})
+    adapters = [
+        {"name": "ft-a", "fineTuneJobRef": {"name": "ft"}},
+        {"name": "other", "fineTuneJobRef": {"name": "other"}},
+        {"name": "plain", "uri": plain},
+    ]
+    sdep(api, ns, "multi", **tiny_spec(adapters=adapters, vllm={"tensorParallelSize": 1, "lora": {"maxLoraRank": 16}}))
+
+    s = status_when(api, ns, "multi", lambda s: len(s.get("adapters") or []) == 3, "a status per adapter")
+    got = adapters_of(s)
+    assert got["ft-a"]["phase"] == "Loading" and "waiting for FineTuneJob 'ft'" in got["ft-a"]["message"]
+    assert got["other"]["phase"] == "Failed" and "fine-tunes 'gemma4-e4b'" in got["other"]["message"]
+    assert (got["plain"]["uri"], got["plain"]["phase"]) == (plain, "Loading")
+    assert s["adaptersReady"] == "0/3" and condition(s, "AdaptersPromoted")["reason"] == "WaitingForJob"
+    assert condition(s, "AdaptersReady")["reason"] == "AdapterFailed"
+    assert s["phase"] == "Pending"  # one adapter's refusal leaves the deployment alone
+    dep = client.AppsV1Api(api).read_namespaced_deployment("multi-vllm", ns)
+    template, args = dep.spec.template, dep.spec.template.spec.containers[0].args
+    assert "--enable-lora" in args and args[args.index("--max-lora-rank") + 1] == "16"
+    assert [c.name for c in template.spec.containers] == ["vllm", "adapters"]
+
+    # The job succeeds but fails its evaluation: nothing was served under the name, so it is Failed.
+    done = {"phase": "Succeeded", "completionTime": "2026-01-01T00:00:00Z", "outputs": {"adapterUri": a1}}
+    job_status(api, ns, "ft", {**done, "evaluation": {"passed": False, "message": "loss 3.1 > maxLoss 2.0"}})
+    s = status_when(api, ns, "multi", lambda s: adapters_of(s)["ft-a"]["phase"] == "Failed", "ft-a refused")
+    assert "failed its evaluation: loss 3.1 > maxLoss 2.0" in adapters_of(s)["ft-a"]["message"]
+    assert condition(s, "AdaptersPromoted")["reason"] == "EvaluationFailed"
+
+    # It passes: promoted, with the job's revision.
+    job_status(api, ns, "ft", {"evaluation": {"passed": True, "message": "loss 1.2"}})
+    s = status_when(api, ns, "multi", lambda s: adapters_of(s)["ft-a"].get("uri") == a1, "ft-a promoted")
+    ft = client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, ns, "finetunejobs", "ft")
+    got = adapters_of(s)["ft-a"]
+    assert (got["source"], got["revision"]) == ("ft", f"{ft['metadata']['uid']}/2026-01-01T00:00:00Z")
+    assert got["phase"] == "Loading"  # no replica is ready to load it on
+    assert condition(s, "AdaptersPromoted")["status"] == "True"
+
+    # The job runs again; its new adapter fails the evaluation: the promoted one stays, and the condition says why.
+    job_status(api, ns, "ft", {"phase": "Training"})
+    rerun = {"phase": "Succeeded", "completionTime": "2026-02-01T00:00:00Z", "outputs": {"adapterUri": a2}}
+    job_status(api, ns, "ft", {**rerun, "evaluation": {"passed": False, "message": "exactMatch 0.1 < 0.5"}})
+    s = status_when(
+        api, ns, "multi", lambda s: condition(s, "AdaptersPromoted").get("reason") == "EvaluationFailed", "held back"
+    )
+    assert adapters_of(s)["ft-a"]["uri"] == a1 and f"still serving {a1}" in condition(s, "AdaptersPromoted")["message"]
+
+    # Adapters came and went; the pods' template never changed.
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        GROUP, VERSION, ns, SERVING_PLURAL, "multi", {"spec": {"adapters": adapters[2:]}}
+    )
+    s = status_when(api, ns, "multi", lambda s: list(adapters_of(s)) == ["plain"], "two adapters removed")
+    assert s["adaptersReady"] == "0/1" and condition(s, "AdaptersPromoted")["status"] == "True"
+    after = client.AppsV1Api(api).read_namespaced_deployment("multi-vllm", ns)
+    assert after.spec.template == template and after.metadata.generation == dep.metadata.generation
 
 
 def gone(read: Callable[[], Any]) -> bool:

@@ -254,3 +254,26 @@ def test_condition_transition_time_moves_only_on_status_change() -> None:
     assert conds[0].last_transition_time == "t1" and conds[0].observed_generation == 2
     conds = api.set_condition(conds, "Ready", "True", "Serving", "ok", 2, now="t3")
     assert conds[0].last_transition_time == "t3" and len(conds) == 1
+
+
+def test_serving_adapters_rules_name_the_field_and_the_fix() -> None:
+    raw = serving(uri="gs://a/base")
+    raw["adapters"] = [
+        {"name": "sql", "uri": "gs://a/sql"},
+        {"name": "sql", "uri": "/local/sql"},
+        {"name": "chat", "fineTuneJobRef": {"name": "j"}},
+    ]
+    raw["vllm"] = {"lora": {"maxLoras": 4, "maxCpuLoras": 2, "maxLoraRank": 1024}}
+    errors = {e.field: e.message for e in api.check_serving(api.parse(api.ServingDeploymentSpec, raw), None, "chat")}
+    assert "give each its own name" in errors["spec.adapters[1].name"]
+    assert "gs:// URI" in errors["spec.adapters[1].uri"]
+    assert "base model's served name" in errors["spec.adapters[2].name"]
+    assert "maxCpuLoras >= maxLoras" in errors["spec.vllm.lora.maxCpuLoras"]
+    assert "largest rank, 512" in errors["spec.vllm.lora.maxLoraRank"]
+    raw["adapters"] = raw["adapters"][:1]
+    raw["vllm"] = {"lora": {"maxLoras": 4, "maxCpuLoras": 4}}
+    assert api.check_serving(api.parse(api.ServingDeploymentSpec, raw), None, "chat") == []
+    with pytest.raises(api.SpecError, match="exactly one of uri and fineTuneJobRef"):
+        api.validate_serving({"model": {"uri": "gs://a/b"}, "adapters": [{"name": "x"}]})
+    with pytest.raises(api.SpecError, match="/adapters"):
+        api.validate_serving({"model": {"uri": "gs://a/b"}, "vllm": {"modelPath": "/adapters/m"}})

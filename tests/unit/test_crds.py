@@ -81,7 +81,13 @@ def test_examples_validate_against_the_generated_schema_and_the_api(example: str
 
 
 def test_every_example_kind_is_covered() -> None:
-    assert {"finetune.yaml", "finetune-adapter.yaml", "serving.yaml", "finetune-demo.yaml"} <= set(EXAMPLES)
+    assert {
+        "finetune.yaml",
+        "finetune-adapter.yaml",
+        "serving.yaml",
+        "serving-adapters.yaml",
+        "finetune-demo.yaml",
+    } <= set(EXAMPLES)
 
 
 def test_check_mode_reports_drift(tmp_path: Path) -> None:

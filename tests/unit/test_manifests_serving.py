@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
+import yaml
 
 from tpuforge import api
 from tpuforge.api.catalog import model_shape, tpu_slice
@@ -234,3 +237,101 @@ def test_the_model_path_must_be_a_directory_of_its_own(path: str) -> None:
     with pytest.raises(api.SpecError) as info:
         api.validate_serving({"model": {"uri": URI}, "vllm": {"modelPath": path}})
     assert info.value.fields == ["spec.vllm.modelPath"]
+
+
+# --- LoRA adapters ----------------------------------------------------------------------------------------
+
+
+ADAPTERS = [{"name": "support", "fineTuneJobRef": {"name": "ft"}}, {"name": "sql", "uri": "gs://b/sql/adapter"}]
+
+
+def adapter_inputs(adapters: list[dict[str, Any]], job_rank: int | None = None, **spec: Any) -> serving.ServingInputs:
+    inp = inputs(adapters=adapters, **spec)
+    return serving.ServingInputs(**{**inp.__dict__, "adapter_job_rank": job_rank})
+
+
+def test_adapters_enable_runtime_lora_with_a_rank_vllm_accepts() -> None:
+    inp = adapter_inputs(ADAPTERS[:1], job_rank=12, vllm={"lora": {"maxLoras": 2, "maxCpuLoras": 6}})
+    args = serving.vllm_args(inp)
+    assert "--enable-lora" in args
+    assert (flag(args, "--max-loras"), flag(args, "--max-lora-rank"), flag(args, "--max-cpu-loras")) == ("2", "16", "6")
+    assert args.index("--enable-lora") < args.index("--host")  # extra args still come last
+    vllm = serving.pod_template(inp)["spec"]["containers"][0]
+    assert {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"} in vllm["env"]
+    # A URI adapter's rank is unknown ahead: 64 covers the usual ones; an explicit rank wins over both.
+    assert flag(serving.vllm_args(adapter_inputs(ADAPTERS, job_rank=8)), "--max-lora-rank") == "64"
+    assert flag(serving.vllm_args(adapter_inputs(ADAPTERS, job_rank=128)), "--max-lora-rank") == "128"
+    explicit = adapter_inputs(ADAPTERS, job_rank=128, vllm={"lora": {"maxLoraRank": 200}})
+    assert flag(serving.vllm_args(explicit), "--max-lora-rank") == "256"
+    assert [serving.vllm_lora_rank(r) for r in (1, 2, 8, 300, 512)] == [1, 8, 8, 320, 512]
+
+
+def test_without_adapters_the_pod_is_what_it_was() -> None:
+    pod = serving.pod_template(inputs())["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["vllm"]
+    assert "--enable-lora" not in pod["containers"][0]["args"]
+    assert "--uncommitted-base" not in pod["initContainers"][0]["args"]
+    assert all(e["name"] != "VLLM_ALLOW_RUNTIME_LORA_UPDATING" for e in pod["containers"][0]["env"])
+    # A maxLoraRank alone enables LoRA, so that the first adapter added later does not restart the pods.
+    pre = serving.pod_template(inputs(vllm={"lora": {"maxLoraRank": 8}}))["spec"]
+    assert [c["name"] for c in pre["containers"]] == ["vllm", "adapters"]
+
+
+def test_the_sidecar_shares_the_adapter_volume_at_the_same_path_and_reads_the_base() -> None:
+    inp = adapter_inputs(ADAPTERS, vllm={"modelPath": "/data/gemma"})
+    pod = serving.pod_template(inp)["spec"]
+    vllm, side = pod["containers"]
+    assert side["name"] == "adapters" and side["command"] == ["python", "-m", "tpuforge_workloads.serve.adapters"]
+    assert flag(side["args"], "--model-dir") == "/data/gemma" and flag(side["args"], "--adapters-dir") == "/adapters"
+    assert flag(side["args"], "--model-name") == "gemma4-31b" and flag(side["args"], "--max-lora-rank") == "64"
+    assert flag(side["args"], "--port") == "8001" and flag(side["args"], "--host") == "$(POD_IP)"
+    assert side["env"][0] == {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    mounts = {
+        c["name"]: {m["name"]: (m["mountPath"], m.get("readOnly", False)) for m in c["volumeMounts"]}
+        for c in (vllm, side)
+    }
+    assert mounts["vllm"]["adapters"] == ("/adapters", True) and mounts["adapters"]["adapters"] == ("/adapters", False)
+    assert mounts["adapters"]["model"] == ("/data/gemma", True)
+    assert {"name": "adapters", "emptyDir": {}} in pod["volumes"]
+    assert side["securityContext"]["readOnlyRootFilesystem"] is True  # locked down like the rest
+    assert side["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8001}
+
+
+def test_a_base_for_adapters_named_by_uri_may_be_uncommitted_and_a_job_output_may_not() -> None:
+    assert serving.fetch_args(adapter_inputs(ADAPTERS))[-1] == "--uncommitted-base"
+    by_job = api.validate_serving({"model": {"fineTuneJobRef": {"name": "base"}}, "adapters": ADAPTERS}, "gemma4-31b")
+    assert not serving.uncommitted_base(by_job)
+
+
+def test_adding_replacing_or_removing_adapters_leaves_the_pod_template_alone() -> None:
+    pin = {"vllm": {"lora": {"maxLoraRank": 16}}}
+    one = serving.deployment(adapter_inputs(ADAPTERS[:1], job_rank=16, **pin))
+    two = serving.deployment(adapter_inputs(ADAPTERS, job_rank=16, **pin))
+    swapped = serving.deployment(adapter_inputs([{"name": "support", "uri": "gs://b/v2/adapter"}], **pin))
+    assert one["spec"]["template"] == two["spec"]["template"] == swapped["spec"]["template"]
+    # Without a pinned rank, the same holds while the derived rank stays.
+    assert serving.pod_template(adapter_inputs(ADAPTERS, job_rank=8)) == serving.pod_template(
+        adapter_inputs([ADAPTERS[1]])
+    )
+
+
+def test_adapter_objects_validate_against_the_gke_kubernetes_schema() -> None:
+    inp = adapter_inputs(ADAPTERS, job_rank=16, vllm={"lora": {"maxCpuLoras": 8}})
+    for obj in (serving.deployment(inp), serving.service(inp)):
+        kubernetes_validate.validate(obj, "1.30.0", strict=True)
+
+
+def test_the_adapters_example_is_valid_and_pins_its_rank() -> None:
+    raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "serving-adapters.yaml").read_text())
+    spec = api.validate_serving(raw["spec"])
+    assert api.check_serving(spec, None, serving.served_model_name(raw["metadata"]["name"], spec)) == []
+    inp = serving.ServingInputs(
+        owner=serving.owner("ml", raw["metadata"]["name"], "u"),
+        spec=spec,
+        model_uri=spec.model.uri or "",
+        model=model_shape("gemma4-31b"),
+        slice=tpu_slice("v6e-8"),
+        adapter_job_rank=16,
+    )
+    assert flag(serving.vllm_args(inp), "--max-lora-rank") == "64"
+    assert serving.uncommitted_base(spec)

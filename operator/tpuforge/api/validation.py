@@ -246,9 +246,55 @@ def validate_finetune(raw: Any) -> FineTuneJobSpec:
     return spec
 
 
-def check_serving(spec: ServingDeploymentSpec, model_id: str | None = None) -> list[FieldError]:
+# vLLM's largest --max-lora-rank (vllm.config.lora.MaxLoRARanks).
+VLLM_MAX_LORA_RANK = 512
+# Where the serving pod keeps its adapters (tpuforge.manifests.serving.ADAPTERS_DIR).
+ADAPTERS_DIR = "/adapters"
+
+
+def _check_adapters(errors: list[FieldError], spec: ServingDeploymentSpec, served_name: str | None) -> None:
+    seen: dict[str, int] = {}
+    for i, a in enumerate(spec.adapters):
+        field = f"spec.adapters[{i}]"
+        if a.name in seen:
+            errors.append(
+                FieldError(
+                    f"{field}.name", f"{a.name!r} is also spec.adapters[{seen[a.name]}]'s name; give each its own name"
+                )
+            )
+        seen.setdefault(a.name, i)
+        if served_name is not None and a.name == served_name:
+            errors.append(
+                FieldError(
+                    f"{field}.name",
+                    f"{a.name!r} is the base model's served name (spec.vllm.servedModelName, else the object's name); "
+                    "give the adapter another name",
+                )
+            )
+        _check_uri(errors, f"{field}.uri", a.uri)
+    lora = spec.vllm.lora
+    if lora.max_cpu_loras is not None and lora.max_cpu_loras < lora.max_loras:
+        errors.append(
+            FieldError(
+                "spec.vllm.lora.maxCpuLoras",
+                f"{lora.max_cpu_loras} is below maxLoras ({lora.max_loras}); vLLM needs maxCpuLoras >= maxLoras",
+            )
+        )
+    if lora.max_lora_rank is not None and lora.max_lora_rank > VLLM_MAX_LORA_RANK:
+        errors.append(
+            FieldError(
+                "spec.vllm.lora.maxLoraRank",
+                f"{lora.max_lora_rank} exceeds vLLM's largest rank, {VLLM_MAX_LORA_RANK}; use at most that",
+            )
+        )
+
+
+def check_serving(
+    spec: ServingDeploymentSpec, model_id: str | None = None, served_name: str | None = None
+) -> list[FieldError]:
     """Every semantic problem with a ServingDeployment spec. `model_id` is the resolved catalog id
-    (from the referenced FineTuneJob) when the spec does not name one."""
+    (from the referenced FineTuneJob) when the spec does not name one; `served_name` the base model's name in
+    requests (adapters may not take it)."""
     errors: list[FieldError] = []
     _check_uri(errors, "spec.model.uri", spec.model.uri)
     slc = TPU_SLICES.get(spec.tpu.slice)
@@ -264,13 +310,16 @@ def check_serving(spec: ServingDeploymentSpec, model_id: str | None = None) -> l
         )
     # The model volume is mounted at modelPath: it must be a directory of its own.
     path = posixpath.normpath(spec.vllm.model_path)
-    if not spec.vllm.model_path.startswith("/") or path.split("/")[1] in ("", "dev", "proc", "sys", "etc"):
+    reserved = ("", "dev", "proc", "sys", "etc", ADAPTERS_DIR.strip("/"))
+    if not spec.vllm.model_path.startswith("/") or path.split("/")[1] in reserved:
         errors.append(
             FieldError(
                 "spec.vllm.modelPath",
-                f"{spec.vllm.model_path!r}: use an absolute path outside /dev, /proc, /sys, /etc (e.g. /models/model)",
+                f"{spec.vllm.model_path!r}: use an absolute path outside /dev, /proc, /sys, /etc and {ADAPTERS_DIR} "
+                "(e.g. /models/model)",
             )
         )
+    _check_adapters(errors, spec, served_name)
     mid = spec.model.name or model_id or "gemma4-31b"
     shape = MODELS.get(mid)
     if shape is None:

@@ -7,7 +7,8 @@ queue (one run per object at a time, failures retried with backoff). It reads wh
 applies the children the pure `tpuforge.manifests.serving` builds, derives the status from the Deployment
 and its pods, and patches it on the resourceVersion it read. Children carry owner references, so deleting
 the object lets the garbage collector remove them; the XLA cache PVC is owned only when the spec does not
-retain it.
+retain it. LoRA adapters (spec.adapters) are brought to every ready replica over HTTP by
+`serving_adapters`, without touching the pod template; while one loads, the reconcile asks to run again soon.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from tpuforge.api.constants import (
     SERVING_PLURAL,
     VERSION,
 )
+from tpuforge.controllers import serving_adapters as adapters
 from tpuforge.controllers.informer import Informer
 from tpuforge.controllers.workqueue import KeyedQueue
 from tpuforge.manifests import serving as manifests
@@ -384,8 +386,14 @@ def _reconcile(children: Children, body: Obj) -> api.ServingDeploymentStatus:
     if spec.model.fine_tune_job_ref is not None:
         ref = spec.model.fine_tune_job_ref.name
         job = kube.get(children.api_client, API_VERSION, FINETUNEJOB_KIND, namespace, ref)
+    adapter_jobs = {
+        a.fine_tune_job_ref.name: kube.get(children.api_client, API_VERSION, FINETUNEJOB_KIND, namespace, r)
+        for a in spec.adapters
+        if a.fine_tune_job_ref is not None and (r := a.fine_tune_job_ref.name)
+    }
     source = resolve_model(spec, job)
-    errors = manifests.name_errors(name) + api.check_serving(spec, source.model_id)
+    served = manifests.served_model_name(name, spec)
+    errors = manifests.name_errors(name) + api.check_serving(spec, source.model_id, served)
     if errors:
         return finish(api.ServingPhase.FAILED, "InvalidSpec", str(api.SpecError(errors)))
     status.conditions = api.set_condition(
@@ -415,6 +423,7 @@ def _reconcile(children: Children, body: Obj) -> api.ServingDeploymentStatus:
         model=api.model_shape(source.model_id or DEFAULT_MODEL),
         slice=api.tpu_slice(spec.tpu.slice),
         model_revision=revision,
+        adapter_job_rank=adapters.max_job_rank(adapter_jobs),
     )
     children.apply(manifests.xla_cache_pvc(inp))
     children.apply(manifests.service(inp))
@@ -438,7 +447,60 @@ def _reconcile(children: Children, body: Obj) -> api.ServingDeploymentStatus:
         "every replica runs the current template" if rollout.rolled_out else "a rollout is in progress",
         generation,
     )
+    _sync_adapters(status, old, spec, inp, pods, adapter_jobs, events)
     return finish(rollout.phase, rollout.reason, rollout.message)
+
+
+ADAPTER_CONDITIONS = ("AdaptersReady", "AdaptersPromoted")
+
+
+def _sync_adapters(
+    status: api.ServingDeploymentStatus,
+    old: api.ServingDeploymentStatus,
+    spec: api.ServingDeploymentSpec,
+    inp: manifests.ServingInputs,
+    pods: list[Obj],
+    jobs: Mapping[str, Obj | None],
+    events: list[tuple[str, str, str]],
+) -> None:
+    """Bring every ready replica's adapters to the spec, then say per adapter what serves it."""
+    meta, generation = inp.owner, status.observed_generation
+    explicit_rank = spec.vllm.lora.max_lora_rank
+    desired = adapters.resolve_adapters(
+        spec, inp.model.id, jobs, old.adapters, manifests.vllm_lora_rank(explicit_rank) if explicit_rank else None
+    )
+    results: dict[str, adapters.PodResult] = {}
+    if manifests.lora_enabled(spec):
+        for pod in pods:
+            ip = (pod.get("status") or {}).get("podIP")
+            if ip and _pod_ready(pod) and not pod["metadata"].get("deletionTimestamp"):
+                results[pod["metadata"]["name"]] = adapters.sync_pod(adapters.PodClient(ip), desired)
+    for result in results.values():
+        for adapter, _, seconds in result.loaded:
+            metrics.observe_adapter_load(meta.namespace, meta.name, adapter, seconds)
+    status.adapters = adapters.summarise(desired, results, len(results))
+    status.adapters_ready = adapters.adapters_ready(status.adapters) if spec.adapters else None
+    for reason, text in adapters.adapter_events(old.adapters, status.adapters, list(results.values())):
+        events.append(("Warning" if reason == adapters.EVENT_FAILED else "Normal", reason, text))
+    if not spec.adapters:
+        status.conditions = [c for c in status.conditions if c.type not in ADAPTER_CONDITIONS]
+        return
+    failed = [a for a in status.adapters if a.phase == api.AdapterPhase.FAILED]
+    loading = [a for a in status.adapters if a.phase == api.AdapterPhase.LOADING]
+    if failed:
+        ready: tuple[ConditionStatus, str, str] = ("False", "AdapterFailed", f"{failed[0].name}: {failed[0].message}")
+    elif loading:
+        ready = ("False", "AdaptersLoading", f"{loading[0].name}: {loading[0].message}")
+    else:
+        ready = ("True", "AdaptersReady", f"{status.adapters_ready} adapters ready on every ready replica")
+    status.conditions = api.set_condition(status.conditions, "AdaptersReady", *ready, generation)
+    held = [d.held_back for d in desired if d.held_back is not None]
+    promoted: tuple[ConditionStatus, str, str] = (
+        ("False", held[0][0], "; ".join(m for _, m in held))
+        if held
+        else ("True", "Promoted", "every adapter serves its newest output that may take traffic")
+    )
+    status.conditions = api.set_condition(status.conditions, "AdaptersPromoted", *promoted, generation)
 
 
 # --- Wiring -------------------------------------------------------------------------------------------------
@@ -489,17 +551,35 @@ class ServingDeploymentController:
 
     def apply(self, key: Key) -> float | None:
         try:
-            reconcile(kube.api_client(), *key)
+            status = reconcile(kube.api_client(), *key)
         except Conflict:
             metrics.RECONCILE_CONFLICTS.labels(SERVING_KIND).inc()
             log.debug("%s/%s: changed meanwhile; reconciling the newer one", *key)
             return CONFLICT_RETRY_SECONDS
-        return None
+        return adapter_requeue(status)
 
     async def close(self) -> None:
         self.finetunejobs.stop()
         await self.queue.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+ADAPTER_POLL_SECONDS = 3.0  # while an adapter loads on a ready replica
+ADAPTER_RETRY_SECONDS = 15.0  # a failed fetch is tried again (the sidecar waits as long between tries)
+# A vLLM process that restarts inside a ready pod may come back before its probes notice: look again anyway.
+ADAPTER_RESYNC_SECONDS = 30.0
+
+
+def adapter_requeue(status: api.ServingDeploymentStatus | None) -> float | None:
+    """When to look at the replicas' adapters again without a watch event asking."""
+    if status is None or not status.adapters:
+        return None
+    phases = {a.phase for a in status.adapters}
+    if api.AdapterPhase.LOADING in phases and (status.ready_replicas or 0) > 0:
+        return ADAPTER_POLL_SECONDS
+    if api.AdapterPhase.FAILED in phases:
+        return ADAPTER_RETRY_SECONDS
+    return ADAPTER_RESYNC_SECONDS
 
 
 def object_key(obj: Obj) -> Key:
@@ -508,14 +588,19 @@ def object_key(obj: Obj) -> Key:
 
 
 def model_view(job: Obj) -> tuple[str, ...]:
-    """What `resolve_model` reads of a FineTuneJob."""
-    meta, status = job.get("metadata") or {}, job.get("status") or {}
+    """What `resolve_model` and `serving_adapters.resolve_adapter` read of a FineTuneJob."""
+    meta, status, spec = job.get("metadata") or {}, job.get("status") or {}, job.get("spec") or {}
+    outputs, evaluation = status.get("outputs") or {}, status.get("evaluation") or {}
     return (
         str(meta.get("uid") or ""),
         str(status.get("phase") or ""),
-        str((status.get("outputs") or {}).get("mergedModelUri") or ""),
+        str(outputs.get("mergedModelUri") or ""),
+        str(outputs.get("adapterUri") or ""),
+        str(evaluation.get("passed")),
         str(status.get("completionTime") or ""),
-        str(((job.get("spec") or {}).get("model") or {}).get("name") or ""),
+        str((spec.get("model") or {}).get("name") or ""),
+        str((spec.get("lora") or {}).get("rank") or ""),
+        str(spec.get("evaluation") is not None),
     )
 
 
@@ -523,9 +608,13 @@ def model_view(job: Obj) -> tuple[str, ...]:
 def servingdeployments_by_job(
     namespace: str | None, name: str, spec: Mapping[str, Any], **_: Any
 ) -> dict[Key, str] | None:
-    """The ServingDeployments that serve each FineTuneJob, so that a job's events reach them."""
-    ref = ((spec or {}).get("model") or {}).get("fineTuneJobRef") or {}
-    return {(namespace or "", ref["name"]): name} if ref.get("name") else None
+    """The ServingDeployments that serve each FineTuneJob, as their model or as an adapter, so that a job's
+    events reach them. (kopf keeps one value per key and object: a job referenced twice maps once.)"""
+    spec = spec or {}
+    refs = [((spec.get("model") or {}).get("fineTuneJobRef") or {}).get("name")]
+    refs += [(a.get("fineTuneJobRef") or {}).get("name") for a in spec.get("adapters") or []]
+    keys = {(namespace or "", ref) for ref in refs if ref}
+    return dict.fromkeys(keys, name) or None
 
 
 @kopf.on.startup()

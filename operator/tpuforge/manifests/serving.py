@@ -1,5 +1,6 @@
 """ServingDeployment -> the Kubernetes objects that serve it: a vLLM-TPU Deployment (with a model-fetch init
-container), a Service, the XLA compilation cache PVC, and PodMonitoring / ServiceMonitor objects.
+container and, when it serves LoRA adapters, an adapter-fetch sidecar), a Service, the XLA compilation cache
+PVC, and PodMonitoring / ServiceMonitor objects.
 
 Pure: the same inputs give the same objects. The caller resolves what needs the API (the model URI, the
 owner's uid) and passes it in `ServingInputs`.
@@ -26,7 +27,9 @@ from tpuforge.api.constants import (
     TPU_RESOURCE,
 )
 from tpuforge.api.serving import ServingDeploymentSpec
-from tpuforge.api.validation import FieldError
+
+# ADAPTERS_DIR lives with validation, which keeps spec.vllm.modelPath out of it.
+from tpuforge.api.validation import ADAPTERS_DIR, FieldError
 from tpuforge.manifests.common import (
     MAX_NAME,
     Obj,
@@ -56,6 +59,13 @@ APP = "vllm"
 COMPONENT = "serving"
 _DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 MONITOR_INTERVAL = "30s"
+# The adapters sidecar: fetches LoRA adapters on the operator's request into a volume vLLM reads them from.
+ADAPTERS_PORT = 8001
+ADAPTERS_CONTAINER = "adapters"
+# The ranks vLLM's --max-lora-rank accepts (vllm.config.lora.MaxLoRARanks).
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# --max-lora-rank when an adapter's rank is not known ahead (a URI adapter): covers the usual LoRA ranks.
+DEFAULT_URI_LORA_RANK = 64
 
 
 def owner(namespace: str, name: str, uid: str) -> Owner:
@@ -73,6 +83,8 @@ class ServingInputs:
     slice: TpuSlice
     # Changes when the same URI holds a new model (a FineTuneJob that ran again): it rolls the pods.
     model_revision: str = ""
+    # The largest spec.lora.rank of the FineTuneJobs spec.adapters references (None when none is known).
+    adapter_job_rank: int | None = None
 
     @property
     def name(self) -> str:
@@ -135,6 +147,42 @@ def _metadata(inp: ServingInputs, name: str, owned: bool = True) -> Obj:
     return meta
 
 
+def lora_enabled(spec: ServingDeploymentSpec) -> bool:
+    """vLLM serves LoRA adapters when the spec lists some, or names a maxLoraRank (which keeps the flags, and
+    so the pods, the same when the first adapter is added later)."""
+    return bool(spec.adapters) or spec.vllm.lora.max_lora_rank is not None
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM accepts for --max-lora-rank that holds `rank`."""
+    for r in VLLM_LORA_RANKS:
+        if r >= rank:
+            return r
+    raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest --max-lora-rank {VLLM_LORA_RANKS[-1]}")
+
+
+def max_lora_rank(inp: ServingInputs) -> int:
+    """spec.vllm.lora.maxLoraRank, else the largest referenced job's rank, and 64 for URI adapters (whose
+    rank nothing records ahead), rounded up to a rank vLLM accepts."""
+    explicit = inp.spec.vllm.lora.max_lora_rank
+    if explicit is not None:
+        return vllm_lora_rank(explicit)
+    ranks = [inp.adapter_job_rank] if inp.adapter_job_rank else []
+    if any(a.uri is not None for a in inp.spec.adapters) or not ranks:
+        ranks.append(DEFAULT_URI_LORA_RANK)
+    return vllm_lora_rank(max(ranks))
+
+
+def lora_args(inp: ServingInputs) -> list[str]:
+    if not lora_enabled(inp.spec):
+        return []
+    lora = inp.spec.vllm.lora
+    args = ["--enable-lora", "--max-loras", str(lora.max_loras), "--max-lora-rank", str(max_lora_rank(inp))]
+    if lora.max_cpu_loras is not None:
+        args += ["--max-cpu-loras", str(lora.max_cpu_loras)]
+    return args
+
+
 def vllm_args(inp: ServingInputs) -> list[str]:
     """`vllm serve` arguments after the subcommand: the model path first, extra args last (so they win)."""
     v = inp.spec.vllm
@@ -154,6 +202,7 @@ def vllm_args(inp: ServingInputs) -> list[str]:
     if inp.model.multimodal:
         # vLLM-TPU requires it for multimodal models (Gemma 4's vision tower).
         args.append("--disable_chunked_mm_input")
+    args += lora_args(inp)
     args += ["--host", "0.0.0.0", "--port", str(VLLM_PORT)]
     return args + list(v.extra_args)
 
@@ -187,8 +236,8 @@ def probes() -> dict[str, Obj]:
     }
 
 
-def vllm_env() -> list[Obj]:
-    return [
+def vllm_env(lora: bool = False) -> list[Obj]:
+    env = [
         {"name": "VLLM_XLA_CACHE_PATH", "value": XLA_CACHE_MOUNT},
         {"name": "VLLM_ENGINE_READY_TIMEOUT_S", "value": str(STARTUP_BUDGET_SECONDS)},
         # The model is a local directory: nothing should reach out to the Hugging Face Hub.
@@ -196,11 +245,22 @@ def vllm_env() -> list[Obj]:
         # vLLM otherwise reports usage statistics to its authors (and writes them under HOME).
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
     ]
+    if lora:
+        # The operator loads and unloads adapters through /v1/load_lora_adapter while the server runs.
+        env.append({"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"})
+    return env
+
+
+def uncommitted_base(spec: ServingDeploymentSpec) -> bool:
+    """A base for adapters named by URI is usually a checkpoint uploaded as it is, without `_COMPLETE`; a merged
+    model (a FineTuneJob's output, or a URI served without adapters) must be committed. A base that has the
+    marker is checked against its manifest either way."""
+    return spec.model.uri is not None and lora_enabled(spec)
 
 
 def fetch_args(inp: ServingInputs) -> list[str]:
     # The termination log is passed, not defaulted, so that every path the container writes is in its args.
-    return [
+    args = [
         "--model-uri",
         inp.model_uri,
         "--target-dir",
@@ -208,6 +268,46 @@ def fetch_args(inp: ServingInputs) -> list[str]:
         "--termination-log",
         TERMINATION_LOG,
     ]
+    if uncommitted_base(inp.spec):
+        args.append("--uncommitted-base")
+    return args
+
+
+def adapters_sidecar(inp: ServingInputs, model_id: str) -> Obj:
+    """Fetches adapters into the shared volume when the operator asks (port 8001), checking each against the
+    base in the model volume. It takes no per-adapter arguments, so adapters change without a new template."""
+    return {
+        "name": ADAPTERS_CONTAINER,
+        "image": FETCH_IMAGE,
+        "command": ["python", "-m", "tpuforge_workloads.serve.adapters"],
+        "args": [
+            "--model-dir",
+            inp.spec.vllm.model_path,
+            "--model-name",
+            model_id,
+            "--adapters-dir",
+            ADAPTERS_DIR,
+            "--max-lora-rank",
+            str(max_lora_rank(inp)),
+            "--host",
+            "$(POD_IP)",
+            "--port",
+            str(ADAPTERS_PORT),
+        ],
+        # The operator reaches it at the pod's IP; nothing else needs it.
+        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+        "ports": [{"name": "adapters", "containerPort": ADAPTERS_PORT, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "250m", "memory": "512Mi"}},
+        "readinessProbe": {
+            "httpGet": {"path": HEALTH_PATH, "port": ADAPTERS_PORT},
+            "periodSeconds": 10,
+            "timeoutSeconds": 5,
+        },
+        "volumeMounts": [
+            {"name": "model", "mountPath": inp.spec.vllm.model_path, "readOnly": True},
+            {"name": "adapters", "mountPath": ADAPTERS_DIR},
+        ],
+    }
 
 
 def _scheduling(slc: TpuSlice, spot: bool) -> Obj:
@@ -232,12 +332,13 @@ def pod_template(inp: ServingInputs) -> Obj:
     spec = inp.spec
     tpu = str(inp.slice.chips_per_host)
     model_dir = spec.vllm.model_path
+    lora = lora_enabled(spec)
     vllm: Obj = {
         "name": "vllm",
         "image": spec.vllm.image,
         "command": ["vllm", "serve"],
         "args": vllm_args(inp),
-        "env": vllm_env(),
+        "env": vllm_env(lora),
         # vLLM writes no termination message: the tail of its log says why it stopped.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
@@ -258,16 +359,23 @@ def pod_template(inp: ServingInputs) -> Obj:
         "volumeMounts": [{"name": "model", "mountPath": model_dir}],
         "terminationMessagePath": TERMINATION_LOG,
     }
+    volumes: list[Obj] = [
+        # Node-local scratch: the model is copied once per pod, then read at load time.
+        {"name": "model", "emptyDir": {}},
+        {"name": "xla-cache", "persistentVolumeClaim": {"claimName": names(inp.name).xla_cache}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+    ]
+    containers = [vllm]
+    if lora:
+        # Same path in both containers: the path the sidecar reports is the lora_path vLLM loads.
+        vllm["volumeMounts"].append({"name": "adapters", "mountPath": ADAPTERS_DIR, "readOnly": True})
+        containers.append(adapters_sidecar(inp, inp.model.id))
+        volumes.append({"name": "adapters", "emptyDir": {}})
     pod: Obj = {
         **_scheduling(inp.slice, spec.tpu.spot),
         "initContainers": [fetch],
-        "containers": [vllm],
-        "volumes": [
-            # Node-local scratch: the model is copied once per pod, then read at load time.
-            {"name": "model", "emptyDir": {}},
-            {"name": "xla-cache", "persistentVolumeClaim": {"claimName": names(inp.name).xla_cache}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-        ],
+        "containers": containers,
+        "volumes": volumes,
     }
     if spec.service_account_name:
         pod["serviceAccountName"] = spec.service_account_name

@@ -1,0 +1,416 @@
+"""LoRA adapters on a running ServingDeployment: which adapter each name should serve, and bringing every ready
+replica to it without restarting anything.
+
+The decisions are pure (`resolve_adapters`, `plan_pod`, `summarise`); `sync_pod` carries a plan out over
+HTTP, straight to the pod's IP: the adapters sidecar (port 8001) fetches a copy into the pod, then vLLM (port
+8000) loads it with /v1/load_lora_adapter (`load_inplace` swaps a replacement atomically under the same name),
+and names no longer wanted are unloaded before their copies are deleted. Each step is level-based: what a pod
+already holds is read first, so a replica that restarts, or a vLLM process that comes back empty, simply gets
+every adapter again on the next reconcile.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tpuforge import api
+from tpuforge.api.serving import AdapterPhase, AdapterStatus
+from tpuforge.controllers.finetune_events import fit
+from tpuforge.manifests import serving as manifests
+
+Obj = dict[str, Any]
+
+# Short: these run inside a reconcile. A load reads the adapter and preloads it into the engine.
+GET_TIMEOUT = 3.0
+LOAD_TIMEOUT = 60.0
+
+
+# --- Which adapter each name serves ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DesiredAdapter:
+    """What one spec.adapters entry resolves to now. `uri` None: nothing to serve under this name."""
+
+    name: str
+    uri: str | None
+    source: str | None = None
+    revision: str = ""
+    refused: str | None = None  # why it cannot be served here (phase Failed)
+    # Why the newest output is not taken (AdaptersPromoted False): (reason, message).
+    held_back: tuple[str, str] | None = None
+
+
+def _promotion_required(spec: api.ServingDeploymentSpec, job: Obj) -> bool:
+    if spec.promotion.require_evaluation is not None:
+        return spec.promotion.require_evaluation
+    return (job.get("spec") or {}).get("evaluation") is not None
+
+
+def _previous(name: str, previous: Sequence[AdapterStatus]) -> AdapterStatus | None:
+    return next((p for p in previous if p.name == name and p.uri), None)
+
+
+def resolve_adapter(
+    spec: api.ServingDeploymentSpec,
+    entry: api.AdapterSource,
+    model_id: str,
+    job: Obj | None,
+    previous: Sequence[AdapterStatus] = (),
+    max_rank: int | None = None,
+) -> DesiredAdapter:
+    """The adapter to serve under `entry.name`. A job's output is taken once the job Succeeded and, when
+    promotion requires it, its evaluation passed; until then what the status says is served stays. A job of
+    another model, or of a rank above `max_rank` (the server's explicit --max-lora-rank), is refused for this
+    adapter alone."""
+    if entry.uri is not None:
+        return DesiredAdapter(entry.name, entry.uri.rstrip("/"))
+    ref = entry.fine_tune_job_ref
+    assert ref is not None  # the spec allows exactly one source
+    prev = _previous(entry.name, previous)
+
+    def keep(reason: str, message: str) -> DesiredAdapter:
+        if prev is not None:
+            held = (reason, f"adapter {entry.name!r}: {message}; still serving {prev.uri}")
+            return DesiredAdapter(entry.name, prev.uri, prev.source, prev.revision or "", held_back=held)
+        return DesiredAdapter(entry.name, None, ref.name, held_back=(reason, f"adapter {entry.name!r}: {message}"))
+
+    if job is None:
+        return keep("FineTuneJobNotFound", f"FineTuneJob {ref.name!r} does not exist")
+    job_model = ((job.get("spec") or {}).get("model") or {}).get("name")
+    if job_model and job_model != model_id:
+        return DesiredAdapter(
+            entry.name,
+            None,
+            ref.name,
+            refused=f"FineTuneJob {ref.name!r} fine-tunes {job_model!r} but this deployment serves {model_id!r}; "
+            "serve it from a ServingDeployment of that base, or reference a job of this one",
+        )
+    rank = int(((job.get("spec") or {}).get("lora") or {}).get("rank") or api.LoraSpec().rank)
+    if max_rank is not None and rank > max_rank:
+        return DesiredAdapter(
+            entry.name,
+            None,
+            ref.name,
+            refused=f"FineTuneJob {ref.name!r} trains LoRA rank {rank}, above spec.vllm.lora.maxLoraRank "
+            f"({max_rank}); raise maxLoraRank to at least {rank} (this restarts the pods)",
+        )
+    status = api.FineTuneJobStatus.model_validate(job.get("status") or {})
+    adapter_uri = status.outputs.adapter_uri if status.outputs else None
+    if status.phase != api.FineTunePhase.SUCCEEDED:
+        return keep("WaitingForJob", f"waiting for FineTuneJob {ref.name!r} (phase {status.phase or 'Pending'})")
+    if not adapter_uri:
+        return keep(
+            "NoAdapter",
+            f"FineTuneJob {ref.name!r} wrote no adapter: set its spec.merge.writeAdapter: true and run it again",
+        )
+    if _promotion_required(spec, job):
+        ev = status.evaluation
+        if ev is None or ev.passed is None:
+            return keep("WaitingForEvaluation", f"FineTuneJob {ref.name!r} has not been evaluated yet")
+        if not ev.passed:
+            why = f": {ev.message}" if ev.message else ""
+            return keep("EvaluationFailed", f"FineTuneJob {ref.name!r} failed its evaluation{why}")
+    meta = job.get("metadata") or {}
+    # The same output URI holds a new adapter after the job runs again: the revision tells them apart.
+    revision = f"{meta.get('uid', '')}/{status.completion_time or ''}"
+    return DesiredAdapter(entry.name, adapter_uri.rstrip("/"), ref.name, revision)
+
+
+def resolve_adapters(
+    spec: api.ServingDeploymentSpec,
+    model_id: str,
+    jobs: Mapping[str, Obj | None],
+    previous: Sequence[AdapterStatus] = (),
+    max_rank: int | None = None,
+) -> list[DesiredAdapter]:
+    out = []
+    for entry in spec.adapters:
+        job = jobs.get(entry.fine_tune_job_ref.name) if entry.fine_tune_job_ref else None
+        out.append(resolve_adapter(spec, entry, model_id, job, previous, max_rank))
+    return out
+
+
+def max_job_rank(jobs: Mapping[str, Obj | None]) -> int | None:
+    """The largest spec.lora.rank of the referenced jobs (the api's default where a job does not say)."""
+    ranks = []
+    for job in jobs.values():
+        if job is not None:
+            lora = (job.get("spec") or {}).get("lora") or {}
+            ranks.append(int(lora.get("rank") or api.LoraSpec().rank))
+    return max(ranks, default=None)
+
+
+# --- One replica ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fetch:
+    name: str
+    uri: str
+    revision: str
+
+
+@dataclass(frozen=True)
+class Load:
+    name: str
+    path: str
+    inplace: bool  # a replacement: vLLM swaps it under the same name and id
+
+
+@dataclass(frozen=True)
+class Unload:
+    name: str
+
+
+@dataclass(frozen=True)
+class Remove:
+    """Delete local copies: all of them, or all but `keep` (the directory vLLM now reads)."""
+
+    name: str
+    keep: str | None = None
+
+
+Action = Fetch | Load | Unload | Remove
+
+
+@dataclass(frozen=True)
+class PodAdapter:
+    """One adapter on one replica."""
+
+    phase: AdapterPhase
+    message: str
+    step: int | None = None
+    seconds: float | None = None  # the sidecar's fetch time
+
+
+@dataclass
+class PodPlan:
+    actions: list[Action] = field(default_factory=list)
+    states: dict[str, PodAdapter] = field(default_factory=dict)
+
+
+def plan_pod(desired: Sequence[DesiredAdapter], sidecar: Mapping[str, Obj], loras: Mapping[str, str]) -> PodPlan:
+    """What one replica needs, from what its sidecar holds (name -> state) and what its vLLM serves (LoRA name
+    -> path). Loads come after their fetch is Ready; unloads come before their copies are removed."""
+    plan = PodPlan()
+    wanted = {d.name: d for d in desired if d.uri is not None}
+    for d in wanted.values():
+        assert d.uri is not None
+        s = sidecar.get(d.name)
+        if s is None or (s.get("uri"), s.get("revision") or "") != (d.uri, d.revision):
+            plan.actions.append(Fetch(d.name, d.uri, d.revision))
+            plan.states[d.name] = PodAdapter(AdapterPhase.LOADING, f"fetching {d.uri}")
+            continue
+        step = s.get("step")
+        if s.get("phase") == "Failed":
+            plan.actions.append(Fetch(d.name, d.uri, d.revision))  # the sidecar retries after a pause
+            plan.states[d.name] = PodAdapter(AdapterPhase.FAILED, str(s.get("message") or "fetch failed"), step)
+        elif s.get("phase") != "Ready" or not s.get("path"):
+            plan.states[d.name] = PodAdapter(AdapterPhase.LOADING, f"fetching {d.uri}")
+        else:
+            path = str(s["path"])
+            if loras.get(d.name) != path:
+                plan.actions.append(Load(d.name, path, inplace=d.name in loras))
+                plan.states[d.name] = PodAdapter(AdapterPhase.LOADING, f"loading {d.uri}", step, s.get("seconds"))
+            else:
+                plan.states[d.name] = PodAdapter(AdapterPhase.READY, f"serving {d.uri}", step)
+            keep = posixpath.basename(path.rstrip("/"))
+            if any(c != keep for c in s.get("copies") or []):
+                plan.actions.append(Remove(d.name, keep))
+    for name in sorted(set(loras) - set(wanted)):
+        plan.actions.append(Unload(name))
+    for name in sorted(set(sidecar) - set(wanted)):
+        plan.actions.append(Remove(name))
+    return plan
+
+
+@dataclass
+class PodResult:
+    states: dict[str, PodAdapter]
+    loaded: list[tuple[str, bool, float]] = field(default_factory=list)  # name, replaced, seconds
+    unloaded: list[str] = field(default_factory=list)
+    unreachable: str | None = None
+
+
+class PodClient:
+    """HTTP to one serving pod: its sidecar and its vLLM server."""
+
+    def __init__(self, ip: str, vllm_port: int = manifests.VLLM_PORT, sidecar_port: int = manifests.ADAPTERS_PORT):
+        self.vllm = f"http://{ip}:{vllm_port}"
+        self.sidecar = f"http://{ip}:{sidecar_port}"
+
+    @staticmethod
+    def _call(method: str, url: str, body: Obj | None = None, timeout: float = GET_TIMEOUT) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            text = r.read().decode()
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
+
+    def sidecar_states(self) -> dict[str, Obj]:
+        out: dict[str, Obj] = self._call("GET", f"{self.sidecar}/adapters").get("adapters") or {}
+        return out
+
+    def loras(self) -> dict[str, str]:
+        """vLLM's LoRA adapters (name -> path): the models with a parent."""
+        data = self._call("GET", f"{self.vllm}/v1/models").get("data") or []
+        return {m["id"]: m.get("root") or "" for m in data if m.get("parent")}
+
+    def fetch(self, a: Fetch) -> None:
+        self._call("PUT", f"{self.sidecar}/adapters/{a.name}", {"uri": a.uri, "revision": a.revision})
+
+    def load(self, a: Load) -> None:
+        body = {"lora_name": a.name, "lora_path": a.path, "load_inplace": a.inplace}
+        self._call("POST", f"{self.vllm}/v1/load_lora_adapter", body, timeout=LOAD_TIMEOUT)
+
+    def unload(self, a: Unload) -> None:
+        self._call("POST", f"{self.vllm}/v1/unload_lora_adapter", {"lora_name": a.name})
+
+    def remove(self, a: Remove) -> None:
+        query = f"?keep={a.keep}" if a.keep else ""
+        self._call("DELETE", f"{self.sidecar}/adapters/{a.name}{query}")
+
+
+def _http_error(e: Exception) -> str:
+    if isinstance(e, urllib.error.HTTPError):
+        try:
+            body = json.loads(e.read().decode() or "{}")
+        except ValueError:
+            body = {}
+        msg = (body.get("error") or {}).get("message") if isinstance(body.get("error"), dict) else body.get("error")
+        return f"HTTP {e.code}: {msg or body.get('message') or e.reason}"
+    if isinstance(e, urllib.error.URLError):
+        return str(e.reason)
+    return str(e)
+
+
+def sync_pod(pod: PodClient, desired: Sequence[DesiredAdapter]) -> PodResult:
+    """Bring one ready replica to `desired`; what each adapter is on it afterwards."""
+    try:
+        sidecar, loras = pod.sidecar_states(), pod.loras()
+    except (OSError, ValueError) as e:
+        why = f"cannot reach the replica's adapter endpoints: {_http_error(e)}"
+        return PodResult({d.name: PodAdapter(AdapterPhase.LOADING, why) for d in desired}, unreachable=why)
+    plan = plan_pod(desired, sidecar, loras)
+    result = PodResult(dict(plan.states))
+    for a in plan.actions:
+        try:
+            if isinstance(a, Fetch):
+                pod.fetch(a)
+            elif isinstance(a, Load):
+                started = time.monotonic()
+                pod.load(a)
+                prior = result.states[a.name]
+                seconds = (prior.seconds or 0.0) + time.monotonic() - started
+                msg = prior.message.replace("loading ", "serving ", 1)
+                result.states[a.name] = PodAdapter(AdapterPhase.READY, msg, prior.step)
+                result.loaded.append((a.name, a.inplace, seconds))
+            elif isinstance(a, Unload):
+                pod.unload(a)
+                result.unloaded.append(a.name)
+            else:
+                pod.remove(a)
+        except (OSError, ValueError) as e:
+            if isinstance(a, Load):
+                prior = result.states[a.name]
+                result.states[a.name] = PodAdapter(
+                    AdapterPhase.FAILED, f"vLLM refused the adapter: {_http_error(e)}", prior.step
+                )
+            elif isinstance(a, Fetch) and a.name in result.states:
+                prior = result.states[a.name]
+                if prior.phase != AdapterPhase.FAILED:
+                    result.states[a.name] = PodAdapter(AdapterPhase.LOADING, f"asking for the fetch: {_http_error(e)}")
+            # An unload or a removal that failed is tried again on the next reconcile.
+    return result
+
+
+# --- Status ---------------------------------------------------------------------------------------------------
+
+
+def summarise(
+    desired: Sequence[DesiredAdapter], pods: Mapping[str, PodResult], ready_replicas: int
+) -> list[AdapterStatus]:
+    """One status per spec.adapters entry, in order, from what each ready replica said."""
+    out = []
+    for d in desired:
+        st = AdapterStatus(name=d.name, uri=d.uri, source=d.source, revision=d.revision or None)
+        if d.refused is not None:
+            st.phase, st.message = AdapterPhase.FAILED, d.refused
+            out.append(st)
+            continue
+        if d.uri is None:
+            reason, message = d.held_back or ("WaitingForJob", f"adapter {d.name!r}: nothing to serve yet")
+            st.phase = AdapterPhase.FAILED if reason in ("EvaluationFailed", "NoAdapter") else AdapterPhase.LOADING
+            st.message = message
+            out.append(st)
+            continue
+        per_pod = {pod: r.states[d.name] for pod, r in pods.items() if d.name in r.states}
+        st.loaded_replicas = sum(1 for s in per_pod.values() if s.phase == AdapterPhase.READY)
+        st.step = next((s.step for s in per_pod.values() if s.step is not None), None)
+        failed = [(pod, s) for pod, s in per_pod.items() if s.phase == AdapterPhase.FAILED]
+        if failed:
+            pod, s = failed[0]
+            st.phase, st.message = AdapterPhase.FAILED, f"pod {pod}: {s.message}"
+        elif ready_replicas > 0 and st.loaded_replicas >= ready_replicas:
+            st.phase = AdapterPhase.READY
+            st.message = f"serving {d.uri} on {st.loaded_replicas}/{ready_replicas} replicas"
+        else:
+            st.phase = AdapterPhase.LOADING
+            waiting = next((s.message for s in per_pod.values() if s.phase != AdapterPhase.READY), None)
+            st.message = waiting or "waiting for a ready replica"
+            st.message += f" ({st.loaded_replicas}/{ready_replicas} replicas)"
+        if d.held_back is not None:
+            st.message += f"; {d.held_back[1]}"
+        out.append(st)
+    return out
+
+
+def adapters_ready(statuses: Sequence[AdapterStatus]) -> str:
+    return f"{sum(1 for s in statuses if s.phase == AdapterPhase.READY)}/{len(statuses)}"
+
+
+# --- Events ---------------------------------------------------------------------------------------------------
+
+EVENT_LOADED = "AdapterLoaded"
+EVENT_REPLACED = "AdapterReplaced"
+EVENT_REMOVED = "AdapterRemoved"
+EVENT_FAILED = "AdapterFailed"
+
+
+def adapter_events(
+    old: Sequence[AdapterStatus], new: Sequence[AdapterStatus], pods: Sequence[PodResult]
+) -> list[tuple[str, str]]:
+    """(reason, message) for what this reconcile did: loads and replacements (once per adapter however many
+    replicas), removals, and adapters that have just failed. Full details are in status.adapters."""
+    out: list[tuple[str, str]] = []
+    loaded: dict[str, bool] = {}
+    for r in pods:
+        for name, replaced, _ in r.loaded:
+            loaded[name] = loaded.get(name, False) or replaced
+    for name, replaced in loaded.items():
+        n = sum(1 for r in pods if any(x[0] == name for x in r.loaded))
+        what = "replaced" if replaced else "loaded"
+        out.append(
+            (
+                EVENT_REPLACED if replaced else EVENT_LOADED,
+                fit(f"adapter {{name}} {what} on {n} pod(s)", f"{{name}} {what}", name=name),
+            )
+        )
+    unloaded = sorted({name for r in pods for name in r.unloaded})
+    out += [(EVENT_REMOVED, fit("adapter {name} removed", "{name} removed", name=n)) for n in unloaded]
+    before = {a.name: a.phase for a in old}
+    for a in new:
+        if a.phase == AdapterPhase.FAILED and before.get(a.name) != AdapterPhase.FAILED:
+            out.append((EVENT_FAILED, fit("adapter {name} failed; see status", "{name} failed", name=a.name)))
+    return out
