@@ -45,7 +45,7 @@ def test_base_loss_is_the_trainers_own_and_the_adapter_lowers_it(
     step (Tunix evaluates the untrained LoRA model there); the trained adapter's loss is lower."""
     eval_uri = tiny_training_run.config.eval_uri
     assert eval_uri is not None
-    proc, out, _ = run_cli(eval_config(tiny_training_run, exported_adapter, eval_uri, tmp_path), tmp_path)
+    proc, out, _ = run_cli(eval_config(tiny_training_run.config, exported_adapter, eval_uri, tmp_path), tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["step"] == tiny_training_run.config.training.max_steps
@@ -66,7 +66,7 @@ def test_base_loss_is_the_trainers_own_and_the_adapter_lowers_it(
 def test_trained_adapter_has_lower_loss_on_its_training_data(
     tiny_training_run: TrainingRun, exported_adapter: str, chat_dataset_gs: str, tmp_path: Path
 ) -> None:
-    cfg = eval_config(tiny_training_run, exported_adapter, chat_dataset_gs, tmp_path, max_examples=24)
+    cfg = eval_config(tiny_training_run.config, exported_adapter, chat_dataset_gs, tmp_path, max_examples=24)
     result = loss.run_loss(cfg)
     assert result["examples"] == 24 and len(result["perExample"]) == 24
     assert result["loss"] < 0.8 * result["baseLoss"], result
@@ -78,7 +78,9 @@ def test_too_long_records_are_skipped_as_training_would_drop_them(
     tiny_training_run: TrainingRun, exported_adapter: str, chat_dataset_gs: str, tmp_path: Path
 ) -> None:
     training = tiny_training_run.config.training.model_copy(update={"max_seq_len": 24, "over_length": "drop"})
-    cfg = eval_config(tiny_training_run, exported_adapter, chat_dataset_gs, tmp_path, max_examples=8, training=training)
+    cfg = eval_config(
+        tiny_training_run.config, exported_adapter, chat_dataset_gs, tmp_path, max_examples=8, training=training
+    )
     step, prepared = loss.check_inputs(cfg)
     assert step == tiny_training_run.config.training.max_steps
     skipped = [p for p in prepared if p.tokens is None]
@@ -88,7 +90,7 @@ def test_too_long_records_are_skipped_as_training_would_drop_them(
 def test_bad_inputs_are_named_before_any_model_loads(
     tiny_training_run: TrainingRun, exported_adapter: str, chat_dataset_gs: str, tmp_path: Path
 ) -> None:
-    good = eval_config(tiny_training_run, exported_adapter, chat_dataset_gs, tmp_path)
+    good = eval_config(tiny_training_run.config, exported_adapter, chat_dataset_gs, tmp_path)
     # An adapter directory without its marker: not ready, exit 1, the reason in the termination log.
     uncommitted = f"gs://{RUNS_BUCKET}/uncommitted/adapter"
     for name in storage.list_files(exported_adapter):
