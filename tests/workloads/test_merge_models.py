@@ -14,7 +14,9 @@ from flax import nnx
 
 from tpuforge.api import LoraSpec
 from tpuforge.api.configs import MergeConfig
+from tpuforge.api.constants import ADAPTER_SUBDIR
 from tpuforge_workloads import commit, gemma4, lora, tiny_model
+from tpuforge_workloads.adapters import read_adapter_manifest
 from tpuforge_workloads.merge import synthetic, verify
 from tpuforge_workloads.merge.lora_checkpoint import LoraCheckpoint
 from tpuforge_workloads.merge.merge import run_merge
@@ -139,17 +141,30 @@ def test_tunix_loader_reads_the_output_back_exactly(trained: Trained, merged: Pa
     assert adapted == 2 * 6  # q, kv or k, o, gate, up, down on each of 2 layers
 
 
-def test_peft_loads_the_adapter_to_the_merged_models_logits(trained: Trained, merged: Path) -> None:
+def test_peft_loads_the_adapter_to_the_merged_models_logits(trained: Trained, merged: Path, tmp_path: Path) -> None:
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    # The adapter-only export: the committed adapter directory and nothing else.
+    out = tmp_path / "adapter-only"
+    run_merge(_config(trained, out, write_merged=False))
+    _, info = read_adapter_manifest(str(out / ADAPTER_SUBDIR))
+    assert (info.step, info.rank, info.alpha) == (STEP, SPEC.rank, SPEC.alpha)
     base = AutoModelForCausalLM.from_pretrained(str(trained.base), dtype=torch.float32)
-    model = PeftModel.from_pretrained(base, str(merged / "adapter"))
+    model = PeftModel.from_pretrained(base, str(out / ADAPTER_SUBDIR))
     model.eval()
     with torch.no_grad():
         got = model(input_ids=torch.from_numpy(trained.tokens)).logits.numpy()
+    merged_logits = verify.hf_logits(merged, trained.tokens)
+    assert np.max(np.abs(got - merged_logits)) <= 1e-4
+    assert np.array_equal(got.argmax(-1), merged_logits.argmax(-1))
     assert np.max(np.abs(got - trained.logits)) <= 1e-4
+    # The adapter beside the merged model is the same one, byte for byte.
+    assert (
+        read_adapter_manifest(str(merged / ADAPTER_SUBDIR))[0].files
+        == commit.require_complete(str(out / ADAPTER_SUBDIR), checksums=True).files
+    )
 
 
 def test_qwix_layout_is_what_the_merge_and_the_synthetic_inputs_use(trained: Trained) -> None:

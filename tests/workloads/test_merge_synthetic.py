@@ -5,6 +5,7 @@ multimodal prefixes, gs:// on fake-gcs-server, re-runs, crashes and every input 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -25,6 +26,7 @@ from tpuforge.api.catalog import model_shape
 from tpuforge.api.configs import MergeConfig
 from tpuforge.api.constants import COMPLETE_MARKER, EXIT_BAD_CONFIG
 from tpuforge_workloads import commit, lora, storage
+from tpuforge_workloads.adapters import AdapterError, AdapterInfo, read_adapter_manifest
 from tpuforge_workloads.merge import synthetic
 from tpuforge_workloads.merge.errors import MergeInputError
 from tpuforge_workloads.merge.merge import run_merge
@@ -151,6 +153,33 @@ def test_sharded_base_merges_exactly_and_copies_the_rest(tiny: Inputs, tmp_path:
         assert (tmp_path / "merged" / name).read_bytes() == Path(tiny.base, name).read_bytes()
     assert not (tmp_path / "merged" / commit.STAGING_DIR).exists()
 
+    # The adapter is committed on its own, and the merged model's manifest does not list its files.
+    assert not [n for n in manifest.names() if n.startswith("adapter/")]
+    assert manifest.metadata["kind"] == "merged"
+    adapter_manifest, info = read_adapter_manifest(str(tmp_path / "merged/adapter"))
+    assert commit.require_complete(str(tmp_path / "merged/adapter"), checksums=True) == adapter_manifest
+    assert adapter_manifest.names() == {"adapter_model.safetensors", "adapter_config.json"}
+    assert info == AdapterInfo(
+        model_name="gemma4-tiny",
+        base_model_uri=tiny.base,
+        base_config_sha256=hashlib.sha256(Path(tiny.base, "config.json").read_bytes()).hexdigest(),
+        checkpoint_uri=tiny.ckpt,
+        step=STEP,
+        rank=RANK,
+        alpha=ALPHA,
+    )
+    assert adapter_manifest.metadata == {
+        "kind": "adapter",
+        "modelName": "gemma4-tiny",
+        "baseModelUri": tiny.base,
+        "baseConfigSha256": info.base_config_sha256,
+        "checkpointUri": tiny.ckpt,
+        "step": STEP,
+        "rank": RANK,
+        "alpha": ALPHA,
+    }
+    assert not (tmp_path / "merged/adapter" / commit.STAGING_DIR).exists()
+
     # The PEFT adapter holds the same update: W + (alpha / r) * lora_B @ lora_A.
     adapter = load_file(str(tmp_path / "merged/adapter/adapter_model.safetensors"))
     peft_config = json.loads((tmp_path / "merged/adapter/adapter_config.json").read_text())
@@ -173,6 +202,46 @@ def test_kv_adapter_shares_one_a_between_k_and_v(tiny: Inputs, tmp_path: Path) -
     v = adapter["base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight"]
     np.testing.assert_array_equal(k, v)
     assert "base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight" not in adapter  # keys = values
+
+
+def test_adapter_only_writes_no_merged_files(tiny: Inputs, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    manifest = run_merge(config(tiny, str(out), write_merged=False))
+    assert [p.relative_to(out).as_posix() for p in sorted(out.rglob("*"))] == [
+        "adapter",
+        f"adapter/{COMPLETE_MARKER}",
+        "adapter/adapter_config.json",
+        "adapter/adapter_model.safetensors",
+    ]
+    assert read_adapter_manifest(str(out / "adapter"))[0] == manifest
+    # The same bytes as the adapter exported beside a merged model.
+    both = run_merge(config(tiny, str(tmp_path / "both"), write_adapter=True))
+    assert both.metadata["kind"] == "merged"
+    assert read_adapter_manifest(str(tmp_path / "both/adapter"))[0].files == manifest.files
+
+
+def test_adapter_only_on_gcs_then_rerun_with_the_merge(bucket: str) -> None:
+    inputs = make_inputs(storage.join(bucket, "in"))
+    out = storage.join(bucket, "adapter-only")
+    first = run_merge(config(inputs, out, write_merged=False))
+    assert sorted(storage.list_files(out)) == [f"adapter/{n}" for n in (COMPLETE_MARKER, *sorted(first.names()))]
+    assert not commit.is_complete(out)
+    commit.require_complete(storage.join(out, "adapter"), checksums=True)
+    # A re-run that also merges keeps the adapter committed (same bytes) and commits the merged model beside it.
+    merged = run_merge(config(inputs, out, write_adapter=True))
+    assert read_adapter_manifest(storage.join(out, "adapter"))[0] == first
+    assert commit.require_complete(out, checksums=True) == merged
+    assert not [n for n in storage.list_files(out) if n.startswith(commit.STAGING_DIR) or "/_staging" in n]
+
+
+def test_a_directory_without_its_marker_is_not_an_adapter(tiny: Inputs, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run_merge(config(tiny, str(out), write_adapter=True))
+    with pytest.raises(AdapterError, match="describes a 'merged', not an adapter"):
+        read_adapter_manifest(str(out))
+    (out / "adapter" / COMPLETE_MARKER).unlink()
+    with pytest.raises(AdapterError, match=r"adapter .*/adapter has no _COMPLETE marker: the export has not"):
+        read_adapter_manifest(str(out / "adapter"))
 
 
 def test_bf16_multimodal_single_file_on_gcs(bucket: str, tmp_path: Path) -> None:

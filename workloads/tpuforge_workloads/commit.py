@@ -9,6 +9,7 @@ mistaken for a complete one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from typing import Any, Literal
 
@@ -117,4 +118,23 @@ def require_complete(uri: str, checksums: bool = False) -> Manifest:
     problems = check_files(uri, manifest, checksums=checksums)
     if problems:
         raise CommitError(f"{uri}: files do not match {COMPLETE_MARKER}: " + "; ".join(problems[:5]))
+    return manifest
+
+
+def commit_small_files(uri: str, files: dict[str, bytes], metadata: dict[str, Any] | None = None) -> Manifest:
+    """Write a directory of small files (a report) and commit it: un-commit, write each file whole, drop what
+    an earlier commit listed and this one does not, write the marker last. A re-run replaces it."""
+    previous = None
+    with contextlib.suppress(CommitError):  # unreadable: replaced below all the same
+        previous = read_manifest(uri)
+    remove_marker(uri)
+    for name, data in files.items():
+        storage.write_bytes(storage.join(uri, name), data)
+    for stale in sorted((previous.names() if previous else set()) - set(files)):
+        storage.delete(storage.join(uri, stale))
+    manifest = Manifest(
+        files=[ManifestFile(name=n, size=len(d), sha256=hashlib.sha256(d).hexdigest()) for n, d in files.items()],
+        metadata=metadata or {},
+    )
+    write_marker(uri, manifest)
     return manifest

@@ -185,12 +185,27 @@ def load_lora_model(
     """The trained JAX LoRA model: the base from `base_model_uri` (HF safetensors, gs:// or local), adapters
     from `checkpoint_uri` at `step` (default: the latest). LoRA settings come from the manifest beside the
     checkpoints; dropout is off. Returns (model, step). `mesh` defaults to one device."""
+    from tpuforge_workloads.train.checkpoints import restore_lora_params
+
+    model = untrained_lora_model(base_model_uri, checkpoint_uri, mesh=mesh, staging_dir=staging_dir)
+    restored = restore_lora_params(checkpoint_uri, model, step)
+    return model, restored
+
+
+def untrained_lora_model(
+    base_model_uri: str,
+    checkpoint_uri: str,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+    staging_dir: str | Path | None = None,
+) -> Any:
+    """The base with the adapters that `checkpoint_uri`'s manifest describes, as training creates them (B is
+    zero: the model computes exactly what the base does) and without dropout; restore a step into it."""
     import tempfile
 
     import jax
 
     from tpuforge_workloads import gemma4
-    from tpuforge_workloads.train.checkpoints import restore_lora_params
 
     m = read_manifest(checkpoint_uri)
     if m is None:
@@ -201,6 +216,4 @@ def load_lora_model(
     with tempfile.TemporaryDirectory(dir=staging_dir) as tmp, jax.set_mesh(mesh):
         model_dir = gemma4.stage_model_dir(base_model_uri, Path(tmp))
         base = gemma4.load_model(model_dir, text, gemma4.tunix_config(text), mesh)
-    model = apply_lora(base, lora, mesh, seed=0)
-    restored = restore_lora_params(checkpoint_uri, model, step)
-    return model, restored
+    return apply_lora(base, lora, mesh, seed=0)

@@ -1,5 +1,5 @@
-"""The unmerged adapter in PEFT's format, for multi-LoRA serving: adapter/adapter_model.safetensors and
-adapter/adapter_config.json beside the merged model.
+"""The unmerged adapter in PEFT's format, for multi-LoRA serving: adapter_model.safetensors and
+adapter_config.json, in a directory of their own (<output>/adapter, committed apart from the merged model).
 
 Tensors are named base_model.model.<HF module>.lora_A.weight (rank, in) and .lora_B.weight (out, rank), so
 that W' = W + (lora_alpha / r) * lora_B @ lora_A, the same update the merge applies. kv_einsum's one A
@@ -11,14 +11,11 @@ from __future__ import annotations
 import json
 from itertools import groupby
 
+from tpuforge_workloads.adapters import CONFIG_FILE, WEIGHTS_FILE, AdapterInfo
 from tpuforge_workloads.merge.mapping import LoraTarget, peft_factors
 from tpuforge_workloads.merge.plan import MergePlan
 from tpuforge_workloads.merge.safetensors_io import OutTensor, encode_header
 from tpuforge_workloads.merge.stream import StagedFile, as_bytes, open_staged, write_small
-
-ADAPTER_DIR = "adapter"
-WEIGHTS_FILE = f"{ADAPTER_DIR}/adapter_model.safetensors"
-CONFIG_FILE = f"{ADAPTER_DIR}/adapter_config.json"
 
 
 def peft_name(target: LoraTarget, factor: str) -> str:
@@ -46,7 +43,21 @@ def adapter_config(plan: MergePlan) -> dict[str, object]:
     }
 
 
+def adapter_info(plan: MergePlan) -> AdapterInfo:
+    """What the adapter was made from; its commit manifest's metadata."""
+    return AdapterInfo(
+        model_name=plan.config.model_name,
+        base_model_uri=plan.config.base_model_uri,
+        base_config_sha256=plan.base_config_sha256,
+        checkpoint_uri=plan.config.checkpoint_uri,
+        step=plan.lora.step,
+        rank=plan.lora.rank,
+        alpha=plan.config.lora.alpha,
+    )
+
+
 def write_adapter(plan: MergePlan, output: str, staging: str) -> list[StagedFile]:
+    """The adapter's files, staged under `staging` for the adapter directory `output`."""
     targets = sorted(plan.targets, key=lambda t: (t.layer, t.tensor))
     rank = plan.lora.rank
     tensors = []

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from tpuforge.api.catalog import model_shape
 from tpuforge.api.configs import MergeConfig
 from tpuforge.api.constants import COMPLETE_MARKER
-from tpuforge_workloads import storage
+from tpuforge_workloads import adapters, storage
 from tpuforge_workloads.gemma4 import Gemma4Text
 from tpuforge_workloads.lora import MANIFEST_FILE
 from tpuforge_workloads.lora import read_manifest as read_lora_manifest
@@ -61,6 +61,7 @@ class MergePlan:
     jobs: dict[str, TensorJob]  # by tensor name
     shards: tuple[ShardPlan, ...]
     copied_files: tuple[str, ...]  # base files that travel with the weights (names relative to the base URI)
+    base_config_sha256: str  # ties the exported adapter to this base
 
     @property
     def targets(self) -> list[LoraTarget]:
@@ -69,6 +70,7 @@ class MergePlan:
     def provenance(self) -> dict[str, Any]:
         """What the output was made from; goes into the commit manifest."""
         return {
+            "kind": "merged",
             "modelName": self.config.model_name,
             "baseModelUri": self.config.base_model_uri,
             "checkpointUri": self.config.checkpoint_uri,
@@ -229,4 +231,5 @@ def make_plan(cfg: MergeConfig) -> MergePlan:
         jobs=jobs,
         shards=tuple(shards),
         copied_files=copied_files(cfg.base_model_uri),
+        base_config_sha256=adapters.config_sha256(cfg.base_model_uri),
     )

@@ -2,7 +2,8 @@
 
 tpuforge's own images (trainer, merger, operator) and any unknown image run with the project's virtual
 environment, so `python -m tpuforge_workloads.train` or a test's `python -c` work unchanged. vLLM images need
-a vLLM CPU build in its own virtual environment.
+a vLLM CPU build in its own virtual environment; so does tpuforge's evaluator image, which is vLLM with
+tpuforge on top (its programs find our code through the PYTHONPATH the agent passes).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 from tpuforge.sandbox.config import cache_dir
 
 PROJECT_IMAGES = ("tpuforge/trainer", "tpuforge/merger", "tpuforge/operator")
+# Our images built on the vLLM image (images/evaluator.Dockerfile).
+VLLM_PROJECT_IMAGES = ("tpuforge/evaluator",)
 
 
 def project_bin() -> Path:
@@ -38,8 +41,23 @@ class Runtime:
     env: dict[str, str] = field(default_factory=dict)  # defaults under the pod's own env
 
 
+def repository(image: str) -> str:
+    """The image's name without registry host, tag or digest: `tpuforge/evaluator` for
+    `us-docker.pkg.dev/p/r/tpuforge/evaluator:0.1.0`."""
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
+    return name
+
+
+def runs_vllm(image: str) -> bool:
+    repo = repository(image)
+    return "vllm" in image or any(repo == r or repo.endswith("/" + r) for r in VLLM_PROJECT_IMAGES)
+
+
 def runtime_for(image: str) -> Runtime:
-    if "vllm" in image:
+    if runs_vllm(image):
         venv = vllm_venv()
         if (venv / "bin" / "python").exists():
             return Runtime(venv / "bin", env=VLLM_CPU_ENV)

@@ -1,0 +1,112 @@
+"""The evaluation's pure parts: splitting a record into prompt and reference, exact match, the result the
+score program reports; and that the score program loads without JAX (the evaluator image has none)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tpuforge.api import LoraSpec, MeshSpec, TrainingSpec
+from tpuforge.api.configs import EvalConfig
+from tpuforge_workloads.data.records import DatasetError
+from tpuforge_workloads.evaluate.answers import AnswerError, max_lora_rank
+from tpuforge_workloads.evaluate.records import read_examples
+from tpuforge_workloads.evaluate.score import exact_match, metrics_of, report_lines
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _jsonl(path: Path, records: list[list[tuple[str, str]]]) -> str:
+    path.write_text(
+        "".join(json.dumps({"messages": [{"role": r, "content": c} for r, c in m]}) + "\n" for m in records)
+    )
+    return str(path)
+
+
+def _config(**kw: object) -> EvalConfig:
+    fields: dict[str, object] = {
+        "model_name": "gemma4-tiny",
+        "base_model_uri": "gs://b/base",
+        "adapter_uri": "gs://b/out/adapter",
+        "checkpoint_uri": "gs://b/ckpt",
+        "dataset_uri": "gs://b/eval.jsonl",
+        "metrics": ["exactMatch"],
+        "max_examples": 10,
+        "max_new_tokens": 8,
+        "lora": LoraSpec(),
+        "training": TrainingSpec(max_seq_len=64),
+        "mesh": MeshSpec(fsdp=1, tp=1),
+        "report_uri": "gs://b/out/eval",
+    }
+    fields.update(kw)
+    return EvalConfig.model_validate(fields)
+
+
+def test_prompt_is_every_turn_before_the_last_assistant_turn(tmp_path: Path) -> None:
+    uri = _jsonl(
+        tmp_path / "e.jsonl",
+        [
+            [("system", "Be brief."), ("user", "Capital of Peru?"), ("assistant", "Lima.")],
+            [("user", "Hi"), ("assistant", "Hello."), ("user", "Capital of Chile?"), ("assistant", " Santiago. ")],
+            [("user", "Q"), ("assistant", "A"), ("user", "left unanswered")],
+            [("user", "beyond maxExamples"), ("assistant", "x")],
+        ],
+    )
+    examples = read_examples(uri, max_examples=3)
+    assert [e.index for e in examples] == [0, 1, 2]
+    assert examples[0].prompt_json() == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Capital of Peru?"},
+    ]
+    assert [m.content for m in examples[1].prompt] == ["Hi", "Hello.", "Capital of Chile?"]
+    assert examples[1].reference == " Santiago. "
+    assert [m.content for m in examples[2].prompt] == ["Q"] and examples[2].reference == "A"
+
+
+def test_a_record_without_a_question_before_its_answer_is_named(tmp_path: Path) -> None:
+    uri = _jsonl(tmp_path / "e.jsonl", [[("user", "q"), ("assistant", "a")], [("assistant", "a"), ("user", "q")]])
+    with pytest.raises(DatasetError, match=r"e.jsonl:2: no user turn before the last assistant turn"):
+        read_examples(uri, max_examples=5)
+
+
+def test_exact_match_ignores_only_surrounding_whitespace() -> None:
+    assert exact_match(" The capital of Peru is Lima.\n", "The capital of Peru is Lima.")
+    assert not exact_match("The capital of Peru is Lima", "The capital of Peru is Lima.")
+    assert not exact_match("the capital of Peru is Lima.", "The capital of Peru is Lima.")
+
+
+def test_result_has_only_the_metrics_asked_for(tmp_path: Path) -> None:
+    uri = _jsonl(tmp_path / "e.jsonl", [[("user", f"q{i}"), ("assistant", f"a{i}")] for i in range(4)])
+    examples = read_examples(uri, 4)
+
+    class Answers:
+        adapter = ["a0", "a1 ", "wrong", "a3"]
+        base = ["a0", "x", "y", "z"]
+
+    lines = report_lines(examples, Answers(), None)  # type: ignore[arg-type]
+    assert [line["exactMatch"] for line in lines] == [True, True, False, True]
+    result = metrics_of(_config(report_uri="gs://b/r"), lines, None)
+    assert result == {
+        "metrics": {"exactMatch": 0.75},
+        "baseMetrics": {"exactMatch": 0.25},
+        "examples": 4,
+        "reportUri": "gs://b/r",
+    }
+
+
+def test_vllm_lora_rank_is_the_next_one_vllm_accepts() -> None:
+    assert [max_lora_rank(r) for r in (1, 4, 8, 9, 64, 300)] == [1, 8, 8, 16, 64, 320]
+    with pytest.raises(AnswerError, match="up to 512"):
+        max_lora_rank(1024)
+
+
+def test_the_score_program_loads_without_jax_or_vllm() -> None:
+    code = "import sys, tpuforge_workloads.evaluate.score; print(sorted({'jax', 'vllm', 'torch'} & set(sys.modules)))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "workloads")])}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

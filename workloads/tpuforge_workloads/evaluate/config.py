@@ -1,0 +1,64 @@
+"""What both evaluation programs share: reading the EvalConfig, and the termination message."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from tpuforge.api.configs import EvalConfig
+from tpuforge_workloads import storage
+from tpuforge_workloads.adapters import AdapterInfo, config_sha256, read_adapter_manifest
+
+log = logging.getLogger(__name__)
+TERMINATION_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
+
+
+class EvalInputError(ValueError):
+    """A config or input the evaluation cannot use, found before anything is written; the CLI exits with
+    EXIT_BAD_CONFIG and the message names the field or file and the fix."""
+
+
+def load_config(path: str) -> EvalConfig:
+    try:
+        return EvalConfig.model_validate_json(storage.read_text(path))
+    except storage.StorageError as e:
+        raise EvalInputError(f"--config {path}: cannot read it ({e})") from e
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first["loc"]) or "(top level)"
+        raise EvalInputError(f"--config {path}: {where}: {first['msg']} ({e.error_count()} errors)") from e
+
+
+def write_termination(path: str, message: str) -> None:
+    """The pod's termination message (cut to what Kubernetes keeps); outside a pod the log has it."""
+    data = message.encode()[:TERMINATION_LIMIT].decode(errors="ignore")
+    try:
+        Path(path).write_text(data, encoding="utf-8")
+    except OSError as e:
+        log.warning("cannot write termination log %s: %s", path, e)
+
+
+def check_adapter(cfg: EvalConfig) -> AdapterInfo:
+    """The committed adapter's provenance, checked against the config: the same base (catalog id and
+    config.json), rank and checkpoints. Raises AdapterError (not committed) or EvalInputError (mismatch)."""
+    _, info = read_adapter_manifest(cfg.adapter_uri)
+    problems = []
+    if info.model_name != cfg.model_name:
+        problems.append(f"modelName is {cfg.model_name} but the adapter was trained on {info.model_name}")
+    try:
+        base_sha = config_sha256(cfg.base_model_uri)
+    except storage.StorageError as e:
+        raise EvalInputError(f"baseModelUri: cannot read its config.json ({e})") from e
+    if base_sha != info.base_config_sha256:
+        problems.append(
+            f"baseModelUri {cfg.base_model_uri} has another config.json than the adapter's base {info.base_model_uri}"
+        )
+    if info.rank != cfg.lora.rank:
+        problems.append(f"lora.rank is {cfg.lora.rank} but the adapter has rank {info.rank}")
+    if info.checkpoint_uri.rstrip("/") != cfg.checkpoint_uri.rstrip("/"):
+        problems.append(f"checkpointUri is {cfg.checkpoint_uri} but the adapter came from {info.checkpoint_uri}")
+    if problems:
+        raise EvalInputError(f"adapterUri {cfg.adapter_uri}: {'; '.join(problems)}; evaluate it with its own base")
+    return info

@@ -1,0 +1,175 @@
+"""python -m tpuforge_workloads.evaluate.score --config PATH [--loss loss.json] [--termination-log PATH]
+
+Runs in the evaluator image (vLLM + tpuforge; no JAX). Copies the base (as uploaded: no marker needed) and
+the committed adapter (its `_COMPLETE` required) to workDir, asks vLLM for greedy answers from the base and
+from base + adapter, scores exact match (the answer equals the record's last assistant turn, surrounding
+whitespace aside), takes the held-out loss from `--loss` (what evaluate.loss wrote), and commits the report
+at reportUri: report.jsonl (one line per record) and summary.json, with `_COMPLETE`.
+
+On success the termination log holds exactly the result the operator reads:
+    {"metrics": {...}, "baseMetrics": {...}, "examples": n, "reportUri": "..."}
+with the metrics the config asks for. Failures exit nonzero with the reason, in plain text, in the
+termination log: EXIT_BAD_CONFIG (2) for a config or input that cannot be used, 1 otherwise (an adapter
+without `_COMPLETE` included). Nothing is committed at reportUri unless the whole report was written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tpuforge.api.configs import EvalConfig, ServeConfig
+from tpuforge.api.constants import EXIT_BAD_CONFIG, TERMINATION_LOG
+from tpuforge_workloads import commit, storage
+from tpuforge_workloads.adapters import AdapterError, AdapterInfo
+from tpuforge_workloads.data.records import DatasetError
+from tpuforge_workloads.evaluate.answers import AnswerError, Answers, generate
+from tpuforge_workloads.evaluate.config import EvalInputError, check_adapter, load_config, write_termination
+from tpuforge_workloads.evaluate.records import EvalExample, read_examples
+from tpuforge_workloads.serve.fetch import FetchError, fetch
+
+log = logging.getLogger("tpuforge_workloads.evaluate.score")
+REPORT_FILE = "report.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+def exact_match(answer: str, reference: str) -> bool:
+    return answer.strip() == reference.strip()
+
+
+def _overlaps(a: str, b: str) -> bool:
+    a, b = a.rstrip("/") + "/", b.rstrip("/") + "/"
+    return a.startswith(b) or b.startswith(a)
+
+
+def read_losses(path: str | None, cfg: EvalConfig, examples: list[EvalExample]) -> dict[str, Any] | None:
+    """evaluate.loss's output, checked to be about these records; None when not given."""
+    if path is None:
+        if "loss" in cfg.metrics:
+            raise EvalInputError("metrics asks for loss but no --loss file was given (evaluate.loss writes it)")
+        return None
+    try:
+        losses = json.loads(storage.read_text(path))
+        per = losses["perExample"]
+        indices = [p["index"] for p in per]
+        float(losses["loss"]), float(losses["baseLoss"])
+    except (storage.StorageError, ValueError, KeyError, TypeError) as e:
+        raise EvalInputError(f"--loss {path}: not what evaluate.loss writes ({type(e).__name__}: {e})") from e
+    if indices != [ex.index for ex in examples]:
+        raise EvalInputError(
+            f"--loss {path}: covers {len(indices)} records but this config evaluates {len(examples)}: the loss "
+            "was computed with another datasetUri or maxExamples"
+        )
+    return dict(losses)
+
+
+def fetch_models(cfg: EvalConfig) -> tuple[Path, Path]:
+    """Local copies of the base (no marker needed: uploaded by hand) and of the committed adapter."""
+    work = Path(cfg.work_dir)
+    base, adapter = work / "base", work / "adapter"
+    for uri, target, committed in ((cfg.base_model_uri, base, False), (cfg.adapter_uri, adapter, True)):
+        done = fetch(ServeConfig(model_uri=uri, target_dir=str(target), require_marker=committed))
+        log.info("fetched %s: %d files, %.1f MB in %.1f s", uri, done["files"], done["bytes"] / 1e6, done["seconds"])
+    return base, adapter
+
+
+def report_lines(
+    examples: list[EvalExample], answers: Answers | None, losses: dict[str, Any] | None
+) -> list[dict[str, Any]]:
+    lines = []
+    per_loss = {p["index"]: p for p in losses["perExample"]} if losses else {}
+    for i, ex in enumerate(examples):
+        line: dict[str, Any] = {"index": ex.index, "prompt": ex.prompt_json(), "reference": ex.reference}
+        if answers is not None:
+            line.update(
+                answer=answers.adapter[i],
+                baseAnswer=answers.base[i],
+                exactMatch=exact_match(answers.adapter[i], ex.reference),
+                baseExactMatch=exact_match(answers.base[i], ex.reference),
+            )
+        if ex.index in per_loss:
+            line.update({k: v for k, v in per_loss[ex.index].items() if k != "index"})
+        lines.append(line)
+    return lines
+
+
+def metrics_of(cfg: EvalConfig, lines: list[dict[str, Any]], losses: dict[str, Any] | None) -> dict[str, Any]:
+    metrics: dict[str, float] = {}
+    base: dict[str, float] = {}
+    if "loss" in cfg.metrics and losses is not None:
+        metrics["loss"], base["loss"] = float(losses["loss"]), float(losses["baseLoss"])
+    if "exactMatch" in cfg.metrics:
+        metrics["exactMatch"] = sum(line["exactMatch"] for line in lines) / len(lines)
+        base["exactMatch"] = sum(line["baseExactMatch"] for line in lines) / len(lines)
+    return {"metrics": metrics, "baseMetrics": base, "examples": len(lines), "reportUri": cfg.report_uri}
+
+
+def run_score(cfg: EvalConfig, loss_path: str | None = None) -> dict[str, Any]:
+    """Score, commit the report; returns the result for the termination log."""
+    started = time.monotonic()
+    for field, uri in (("adapterUri", cfg.adapter_uri), ("baseModelUri", cfg.base_model_uri)):
+        if _overlaps(cfg.report_uri, uri):
+            raise EvalInputError(f"reportUri {cfg.report_uri} overlaps {field} {uri}; give the report its own place")
+    info: AdapterInfo = check_adapter(cfg)
+    examples = read_examples(cfg.dataset_uri, cfg.max_examples)
+    losses = read_losses(loss_path, cfg, examples)
+    answers = None
+    if "exactMatch" in cfg.metrics:
+        base_dir, adapter_dir = fetch_models(cfg)
+        prompts = [ex.prompt_json() for ex in examples]
+        answers = generate(base_dir, adapter_dir, info.rank, prompts, cfg.max_new_tokens)
+        log.info("%d x 2 greedy answers in %.1f s", len(examples), answers.seconds)
+    lines = report_lines(examples, answers, losses)
+    result = metrics_of(cfg, lines, losses)
+    summary = {
+        **result,
+        "modelName": cfg.model_name,
+        "baseModelUri": cfg.base_model_uri,
+        "adapterUri": cfg.adapter_uri,
+        "step": info.step,
+        "datasetUri": cfg.dataset_uri,
+        "maxNewTokens": cfg.max_new_tokens,
+        "seconds": {"answers": answers.seconds if answers else 0.0, "total": time.monotonic() - started},
+    }
+    report = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode()
+    files = {REPORT_FILE: report, SUMMARY_FILE: (json.dumps(summary, indent=1) + "\n").encode()}
+    commit.commit_small_files(cfg.report_uri, files, {"kind": "evaluation", "adapterUri": cfg.adapter_uri})
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tpuforge_workloads.evaluate.score", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--config", required=True, help="EvalConfig JSON file")
+    parser.add_argument("--loss", help="evaluate.loss's output (needed when metrics include loss)")
+    parser.add_argument("--termination-log", default=TERMINATION_LOG, help="where the result or the reason goes")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        result = run_score(load_config(args.config), args.loss)
+    except (EvalInputError, DatasetError) as e:
+        log.error("%s", e)
+        write_termination(args.termination_log, str(e))
+        return EXIT_BAD_CONFIG
+    except (AdapterError, FetchError, AnswerError, commit.CommitError, storage.StorageError) as e:
+        log.error("%s", e)
+        write_termination(args.termination_log, str(e))
+        return 1
+    except Exception as e:
+        log.exception("evaluation failed")
+        write_termination(args.termination_log, f"{type(e).__name__}: {e}")
+        return 1
+    message = json.dumps(result, separators=(",", ":"))
+    write_termination(args.termination_log, message)
+    print(message)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
