@@ -105,7 +105,7 @@ def test_fetches_a_committed_adapter_and_replaces_it_in_a_new_directory(
         ("other-model", "was trained for model 'gemma4-e4b', but this deployment serves 'gemma4-tiny'"),
         ("other-base", "was trained on another base checkpoint"),
         ("rank", "has LoRA rank 16, above this server's --max-lora-rank 8"),
-        ("not-adapter", "is not a LoRA adapter export"),
+        ("not-adapter", "not an adapter; adapters live in <output>/adapter"),
     ],
 )
 def test_refuses_what_it_cannot_serve_and_says_why(

@@ -35,14 +35,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from pydantic import ValidationError
-
 from tpuforge.api.configs import ServeConfig
-from tpuforge.api.constants import COMPLETE_MARKER
 from tpuforge_workloads import commit, storage
+from tpuforge_workloads.adapters import CONFIG_FILE, WEIGHTS_FILE, AdapterError, AdapterInfo, read_adapter_manifest
 from tpuforge_workloads.serve import fetch
 
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 DIGEST_CHARS = 12
 # A failed fetch is tried again when asked after this long (a marker may appear; GCS may come back).
 RETRY_SECONDS = 15.0
@@ -165,47 +163,32 @@ class AdapterStore:
             self._base_sha = _sha256_file(config)
         return self._base_sha
 
-    def check(self, uri: str, manifest: commit.Manifest) -> int | None:
+    def check(self, uri: str, info: AdapterInfo) -> int:
         """Refuse an adapter this server cannot serve; returns its step."""
-        md = manifest.metadata
-        if md.get("kind") != "adapter" or not set(ADAPTER_FILES) <= manifest.names():
+        if info.model_name != self.model_name:
             raise AdapterRefused(
-                f"{uri} is not a LoRA adapter export (its {COMPLETE_MARKER} has kind {md.get('kind')!r} and files "
-                f"{sorted(manifest.names())[:4]}); point the adapter at <FineTuneJob output.uri>/adapter"
-            )
-        if md.get("modelName") != self.model_name:
-            raise AdapterRefused(
-                f"{uri} was trained for model {md.get('modelName')!r}, but this deployment serves {self.model_name!r}; "
+                f"{uri} was trained for model {info.model_name!r}, but this deployment serves {self.model_name!r}; "
                 "serve it from a ServingDeployment of that base"
             )
-        if md.get("baseConfigSha256") != self.base_config_sha256():
+        if info.base_config_sha256 != self.base_config_sha256():
             raise AdapterRefused(
-                f"{uri} was trained on another base checkpoint ({md.get('baseModelUri')}): its config.json differs "
+                f"{uri} was trained on another base checkpoint ({info.base_model_uri}): its config.json differs "
                 "from this deployment's base model; serve it on the base it was trained on"
             )
-        rank = md.get("rank")
-        if isinstance(rank, int) and rank > self.max_lora_rank:
+        if info.rank > self.max_lora_rank:
             raise AdapterRefused(
-                f"{uri} has LoRA rank {rank}, above this server's --max-lora-rank {self.max_lora_rank}; raise "
+                f"{uri} has LoRA rank {info.rank}, above this server's --max-lora-rank {self.max_lora_rank}; raise "
                 "spec.vllm.lora.maxLoraRank (this restarts the pods)"
             )
-        step = md.get("step")
-        return step if isinstance(step, int) else None
+        return info.step
 
     def _copy(self, uri: str, name: str) -> tuple[str, int | None]:
-        marker = commit.marker_uri(uri)
-        if not storage.is_file(marker):
-            raise AdapterRefused(
-                f"{uri} has no {COMPLETE_MARKER} marker: the adapter export has not finished or failed; check the "
-                "FineTuneJob (or the uri) and it is tried again on its own"
-            )
-        raw = storage.read_bytes(marker)
         try:
-            manifest = commit.Manifest.model_validate_json(raw)
-        except ValidationError as e:
-            raise commit.CommitError(f"{marker}: not a valid manifest ({e.error_count()} errors)") from e
-        step = self.check(uri, manifest)
-        digest = hashlib.sha256(raw).hexdigest()
+            _, info = read_adapter_manifest(uri)
+        except AdapterError as e:
+            raise AdapterRefused(str(e)) from e
+        step = self.check(uri, info)
+        digest = hashlib.sha256(storage.read_bytes(commit.marker_uri(uri))).hexdigest()
         target = self.adapters_dir / name / digest[:DIGEST_CHARS]
         fetch.fetch(ServeConfig(model_uri=uri, target_dir=str(target)))
         # fetch checks the marker did not change while it copied; this checks it is the one checked above.
