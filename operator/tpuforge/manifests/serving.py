@@ -17,14 +17,10 @@ from tpuforge.api.catalog import ModelShape, TpuSlice
 from tpuforge.api.constants import (
     API_VERSION,
     DEFAULT_MERGER_IMAGE,
-    GKE_SPOT,
-    GKE_TPU_ACCELERATOR,
-    GKE_TPU_TOPOLOGY,
     LABEL_COMPONENT,
     LABEL_SERVING,
     SERVING_KIND,
     TERMINATION_LOG,
-    TPU_RESOURCE,
 )
 from tpuforge.api.serving import ServingDeploymentSpec
 
@@ -39,6 +35,8 @@ from tpuforge.manifests.common import (
     locked_down,
     metadata,
     standard_labels,
+    tpu_resources,
+    tpu_scheduling,
 )
 
 VLLM_PORT = 8000
@@ -310,15 +308,6 @@ def adapters_sidecar(inp: ServingInputs, model_id: str) -> Obj:
     }
 
 
-def _scheduling(slc: TpuSlice, spot: bool) -> Obj:
-    selector = {GKE_TPU_ACCELERATOR: slc.accelerator, GKE_TPU_TOPOLOGY: slc.topology}
-    tolerations: list[Obj] = [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
-    if spot:
-        selector[GKE_SPOT] = "true"
-        tolerations.append({"key": GKE_SPOT, "operator": "Equal", "value": "true", "effect": "NoSchedule"})
-    return {"nodeSelector": selector, "tolerations": tolerations}
-
-
 def scrape_annotations() -> dict[str, str]:
     """For Prometheus setups that discover targets by annotation."""
     return {
@@ -330,7 +319,6 @@ def scrape_annotations() -> dict[str, str]:
 
 def pod_template(inp: ServingInputs) -> Obj:
     spec = inp.spec
-    tpu = str(inp.slice.chips_per_host)
     model_dir = spec.vllm.model_path
     lora = lora_enabled(spec)
     vllm: Obj = {
@@ -342,7 +330,7 @@ def pod_template(inp: ServingInputs) -> Obj:
         # vLLM writes no termination message: the tail of its log says why it stopped.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
-        "resources": {"requests": {TPU_RESOURCE: tpu}, "limits": {TPU_RESOURCE: tpu}},
+        "resources": tpu_resources(inp.slice),
         "volumeMounts": [
             {"name": "model", "mountPath": model_dir, "readOnly": True},
             {"name": "xla-cache", "mountPath": XLA_CACHE_MOUNT},
@@ -372,7 +360,7 @@ def pod_template(inp: ServingInputs) -> Obj:
         containers.append(adapters_sidecar(inp, inp.model.id))
         volumes.append({"name": "adapters", "emptyDir": {}})
     pod: Obj = {
-        **_scheduling(inp.slice, spec.tpu.spot),
+        **tpu_scheduling(inp.slice, spec.tpu.spot),
         "initContainers": [fetch],
         "containers": containers,
         "volumes": volumes,
