@@ -24,6 +24,7 @@ from typing import Literal
 import numpy as np
 from tokenizers import Tokenizer
 
+from tpuforge_workloads import storage
 from tpuforge_workloads.data.records import Message
 
 # (start, end, whether the format has a system turn), preferred first.
@@ -32,7 +33,18 @@ ROLE_NAMES = {"user": "user", "assistant": "model", "system": "system"}
 
 
 class TokenizerError(ValueError):
-    """A tokenizer without the tokens the Gemma chat format needs."""
+    """A tokenizer that cannot be read, or without the tokens the Gemma chat format needs."""
+
+
+def read_tokenizer(model_uri: str, field: str = "model.uri") -> Tokenizer:
+    """The tokenizer.json of a model directory; `field` names the spec field that points there."""
+    uri = storage.join(model_uri, "tokenizer.json")
+    try:
+        return Tokenizer.from_str(storage.read_text(uri))
+    except storage.StorageError as e:
+        raise TokenizerError(f"{field}: cannot read {uri} ({e}); the model directory needs its tokenizer.json") from e
+    except Exception as e:
+        raise TokenizerError(f"{uri}: not a tokenizers JSON file ({e})") from e
 
 
 @dataclass(frozen=True)

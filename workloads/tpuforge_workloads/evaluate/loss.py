@@ -28,13 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer
-
 from tpuforge.api.configs import EvalConfig
 from tpuforge.api.constants import EXIT_BAD_CONFIG, TERMINATION_LOG
 from tpuforge_workloads import gemma4, lora, storage
 from tpuforge_workloads.adapters import AdapterError
-from tpuforge_workloads.data.chat import ChatEncoder, TokenizerError
+from tpuforge_workloads.data.chat import ChatEncoder, TokenizerError, read_tokenizer
 from tpuforge_workloads.data.pipeline import Example, eval_batches, model_inputs, prepare_examples, to_global
 from tpuforge_workloads.data.records import DatasetError
 from tpuforge_workloads.evaluate.config import EvalInputError, check_adapter, load_config, write_termination
@@ -75,16 +73,6 @@ def prepare(cfg: EvalConfig, examples: list[EvalExample], encoder: ChatEncoder) 
     return out
 
 
-def tokenizer_of(base_model_uri: str) -> Tokenizer:
-    uri = storage.join(base_model_uri, "tokenizer.json")
-    try:
-        return Tokenizer.from_str(storage.read_text(uri))
-    except storage.StorageError as e:
-        raise EvalInputError(f"baseModelUri: cannot read {uri} ({e})") from e
-    except Exception as e:
-        raise EvalInputError(f"{uri}: not a tokenizers JSON file ({e})") from e
-
-
 def check_inputs(cfg: EvalConfig) -> tuple[int, list[Prepared]]:
     """Everything checked before JAX loads a model: (the adapter's step, the prepared records)."""
     info = check_adapter(cfg)
@@ -92,7 +80,7 @@ def check_inputs(cfg: EvalConfig) -> tuple[int, list[Prepared]]:
     problems = gemma4.mesh_errors(text, cfg.mesh.fsdp, cfg.mesh.tp)
     if problems:
         raise EvalInputError("; ".join(problems))
-    encoder = ChatEncoder(tokenizer_of(cfg.base_model_uri), cfg.training.loss_on)
+    encoder = ChatEncoder(read_tokenizer(cfg.base_model_uri, "baseModelUri"), cfg.training.loss_on)
     return info.step, prepare(cfg, read_examples(cfg.dataset_uri, cfg.max_examples), encoder)
 
 
@@ -135,7 +123,7 @@ def run_loss(cfg: EvalConfig) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tpuforge-eval-", dir=_scratch(cfg)) as staging:
         model = lora.untrained_lora_model(cfg.base_model_uri, cfg.checkpoint_uri, mesh=mesh, staging_dir=staging)
     seconds["load"] = time.monotonic() - started
-    scorer = Scorer(cfg, mesh, ChatEncoder(tokenizer_of(cfg.base_model_uri)).tokens.pad)
+    scorer = Scorer(cfg, mesh, ChatEncoder(read_tokenizer(cfg.base_model_uri, "baseModelUri")).tokens.pad)
     losses: dict[str, list[float]] = {}
     for which in ("base", "adapter"):
         t0 = time.monotonic()

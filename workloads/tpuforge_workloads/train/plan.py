@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 from tpuforge.api import SpecError, TrainConfig, parse
 from tpuforge.api.catalog import MODELS, ModelShape
 from tpuforge_workloads import gemma4, lora, storage
-from tpuforge_workloads.data.chat import ChatEncoder, TokenizerError
+from tpuforge_workloads.data.chat import ChatEncoder, TokenizerError, read_tokenizer
 from tpuforge_workloads.data.pipeline import BatchSpec, DataStats, Example, count_batches, prepare_examples
 from tpuforge_workloads.data.records import DatasetError, read_records
 
@@ -56,16 +56,6 @@ def load_config(path: str | Path) -> TrainConfig:
         raise BadInput(f"--config {path}: {e}") from None
 
 
-def _tokenizer(model_uri: str) -> Tokenizer:
-    uri = storage.join(model_uri, "tokenizer.json")
-    try:
-        return Tokenizer.from_str(storage.read_text(uri))
-    except storage.StorageError as e:
-        raise BadInput(f"model.uri: cannot read {uri} ({e}); the model directory needs its tokenizer.json") from e
-    except Exception as e:
-        raise BadInput(f"{uri}: not a tokenizers JSON file ({e})") from e
-
-
 def total_steps(config: TrainConfig, micro_batches: int | None) -> int:
     t = config.training
     if t.max_steps is not None:
@@ -98,7 +88,7 @@ def _make_plan(config: TrainConfig, write_manifest: bool) -> Plan:
     if mesh_problems:
         raise BadInput("; ".join(mesh_problems))
 
-    tokenizer = _tokenizer(config.model_uri)
+    tokenizer = read_tokenizer(config.model_uri)
     if tokenizer.get_vocab_size() > text.vocab_size:
         raise BadInput(
             f"model.uri: tokenizer.json has {tokenizer.get_vocab_size()} tokens but the model only {text.vocab_size}"
