@@ -3,12 +3,17 @@ with the vLLM CPU environment like the vLLM images; tpuforge's other images with
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from tpuforge.api.constants import DEFAULT_EVALUATOR_IMAGE, DEFAULT_MERGER_IMAGE, DEFAULT_TRAINER_IMAGE
-from tpuforge.sandbox.agent.runtimes import VLLM_CPU_ENV, project_bin, repository, runtime_for
+from tpuforge.sandbox.agent.runtimes import VLLM_CPU_ENV, project_bin, repository, runtime_for, source_path
+from tpuforge.sandbox.agent.runtimes import vllm_venv as real_vllm_venv
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -26,12 +31,38 @@ def vllm_venv(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
         "tpuforge/evaluator",
         "us-docker.pkg.dev/proj/repo/tpuforge/evaluator:0.2.0",
         "localhost:5000/tpuforge/evaluator@sha256:" + "0" * 64,
-        "vllm/vllm-tpu:gemma4",
     ],
 )
-def test_evaluator_and_vllm_images_run_with_the_vllm_environment(image: str, vllm_venv: Path) -> None:
+def test_the_evaluator_image_runs_with_the_vllm_environment_and_our_sources(image: str, vllm_venv: Path) -> None:
     runtime = runtime_for(image)
+    assert runtime.bin_dir == vllm_venv and runtime.error is None
+    assert runtime.env == {**VLLM_CPU_ENV, "PYTHONPATH": source_path()}
+    assert source_path().split(os.pathsep)[:2] == [str(ROOT / "operator"), str(ROOT / "workloads")]
+
+
+def test_vllm_images_run_with_the_vllm_environment_alone(vllm_venv: Path) -> None:
+    runtime = runtime_for("vllm/vllm-tpu:gemma4")
     assert runtime.bin_dir == vllm_venv and runtime.env == VLLM_CPU_ENV and runtime.error is None
+
+
+def test_the_evaluation_program_imports_in_the_vllm_environment() -> None:
+    """What the evaluator pod runs, found through the sources the runtime puts on PYTHONPATH, not through the
+    test's own environment."""
+    python = real_vllm_venv() / "bin" / "python"
+    if not python.exists():
+        pytest.fail(f"no vllm-cpu environment at {python.parent.parent}: run `make vllm`", pytrace=False)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = os.pathsep.join(source_path().split(os.pathsep)[:2])
+    out = subprocess.run(
+        [str(python), "-c", "import tpuforge_workloads.evaluate.score as s; print(s.__file__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().startswith(str(ROOT / "workloads"))
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,8 @@
 tpuforge's own images (trainer, merger, operator) and any unknown image run with the project's virtual
 environment, so `python -m tpuforge_workloads.train` or a test's `python -c` work unchanged. vLLM images need
 a vLLM CPU build in its own virtual environment; so does tpuforge's evaluator image, which is vLLM with
-tpuforge on top (its programs find our code through the PYTHONPATH the agent passes).
+tpuforge on top: that venv has no tpuforge installed, so its containers get this checkout's source roots on
+PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpuforge.sandbox.config import cache_dir
+from tpuforge.sandbox.config import cache_dir, repo_root
 
 PROJECT_IMAGES = ("tpuforge/trainer", "tpuforge/merger", "tpuforge/operator")
 # Our images built on the vLLM image (images/evaluator.Dockerfile).
@@ -52,15 +53,28 @@ def repository(image: str) -> str:
 
 
 def runs_vllm(image: str) -> bool:
+    return "vllm" in image or ours(image)
+
+
+def source_path() -> str:
+    """PYTHONPATH for our code in another virtual environment: this checkout's source roots, then whatever
+    PYTHONPATH the agent itself runs with."""
+    roots = [str(repo_root() / "operator"), str(repo_root() / "workloads")]
+    inherited = os.environ.get("PYTHONPATH")
+    return os.pathsep.join(roots + ([inherited] if inherited else []))
+
+
+def ours(image: str) -> bool:
     repo = repository(image)
-    return "vllm" in image or any(repo == r or repo.endswith("/" + r) for r in VLLM_PROJECT_IMAGES)
+    return any(repo == r or repo.endswith("/" + r) for r in VLLM_PROJECT_IMAGES)
 
 
 def runtime_for(image: str) -> Runtime:
     if runs_vllm(image):
         venv = vllm_venv()
         if (venv / "bin" / "python").exists():
-            return Runtime(venv / "bin", env=VLLM_CPU_ENV)
+            env = {**VLLM_CPU_ENV, "PYTHONPATH": source_path()} if ours(image) else VLLM_CPU_ENV
+            return Runtime(venv / "bin", env=env)
         return Runtime(
             None,
             f"image {image} runs vLLM, which the sandbox runs from a vLLM CPU virtual environment, and there "
