@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import shutil
@@ -384,14 +385,43 @@ def greedy_outputs(url: str, model: str, prompts: list[list[int]], output_len: i
     return [tuple(r.token_ids) if r.token_ids else r.text for r in results]
 
 
-def measure(label: str, url: str, model: str, prompts: Prompts, output_len: int, concurrency: int) -> Side:
-    """A warm-up round (the first use of an adapter loads it: a one-off, not the steady state compared
-    here), then every load prompt at once with `concurrency` in flight, then the greedy check."""
+@dataclass
+class Endpoint:
+    label: str
+    url: str
+    model: str
+
+
+def measure(
+    merged: Endpoint, adapter: Endpoint, prompts: Prompts, output_len: int, concurrency: int, rounds: int
+) -> tuple[Side, Side]:
+    """Both ways, in alternating rounds (a machine whose load changes then changes both sides alike): a
+    warm-up (the first use of an adapter loads it: a one-off, not the steady state compared here), then
+    `rounds` slices of the load prompts, each sent at once with `concurrency` in flight to one side and then
+    to the other, the first side alternating; then the greedy check of each."""
+    ends = (merged, adapter)
     rng = random.Random(0)
-    asyncio.run(drive(url, model, prompts.warmup, output_len, float("inf"), rng, concurrency))
-    results, duration = asyncio.run(drive(url, model, prompts.load, output_len, float("inf"), rng, concurrency))
-    point = summarize(len(prompts.load[0]), float("inf"), results, duration)
-    return Side(label, point, greedy_outputs(url, model, prompts.check, output_len))
+    for e in ends:
+        asyncio.run(drive(e.url, e.model, prompts.warmup, output_len, float("inf"), rng, concurrency))
+    results: dict[str, list[Result]] = {e.label: [] for e in ends}
+    seconds = dict.fromkeys(results, 0.0)
+    step = math.ceil(len(prompts.load) / rounds)
+    for r in range(rounds):
+        batch = prompts.load[r * step : (r + 1) * step]
+        for e in ends if r % 2 == 0 else ends[::-1]:
+            got, duration = asyncio.run(drive(e.url, e.model, batch, output_len, float("inf"), rng, concurrency))
+            results[e.label] += got
+            seconds[e.label] += duration
+    input_len = len(prompts.load[0])
+    sides = [
+        Side(
+            e.label,
+            summarize(input_len, float("inf"), results[e.label], seconds[e.label]),
+            greedy_outputs(e.url, e.model, prompts.check, output_len),
+        )
+        for e in ends
+    ]
+    return sides[0], sides[1]
 
 
 def agreement(a: list[Output], b: list[Output]) -> float:
@@ -412,11 +442,11 @@ def ratios(adapter: Point, merged: Point) -> dict[str, float]:
     return {k: a / m if m else float("nan") for k, (a, m) in pairs.items()}
 
 
-def report_compare(merged: Side, adapter: Side, concurrency: int, output_len: int) -> dict[str, Any]:
+def report_compare(merged: Side, adapter: Side, concurrency: int, output_len: int, rounds: int) -> dict[str, Any]:
     p = merged.point
     print(
         f"\nadapter vs merged: {p.requests} prompts of {p.input_len} tokens, {output_len} output tokens each, "
-        f"{concurrency} in flight"
+        f"{concurrency} in flight, in {rounds} alternating rounds"
     )
     print(f"{'':<22} {'req/s':>7} {'out tok/s':>10} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'failed':>7}")
     for side in (merged, adapter):
@@ -439,6 +469,7 @@ def report_compare(merged: Side, adapter: Side, concurrency: int, output_len: in
         "ratios": r,
         "greedy_agreement": agree,
         "concurrency": concurrency,
+        "rounds": rounds,
     }
 
 
@@ -466,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--adapter-model", help="with --base-url: the adapter's served name (--model is the merged one)")
     ap.add_argument("--compare-prompts", type=int, default=None, help="prompts per side (default 32; 200)")
     ap.add_argument("--concurrency", type=int, default=4, help="requests in flight in the comparison")
+    ap.add_argument("--rounds", type=int, default=4, help="alternating rounds the comparison's prompts are split in")
     ap.add_argument("--no-sweep", action="store_true", help="only the comparison")
     a = ap.parse_args(argv)
     remote = a.base_url is not None
@@ -479,6 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     output_len = a.output_len or (256 if remote else 32)
     lens = [int(x) for x in a.input_lens.split(",")]
     n_compare = a.compare_prompts or (200 if remote else 32)
+    if not 1 <= a.rounds <= n_compare:
+        ap.error(f"--rounds {a.rounds}: must be at least 1 and at most the {n_compare} comparison prompts")
     out: dict[str, Any] = {}
     failed = 0
 
@@ -509,12 +543,16 @@ def main(argv: list[str] | None = None) -> int:
                 with urllib.request.urlopen(f"{url}/models", timeout=10) as r:
                     model = json.load(r)["data"][0]["id"]
             if compare:
-                prompts = compare_prompts(vocab)
-                merged = measure(f"merged ({model})", url, model, prompts, output_len, a.concurrency)
                 adapter_url = (a.adapter_base_url or a.base_url).rstrip("/")
-                label = f"adapter ({a.adapter_model})"
-                adapter = measure(label, adapter_url, a.adapter_model, prompts, output_len, a.concurrency)
-                out["adapter_vs_merged"] = report_compare(merged, adapter, a.concurrency, output_len)
+                merged, adapter = measure(
+                    Endpoint(f"merged ({model})", url, model),
+                    Endpoint(f"adapter ({a.adapter_model})", adapter_url, a.adapter_model),
+                    compare_prompts(vocab),
+                    output_len,
+                    a.concurrency,
+                    a.rounds,
+                )
+                out["adapter_vs_merged"] = report_compare(merged, adapter, a.concurrency, output_len, a.rounds)
                 failed += merged.point.failed + adapter.point.failed
             sweep(url, model, vocab)
         else:
@@ -529,25 +567,30 @@ def main(argv: list[str] | None = None) -> int:
                 vocab_size = tiny_gemma4(model_dir, max_positions=2 * max_len)
             # Skip the low ids, where tokenizers keep their special and control tokens.
             vocab = range(min(1000, vocab_size // 8), vocab_size)
-            prompts = compare_prompts(vocab)
-            # One server at a time, each with the machine to itself; the merged one also runs the sweep.
             with vllm_cpu(model_dir, name, max_len, tmp / "vllm.log") as url:
                 if compare:
-                    merged = measure("merged", url, name, prompts, output_len, a.concurrency)
+                    prompts = compare_prompts(vocab)
+                    extra = lora_args("ft", adapter_dir)
+                    # Both up at once for the alternating rounds; the adapter's is stopped before the sweep.
+                    with vllm_cpu(base, "base", max_len, tmp / "vllm-lora.log", extra) as lora_url:
+                        merged, adapter = measure(
+                            Endpoint("merged", url, name),
+                            Endpoint("base + adapter (ft)", lora_url, "ft"),
+                            prompts,
+                            output_len,
+                            a.concurrency,
+                            a.rounds,
+                        )
+                        base_outputs = greedy_outputs(lora_url, "base", prompts.check, output_len)
+                    out["adapter_vs_merged"] = report_compare(merged, adapter, a.concurrency, output_len, a.rounds)
+                    failed += merged.point.failed + adapter.point.failed
+                    changed = 1 - agreement(base_outputs, adapter.outputs)
+                    out["adapter_vs_merged"]["adapter_changes_output"] = changed
+                    print(f"the adapter changes the base's greedy output on {changed:.0%} of the prompts")
+                    if not changed:
+                        print("the adapter changed nothing: the comparison measured the base twice", file=sys.stderr)
+                        return 1
                 sweep(url, name, vocab)
-            if compare:
-                extra = lora_args("ft", adapter_dir)
-                with vllm_cpu(base, "base", max_len, tmp / "vllm-lora.log", extra) as url:
-                    adapter = measure("base + adapter (ft)", url, "ft", prompts, output_len, a.concurrency)
-                    base_outputs = greedy_outputs(url, "base", prompts.check, output_len)
-                out["adapter_vs_merged"] = report_compare(merged, adapter, a.concurrency, output_len)
-                failed += merged.point.failed + adapter.point.failed
-                changed = 1 - agreement(base_outputs, adapter.outputs)
-                out["adapter_vs_merged"]["adapter_changes_output"] = changed
-                print(f"the adapter changes the base's greedy output on {changed:.0%} of the prompts")
-                if not changed:
-                    print("the adapter changed nothing: the comparison measured the base twice", file=sys.stderr)
-                    return 1
         if a.json:
             a.json.write_text(json.dumps(out, indent=1))
         if failed:
