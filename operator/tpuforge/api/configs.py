@@ -76,7 +76,11 @@ class EvalConfig(ApiModel):
         description="The report directory (<output.uri>/evaluation), committed with _COMPLETE: report.jsonl "
         "(one line per example) and summary.json (the scores)."
     )
-    work_dir: str = Field(default="/tmp/tpuforge-eval", description="Local scratch for the model copies.")
+    work_dir: str | None = Field(
+        default=None,
+        description="Local scratch for the model copies; unset: tpuforge-eval under the process's temporary "
+        "directory (TMPDIR, else the pod's /tmp volume), so that two evaluations never share one.",
+    )
 
 
 class ServeConfig(ApiModel):

@@ -253,7 +253,7 @@ def adapter_line(adapter: Mapping[str, Any], replicas: int) -> str:
 
 
 def chat(model: str, question: str) -> str:
-    request = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 24, "temperature": 0}
+    request = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 32, "temperature": 0}
     req = urllib.request.Request(
         f"http://127.0.0.1:{VLLM_PORT}/v1/chat/completions",
         data=json.dumps(request).encode(),

@@ -1,8 +1,10 @@
-"""What both evaluation programs share: reading the EvalConfig, and the termination message."""
+"""What both evaluation programs share: reading the EvalConfig, the scratch directory, and the termination
+message."""
 
 from __future__ import annotations
 
 import logging
+import tempfile
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -62,3 +64,10 @@ def check_adapter(cfg: EvalConfig) -> AdapterInfo:
     if problems:
         raise EvalInputError(f"adapterUri {cfg.adapter_uri}: {'; '.join(problems)}; evaluate it with its own base")
     return info
+
+
+def scratch_dir(cfg: EvalConfig) -> Path:
+    """Where the evaluation keeps its local copies (created)."""
+    path = Path(cfg.work_dir) if cfg.work_dir else Path(tempfile.gettempdir()) / "tpuforge-eval"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

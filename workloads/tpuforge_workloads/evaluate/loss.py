@@ -25,7 +25,6 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tpuforge.api.configs import EvalConfig
@@ -35,7 +34,13 @@ from tpuforge_workloads.adapters import AdapterError
 from tpuforge_workloads.data.chat import ChatEncoder, TokenizerError, read_tokenizer
 from tpuforge_workloads.data.pipeline import Example, eval_batches, model_inputs, prepare_examples, to_global
 from tpuforge_workloads.data.records import DatasetError
-from tpuforge_workloads.evaluate.config import EvalInputError, check_adapter, load_config, write_termination
+from tpuforge_workloads.evaluate.config import (
+    EvalInputError,
+    check_adapter,
+    load_config,
+    scratch_dir,
+    write_termination,
+)
 from tpuforge_workloads.evaluate.records import EvalExample, read_examples
 
 log = logging.getLogger("tpuforge_workloads.evaluate.loss")
@@ -120,7 +125,7 @@ def run_loss(cfg: EvalConfig) -> dict[str, Any]:
     step, prepared = check_inputs(cfg)
     scored = [p for p in prepared if p.tokens is not None]
     mesh = gemma4.make_mesh(cfg.mesh.fsdp, cfg.mesh.tp)
-    with tempfile.TemporaryDirectory(prefix="tpuforge-eval-", dir=_scratch(cfg)) as staging:
+    with tempfile.TemporaryDirectory(prefix="tpuforge-eval-", dir=scratch_dir(cfg)) as staging:
         model = lora.untrained_lora_model(cfg.base_model_uri, cfg.checkpoint_uri, mesh=mesh, staging_dir=staging)
     seconds["load"] = time.monotonic() - started
     scorer = Scorer(cfg, mesh, ChatEncoder(read_tokenizer(cfg.base_model_uri, "baseModelUri")).tokens.pad)
@@ -155,11 +160,6 @@ def run_loss(cfg: EvalConfig) -> dict[str, Any]:
         "perExample": per_example,
         "seconds": seconds,
     }
-
-
-def _scratch(cfg: EvalConfig) -> str:
-    Path(cfg.work_dir).mkdir(parents=True, exist_ok=True)
-    return cfg.work_dir
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,7 +29,13 @@ from tpuforge_workloads import commit, storage
 from tpuforge_workloads.adapters import AdapterError, AdapterInfo
 from tpuforge_workloads.data.records import DatasetError
 from tpuforge_workloads.evaluate.answers import AnswerError, Answers, generate
-from tpuforge_workloads.evaluate.config import EvalInputError, check_adapter, load_config, write_termination
+from tpuforge_workloads.evaluate.config import (
+    EvalInputError,
+    check_adapter,
+    load_config,
+    scratch_dir,
+    write_termination,
+)
 from tpuforge_workloads.evaluate.records import EvalExample, read_examples
 from tpuforge_workloads.serve.fetch import FetchError, fetch
 
@@ -70,7 +76,7 @@ def read_losses(path: str | None, cfg: EvalConfig, examples: list[EvalExample]) 
 
 def fetch_models(cfg: EvalConfig) -> tuple[Path, Path]:
     """Local copies of the base (no marker needed: uploaded by hand) and of the committed adapter."""
-    work = Path(cfg.work_dir)
+    work = scratch_dir(cfg)
     base, adapter = work / "base", work / "adapter"
     for uri, target, committed in ((cfg.base_model_uri, base, False), (cfg.adapter_uri, adapter, True)):
         done = fetch(ServeConfig(model_uri=uri, target_dir=str(target), require_marker=committed))
