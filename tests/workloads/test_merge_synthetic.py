@@ -187,7 +187,8 @@ def test_sharded_base_merges_exactly_and_copies_the_rest(tiny: Inputs, tmp_path:
     assert sorted(peft_config["target_modules"]) == sorted(
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
-    assert len(adapter) == 2 * len(deltas)
+    # Plus k_proj's factors again under v_proj on the keys = values layer (layer 1), for vLLM's packed qkv_proj.
+    assert len(adapter) == 2 * len(deltas) + 2
     for name, delta in deltas.items():
         module = "base_model.model." + name.removesuffix(".weight")
         a, b = adapter[module + ".lora_A.weight"], adapter[module + ".lora_B.weight"]
@@ -201,7 +202,18 @@ def test_kv_adapter_shares_one_a_between_k_and_v(tiny: Inputs, tmp_path: Path) -
     k = adapter["base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight"]
     v = adapter["base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight"]
     np.testing.assert_array_equal(k, v)
-    assert "base_model.model.model.layers.1.self_attn.v_proj.lora_A.weight" not in adapter  # keys = values
+
+
+def test_keys_equal_values_layer_has_k_projs_factors_under_v_proj(tiny: Inputs, tmp_path: Path) -> None:
+    # The base's layer 1 has no v_proj (values are keys): vLLM applies a LoRA to the values of its packed
+    # qkv_proj only when the adapter names v_proj, so k_proj's factors are written under both names.
+    assert f"{tiny.prefix}layers.1.self_attn.v_proj.weight" not in load_dir(tiny.base, tmp_path / "base")
+    run_merge(config(tiny, str(tmp_path), write_adapter=True))
+    adapter = load_file(str(tmp_path / "adapter/adapter_model.safetensors"))
+    attn = "base_model.model.model.layers.1.self_attn."
+    for factor in ("lora_A", "lora_B"):
+        k, v = adapter[f"{attn}k_proj.{factor}.weight"], adapter[f"{attn}v_proj.{factor}.weight"]
+        np.testing.assert_array_equal(v, k)
 
 
 def test_adapter_only_writes_no_merged_files(tiny: Inputs, tmp_path: Path) -> None:

@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from safetensors.numpy import load_file, save_file
 
 from tests.fixtures.adapters import RANK, STEP, adapter_metadata, export_adapter, publish_adapter
 from tpuforge.api.constants import COMPLETE_MARKER
 from tpuforge.sandbox import wait_for
 from tpuforge.sandbox.gcs import free_port
 from tpuforge_workloads import storage
+from tpuforge_workloads.adapters import WEIGHTS_FILE
 from tpuforge_workloads.serve import adapters as sidecar
 
 
@@ -106,11 +108,19 @@ def test_fetches_a_committed_adapter_and_replaces_it_in_a_new_directory(
         ("other-base", "was trained on another base checkpoint"),
         ("rank", "has LoRA rank 16, above this server's --max-lora-rank 8"),
         ("not-adapter", "not an adapter; adapters live in <output>/adapter"),
+        ("keys-only", "changes k_proj but not v_proj on layers [1], whose values are their keys"),
     ],
 )
 def test_refuses_what_it_cannot_serve_and_says_why(
-    pod: str, exported: dict[int, Path], tiny_model_dir: Path, bucket: str, case: str, message: str
+    pod: str, exported: dict[int, Path], tiny_model_dir: Path, bucket: str, case: str, message: str, tmp_path: Path
 ) -> None:
+    local = exported[1]
+    if case == "keys-only":  # as exported before v_proj got k_proj's factors on the keys = values layer
+        local = tmp_path / "keys-only"
+        shutil.copytree(exported[1], local)
+        weights = load_file(str(local / WEIGHTS_FILE))
+        kept = {k: v for k, v in weights.items() if ".layers.1.self_attn.v_proj." not in k}
+        save_file(kept, str(local / WEIGHTS_FILE))
     md = adapter_metadata(tiny_model_dir)
     if case == "other-model":
         md["modelName"] = "gemma4-e4b"
@@ -120,7 +130,7 @@ def test_refuses_what_it_cannot_serve_and_says_why(
         md["rank"] = 16
     elif case == "not-adapter":
         md["kind"] = "merged"
-    uri = publish_adapter(exported[1], f"{bucket}/{case}/adapter", md, committed=case != "uncommitted")
+    uri = publish_adapter(local, f"{bucket}/{case}/adapter", md, committed=case != "uncommitted")
     call("PUT", f"{pod}/adapters/bad", {"uri": uri})
     st = settled(pod, "bad")
     assert st["phase"] == sidecar.FAILED and message in st["message"], st

@@ -8,7 +8,9 @@ Light on purpose (pydantic, storage, commit): it runs in the vLLM image too, whe
 from __future__ import annotations
 
 import hashlib
-from typing import Literal
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
@@ -20,6 +22,11 @@ KIND = "adapter"
 WEIGHTS_FILE = "adapter_model.safetensors"
 CONFIG_FILE = "adapter_config.json"
 BASE_CONFIG_FILE = "config.json"
+# An adapter's key and value projection factors on a text decoder layer (Gemma4ForCausalLM or the multimodal
+# checkpoint's language model).
+_KV_LORA = re.compile(
+    r"^base_model\.model\.model\.(?:language_model\.)?layers\.(\d+)\.self_attn\.([kv])_proj\.lora_A\."
+)
 
 
 class AdapterError(RuntimeError):
@@ -83,3 +90,27 @@ def read_adapter_manifest(uri: str) -> tuple[commit.Manifest, AdapterInfo]:
     if missing:
         raise AdapterError(f"adapter {uri}: {COMPLETE_MARKER} lists no {', '.join(sorted(missing))}")
     return manifest, info
+
+
+def keys_as_values_layers(base_config: Mapping[str, Any]) -> set[int]:
+    """The base's decoder layers whose values are their keys (a k_proj and no v_proj): Gemma 4's full-attention
+    layers under attention_k_eq_v, bar the KV-shared ones, which project neither."""
+    text = base_config.get("text_config") or base_config
+    if not text.get("attention_k_eq_v"):
+        return set()
+    types = list(text.get("layer_types") or [])
+    first_shared = len(types) - int(text.get("num_kv_shared_layers") or 0)
+    return {i for i, kind in enumerate(types[:first_shared]) if kind == "full_attention"}
+
+
+def values_without_lora(tensor_names: Iterable[str], base_config: Mapping[str, Any]) -> list[int]:
+    """The keys = values layers where an adapter changes k_proj and has no v_proj factors. HF computes values
+    with k_proj there, so the update reaches them; vLLM loads the base k_proj into both the key and the value
+    slot of its packed qkv_proj but gives the value slot only a LoRA named v_proj, so it would serve such an
+    adapter with keys and values that disagree. tpuforge's export writes k_proj's factors under v_proj too."""
+    projs: dict[int, set[str]] = {}
+    for name in tensor_names:
+        if m := _KV_LORA.match(name):
+            projs.setdefault(int(m.group(1)), set()).add(m.group(2))
+    shared = keys_as_values_layers(base_config)
+    return sorted(layer for layer, p in projs.items() if layer in shared and p == {"k"})

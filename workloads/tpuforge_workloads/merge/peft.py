@@ -18,8 +18,15 @@ from tpuforge_workloads.merge.safetensors_io import OutTensor, encode_header
 from tpuforge_workloads.merge.stream import StagedFile, as_bytes, open_staged, write_small
 
 
-def peft_name(target: LoraTarget, factor: str) -> str:
+def peft_modules(target: LoraTarget) -> list[str]:
+    """The HF modules a target's factors are written for: k_proj and v_proj on a keys = values layer."""
     module = target.tensor.removesuffix(".weight")
+    if target.module == "k_einsum":
+        return [module, module.removesuffix(".k_proj") + ".v_proj"]
+    return [module]
+
+
+def peft_name(module: str, factor: str) -> str:
     return f"base_model.model.{module}.lora_{factor}.weight"
 
 
@@ -32,7 +39,7 @@ def adapter_config(plan: MergePlan) -> dict[str, object]:
         "r": plan.lora.rank,
         "lora_alpha": lora.alpha,
         "lora_dropout": lora.dropout,
-        "target_modules": sorted({t.tensor.split(".")[-2] for t in plan.targets}),
+        "target_modules": sorted({m.split(".")[-1] for t in plan.targets for m in peft_modules(t)}),
         "bias": "none",
         "fan_in_fan_out": False,
         "use_rslora": False,
@@ -62,8 +69,9 @@ def write_adapter(plan: MergePlan, output: str, staging: str) -> list[StagedFile
     rank = plan.lora.rank
     tensors = []
     for t in targets:
-        tensors.append(OutTensor(peft_name(t, "A"), "F32", (rank, t.in_features)))
-        tensors.append(OutTensor(peft_name(t, "B"), "F32", (t.out_features, rank)))
+        for m in peft_modules(t):
+            tensors.append(OutTensor(peft_name(m, "A"), "F32", (rank, t.in_features)))
+            tensors.append(OutTensor(peft_name(m, "B"), "F32", (t.out_features, rank)))
     header = encode_header(tensors)
     f = open_staged(output, staging, WEIGHTS_FILE, len(header) + sum(x.nbytes for x in tensors))
     try:
@@ -72,8 +80,9 @@ def write_adapter(plan: MergePlan, output: str, staging: str) -> list[StagedFile
             params = plan.lora.layer(layer)  # one restore per layer
             for t in group:
                 lora_a, lora_b = peft_factors(t, *params[t.module])
-                f.write(as_bytes(lora_a))
-                f.write(as_bytes(lora_b))
+                for _ in peft_modules(t):
+                    f.write(as_bytes(lora_a))
+                    f.write(as_bytes(lora_b))
         f.writer.close()
     except BaseException:
         f.writer.discard()

