@@ -64,3 +64,35 @@ def test_preemption_waits_for_half_the_steps_and_a_checkpoint() -> None:
     assert not halfway(status(total // 2 + 1, None), spec)
     assert not halfway(status(total // 2 + 1, every, phase="Merging"), spec)
     assert halfway(status(total // 2, every), spec)
+
+
+def test_the_adapters_demo_serves_both_jobs_adapters_after_their_evaluations() -> None:
+    from tpuforge.sandbox.demo_adapters import DATA, JOBS_YAML, SERVING_YAML, load_jobs
+
+    jobs = load_jobs(ROOT / JOBS_YAML, DEFAULT_BUCKET)
+    assert [j.name for j in jobs] == ["capitals", "languages"]
+    for job in jobs:
+        s = job.spec
+        assert not s.merge.enabled and s.merge.write_adapter  # adapters only
+        assert s.evaluation is not None and s.evaluation.thresholds.min_exact_match
+        assert s.evaluation.slice == "cpu"  # the v6e-8 node is the serving pod's
+        for uri in (s.dataset.uri, s.dataset.eval_uri):
+            assert uri is not None and (ROOT / DATA / uri.rsplit("/", 1)[-1]).exists()
+    body = load_yaml(ROOT / SERVING_YAML, "ServingDeployment")
+    spec = ServingDeploymentSpec.model_validate(body["spec"])
+    assert spec.model.uri == jobs[0].spec.model.uri  # the base both were trained on
+    assert [(a.name, a.fine_tune_job_ref.name if a.fine_tune_job_ref else None) for a in spec.adapters] == [
+        ("capitals", "capitals"),
+        ("languages", "languages"),
+    ]
+
+
+def test_the_adapters_demo_says_one_line_per_adapter() -> None:
+    from tpuforge.sandbox.demo_adapters import adapter_line, shorten
+
+    ready = {"name": "capitals", "phase": "Ready", "loadedReplicas": 1, "step": 400, "source": "capitals"}
+    assert adapter_line(ready, 1) == "  adapter capitals Ready on 1/1 replicas (step 400) from FineTuneJob capitals"
+    failed = {"name": "x", "phase": "Failed", "loadedReplicas": 0, "message": "no _COMPLETE"}
+    assert adapter_line(failed, 1) == "  adapter x Failed on 0/1 replicas: no _COMPLETE"
+    assert shorten("  The capital of Norway is Oslo. ") == "'The capital of Norway is Oslo.'"
+    assert shorten("please " * 20) == "'please please please please please ...'"

@@ -177,6 +177,7 @@ class Demo:
         self.tpuforge = tool_path("tpuforge")
         self.job: DemoJob | None = None
         self.pods: dict[str, str] = {}  # what to point at in the end: "train-0", "merge", "serve" -> pod name
+        self.serving_name = "demo"  # examples/serving-demo.yaml's
 
     # -- helpers ---------------------------------------------------------------------------------------------
     def say(self, text: str, style: str = "") -> None:
@@ -619,7 +620,8 @@ class Demo:
             lines.append(
                 ("the served model (vLLM's metrics at /metrics)", f"curl http://127.0.0.1:{VLLM_PORT}/v1/models")
             )
-            lines.append(("stop serving", "kubectl delete servingdeployment demo"))
+            lines.append(("phase, endpoint, adapters ready", "kubectl get servingdeployments"))
+            lines.append(("stop serving", f"kubectl delete servingdeployment {self.serving_name}"))
         lines += [
             ("operator metrics (one series per object)", f"curl http://127.0.0.1:{self.operator_port}/metrics"),
             (

@@ -60,6 +60,7 @@ class AdaptersDemo(Demo):
         jobs = load_jobs(self.root / JOBS_YAML, self.sb.bucket)
         self.job = jobs[0]
         serving = self.load_serving()
+        self.serving_name = serving["metadata"]["name"]
         self.start_sandbox()
         self.check_nodes(jobs[0])
         with self.api() as api:
@@ -235,7 +236,7 @@ class AdaptersDemo(Demo):
         self.say(f"the same questions to the base ({base}, served as {served!r}) and to each adapter, greedy:")
         rows = []
         for question in QUESTIONS:
-            rows.append([question] + [repr(chat(model, question)) for model in names])
+            rows.append([question] + [shorten(chat(model, question)) for model in names])
         self.console.print(table(["question", *names], rows))
 
 
@@ -247,9 +248,15 @@ def adapter_line(adapter: Mapping[str, Any], replicas: int) -> str:
         f"  adapter {adapter['name']} {adapter.get('phase', 'Loading')} on "
         f"{adapter.get('loadedReplicas', 0)}/{replicas} replicas{where}{source}"
     )
-    if adapter.get("phase") != "Ready" and adapter.get("message"):
+    if adapter.get("phase") == "Failed" and adapter.get("message"):
         text += f": {adapter['message']}"
     return text
+
+
+def shorten(answer: str, width: int = 40) -> str:
+    """An answer as the table shows it: quoted, cut at `width` characters (the base model rambles)."""
+    text = repr(answer.strip())
+    return text if len(text) <= width else text[: width - 4] + "...'"
 
 
 def chat(model: str, question: str) -> str:
