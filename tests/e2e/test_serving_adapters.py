@@ -50,10 +50,12 @@ def serves(name: str) -> bool:
         return False
 
 
-def greedy(model: str, prompt: str = "The capital of France is") -> str:
-    out = post(f"{VLLM}/v1/completions", {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0})
-    text: str = out["choices"][0]["text"]
-    return text
+def greedy(model: str, prompt: str = "The capital of France is") -> tuple[str, tuple[float, ...]]:
+    """The greedy answer and its tokens' logprobs: on a random-weight base an adapter may leave the argmax
+    tokens as they are, but never their probabilities."""
+    body = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 1}
+    choice = post(f"{VLLM}/v1/completions", body)["choices"][0]
+    return str(choice["text"]), tuple(round(float(x), 4) for x in choice["logprobs"]["token_logprobs"])
 
 
 def kubectl(env: dict[str, str], *args: str) -> str:
