@@ -1,5 +1,4 @@
-"""What both evaluation programs share: reading the EvalConfig, the scratch directory, and the termination
-message."""
+"""What both evaluation programs share: reading the EvalConfig, checking the adapter, the scratch directory."""
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ from tpuforge_workloads import storage
 from tpuforge_workloads.adapters import AdapterInfo, config_sha256, read_adapter_manifest
 
 log = logging.getLogger(__name__)
-TERMINATION_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
 
 
 class EvalInputError(ValueError):
@@ -31,15 +29,6 @@ def load_config(path: str) -> EvalConfig:
         first = e.errors()[0]
         where = ".".join(str(x) for x in first["loc"]) or "(top level)"
         raise EvalInputError(f"--config {path}: {where}: {first['msg']} ({e.error_count()} errors)") from e
-
-
-def write_termination(path: str, message: str) -> None:
-    """The pod's termination message (cut to what Kubernetes keeps); outside a pod the log has it."""
-    data = message.encode()[:TERMINATION_LIMIT].decode(errors="ignore")
-    try:
-        Path(path).write_text(data, encoding="utf-8")
-    except OSError as e:
-        log.warning("cannot write termination log %s: %s", path, e)
 
 
 def check_adapter(cfg: EvalConfig) -> AdapterInfo:

@@ -29,7 +29,7 @@ from typing import Any
 
 from tpuforge.api.configs import EvalConfig
 from tpuforge.api.constants import EXIT_BAD_CONFIG, TERMINATION_LOG
-from tpuforge_workloads import gemma4, lora, storage
+from tpuforge_workloads import gemma4, lora, storage, termination
 from tpuforge_workloads.adapters import AdapterError
 from tpuforge_workloads.data.chat import ChatEncoder, TokenizerError, read_tokenizer
 from tpuforge_workloads.data.pipeline import Example, eval_batches, model_inputs, prepare_examples, to_global
@@ -39,7 +39,6 @@ from tpuforge_workloads.evaluate.config import (
     check_adapter,
     load_config,
     scratch_dir,
-    write_termination,
 )
 from tpuforge_workloads.evaluate.records import EvalExample, read_examples
 
@@ -176,17 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         result = run_loss(load_config(args.config))
         storage.write_text(args.out, json.dumps(result, indent=1) + "\n")
     except (EvalInputError, DatasetError, TokenizerError, gemma4.ModelError) as e:
-        log.error("%s", e)
-        write_termination(args.termination_log, str(e))
-        return EXIT_BAD_CONFIG
+        return termination.fail(args.termination_log, e, EXIT_BAD_CONFIG)
     except AdapterError as e:
-        log.error("%s", e)
-        write_termination(args.termination_log, str(e))
-        return 1
+        return termination.fail(args.termination_log, e, 1)
     except Exception as e:
-        log.exception("evaluation loss failed")
-        write_termination(args.termination_log, f"{type(e).__name__}: {e}")
-        return 1
+        return termination.fail(args.termination_log, e, 1, unexpected="evaluation loss failed")
     log.info(
         "loss %.4f (base %.4f) over %d examples -> %s", result["loss"], result["baseLoss"], result["examples"], args.out
     )

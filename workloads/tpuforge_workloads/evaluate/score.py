@@ -25,7 +25,7 @@ from typing import Any
 
 from tpuforge.api.configs import EvalConfig, ServeConfig
 from tpuforge.api.constants import EXIT_BAD_CONFIG, TERMINATION_LOG
-from tpuforge_workloads import commit, storage
+from tpuforge_workloads import commit, storage, termination
 from tpuforge_workloads.adapters import AdapterError, AdapterInfo
 from tpuforge_workloads.data.records import DatasetError
 from tpuforge_workloads.evaluate.answers import AnswerError, Answers, generate
@@ -34,7 +34,6 @@ from tpuforge_workloads.evaluate.config import (
     check_adapter,
     load_config,
     scratch_dir,
-    write_termination,
 )
 from tpuforge_workloads.evaluate.records import EvalExample, read_examples
 from tpuforge_workloads.serve.fetch import FetchError, fetch
@@ -160,19 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_score(load_config(args.config), args.loss)
     except (EvalInputError, DatasetError) as e:
-        log.error("%s", e)
-        write_termination(args.termination_log, str(e))
-        return EXIT_BAD_CONFIG
+        return termination.fail(args.termination_log, e, EXIT_BAD_CONFIG)
     except (AdapterError, FetchError, AnswerError, commit.CommitError, storage.StorageError) as e:
-        log.error("%s", e)
-        write_termination(args.termination_log, str(e))
-        return 1
+        return termination.fail(args.termination_log, e, 1)
     except Exception as e:
-        log.exception("evaluation failed")
-        write_termination(args.termination_log, f"{type(e).__name__}: {e}")
-        return 1
+        return termination.fail(args.termination_log, e, 1, unexpected="evaluation failed")
     message = json.dumps(result, separators=(",", ":"))
-    write_termination(args.termination_log, message)
+    termination.write(args.termination_log, message)
     print(message)
     return 0
 

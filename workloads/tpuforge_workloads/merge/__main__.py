@@ -18,20 +18,11 @@ from pydantic import ValidationError
 
 from tpuforge.api.configs import MergeConfig
 from tpuforge.api.constants import EXIT_BAD_CONFIG, TERMINATION_LOG
-from tpuforge_workloads import storage
+from tpuforge_workloads import storage, termination
 from tpuforge_workloads.merge.errors import MergeInputError
 from tpuforge_workloads.merge.merge import run_merge
 
 log = logging.getLogger("tpuforge_workloads.merge")
-_TERMINATION_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
-
-
-def write_termination(path: str, message: str) -> None:
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(message.encode()[: _TERMINATION_LIMIT - 4].decode(errors="ignore"))
-    except OSError as e:
-        log.warning("cannot write termination log %s: %s", path, e)
 
 
 def load_config(path: str) -> MergeConfig:
@@ -57,13 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run_merge(load_config(args.config), verify=args.verify)
     except MergeInputError as e:
-        log.error("%s", e)
-        write_termination(args.termination_log, str(e))
-        return EXIT_BAD_CONFIG
+        return termination.fail(args.termination_log, e, EXIT_BAD_CONFIG)
     except Exception as e:
-        log.exception("merge failed")
-        write_termination(args.termination_log, f"{type(e).__name__}: {e}")
-        return 1
+        return termination.fail(args.termination_log, e, 1, unexpected="merge failed")
     return 0
 
 

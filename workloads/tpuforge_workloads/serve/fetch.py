@@ -15,7 +15,6 @@ EXIT_BAD_CONFIG for a bad config; the reason goes to the termination log, where 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import json
 import os
@@ -31,7 +30,7 @@ from pydantic import ValidationError
 
 from tpuforge.api.configs import ServeConfig
 from tpuforge.api.constants import COMPLETE_MARKER, EXIT_BAD_CONFIG, TERMINATION_LOG
-from tpuforge_workloads import commit, storage
+from tpuforge_workloads import commit, storage, termination
 
 # Written last into the target directory: which model (by its marker) the directory holds.
 FETCHED_STAMP = ".tpuforge-fetched.json"
@@ -39,7 +38,6 @@ PARTIAL_DIR = ".tpuforge-partial"
 _CHUNK = 8 << 20
 # Merged models come as several shards of a few GB: fetch a few at once to fill the network.
 PARALLEL_FILES = 4
-_TERMINATION_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
 
 
 class FetchError(RuntimeError):
@@ -187,8 +185,7 @@ def _config(a: argparse.Namespace) -> ServeConfig:
 
 def _terminate(path: str, message: str) -> None:
     print(message, file=sys.stderr)
-    with contextlib.suppress(OSError):  # not in a pod: stderr has it
-        Path(path).write_text(message[:_TERMINATION_LIMIT])
+    termination.write(path, message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

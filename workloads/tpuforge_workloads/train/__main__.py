@@ -18,11 +18,10 @@ import platform
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from tpuforge.api.constants import EXIT_BAD_CONFIG, EXIT_PREEMPTED, TERMINATION_LOG, TERMINATION_PREEMPTED
-from tpuforge_workloads import gemma4
+from tpuforge_workloads import gemma4, termination
 from tpuforge_workloads.progress import METRICS_ADDR_ENV, RunProgress, RunSummary, StatusReporter, TrainMetrics
 from tpuforge_workloads.train import hosts as slice_hosts
 from tpuforge_workloads.train.hosts import Hosts, HostsError
@@ -30,18 +29,12 @@ from tpuforge_workloads.train.plan import BadInput, Plan, load_config, make_plan
 from tpuforge_workloads.train.preemption import Preempted, PreemptionWatch
 
 log = logging.getLogger("tpuforge_workloads.train")
-# Kubernetes keeps at most 4096 bytes of a termination message.
-_TERMINATION_MAX = 4000
 
 
 def write_termination(path: str, message: str) -> None:
-    """One line for `kubectl describe` / the operator; when the path is not writable, only logged."""
-    line = " ".join(message.split())[:_TERMINATION_MAX]
-    log.info("termination message: %s", line)
-    try:
-        Path(path).write_text(line + "\n")
-    except OSError as e:
-        log.warning("termination log %s not written: %s", path, e.strerror)
+    """One line for `kubectl describe` / the operator."""
+    log.info("termination message: %s", " ".join(message.split()))
+    termination.write(path, message, one_line=True)
 
 
 def _latest_checkpoint(uri: str) -> int | None:

@@ -1,0 +1,34 @@
+"""The termination message: how a pod's program tells the operator why it stopped (or, for the evaluation,
+what it found). Kubernetes keeps at most 4096 bytes of it; outside a pod the path is not writable and the
+log has the message."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+LIMIT = 4096  # bytes Kubernetes keeps of a termination message
+
+
+def write(path: str, message: str, one_line: bool = False) -> None:
+    """`message`, cut to what Kubernetes keeps; `one_line` folds it for `kubectl describe`."""
+    if one_line:
+        message = " ".join(message.split())
+    data = message.encode()[: LIMIT - 1].decode(errors="ignore")
+    try:
+        Path(path).write_text(data + ("\n" if one_line else ""), encoding="utf-8")
+    except OSError as e:
+        log.warning("termination log %s not written: %s", path, e.strerror or e)
+
+
+def fail(path: str, error: BaseException, code: int, unexpected: str | None = None) -> int:
+    """Stop a program: log `error` (with its traceback when it is `unexpected`, which says what failed), say
+    it in the termination message, and return the exit code `code`."""
+    if unexpected is None:
+        log.error("%s", error)
+        write(path, str(error))
+    else:
+        log.exception("%s", unexpected)
+        write(path, f"{type(error).__name__}: {error}")
+    return code
