@@ -6,11 +6,10 @@ import logging
 import tempfile
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from tpuforge.api.configs import EvalConfig
 from tpuforge_workloads import storage
 from tpuforge_workloads.adapters import AdapterInfo, config_sha256, read_adapter_manifest
+from tpuforge_workloads.config_file import read_config
 
 log = logging.getLogger(__name__)
 
@@ -21,14 +20,7 @@ class EvalInputError(ValueError):
 
 
 def load_config(path: str) -> EvalConfig:
-    try:
-        return EvalConfig.model_validate_json(storage.read_text(path))
-    except storage.StorageError as e:
-        raise EvalInputError(f"--config {path}: cannot read it ({e})") from e
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"]) or "(top level)"
-        raise EvalInputError(f"--config {path}: {where}: {first['msg']} ({e.error_count()} errors)") from e
+    return read_config(EvalConfig, path, EvalInputError)
 
 
 def check_adapter(cfg: EvalConfig) -> AdapterInfo:

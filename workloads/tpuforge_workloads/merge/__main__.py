@@ -14,11 +14,11 @@ import sys
 # The merge runs on a CPU node; keep JAX (imported by Orbax) from probing for accelerators.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from pydantic import ValidationError
 
 from tpuforge.api.configs import MergeConfig
 from tpuforge.api.constants import EXIT_BAD_CONFIG, TERMINATION_LOG
-from tpuforge_workloads import storage, termination
+from tpuforge_workloads import termination
+from tpuforge_workloads.config_file import read_config
 from tpuforge_workloads.merge.errors import MergeInputError
 from tpuforge_workloads.merge.merge import run_merge
 
@@ -26,14 +26,7 @@ log = logging.getLogger("tpuforge_workloads.merge")
 
 
 def load_config(path: str) -> MergeConfig:
-    try:
-        return MergeConfig.model_validate_json(storage.read_text(path))
-    except storage.StorageError as e:
-        raise MergeInputError(f"--config {path}: cannot read it ({e})") from e
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first["loc"])
-        raise MergeInputError(f"--config {path}: {where}: {first['msg']} ({e.error_count()} errors)") from e
+    return read_config(MergeConfig, path, MergeInputError)
 
 
 def main(argv: list[str] | None = None) -> int:
