@@ -345,15 +345,20 @@ def merge_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
     }
     if spec.merge.node_selector:
         pod_spec["nodeSelector"] = dict(spec.merge.node_selector)
-    pod_spec = locked_down(pod_spec, api_access=False)
+    return _one_pod_job(o, name, lab, locked_down(pod_spec, api_access=False), MERGE_BACKOFF_LIMIT)
+
+
+def _one_pod_job(o: Owner, name: str, lab: dict[str, str], pod_spec: Obj, backoff: int, **spec: Obj) -> Obj:
+    """A Job of one pod that runs to completion (the merge, the evaluation), retried up to `backoff` times."""
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": metadata(o, name, lab),
         "spec": {
-            "backoffLimit": MERGE_BACKOFF_LIMIT,
+            "backoffLimit": backoff,
             "completions": 1,
             "parallelism": 1,
+            **spec,
             "template": {"metadata": {"labels": lab}, "spec": pod_spec},
         },
     }
@@ -436,29 +441,16 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
         pod_spec.update(tpu_scheduling(tpu_slice(ev.slice)))
     if ev.node_selector:
         pod_spec["nodeSelector"] = {**pod_spec.get("nodeSelector", {}), **ev.node_selector}
-    pod_spec = locked_down(pod_spec, api_access=False)
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": metadata(o, name, lab),
-        "spec": {
-            "backoffLimit": EVAL_BACKOFF_LIMIT,
-            "completions": 1,
-            "parallelism": 1,
-            "podFailurePolicy": {
-                "rules": [
-                    # A rejected config fails the same way every time: no retries.
-                    {
-                        "action": "FailJob",
-                        "onExitCodes": {"operator": "In", "values": [EXIT_BAD_CONFIG]},
-                    },
-                    # A pod taken away (preemption, node drain) is not the evaluation's failure.
-                    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-                ]
-            },
-            "template": {"metadata": {"labels": lab}, "spec": pod_spec},
-        },
+    failure_policy: Obj = {
+        "rules": [
+            # A rejected config fails the same way every time: no retries.
+            {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [EXIT_BAD_CONFIG]}},
+            # A pod taken away (preemption, node drain) is not the evaluation's failure.
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]
     }
+    pod_spec = locked_down(pod_spec, api_access=False)
+    return _one_pod_job(o, name, lab, pod_spec, EVAL_BACKOFF_LIMIT, podFailurePolicy=failure_policy)
 
 
 def eval_objects(o: Owner, spec: FineTuneJobSpec) -> list[Obj]:
