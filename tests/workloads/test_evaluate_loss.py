@@ -81,7 +81,7 @@ def test_too_long_records_are_skipped_as_training_would_drop_them(
     cfg = eval_config(
         tiny_training_run.config, exported_adapter, chat_dataset_gs, tmp_path, max_examples=8, training=training
     )
-    step, prepared = loss.check_inputs(cfg)
+    step, prepared, _ = loss.check_inputs(cfg)
     assert step == tiny_training_run.config.training.max_steps
     skipped = [p for p in prepared if p.tokens is None]
     assert skipped and all("longer than training.maxSeqLen=24" in (p.skipped or "") for p in skipped)

@@ -77,15 +77,15 @@ def prepare(cfg: EvalConfig, examples: list[EvalExample], encoder: ChatEncoder) 
     return out
 
 
-def check_inputs(cfg: EvalConfig) -> tuple[int, list[Prepared]]:
-    """Everything checked before JAX loads a model: (the adapter's step, the prepared records)."""
+def check_inputs(cfg: EvalConfig) -> tuple[int, list[Prepared], int]:
+    """Everything checked before JAX loads a model: (the adapter's step, the prepared records, the pad id)."""
     info = check_adapter(cfg)
     text = gemma4.parse_config(gemma4.read_config(cfg.base_model_uri), storage.join(cfg.base_model_uri, "config.json"))
     problems = gemma4.mesh_errors(text, cfg.mesh.fsdp, cfg.mesh.tp)
     if problems:
         raise EvalInputError("; ".join(problems))
     encoder = ChatEncoder(read_tokenizer(cfg.base_model_uri, "baseModelUri"), cfg.training.loss_on)
-    return info.step, prepare(cfg, read_examples(cfg.dataset_uri, cfg.max_examples), encoder)
+    return info.step, prepare(cfg, read_examples(cfg.dataset_uri, cfg.max_examples), encoder), encoder.tokens.pad
 
 
 class Scorer:
@@ -121,13 +121,13 @@ def run_loss(cfg: EvalConfig) -> dict[str, Any]:
 
     seconds: dict[str, float] = {}
     started = time.monotonic()
-    step, prepared = check_inputs(cfg)
+    step, prepared, pad_id = check_inputs(cfg)
     scored = [p for p in prepared if p.tokens is not None]
     mesh = gemma4.make_mesh(cfg.mesh.fsdp, cfg.mesh.tp)
     with tempfile.TemporaryDirectory(prefix="tpuforge-eval-", dir=scratch_dir(cfg)) as staging:
         model = lora.untrained_lora_model(cfg.base_model_uri, cfg.checkpoint_uri, mesh=mesh, staging_dir=staging)
     seconds["load"] = time.monotonic() - started
-    scorer = Scorer(cfg, mesh, ChatEncoder(read_tokenizer(cfg.base_model_uri, "baseModelUri")).tokens.pad)
+    scorer = Scorer(cfg, mesh, pad_id)
     losses: dict[str, list[float]] = {}
     for which in ("base", "adapter"):
         t0 = time.monotonic()
