@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workloads"))
+from tpuforge_workloads import termination  # noqa: E402
 
 
 def main(request_file: str, out_file: str) -> None:
@@ -44,9 +48,11 @@ def main(request_file: str, out_file: str) -> None:
             [r.prompt_logprobs[j][t].logprob for j, t in enumerate(p) if j > 0]
             for r, p in zip(results, prompts, strict=True)
         ]
+    llm.llm_engine.engine_core.shutdown(timeout=10)
     with open(out_file, "w") as f:
         json.dump(out, f)
 
 
 if __name__ == "__main__":  # vLLM's engine process is spawned: it re-imports this file
     main(*sys.argv[1:3])
+    termination.exit_now(0)
