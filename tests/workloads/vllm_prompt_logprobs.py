@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workloads"))
-from tpuforge_workloads import termination  # noqa: E402
+from tpuforge_workloads import termination
 
 
 def main(request_file: str, out_file: str) -> None:
