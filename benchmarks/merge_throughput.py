@@ -13,11 +13,16 @@ no data (a child's peak RSS, from wait4, starts at its parent's RSS at fork: the
                (local disk only)
 then the number of layers doubles and the local runs repeat: the streamed merge's peak RSS must stay flat.
 
+On a local disk, copy and merge alternate for --rounds rounds (default 3): a copy's time swings with the disk
+and the page cache (8.6 to 24 s for the same 6.9 GB, one run after another, on the 2-core VM), so each merge
+is compared with the copy just before it, and the median of those ratios is the result.
+
 Targets: merge throughput >= 0.9x the plain copy; peak RSS <= 2 GB + 2 x the largest tensor, flat as the
 layers double.
 
     python benchmarks/merge_throughput.py                  # 2 and 4 layers, local disk and fake-gcs-server
     python benchmarks/merge_throughput.py --layers 1 --no-gcs
+    python benchmarks/merge_throughput.py --layers 4 --no-gcs --no-whole-model --rounds 5
 Needs ~4x the base size of free disk (base, outputs, and a GCS copy of each) and, for the whole-model
 merge, RAM for the whole base.
 """
@@ -30,6 +35,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -216,7 +222,7 @@ def upload_dir(local: Path, uri: str) -> None:
             storage.upload_file(f, storage.join(uri, rel))
 
 
-def run_config(root: Path, layers: int, gcs: bool, whole_model: bool) -> list[dict[str, Any]]:
+def run_config(root: Path, layers: int, gcs: bool, whole_model: bool, rounds: int) -> list[dict[str, Any]]:
     from tpuforge_workloads import storage
 
     # Inputs (and the matmul rate) in a child: the driver must stay small (see _measure).
@@ -232,11 +238,12 @@ def run_config(root: Path, layers: int, gcs: bool, whole_model: bool) -> list[di
     )
     rows = []
 
-    def record(where: str, run: Run) -> None:
+    def record(where: str, run: Run, round_: int = 0) -> None:
         rows.append(
             {
                 "layers": layers,
                 "where": where,
+                "round": round_,
                 "what": run.what,
                 "seconds": run.seconds,
                 "gb_per_s": size / run.seconds / 1e9,
@@ -251,7 +258,8 @@ def run_config(root: Path, layers: int, gcs: bool, whole_model: bool) -> list[di
             }
         )
         print(
-            f"[{layers} layers, {where}] {run.what}: {run.seconds:.1f} s, {size / run.seconds / 1e6:.0f} MB/s, "
+            f"[{layers} layers, {where}, round {round_ + 1}] {run.what}: {run.seconds:.1f} s, "
+            f"{size / run.seconds / 1e6:.0f} MB/s, "
             f"CPU {run.cpu_seconds:.1f} s, peak RSS {run.peak_rss / 1e9:.2f} GB "
             f"(driver {run.driver_rss / 1e9:.2f} GB), load average {os.getloadavg()[0]:.1f}",
             flush=True,
@@ -259,11 +267,13 @@ def run_config(root: Path, layers: int, gcs: bool, whole_model: bool) -> list[di
 
     record("local", _measure("cp", _self("--step", "cp", base, str(root / "cp"))))
     shutil.rmtree(root / "cp")
-    record("local", _measure("copy", _self("--step", "copy", base, str(root / "copy"))))
-    shutil.rmtree(root / "copy")
     cfg = merge_config(base, ckpt, str(root / "merged"), root / "merge.json")
-    record("local", _measure("merge", [sys.executable, "-m", "tpuforge_workloads.merge", "--config", str(cfg)]))
-    shutil.rmtree(root / "merged")
+    for r in range(rounds):
+        record("local", _measure("copy", _self("--step", "copy", base, str(root / "copy"))), r)
+        shutil.rmtree(root / "copy")
+        merge = [sys.executable, "-m", "tpuforge_workloads.merge", "--config", str(cfg)]
+        record("local", _measure("merge", merge), r)
+        shutil.rmtree(root / "merged")
     if whole_model:
         cfg = merge_config(base, ckpt, str(root / "whole"), root / "whole.json")
         record("local", _measure("whole-model", _self("--step", "whole-model", str(cfg))))
@@ -292,16 +302,33 @@ def run_config(root: Path, layers: int, gcs: bool, whole_model: bool) -> list[di
 
 
 def report(rows: list[dict[str, Any]]) -> None:
-    print("\nlayers  where  step         seconds   GB/s   vs copy  CPU s  load  peak RSS GB  RSS limit GB")
+    print("\nlayers  where  round  step         seconds   GB/s   vs copy  CPU s  load  peak RSS GB  RSS limit GB")
     for r in rows:
-        copy = next(x for x in rows if (x["layers"], x["where"], x["what"]) == (r["layers"], r["where"], "copy"))
+        copy = next(
+            x
+            for x in rows
+            if (x["layers"], x["where"], x["round"], x["what"]) == (r["layers"], r["where"], r["round"], "copy")
+        )
         limit = 2 + 2 * r["largest_tensor_gb"]
         print(
-            f"{r['layers']:>6}  {r['where']:<5}  {r['what']:<11}  {r['seconds']:>7.1f}  {r['gb_per_s']:>5.2f}  "
-            f"{copy['seconds'] / r['seconds']:>6.2f}x  {r['cpu_seconds']:>5.1f}  {r['load_average']:>4.1f}  "
-            f"{r['peak_rss_gb']:>11.2f}  {limit:>12.2f}"
+            f"{r['layers']:>6}  {r['where']:<5}  {r['round'] + 1:>5}  {r['what']:<11}  {r['seconds']:>7.1f}  "
+            f"{r['gb_per_s']:>5.2f}  {copy['seconds'] / r['seconds']:>6.2f}x  {r['cpu_seconds']:>5.1f}  "
+            f"{r['load_average']:>4.1f}  {r['peak_rss_gb']:>11.2f}  {limit:>12.2f}"
         )
-    merges = [r for r in rows if r["what"] == "merge" and r["where"] == "local"]
+    for layers, where in sorted({(r["layers"], r["where"]) for r in rows if r["what"] == "merge"}):
+        pairs = {
+            r["round"]: r["seconds"] for r in rows if (r["layers"], r["where"], r["what"]) == (layers, where, "copy")
+        }
+        ratios = [
+            pairs[r["round"]] / r["seconds"]
+            for r in rows
+            if (r["layers"], r["where"], r["what"]) == (layers, where, "merge")
+        ]
+        print(
+            f"merge vs copy, {layers} layers, {where}: median {statistics.median(ratios):.2f}x over {len(ratios)} "
+            f"round(s) (min {min(ratios):.2f}x, max {max(ratios):.2f}x; target >= 0.9x)"
+        )
+    merges = [r for r in rows if r["what"] == "merge" and r["where"] == "local" and r["round"] == 0]
     if len(merges) == 2:
         print(
             f"streamed merge peak RSS, {merges[1]['layers']} vs {merges[0]['layers']} layers: "
@@ -315,6 +342,7 @@ def main() -> int:
     parser.add_argument("--workdir", default=None, help="where inputs and outputs go (default: a temp dir)")
     parser.add_argument("--no-gcs", action="store_true", help="skip the fake-gcs-server runs")
     parser.add_argument("--no-whole-model", action="store_true", help="skip the whole-model merge")
+    parser.add_argument("--rounds", type=int, default=3, help="copy/merge pairs on the local disk per size")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.add_argument("--step", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -335,7 +363,7 @@ def main() -> int:
     try:
         for layers in (args.layers, 2 * args.layers):
             gcs = not args.no_gcs and layers == args.layers  # fake-gcs-server is slow: once is enough
-            rows += run_config(root / f"l{layers}", layers, gcs, not args.no_whole_model)
+            rows += run_config(root / f"l{layers}", layers, gcs, not args.no_whole_model, args.rounds)
     finally:
         if not args.workdir:
             shutil.rmtree(root, ignore_errors=True)

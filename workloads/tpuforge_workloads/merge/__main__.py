@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
 
 # The merge runs on a CPU node; keep JAX (imported by Orbax) from probing for accelerators.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -48,4 +47,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    termination.exit_now(main())
