@@ -20,11 +20,16 @@ The sandbox has no nodes, so no pod runs: the numbers are the control plane's an
     python benchmarks/operator_scale.py                    # 1000 jobs, 10/s for 60 s
     python benchmarks/operator_scale.py --jobs 200 --duration 20 --json out.json
     python benchmarks/operator_scale.py --jobs 500 --burst-only --profile burst.prof   # where the CPU goes
+    python benchmarks/operator_scale.py --load 2           # the same with two busy processes beside it
+
+--load K starts K processes that spin on the CPU (at the same priority) before the first baseline and stops
+them at the end: a loaded machine that every run can reproduce, where other work's load is whatever it was.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -327,6 +332,40 @@ def duplicates(api: client.ApiClient, ns: str, names: list[str]) -> int:
     return extra
 
 
+class CpuLoad:
+    """K processes spinning on the CPU, as other work on a shared machine would."""
+
+    def __init__(self, processes: int) -> None:
+        spin = "while True:\n    pass"
+        self.procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(processes)]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+
+
+CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller-manager")
+
+
+def cpu_by_process() -> dict[str, float]:
+    """CPU seconds (user + system) so far of this benchmark (its clients) and of the sandbox's control plane."""
+    me = psutil.Process()
+    times = me.cpu_times()
+    out = {"clients": times.user + times.system}
+    for child in me.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.name() in CONTROL_PLANE:
+                t = child.cpu_times()
+                out[child.name()] = out.get(child.name(), 0.0) + t.user + t.system
+    return out
+
+
+def cpu_spent(before: dict[str, float]) -> dict[str, float]:
+    now = cpu_by_process()
+    return {k: round(v - before.get(k, 0.0), 1) for k, v in now.items()}
+
+
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
 
@@ -349,6 +388,7 @@ def main() -> int:
         action="store_true",
         help="stop after the burst (no settling, second baseline or steady phase): for profiling",
     )
+    p.add_argument("--load", type=int, default=0, help="CPU-spinning processes to run beside it (default 0)")
     args = p.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="tpuforge-bench-") as tmp_s:
@@ -359,11 +399,13 @@ def main() -> int:
             (crd_dir / crds.filename(kind)).write_text(crds.render(kind))
         sandbox = Sandbox(tmp / "sandbox", ports=Ports.free(), nodes="", crds_dir=crd_dir, attach=True, log=print)
         sandbox.up(timeout=180)
+        load = CpuLoad(args.load)
         try:
             kube.configure(sandbox.kubeconfig)
             api = kube.api_client()
-            results = measure(api, sandbox, tmp, args)
+            results = {"load_processes": args.load, **measure(api, sandbox, tmp, args)}
         finally:
+            load.stop()
             sandbox.down()
             if args.operator_log and (tmp / "operator.log").exists():
                 shutil.copyfile(tmp / "operator.log", args.operator_log)
@@ -376,8 +418,10 @@ def main() -> int:
 def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     n = args.jobs
     print(f"baseline: one client makes the operator's writes for {n} FineTuneJobs, {API_CONCURRENCY} threads ...")
+    start_cpu = cpu_by_process()
     before, writes = run_baseline(api, n, "bench-baseline-before")
-    print(f"  {writes} writes per job: {before:.1f} s", flush=True)
+    baseline_cpu = cpu_spent(start_cpu)
+    print(f"  {writes} writes per job: {before:.1f} s; CPU seconds {baseline_cpu}", flush=True)
 
     ns, steady_ns = namespace(api, "bench-burst"), namespace(api, "bench-steady")
     cprofile = args.profile if args.profile and args.profile.suffix == ".prof" else None
@@ -388,13 +432,15 @@ def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.N
         print(f"burst: {n} FineTuneJobs ...", flush=True)
         profiler = Profiler(operator.proc.pid, args.profile) if args.profile and not cprofile else None
         cpu0, sys0, threads0 = operator.cpu_seconds(), operator.system_cpu_seconds(), operator.thread_cpu_seconds()
+        others0 = cpu_by_process()
         start = time.monotonic()
         sent = create_all(api, ns, names)
         created = time.monotonic() - start
         last = jobs.wait({m.train_job_name(x, 0) for x in names}, 600)
         burst = last - start
         burst_latencies = sorted(jobs.seen[m.train_job_name(x, 0)] - sent[x] for x in names)
-        print(f"  created in {created:.1f} s; every training Job after {burst:.1f} s", flush=True)
+        burst_cpu = {**cpu_spent(others0), "operator": round(operator.cpu_seconds() - cpu0, 1)}
+        print(f"  created in {created:.1f} s; every training Job after {burst:.1f} s; CPU seconds {burst_cpu}")
         live_cpu = operator.cpu_seconds() - cpu0
         live_sys = operator.system_cpu_seconds() - sys0
         threads = {t: c - threads0.get(t, 0.0) for t, c in operator.thread_cpu_seconds().items()}
@@ -409,6 +455,8 @@ def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.N
                 "baseline_seconds": round(before, 2),
                 "burst_seconds": round(burst, 2),
                 "burst_ratio": round(burst / before, 2),
+                "cpu_seconds_baseline": baseline_cpu,
+                "cpu_seconds_burst": burst_cpu,
                 "burst_latency_p50_seconds": round(percentile(burst_latencies, 50), 3),
                 "burst_latency_p99_seconds": round(percentile(burst_latencies, 99), 3),
                 "operator_cpu_seconds_burst": round(live_cpu, 1),
@@ -452,6 +500,8 @@ def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.N
         "burst_seconds": round(burst, 2),
         "burst_ratio": round(ratio, 2),
         "burst_ratio_target": TARGET_BURST_RATIO,
+        "cpu_seconds_baseline_before": baseline_cpu,
+        "cpu_seconds_burst": burst_cpu,
         "burst_latency_p50_seconds": round(percentile(burst_latencies, 50), 3),
         "burst_latency_p99_seconds": round(percentile(burst_latencies, 99), 3),
         "steady_rate_per_second": args.rate,

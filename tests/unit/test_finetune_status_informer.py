@@ -41,6 +41,20 @@ def test_views_are_grouped_by_owner_and_only_changes_are_reported() -> None:
     assert (a, b, changed, size) == ([1, 5], (), ["a", "b"], 2)
 
 
+def test_a_listener_hears_every_change_after_the_owner_and_no_echo() -> None:
+    async def scenario() -> list[tuple[str, Any, Any]]:
+        heard: list[tuple[str, Any, Any]] = []
+        inf = make([])
+        inf.listen(lambda owner, before, after: heard.append((owner, before, after)))
+        inf._put("u1", "a", 1, "ns")
+        inf._put("u1", "a", 1, "ns")  # same view: nobody hears it
+        inf._put("u1", "a", 2, "ns")
+        inf._put("u1", "a", None, "ns")
+        return heard
+
+    assert asyncio.run(scenario()) == [("a", None, 1), ("a", 1, 2), ("a", 2, None)]
+
+
 def test_a_new_list_drops_what_disappeared_meanwhile_and_signals_ready() -> None:
     async def scenario() -> tuple[Any, ...]:
         changed: list[str] = []

@@ -3,6 +3,7 @@ needs done, the status and Events that follow, and the requeue that keeps loadin
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from tpuforge import api
 from tpuforge.api.serving import AdapterPhase, AdapterStatus
 from tpuforge.controllers import serving_adapters as sa
 from tpuforge.controllers.finetune_events import MESSAGE_ROOM
+from tpuforge.controllers.finetune_snapshot import snapshot
 from tpuforge.controllers.servingdeployment import adapter_requeue, model_view, servingdeployments_by_job
 
 BASE = "gs://models/gemma4-31b"
@@ -209,5 +211,41 @@ def test_jobs_referenced_as_adapters_wake_their_deployments() -> None:
     }
     assert servingdeployments_by_job(namespace="ns", name="sd", spec={"model": {"uri": BASE}}) is None
     # An evaluation result or a new adapter changes what the informer hands on.
-    assert model_view(job(passed=True)) != model_view(job(passed=False))
-    assert model_view(job(adapter=OLD)) != model_view(job(adapter=NEW))
+    assert model_view(snapshot(job(passed=True))) != model_view(snapshot(job(passed=False)))
+    assert model_view(snapshot(job(adapter=OLD))) != model_view(snapshot(job(adapter=NEW)))
+    # Progress and other status the serving side does not read change nothing it hears of.
+    running = job(adapter=NEW)
+    assert model_view(snapshot(running)) == model_view(
+        snapshot({**running, "status": {**running["status"], "progress": {"step": 5}}})
+    )
+
+
+def test_the_finetunejob_informer_wakes_the_deployments_that_reference_a_job_by_name() -> None:
+    from tpuforge.controllers.informer import Informer
+    from tpuforge.controllers.servingdeployment import ServingDeploymentController
+
+    async def scenario() -> list[tuple[str, str]]:
+        informer: Informer[tuple[str, str], Any] = Informer(
+            api_version="tpuforge.dev/v1alpha1",
+            kind="FineTuneJob",
+            label_selector="",
+            namespaces=None,
+            view=snapshot,
+            owner=lambda obj: ("ns", obj["metadata"]["uid"]),
+            on_change=lambda *_: None,
+        )
+        controller = ServingDeploymentController({("ns", "ft"): ["sd"]}, informer)
+        requested: list[tuple[str, str]] = []
+        controller.queue.request = lambda key, delay=0.0: requested.append(key)  # type: ignore[method-assign]
+        running = job(adapter=None, phase="Running")
+        running["metadata"]["namespace"] = "ns"
+        informer._put("u1", ("ns", "u1"), snapshot(running), "ns")  # new: wakes "sd"
+        progressed = {**running, "status": {**running["status"], "progress": {"step": 5}}}
+        informer._put("u1", ("ns", "u1"), snapshot(progressed), "ns")  # nothing it reads: no reconcile
+        done = job(adapter=NEW)
+        done["metadata"]["namespace"] = "ns"
+        informer._put("u1", ("ns", "u1"), snapshot(done), "ns")  # an adapter to serve: wakes "sd"
+        await controller.close()
+        return requested
+
+    assert asyncio.run(scenario()) == [("ns", "sd"), ("ns", "sd")]

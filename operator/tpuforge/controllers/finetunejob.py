@@ -21,7 +21,6 @@ import gc
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -49,6 +48,7 @@ from tpuforge.controllers.finetune_children import (
     pod_view,
 )
 from tpuforge.controllers.finetune_plan import ChildRef, Event, Observed, Plan, plan, status_patch
+from tpuforge.controllers.finetune_snapshot import Snapshot, snapshot
 from tpuforge.controllers.informer import Informer
 from tpuforge.controllers.workqueue import KeyedQueue
 from tpuforge.manifests.common import LABEL_OWNER_UID
@@ -68,47 +68,9 @@ CREATED_MEMORY_SECONDS = 30.0
 CHILD_SELECTOR = f"{LABEL_FINETUNEJOB},{LABEL_OWNER_UID}"
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """What the reconcile needs of a FineTuneJob, out of its watch event. `spec` and `status` are the event's
-    parsed JSON, which nothing mutates: each event brings new dicts."""
-
-    namespace: str
-    name: str
-    uid: str
-    generation: int
-    resource_version: str
-    deleting: bool
-    spec: Mapping[str, Any]
-    status: Mapping[str, Any]
-
-    @property
-    def ref(self) -> dict[str, Any]:
-        """The object as kube.patch_status and kube.post_event address it."""
-        return {
-            "apiVersion": API_VERSION,
-            "kind": FINETUNEJOB_KIND,
-            "metadata": {"namespace": self.namespace, "name": self.name, "uid": self.uid},
-        }
-
-
 def object_key(body: Mapping[str, Any]) -> Key:
     meta = body.get("metadata") or {}
     return meta.get("namespace", ""), meta.get("uid", "")
-
-
-def snapshot(body: Mapping[str, Any]) -> Snapshot:
-    meta = body.get("metadata") or {}
-    return Snapshot(
-        namespace=meta.get("namespace", ""),
-        name=meta.get("name", ""),
-        uid=meta.get("uid", ""),
-        generation=int(meta.get("generation") or 0),
-        resource_version=meta.get("resourceVersion", ""),
-        deleting=bool(meta.get("deletionTimestamp")),
-        spec=body.get("spec") or {},
-        status=body.get("status") or {},
-    )
 
 
 # --- The controller ---------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ is looked for again every UNSERVED_RETRY_SECONDS.
 Each informer streams in a thread of its own and hands every change to the event loop, where the store lives;
 `on_change(owner_key, before, after)` is called there when an object's view changed (most status updates of
 pods and Jobs change nothing a controller reads, and cost nothing); `before` is None for a new object,
-`after` None for a deleted one.
+`after` None for a deleted one. Another controller that follows the same kind adds its own callback with
+`listen` rather than opening a second watch of it.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class Informer(Generic[K, V]):
     ):
         self.api_version, self.kind, self.selector = api_version, kind, label_selector
         self._namespaces: list[str | None] = list(namespaces) if namespaces else [None]
-        self._view, self._owner, self._on_change = view, owner, on_change
+        self._view, self._owner = view, owner
+        self._listeners: list[Callable[[K, V | None, V | None], None]] = [on_change]
         self._entries: dict[str, tuple[K, V, str]] = {}  # uid -> (owner, view, namespace)
         self._by_owner: dict[K, dict[str, V]] = {}
         self._listed: set[str | None] = set()
@@ -69,6 +71,14 @@ class Informer(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def listen(self, on_change: Callable[[K, V | None, V | None], None]) -> None:
+        """Also call `on_change` for every change, after the owner's callback."""
+        self._listeners.append(on_change)
+
+    def _changed(self, owner: K, before: V | None, after: V | None) -> None:
+        for on_change in self._listeners:
+            on_change(owner, before, after)
 
     async def start(self) -> None:
         """Start streaming; return once every namespace's first LIST is in memory."""
@@ -92,13 +102,13 @@ class Informer(Generic[K, V]):
             siblings.pop(uid, None)
             if not siblings:
                 self._by_owner.pop(old[0], None)
-            self._on_change(old[0], old[1], None)
+            self._changed(old[0], old[1], None)
             old = None
         if owner is None or view is None or (old is not None and old[1] == view):
             return
         self._entries[uid] = (owner, view, namespace)
         self._by_owner.setdefault(owner, {})[uid] = view
-        self._on_change(owner, old[1] if old is not None else None, view)
+        self._changed(owner, old[1] if old is not None else None, view)
 
     def _replace(self, namespace: str | None, listed: list[tuple[str, K | None, V, str]], served: bool = True) -> None:
         """A fresh LIST: what is not in it is gone."""

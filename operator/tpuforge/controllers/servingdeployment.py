@@ -41,6 +41,7 @@ from tpuforge.api.constants import (
     VERSION,
 )
 from tpuforge.controllers import serving_adapters as adapters
+from tpuforge.controllers.finetune_snapshot import Snapshot, snapshot
 from tpuforge.controllers.informer import Informer
 from tpuforge.controllers.workqueue import KeyedQueue
 from tpuforge.manifests import serving as manifests
@@ -515,28 +516,42 @@ class ServingDeploymentController:
     """Watch events ask for reconciles by (namespace, name); the queue runs one at a time per object, folds
     repeated requests together and retries failures with backoff."""
 
-    def __init__(self, by_job: Mapping[Key, Iterable[str]], namespaces: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        by_job: Mapping[Key, Iterable[str]],
+        finetunejobs: Informer[Any, Snapshot] | None = None,
+        namespaces: Sequence[str] | None = None,
+    ) -> None:
         self.queue: KeyedQueue[Key] = KeyedQueue(self.reconcile, WORKERS, name="servingdeployment")
         self.executor = ThreadPoolExecutor(WORKERS, thread_name_prefix="servingdeployment")
         self._by_job = by_job
-        # The FineTuneJobs, as far as they decide a model to serve; a change of that asks for the reconcile
-        # of the ServingDeployments that reference the job.
-        self.finetunejobs: Informer[Key, tuple[str, ...]] = Informer(
-            api_version=API_VERSION,
-            kind=FINETUNEJOB_KIND,
-            label_selector="",
-            namespaces=namespaces,
-            view=model_view,
-            owner=object_key,
-            on_change=self.finetunejob_changed,
-        )
+        # A change of what decides a model to serve asks for the reconcile of the ServingDeployments that
+        # reference the job. The FineTuneJobs come from the FineTuneJob controller's informer when it runs
+        # (one watch of the kind for the operator); without it, from an informer of this controller's own.
+        self._own: Informer[Any, Snapshot] | None = None
+        if finetunejobs is None:
+            finetunejobs = self._own = Informer(
+                api_version=API_VERSION,
+                kind=FINETUNEJOB_KIND,
+                label_selector="",
+                namespaces=namespaces,
+                view=snapshot,
+                owner=lambda obj: (obj.get("metadata") or {}).get("uid"),
+                on_change=self.finetunejob_changed,
+            )
+        else:
+            finetunejobs.listen(self.finetunejob_changed)
 
     async def start(self) -> None:
-        await self.finetunejobs.start()
+        if self._own is not None:
+            await self._own.start()
 
-    def finetunejob_changed(self, job: Key, before: Any, after: Any) -> None:
-        for sdep in self._by_job.get(job, ()):
-            self.queue.request((job[0], sdep))
+    def finetunejob_changed(self, _uid: Any, before: Snapshot | None, after: Snapshot | None) -> None:
+        job = after or before
+        if job is None or (before is not None and after is not None and model_view(before) == model_view(after)):
+            return
+        for sdep in self._by_job.get((job.namespace, job.name), ()):
+            self.queue.request((job.namespace, sdep))
 
     async def reconcile(self, key: Key) -> float | None:
         metrics.RECONCILES.labels(SERVING_KIND).inc()
@@ -559,7 +574,8 @@ class ServingDeploymentController:
         return adapter_requeue(status)
 
     async def close(self) -> None:
-        self.finetunejobs.stop()
+        if self._own is not None:
+            self._own.stop()
         await self.queue.close()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
@@ -582,17 +598,12 @@ def adapter_requeue(status: api.ServingDeploymentStatus | None) -> float | None:
     return ADAPTER_RESYNC_SECONDS
 
 
-def object_key(obj: Obj) -> Key:
-    meta = obj.get("metadata") or {}
-    return meta.get("namespace", ""), meta.get("name", "")
-
-
-def model_view(job: Obj) -> tuple[str, ...]:
+def model_view(job: Snapshot) -> tuple[str, ...]:
     """What `resolve_model` and `serving_adapters.resolve_adapter` read of a FineTuneJob."""
-    meta, status, spec = job.get("metadata") or {}, job.get("status") or {}, job.get("spec") or {}
+    status, spec = job.status, job.spec
     outputs, evaluation = status.get("outputs") or {}, status.get("evaluation") or {}
     return (
-        str(meta.get("uid") or ""),
+        job.uid,
         str(status.get("phase") or ""),
         str(outputs.get("mergedModelUri") or ""),
         str(outputs.get("adapterUri") or ""),
@@ -621,7 +632,12 @@ def servingdeployments_by_job(
 async def start_servingdeployment_controller(memo: kopf.Memo, **kwargs: Any) -> None:
     # kopf passes every index to every handler as a keyword argument named after its function; it stays live.
     by_job: kopf.Index[Key, str] = kwargs["servingdeployments_by_job"]
-    controller = ServingDeploymentController(by_job, getattr(memo, "namespaces", None))
+    # The FineTuneJob controller's startup handler is registered first (its module is imported first): when it
+    # runs, its informer of FineTuneJobs serves both controllers.
+    finetunejobs = getattr(memo, "finetunejobs", None)
+    controller = ServingDeploymentController(
+        by_job, finetunejobs.finetunejobs if finetunejobs else None, getattr(memo, "namespaces", None)
+    )
     memo.servingdeployments = controller
     await controller.start()
 

@@ -1,0 +1,48 @@
+"""What the controllers read of a FineTuneJob, out of its watch event: the FineTuneJob controller's
+reconcile and, from the same informer, the ServingDeployment controller's look at the models jobs make."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the reconcile needs of a FineTuneJob, out of its watch event. `spec` and `status` are the event's
+    parsed JSON, which nothing mutates: each event brings new dicts."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    resource_version: str
+    deleting: bool
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any]
+
+    @property
+    def ref(self) -> dict[str, Any]:
+        """The object as kube.patch_status and kube.post_event address it."""
+        return {
+            "apiVersion": API_VERSION,
+            "kind": FINETUNEJOB_KIND,
+            "metadata": {"namespace": self.namespace, "name": self.name, "uid": self.uid},
+        }
+
+
+def snapshot(body: Mapping[str, Any]) -> Snapshot:
+    meta = body.get("metadata") or {}
+    return Snapshot(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        generation=int(meta.get("generation") or 0),
+        resource_version=meta.get("resourceVersion", ""),
+        deleting=bool(meta.get("deletionTimestamp")),
+        spec=body.get("spec") or {},
+        status=body.get("status") or {},
+    )
