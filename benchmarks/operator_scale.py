@@ -157,9 +157,10 @@ def operator_writes(ftj: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str
     return decided.create, status_patch(FineTuneJobStatus(), decided.status), decided.events
 
 
-def run_baseline(api: client.ApiClient, n: int, ns_name: str) -> tuple[float, int]:
+def run_baseline(api: client.ApiClient, n: int, ns_name: str) -> tuple[float, int, dict[str, float]]:
     """One client makes the operator's writes for n FineTuneJobs (created beforehand, untimed): per job the
-    children (those a pod needs first), the status, the Event. Returns the time and the writes per job."""
+    children (those a pod needs first), the status, the Event. Returns the time, the writes per job and the
+    CPU seconds of the writes (see cpu_by_process)."""
     ns = namespace(api, ns_name)
     with ThreadPoolExecutor(API_CONCURRENCY) as pool:
         ftjs = list(pool.map(lambda i: kube.create(api, finetunejob(ns, f"base-{i:05d}")), range(n)))
@@ -173,11 +174,11 @@ def run_baseline(api: client.ApiClient, n: int, ns_name: str) -> tuple[float, in
         for e in events:
             kube.post_event(api, ftj, e.type, e.reason, e.message)
 
-    start = time.monotonic()
+    start, cpu = time.monotonic(), cpu_by_process()
     with ThreadPoolExecutor(API_CONCURRENCY) as pool:
         list(pool.map(lambda w: write(*w), work))
     per_job = len(work[0][1]) + 1 + len(work[0][3])
-    return time.monotonic() - start, per_job
+    return time.monotonic() - start, per_job, cpu_spent(cpu)
 
 
 class OperatorProcess:
@@ -418,9 +419,7 @@ def main() -> int:
 def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     n = args.jobs
     print(f"baseline: one client makes the operator's writes for {n} FineTuneJobs, {API_CONCURRENCY} threads ...")
-    start_cpu = cpu_by_process()
-    before, writes = run_baseline(api, n, "bench-baseline-before")
-    baseline_cpu = cpu_spent(start_cpu)
+    before, writes, baseline_cpu = run_baseline(api, n, "bench-baseline-before")
     print(f"  {writes} writes per job: {before:.1f} s; CPU seconds {baseline_cpu}", flush=True)
 
     ns, steady_ns = namespace(api, "bench-burst"), namespace(api, "bench-steady")
@@ -475,7 +474,7 @@ def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.N
         settle(api, ns, n, operator)
         live_rss = operator.peak_rss_mb()
         print("baseline again, so that the burst is bracketed by two ...", flush=True)
-        after, _ = run_baseline(api, n, "bench-baseline-after")
+        after, _, _ = run_baseline(api, n, "bench-baseline-after")
         print(f"  {after:.1f} s", flush=True)
 
         steady_jobs = JobWatch(api, steady_ns)

@@ -34,6 +34,12 @@ class Snapshot:
         }
 
 
+def object_key(body: Mapping[str, Any]) -> tuple[str, str]:
+    """(namespace, uid): how the informer of FineTuneJobs keys them."""
+    meta = body.get("metadata") or {}
+    return meta.get("namespace", ""), meta.get("uid", "")
+
+
 def snapshot(body: Mapping[str, Any]) -> Snapshot:
     meta = body.get("metadata") or {}
     return Snapshot(

@@ -48,7 +48,7 @@ from tpuforge.controllers.finetune_children import (
     pod_view,
 )
 from tpuforge.controllers.finetune_plan import ChildRef, Event, Observed, Plan, plan, status_patch
-from tpuforge.controllers.finetune_snapshot import Snapshot, snapshot
+from tpuforge.controllers.finetune_snapshot import Snapshot, object_key, snapshot
 from tpuforge.controllers.informer import Informer
 from tpuforge.controllers.workqueue import KeyedQueue
 from tpuforge.manifests.common import LABEL_OWNER_UID
@@ -66,11 +66,6 @@ CONFLICT_RETRY_SECONDS = 1.0  # if the newer object's watch event is lost, look 
 # A child created moments ago may not be in its informer yet: skip creating it again for this long.
 CREATED_MEMORY_SECONDS = 30.0
 CHILD_SELECTOR = f"{LABEL_FINETUNEJOB},{LABEL_OWNER_UID}"
-
-
-def object_key(body: Mapping[str, Any]) -> Key:
-    meta = body.get("metadata") or {}
-    return meta.get("namespace", ""), meta.get("uid", "")
 
 
 # --- The controller ---------------------------------------------------------------------------------------

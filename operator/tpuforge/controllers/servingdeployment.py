@@ -41,7 +41,7 @@ from tpuforge.api.constants import (
     VERSION,
 )
 from tpuforge.controllers import serving_adapters as adapters
-from tpuforge.controllers.finetune_snapshot import Snapshot, snapshot
+from tpuforge.controllers.finetune_snapshot import Snapshot, object_key, snapshot
 from tpuforge.controllers.informer import Informer
 from tpuforge.controllers.workqueue import KeyedQueue
 from tpuforge.manifests import serving as manifests
@@ -536,7 +536,7 @@ class ServingDeploymentController:
                 label_selector="",
                 namespaces=namespaces,
                 view=snapshot,
-                owner=lambda obj: (obj.get("metadata") or {}).get("uid"),
+                owner=object_key,
                 on_change=self.finetunejob_changed,
             )
         else:
@@ -546,7 +546,7 @@ class ServingDeploymentController:
         if self._own is not None:
             await self._own.start()
 
-    def finetunejob_changed(self, _uid: Any, before: Snapshot | None, after: Snapshot | None) -> None:
+    def finetunejob_changed(self, _key: Any, before: Snapshot | None, after: Snapshot | None) -> None:
         job = after or before
         if job is None or (before is not None and after is not None and model_view(before) == model_view(after)):
             return
