@@ -9,10 +9,11 @@ Every other tensor is copied byte for byte (or cast, when the config asks for an
 
 On a node with few cores the CPU, not the disk, is what a merge runs out of, so each merged element is touched
 as few times as possible: a chunk is merged in sub-blocks of rows that stay in cache, the delta is computed
-into a small per-thread float32 buffer, the base added to it in place (numpy converts bf16 on the fly), and
-the sum converted to the output dtype once; no temporary is the size of a chunk. BLAS runs single-threaded
-while the workers run: the workers are the parallelism, and a multi-threaded BLAS call from each of them
-oversubscribes the cores, its spinning threads starving the reads, the hashing and the other worker.
+into a small per-thread float32 buffer, the base added to it and the sum converted to the output dtype once
+(for bfloat16, the usual case, the add and both conversions are one compiled pass: merge/bf16.py); no
+temporary is the size of a chunk. BLAS runs single-threaded while the workers run: the workers are the
+parallelism, and a multi-threaded BLAS call from each of them oversubscribes the cores, its spinning threads
+starving the reads, the hashing and the other worker.
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ from threadpoolctl import threadpool_limits
 
 from tpuforge_workloads import storage
 from tpuforge_workloads.commit import ManifestFile
+from tpuforge_workloads.merge import bf16
 from tpuforge_workloads.merge.mapping import peft_factors
 from tpuforge_workloads.merge.plan import CONFIG_FILE, MergePlan, TensorJob
 from tpuforge_workloads.merge.safetensors_io import FLOAT_DTYPES, ITEM_SIZES, index_json
 
+BF16 = FLOAT_DTYPES["BF16"]
 CHUNK_BYTES = 32 << 20
 # One worker per core (BLAS single-threaded in each), at least two so that a read overlaps a merge.
 WORKERS = max(2, min(8, os.cpu_count() or 2))
@@ -194,11 +197,17 @@ def add_delta(base: np.ndarray, b: np.ndarray, a: np.ndarray, out: np.ndarray, s
     """out = base + b @ a, row block by row block, with the float32 sum of each block in `scratch`."""
     rows, cols = base.shape
     step = max(1, scratch.size // cols)
+    fused = base.dtype == out.dtype == BF16
     for r0 in range(0, rows, step):
         r1 = min(rows, r0 + step)
         acc = scratch[: (r1 - r0) * cols].reshape(r1 - r0, cols)
         np.matmul(b[r0:r1], a, out=acc)
-        np.add(acc, base[r0:r1], out=acc)  # float32 + bf16: converted in numpy's inner loop, not a temporary
+        if fused:  # the common case: both bfloat16 conversions and the add in one compiled pass, in place
+            if out is not base:
+                np.copyto(out[r0:r1], base[r0:r1])
+            bf16.add_round(acc, out[r0:r1])
+            continue
+        np.add(acc, base[r0:r1], out=acc)  # float32 + base: converted in numpy's inner loop, not a temporary
         np.copyto(out[r0:r1], acc, casting="same_kind")
 
 
