@@ -6,7 +6,7 @@ COPY pyproject.toml README.md ./
 COPY operator ./operator
 COPY workloads ./workloads
 RUN pip install --no-cache-dir torch==2.13.0 \
- && pip install --no-cache-dir '.[workloads]' && rm -rf /src
+ && pip install --no-cache-dir '.[workloads,merge]' && rm -rf /src
 ENV JAX_PLATFORMS=cpu
 # The unprivileged user every tpuforge pod runs as (tpuforge.manifests.common.POD_UID). Its home is /tmp:
 # pods mount a scratch volume there, the root filesystem being read-only.
