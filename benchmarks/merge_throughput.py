@@ -58,6 +58,7 @@ class Run:
     peak_rss: int  # bytes
     driver_rss: int  # bytes: this process's RSS when it started the step, a floor under peak_rss
     cpu_seconds: float  # user + system CPU of the step: what a loaded machine makes scarce
+    user_seconds: float  # of which user CPU (the merge's own work; system CPU is mostly the kernel's copies)
 
 
 def _rss() -> int:
@@ -82,7 +83,7 @@ def _measure(what: str, args: list[str]) -> Run:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise RuntimeError(f"{what}: {' '.join(args)} exited {proc.returncode}")
-    return Run(what, seconds, usage.ru_maxrss * 1024, driver, usage.ru_utime + usage.ru_stime)
+    return Run(what, seconds, usage.ru_maxrss * 1024, driver, usage.ru_utime + usage.ru_stime, usage.ru_utime)
 
 
 def _self(*args: str) -> list[str]:
@@ -254,13 +255,14 @@ def run_config(root: Path, layers: int, gcs: bool, whole_model: bool, rounds: in
                 "sgemm_gflops": rate,
                 "driver_rss_gb": run.driver_rss / 1e9,
                 "cpu_seconds": run.cpu_seconds,
+                "user_seconds": run.user_seconds,
                 "load_average": os.getloadavg()[0],
             }
         )
         print(
             f"[{layers} layers, {where}, round {round_ + 1}] {run.what}: {run.seconds:.1f} s, "
             f"{size / run.seconds / 1e6:.0f} MB/s, "
-            f"CPU {run.cpu_seconds:.1f} s, peak RSS {run.peak_rss / 1e9:.2f} GB "
+            f"CPU {run.cpu_seconds:.1f} s (user {run.user_seconds:.1f}), peak RSS {run.peak_rss / 1e9:.2f} GB "
             f"(driver {run.driver_rss / 1e9:.2f} GB), load average {os.getloadavg()[0]:.1f}",
             flush=True,
         )
@@ -302,7 +304,9 @@ def run_config(root: Path, layers: int, gcs: bool, whole_model: bool, rounds: in
 
 
 def report(rows: list[dict[str, Any]]) -> None:
-    print("\nlayers  where  round  step         seconds   GB/s   vs copy  CPU s  load  peak RSS GB  RSS limit GB")
+    print(
+        "\nlayers  where  round  step         seconds   GB/s   vs copy  CPU s  user s  load  peak RSS GB  RSS limit GB"
+    )
     for r in rows:
         copy = next(
             x
@@ -313,7 +317,7 @@ def report(rows: list[dict[str, Any]]) -> None:
         print(
             f"{r['layers']:>6}  {r['where']:<5}  {r['round'] + 1:>5}  {r['what']:<11}  {r['seconds']:>7.1f}  "
             f"{r['gb_per_s']:>5.2f}  {copy['seconds'] / r['seconds']:>6.2f}x  {r['cpu_seconds']:>5.1f}  "
-            f"{r['load_average']:>4.1f}  {r['peak_rss_gb']:>11.2f}  {limit:>12.2f}"
+            f"{r['user_seconds']:>6.1f}  {r['load_average']:>4.1f}  {r['peak_rss_gb']:>11.2f}  {limit:>12.2f}"
         )
     for layers, where in sorted({(r["layers"], r["where"]) for r in rows if r["what"] == "merge"}):
         pairs = {
