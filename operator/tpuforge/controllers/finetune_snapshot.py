@@ -3,11 +3,14 @@ reconcile and, from the same informer, the ServingDeployment controller's look a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
+from tpuforge.controllers.informer import Informer
+
+Key = tuple[str, str]
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,7 @@ class Snapshot:
         }
 
 
-def object_key(body: Mapping[str, Any]) -> tuple[str, str]:
+def object_key(body: Mapping[str, Any]) -> Key:
     """(namespace, uid): how the informer of FineTuneJobs keys them."""
     meta = body.get("metadata") or {}
     return meta.get("namespace", ""), meta.get("uid", "")
@@ -51,4 +54,19 @@ def snapshot(body: Mapping[str, Any]) -> Snapshot:
         deleting=bool(meta.get("deletionTimestamp")),
         spec=body.get("spec") or {},
         status=body.get("status") or {},
+    )
+
+
+def finetunejob_informer(
+    namespaces: Sequence[str] | None, on_change: Callable[[Key, Snapshot | None, Snapshot | None], None]
+) -> Informer[Key, Snapshot]:
+    """An informer of every FineTuneJob in `namespaces`, as Snapshots keyed by object_key."""
+    return Informer(
+        api_version=API_VERSION,
+        kind=FINETUNEJOB_KIND,
+        label_selector="",
+        namespaces=namespaces,
+        view=snapshot,
+        owner=object_key,
+        on_change=on_change,
     )

@@ -48,7 +48,7 @@ from tpuforge.controllers.finetune_children import (
     pod_view,
 )
 from tpuforge.controllers.finetune_plan import ChildRef, Event, Observed, Plan, plan, status_patch
-from tpuforge.controllers.finetune_snapshot import Snapshot, object_key, snapshot
+from tpuforge.controllers.finetune_snapshot import Snapshot, finetunejob_informer
 from tpuforge.controllers.informer import Informer
 from tpuforge.controllers.workqueue import KeyedQueue
 from tpuforge.manifests.common import LABEL_OWNER_UID
@@ -103,15 +103,7 @@ class FineTuneJobController:
     def __init__(self, namespaces: Sequence[str] | None = None):
         self.objects: dict[Key, Snapshot] = {}
         self.queue: KeyedQueue[Key] = KeyedQueue(self.reconcile, WORKERS, name="finetunejob")
-        self.finetunejobs: Informer[Key, Snapshot] = Informer(
-            api_version=API_VERSION,
-            kind=FINETUNEJOB_KIND,
-            label_selector="",
-            namespaces=namespaces,
-            view=snapshot,
-            owner=object_key,
-            on_change=self.object_changed,
-        )
+        self.finetunejobs: Informer[Key, Snapshot] = finetunejob_informer(namespaces, self.object_changed)
 
         # Each informer lists and watches one kind of child (RBAC: list and watch on it).
         trainer_configs = f"{CHILD_SELECTOR},{LABEL_COMPONENT}={COMPONENT_TRAINER}"

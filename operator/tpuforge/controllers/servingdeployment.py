@@ -41,7 +41,7 @@ from tpuforge.api.constants import (
     VERSION,
 )
 from tpuforge.controllers import serving_adapters as adapters
-from tpuforge.controllers.finetune_snapshot import Snapshot, object_key, snapshot
+from tpuforge.controllers.finetune_snapshot import Snapshot, finetunejob_informer
 from tpuforge.controllers.informer import Informer
 from tpuforge.controllers.workqueue import KeyedQueue
 from tpuforge.manifests import serving as manifests
@@ -530,15 +530,7 @@ class ServingDeploymentController:
         # (one watch of the kind for the operator); without it, from an informer of this controller's own.
         self._own: Informer[Any, Snapshot] | None = None
         if finetunejobs is None:
-            finetunejobs = self._own = Informer(
-                api_version=API_VERSION,
-                kind=FINETUNEJOB_KIND,
-                label_selector="",
-                namespaces=namespaces,
-                view=snapshot,
-                owner=object_key,
-                on_change=self.finetunejob_changed,
-            )
+            finetunejobs = self._own = finetunejob_informer(namespaces, self.finetunejob_changed)
         else:
             finetunejobs.listen(self.finetunejob_changed)
 
