@@ -78,7 +78,7 @@ def test_a_two_host_job_is_preempted_on_one_host_resumes_with_no_step_lost_and_m
     assert (summary[0]["end_step"], summary[1]["start_step"], summary[1]["end_step"]) == (saved, saved, total)
 
     # The Event names the host that was taken away.
-    preempted = [msg for _, reason, msg in cluster.events(name) if reason == "Preempted"]
+    preempted = [msg for _, reason, msg in cluster.said(name, "Preempted") if reason == "Preempted"]
     assert preempted and preempted[0].startswith("host 1/2 preempted on"), preempted
     assert f"host 1 of 2 (pod {victim['metadata']['name']}" in status["attempts"][0]["message"]
 

@@ -114,8 +114,7 @@ def test_a_finetunejob_trains_merges_and_succeeds_with_a_complete_verified_model
     merge_log = sandbox.pod_log(cluster.ns, merge_pod["metadata"]["name"], m.MERGER_CONTAINER).read_text()
     assert re.search(r"verify passed: max \|logit diff\| \S+", merge_log), merge_log[-2000:]
     # Event times have whole seconds: Created and Training often share one.
-    reasons = [reason for _, reason, _ in cluster.events(name)]
-    assert {"Created", "Training", "Merging", "Succeeded"} <= set(reasons), reasons
+    reasons = [reason for _, reason, _ in cluster.said(name, "Created", "Training", "Merging", "Succeeded")]
     assert reasons.index("Training") < reasons.index("Merging") < reasons.index("Succeeded"), reasons
 
 
@@ -149,8 +148,7 @@ def test_a_preempted_job_resumes_from_the_checkpoint_it_wrote_at_sigterm_and_suc
     assert steps_logged(second_log, total) == list(range(saved + 1, total + 1))
     summary = read_summary(spec["checkpoint"]["uri"])["attempts"]
     assert (summary[0]["end_step"], summary[1]["start_step"], summary[1]["end_step"]) == (saved, saved, total)
-    reasons = [reason for _, reason, _ in cluster.events(name)]
-    assert "Preempted" in reasons and "Succeeded" in reasons
+    cluster.said(name, "Preempted", "Succeeded")
 
 
 def test_two_jobs_on_one_v5p8_node_run_one_after_the_other(cluster: Cluster, sandbox: Sandbox, job_spec: Any) -> None:
@@ -193,7 +191,7 @@ def test_a_failing_training_pod_is_retried_then_the_job_fails_with_the_container
     assert "gave up after 2 failures (spec.runPolicy.maxRestarts=1)" in message, message
     # The container's own message (its log's last lines, terminationMessagePolicy FallbackToLogsOnError).
     assert "exit code 137" in message and "records -> " in message, message
-    assert ("Warning", "Retrying") in {(t, r) for t, r, _ in cluster.events(name)}
+    assert ("Warning", "Retrying") in {(t, r) for t, r, _ in cluster.said(name, "Retrying")}
     # Nothing is left running on the node.
     assert all(p["status"]["phase"] == "Failed" for p in cluster.children("Pod", name))
 

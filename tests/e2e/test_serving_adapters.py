@@ -229,10 +229,11 @@ def test_adapters_load_swap_and_unload_at_runtime_and_come_back_after_a_restart(
     sd.wait("beta and bad to go", lambda a: set(a) == {"alpha"} and ready("alpha")(a))
     wait_for(lambda: set(models()) == {BASE_NAME, "alpha"}, 30, "vLLM to unload beta", interval=1)
     assert sd.identity() == (uid, restarts), "adding, replacing or removing adapters restarted the pod"
-    reasons = {r for r, _ in sd.events()}
-    assert {"AdapterLoaded", "AdapterReplaced", "AdapterRemoved", "AdapterFailed"} <= reasons, sd.events()
+    # Each Event follows the status write that made it: wait for the last one said.
+    said = {"AdapterLoaded", "AdapterReplaced", "AdapterRemoved", "AdapterFailed"}
+    wait_for(lambda: said <= {r for r, _ in sd.events()}, 30, f"the Events {sorted(said)}", interval=0.5)
     key = {"namespace": namespace, "name": "tiny", "adapter": "alpha"}
-    assert operator.metric("tpuforge_servingdeployment_adapter_loaded", **key) == 1
+    wait_for(lambda: operator.metric("tpuforge_servingdeployment_adapter_loaded", **key) == 1, 30, "adapter_loaded")
     assert (operator.metric("tpuforge_servingdeployment_adapter_load_seconds", **key) or 0) > 0
 
     # 6. The vLLM process dies; the node agent restarts the container and the operator loads alpha again.
@@ -252,4 +253,4 @@ def test_adapters_load_swap_and_unload_at_runtime_and_come_back_after_a_restart(
 
     sd.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, SERVING_PLURAL, "tiny")
     wait_for(lambda: not sd.core.list_namespaced_pod(namespace).items, 120, "the serving pod to stop", interval=1)
-    assert operator.metric("tpuforge_servingdeployment_adapter_loaded", **key) is None
+    wait_for(lambda: operator.metric("tpuforge_servingdeployment_adapter_loaded", **key) is None, 30, "no series")

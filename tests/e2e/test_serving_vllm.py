@@ -112,8 +112,15 @@ def test_vllm_cpu_serves_the_merged_tiny_model(
     with urllib.request.urlopen(f"{base}/metrics", timeout=30) as r:
         assert "vllm:num_requests_running" in r.read().decode()
     key = {"namespace": namespace, "name": "tiny"}
-    assert operator.metric("tpuforge_servingdeployment_ready_replicas", **key) == 1
-    assert operator.metric("tpuforge_servingdeployment_phase", phase="Ready", **key) == 1
+    wait_for(  # the series follow the status write
+        lambda: (
+            operator.metric("tpuforge_servingdeployment_ready_replicas", **key) == 1
+            and operator.metric("tpuforge_servingdeployment_phase", phase="Ready", **key) == 1
+        ),
+        30,
+        "the ready_replicas and phase series",
+        interval=0.5,
+    )
 
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, SERVING_PLURAL, "tiny")
     core = client.CoreV1Api(api_client)

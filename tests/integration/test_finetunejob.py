@@ -49,8 +49,13 @@ def test_happy_path_to_succeeded(cluster: Cluster, operator: Operator) -> None:
     assert st["outputs"]["mergedModelUri"] == f"gs://b/jobs/{name}/merged"
     assert st["completionTime"] and st["observedGeneration"] == 1
     # Event timestamps have one-second resolution: compare what was said, not the order.
-    assert sorted(r for _, r, _ in cluster.events(name)) == ["Created", "Merging", "Succeeded", "Training"]
-    assert operator.metric("tpuforge_finetunejob_phase", namespace=cluster.ns, name=name, phase="Succeeded") == 1
+    assert sorted(r for _, r, _ in cluster.said(name, "Succeeded")) == ["Created", "Merging", "Succeeded", "Training"]
+    eventually(  # the series follow the status write
+        lambda: _assert(
+            operator.metric("tpuforge_finetunejob_phase", namespace=cluster.ns, name=name, phase="Succeeded") == 1
+        ),
+        "the phase series says Succeeded",
+    )
 
 
 def _assert(ok: bool) -> None:
@@ -117,7 +122,7 @@ def test_failures_are_retried_then_fail_with_the_reason_and_message(cluster: Clu
     failed = cluster.condition(name, "Failed")
     assert failed["reason"] == "TrainingFailed"
     assert "loss is NaN at step 11" in failed["message"] and "maxRestarts=1" in failed["message"]
-    reasons = [r for _, r, _ in cluster.events(name)]
+    reasons = [r for _, r, _ in cluster.said(name, "Failed")]
     assert reasons.count("Retrying") == 1 and reasons.count("Failed") == 1
     assert len(cluster.children("Job", name)) == 2  # no third attempt
 
@@ -159,7 +164,7 @@ def test_suspend_removes_the_job_and_resume_starts_a_new_attempt(cluster: Cluste
     cluster.wait_job(cluster.train(name, 1))
     st = cluster.wait_phase(name, "Pending")
     assert st["attempt"] == 1 and st["restarts"] == {"failures": 0, "preemptions": 0}
-    reasons = [r for _, r, _ in cluster.events(name)]
+    reasons = [r for _, r, _ in cluster.said(name, "Resumed")]
     assert reasons.count("Suspended") == 1 and reasons.count("Resumed") == 1
 
 

@@ -73,7 +73,7 @@ def test_adapter_only_then_evaluated_to_succeeded(cluster: Cluster, operator: Op
         "reportUri": f"{out}/evaluation",
     }
     assert cluster.condition(name, "EvaluationPassed")["status"] == "True"
-    assert ("Normal", "Evaluated", "eval passed: em 0.75 (base 0.00)") in cluster.events(name)
+    assert ("Normal", "Evaluated", "eval passed: em 0.75 (base 0.00)") in cluster.said(name, "Evaluated")
     keys = {"namespace": cluster.ns, "name": name}
     eventually(
         lambda: _assert(

@@ -77,7 +77,7 @@ def test_a_restarted_operator_duplicates_nothing_and_catches_up(cluster: Cluster
     cluster.wait_phase(name, "Merging")
     cluster.wait_job(cluster.merge(name))
     assert len(cluster.children("Job", name)) == 2
-    assert [r for _, r, _ in cluster.events(name)].count("Training") == 1
+    assert [r for _, r, _ in cluster.said(name, "Merging")].count("Training") == 1
 
 
 def test_status_conflicts_with_the_trainer_are_retried(cluster: Cluster, operator: Operator) -> None:
@@ -113,7 +113,7 @@ def test_status_conflicts_with_the_trainer_are_retried(cluster: Cluster, operato
     st = cluster.status(name)
     assert st["progress"]["step"] == steps[-1]  # the trainer's keys are the trainer's
     assert st["restarts"] == {"failures": 0, "preemptions": 0}
-    reasons = [r for _, r, _ in cluster.events(name)]
+    reasons = [r for _, r, _ in cluster.said(name, "Succeeded")]
     assert sorted(reasons) == ["Created", "Merging", "Succeeded", "Training"]  # each transition said once
 
 

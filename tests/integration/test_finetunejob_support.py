@@ -182,6 +182,16 @@ class Cluster:
         mine.sort(key=lambda e: (e.get("lastTimestamp") or "", e["metadata"]["creationTimestamp"]))
         return [(e["type"], e["reason"], e["message"]) for e in mine]
 
+    def said(self, name: str, *reasons: str) -> list[tuple[str, str, str]]:
+        """The Events on `name` once every one of `reasons` is among them. The operator posts a transition's Event
+        after the status write that made it, so a test that has seen the status waits for the Event."""
+
+        def found() -> list[tuple[str, str, str]] | None:
+            events = self.events(name)
+            return events if set(reasons) <= {r for _, r, _ in events} else None
+
+        return until(found, f"Events {', '.join(reasons)} on {name}")
+
     def wait_event(self, name: str, reason: str) -> tuple[str, str, str]:
         def found() -> tuple[str, str, str] | None:
             return next((e for e in self.events(name) if e[1] == reason), None)
