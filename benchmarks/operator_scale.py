@@ -16,6 +16,8 @@ Phases, all in one run against the same apiserver:
   check     every FineTuneJob has exactly one of each child (duplicates must be 0)
 
 The sandbox has no nodes, so no pod runs: the numbers are the control plane's and the operator's alone.
+Each phase also reports the CPU seconds of each process and the watches the apiserver closed because they
+fell behind (apiserver_forced_watch_closes): on a saturated machine these are what move the ratio.
 
     python benchmarks/operator_scale.py                    # 1000 jobs, 10/s for 60 s
     python benchmarks/operator_scale.py --jobs 200 --duration 20 --json out.json
@@ -41,6 +43,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -367,6 +370,16 @@ def cpu_spent(before: dict[str, float]) -> dict[str, float]:
     return {k: round(v - before.get(k, 0.0), 1) for k, v in now.items()}
 
 
+def forced_watch_closes(sandbox: Sandbox) -> Counter[str]:
+    """Watches the apiserver has closed so far because they fell behind ("Forcing watcher close due to
+    unresponsiveness"), by the type it names: *unstructured.Unstructured is a custom resource's watch, such as
+    the operator's of FineTuneJobs. The watcher reconnects from where it was; a starved apiserver replays
+    what it missed, and may close it again."""
+    log = sandbox.config.logs_dir / "kube-apiserver.log"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return Counter(line.rsplit(" ", 1)[-1] for line in lines if "Forcing watcher close due to unresponsiveness" in line)
+
+
 def percentile(values: list[float], q: float) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
 
@@ -419,7 +432,9 @@ def main() -> int:
 def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     n = args.jobs
     print(f"baseline: one client makes the operator's writes for {n} FineTuneJobs, {API_CONCURRENCY} threads ...")
+    closes0 = forced_watch_closes(sandbox)
     before, writes, baseline_cpu = run_baseline(api, n, "bench-baseline-before")
+    closes1 = forced_watch_closes(sandbox)
     print(f"  {writes} writes per job: {before:.1f} s; CPU seconds {baseline_cpu}", flush=True)
 
     ns, steady_ns = namespace(api, "bench-burst"), namespace(api, "bench-steady")
@@ -439,6 +454,7 @@ def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.N
         burst = last - start
         burst_latencies = sorted(jobs.seen[m.train_job_name(x, 0)] - sent[x] for x in names)
         burst_cpu = {**cpu_spent(others0), "operator": round(operator.cpu_seconds() - cpu0, 1)}
+        closes = {"baseline": dict(closes1 - closes0), "burst": dict(forced_watch_closes(sandbox) - closes1)}
         print(f"  created in {created:.1f} s; every training Job after {burst:.1f} s; CPU seconds {burst_cpu}")
         live_cpu = operator.cpu_seconds() - cpu0
         live_sys = operator.system_cpu_seconds() - sys0
@@ -456,6 +472,7 @@ def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.N
                 "burst_ratio": round(burst / before, 2),
                 "cpu_seconds_baseline": baseline_cpu,
                 "cpu_seconds_burst": burst_cpu,
+                "apiserver_forced_watch_closes": closes,
                 "burst_latency_p50_seconds": round(percentile(burst_latencies, 50), 3),
                 "burst_latency_p99_seconds": round(percentile(burst_latencies, 99), 3),
                 "operator_cpu_seconds_burst": round(live_cpu, 1),
@@ -501,6 +518,7 @@ def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.N
         "burst_ratio_target": TARGET_BURST_RATIO,
         "cpu_seconds_baseline_before": baseline_cpu,
         "cpu_seconds_burst": burst_cpu,
+        "apiserver_forced_watch_closes": closes,
         "burst_latency_p50_seconds": round(percentile(burst_latencies, 50), 3),
         "burst_latency_p99_seconds": round(percentile(burst_latencies, 99), 3),
         "steady_rate_per_second": args.rate,
