@@ -193,10 +193,8 @@ class Cluster:
         return until(found, f"Events {', '.join(reasons)} on {name}")
 
     def wait_event(self, name: str, reason: str) -> tuple[str, str, str]:
-        def found() -> tuple[str, str, str] | None:
-            return next((e for e in self.events(name) if e[1] == reason), None)
-
-        return until(found, f"Event {reason} on {name}")
+        """The first Event on `name` with `reason`, once there is one."""
+        return next(e for e in self.said(name, reason) if e[1] == reason)
 
     # --- children ---
 
