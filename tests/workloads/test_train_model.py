@@ -70,6 +70,25 @@ def test_a_multimodal_config_nests_the_decoder_under_text_config(tiny_model_dir:
     assert parsed.num_heads == 8 and parsed.global_head_dim == 128
 
 
+@pytest.mark.parametrize("multimodal", [False, True])
+def test_tunix_key_mapping_maps_every_decoder_tensor_of_both_layouts(text: gemma4.Gemma4Text, multimodal: bool) -> None:
+    """The loader widens a private Tunix mapping: if Tunix changes it, this fails instead of the loader
+    silently skipping tensors. Each decoder tensor maps to exactly one parameter; vision tensors to none."""
+    import dataclasses
+
+    from tunix.utils.torch_utils import torch_key_to_jax_key
+
+    layout = dataclasses.replace(text, multimodal=multimodal)
+    mapping = gemma4._key_mapping(gemma4.tunix_config(layout))
+    targets = {name: torch_key_to_jax_key(mapping, name)[0] for name in gemma4.expected_hf_tensors(layout)}
+    assert targets[f"{layout.hf_prefix}layers.1.mlp.down_proj.weight"] == "layers.1.mlp.down_proj.kernel"
+    assert targets[f"{layout.hf_prefix}embed_tokens.weight"] == "embedder.input_embedding"
+    assert len(set(targets.values())) == len(targets)
+    for other in ("model.vision_tower.encoder.layers.0.self_attn.q_proj.linear.weight", "lm_head.weight"):
+        with pytest.raises(ValueError):
+            torch_key_to_jax_key(mapping, other)
+
+
 def test_mesh_checks_name_what_does_not_divide() -> None:
     shape = model_shape("gemma4-31b")
     text = gemma4.Gemma4Text(

@@ -309,14 +309,27 @@ def safetensors_names(path: Path) -> dict[str, tuple[int, ...]]:
     return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
 
 
+# Tunix's Gemma 4 key mapping (a private function of the pinned google-tunix: no public API takes a key
+# mapping for Gemma 4 with our own preprocessing) starts every pattern with this optional group. It is widened
+# to accept text-only checkpoints (`model.`) too; if a Tunix release changes the patterns, loading stops here
+# with a message instead of silently skipping every tensor (test_train_model pins both layouts).
+_TUNIX_PREFIX = r"(?:model\.language_model\.)?"
+_BOTH_PREFIXES = r"(?:model\.(?:language_model\.)?)?"
+
+
 def _key_mapping(cfg: gemma4_model.ModelConfig) -> dict[str, Any]:
     """Tunix's HF->Tunix key mapping, widened to accept text-only checkpoints (`model.` prefix) as well as
     the multimodal layout (`model.language_model.`) it was written for; Tunix matches keys from the start."""
     from tunix.models.gemma4 import params_safetensors
 
     mapping = params_safetensors._get_key_and_transform_mapping(cfg)
-    old = r"(?:model\.language_model\.)?"
-    return {pat.replace(old, r"(?:model\.(?:language_model\.)?)?", 1): v for pat, v in mapping.items()}
+    odd = [pat for pat in mapping if not pat.startswith(_TUNIX_PREFIX)]
+    if not mapping or odd:
+        raise ModelError(
+            f"tunix.models.gemma4.params_safetensors changed: key patterns no longer start with {_TUNIX_PREFIX!r} "
+            f"(e.g. {odd[:1]}); update gemma4._key_mapping for this google-tunix version"
+        )
+    return {_BOTH_PREFIXES + pat.removeprefix(_TUNIX_PREFIX): v for pat, v in mapping.items()}
 
 
 _TMP_QKV = re.compile(r"tmp\.layers\.(\d+)\.attn\.([qkv])$")
@@ -423,5 +436,4 @@ def load_model(model_dir: Path, text: Gemma4Text, cfg: gemma4_model.ModelConfig,
         key_mapping=_key_mapping,
         mesh=mesh,
         preprocess_fn=_combine_qkv(text),
-        mode="optimized",
     )
