@@ -2,6 +2,7 @@
 configs, and validation. Depends on pydantic only."""
 
 from tpuforge.api.catalog import MODELS, TPU_SLICES, ModelShape, TpuSlice, model_shape, tpu_slice
+from tpuforge.api.code_eval import CheckerSpec, CodeEvalSpec, pass_at_metric
 from tpuforge.api.conditions import Condition, now_rfc3339, set_condition
 from tpuforge.api.configs import (
     EvalConfig,
@@ -72,7 +73,9 @@ __all__ = [
     "AdapterSource",
     "AdapterStatus",
     "AttemptStatus",
+    "CheckerSpec",
     "CheckpointSpec",
+    "CodeEvalSpec",
     "Condition",
     "Cost",
     "DatasetRef",
@@ -122,6 +125,7 @@ __all__ = [
     "model_shape",
     "now_rfc3339",
     "parse",
+    "pass_at_metric",
     "resolved_mesh",
     "set_condition",
     "tpu_slice",

@@ -7,6 +7,7 @@ from pydantic import Field
 
 from tpuforge.api.base import ApiModel
 from tpuforge.api.catalog import Dtype, tpu_slice
+from tpuforge.api.code_eval import CodeEvalSpec
 from tpuforge.api.constants import ADAPTER_SUBDIR, CPU_SLICE, EVALUATION_SUBDIR
 from tpuforge.api.finetune import (
     CheckpointSpec,
@@ -69,6 +70,7 @@ class EvalConfig(ApiModel):
     metrics: list[EvalMetric]
     max_examples: int = Field(ge=1)
     max_new_tokens: int = Field(ge=1)
+    code: CodeEvalSpec | None = Field(default=None, description="Sampling and the checker, for passAtK.")
     lora: LoraSpec
     training: TrainingSpec = Field(description="maxSeqLen, lossOn and overLength shape the records as in training.")
     mesh: MeshSpec = Field(description="Device mesh for the loss.")
@@ -161,6 +163,7 @@ def eval_config(namespace: str, name: str, spec: FineTuneJobSpec) -> EvalConfig:
         metrics=list(ev.metrics),
         max_examples=ev.max_examples,
         max_new_tokens=ev.max_new_tokens,
+        code=ev.code,
         lora=spec.lora,
         training=spec.training,
         mesh=evaluation_mesh(ev.slice),

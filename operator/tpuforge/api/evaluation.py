@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tpuforge.api.code_eval import PASS_AT_PREFIX, pass_at_metric
 from tpuforge.api.finetune import EvaluationSpec
 
 
 def score(metric: str, value: float) -> str:
-    """A score as reports show it: exact match as a fraction with two decimals, a loss to four digits."""
-    return f"{value:.2f}" if metric == "exactMatch" else f"{value:.4g}"
+    """A score as reports show it: a fraction (exact match, pass@k) with two decimals, a loss to four digits."""
+    return f"{value:.2f}" if metric == "exactMatch" or metric.startswith(PASS_AT_PREFIX) else f"{value:.4g}"
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ def checks(spec: EvaluationSpec, metrics: dict[str, float]) -> list[Check]:
         out.append(
             Check("exactMatch", "minExactMatch", t.min_exact_match, em, em is not None and em >= t.min_exact_match)
         )
+    for k, least in sorted(t.min_pass_at.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
+        name = pass_at_metric(int(k)) if k.isdigit() else f"{PASS_AT_PREFIX}{k}"
+        got = metrics.get(name)
+        out.append(Check(name, f"minPassAt.{k}", least, got, got is not None and got >= least))
     return out
 
 

@@ -10,6 +10,7 @@ from pydantic import Field
 from tpuforge.api import display
 from tpuforge.api.base import ApiModel, StatusModel
 from tpuforge.api.catalog import GEMMA4_LORA_TARGETS, Dtype
+from tpuforge.api.code_eval import CodeEvalSpec
 from tpuforge.api.conditions import Condition
 from tpuforge.api.constants import DEFAULT_EVALUATOR_IMAGE, DEFAULT_MERGER_IMAGE, DEFAULT_TRAINER_IMAGE
 
@@ -118,7 +119,8 @@ class MergeSpec(ApiModel):
     )
 
 
-EvalMetric = Literal["loss", "exactMatch"]
+EvalMetric = Literal["loss", "exactMatch", "passAtK"]
+# The default metrics; passAtK is asked for by name, with spec.evaluation.code.
 EVAL_METRICS: tuple[EvalMetric, ...] = ("loss", "exactMatch")
 
 
@@ -132,6 +134,10 @@ class EvalThresholds(ApiModel):
         le=1,
         description="The adapter passes only if this fraction of greedy answers equals the reference answer.",
     )
+    min_pass_at: dict[str, float] = Field(
+        default_factory=dict,
+        description='pass@k the adapter must reach, by k (each one of spec.evaluation.code.k), e.g. {"1": 0.6}.',
+    )
 
 
 class EvaluationSpec(ApiModel):
@@ -142,10 +148,14 @@ class EvaluationSpec(ApiModel):
         default_factory=lambda: list(EVAL_METRICS),
         min_length=1,
         description="loss: teacher-forced loss on the assistant tokens; exactMatch: greedy answers equal to the "
-        "records' last assistant turn.",
+        "records' last assistant turn; passAtK: sampled answers run by a checker against each record's test "
+        "(spec.evaluation.code).",
     )
     max_examples: int = Field(default=200, ge=1, description="Evaluate at most this many records (the first ones).")
     max_new_tokens: int = Field(default=256, ge=1, description="Longest greedy answer generated for exactMatch.")
+    code: CodeEvalSpec | None = Field(
+        default=None, description="Sampling and the checker for the passAtK metric (functional evaluation of code)."
+    )
     thresholds: EvalThresholds = Field(
         default_factory=EvalThresholds, description="What the adapter must reach to pass (unset: always passes)."
     )

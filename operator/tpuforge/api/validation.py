@@ -10,8 +10,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from tpuforge.api.catalog import MODELS, TPU_SLICES, ModelShape, TpuSlice, model_shape, tpu_slice
+from tpuforge.api.code_eval import PASS_AT_K
 from tpuforge.api.constants import CPU_SLICE
-from tpuforge.api.finetune import FineTuneJobSpec, MeshSpec
+from tpuforge.api.finetune import EvaluationSpec, FineTuneJobSpec, MeshSpec
 from tpuforge.api.serving import ServingDeploymentSpec
 
 M = TypeVar("M", bound=BaseModel)
@@ -223,6 +224,7 @@ def _check_evaluation(errors: list[FieldError], spec: FineTuneJobSpec, shape: Mo
                     f"add {metric} to spec.evaluation.metrics or remove the threshold",
                 )
             )
+    _check_code(errors, ev)
     single = sorted(s.id for s in TPU_SLICES.values() if s.hosts == 1)
     slc = TPU_SLICES.get(ev.slice)
     if ev.slice != CPU_SLICE and (slc is None or slc.hosts > 1):
@@ -231,6 +233,70 @@ def _check_evaluation(errors: list[FieldError], spec: FineTuneJobSpec, shape: Mo
     elif slc is not None and shape is not None and "loss" in ev.metrics:
         # The loss runs the trainer's sharded forward pass on the slice's default mesh.
         _divides_heads(errors, "spec.evaluation.slice", slc.default_tp, shape)
+
+
+def _check_code(errors: list[FieldError], ev: EvaluationSpec) -> None:
+    """passAtK, spec.evaluation.code and thresholds.minPassAt agree with each other."""
+    code, asked = ev.code, PASS_AT_K in ev.metrics
+    if asked and code is None:
+        errors.append(
+            FieldError(
+                "spec.evaluation.code",
+                "the passAtK metric samples answers and runs them with a checker: set spec.evaluation.code with "
+                "its checker (image and command), or remove passAtK from spec.evaluation.metrics",
+            )
+        )
+    if code is not None and not asked:
+        errors.append(
+            FieldError(
+                "spec.evaluation.metrics",
+                f"spec.evaluation.code is set but the metrics {list(ev.metrics)} leave out passAtK; add passAtK "
+                "or remove spec.evaluation.code",
+            )
+        )
+    if code is not None and code.checker is None:
+        errors.append(
+            FieldError(
+                "spec.evaluation.code.checker",
+                "is required: the image and command that run each sample against its test (exit 0 = pass), "
+                "e.g. the Verilog checker in docs/ml-engineer.md",
+            )
+        )
+    if code is not None:
+        n = code.samples_per_problem
+        for i, k in enumerate(code.k):
+            if not 1 <= k <= n:
+                errors.append(
+                    FieldError(
+                        f"spec.evaluation.code.k[{i}]",
+                        f"pass@{k} needs at least {k} samples per problem but samplesPerProblem is {n}; raise "
+                        f"samplesPerProblem to {max(k, 1)} or drop this k",
+                    )
+                )
+        if len(set(code.k)) != len(code.k):
+            errors.append(FieldError("spec.evaluation.code.k", f"lists a k twice ({code.k}); list each once"))
+        if code.checker is not None:
+            for field, q in (("cpu", code.checker.cpu), ("memory", code.checker.memory)):
+                if not _is_quantity(q):
+                    errors.append(
+                        FieldError(
+                            f"spec.evaluation.code.checker.{field}", f"must be a Kubernetes quantity (got {q!r})"
+                        )
+                    )
+    asked_k = set(code.k) if code is not None else set()
+    for key, value in ev.thresholds.min_pass_at.items():
+        field = f"spec.evaluation.thresholds.minPassAt.{key}"
+        if not 0 <= value <= 1:
+            errors.append(FieldError(field, f"is a fraction of problems: between 0 and 1 (got {value})"))
+        if not key.isdigit() or int(key) not in asked_k:
+            errors.append(
+                FieldError(
+                    field,
+                    f"holds pass@{key}, which is not measured: spec.evaluation.code.k is {sorted(asked_k)}; add "
+                    f"{key} to spec.evaluation.code.k (with passAtK in spec.evaluation.metrics) or remove the "
+                    "threshold",
+                )
+            )
 
 
 def _is_quantity(q: str) -> bool:
