@@ -17,7 +17,7 @@ $(STAMP):
 	$(BIN)/pip install -q --upgrade pip
 	# torch only for checks on the HuggingFace side; ==2.13.0 takes the local CPU wheel.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[operator,workloads,merge,dev]'
+	$(BIN)/pip install -q -e '.[operator,workloads,merge,dev,tpu]'
 	rm -f $(VENV)/.installed-* && touch $@
 
 control-plane:

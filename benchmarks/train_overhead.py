@@ -37,10 +37,11 @@ import jax
 from tunix.sft import hooks, peft_trainer
 
 from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
-from tpuforge_workloads import gemma4, tiny_model
+from tpuforge_workloads import tiny_model
 from tpuforge_workloads.data import demo
 from tpuforge_workloads.data.pipeline import BatchSpec, batches, model_inputs, prepare_examples, real_tokens
 from tpuforge_workloads.data.records import read_records
+from tpuforge_workloads.mesh import make_mesh
 from tpuforge_workloads.progress import RunProgress, RunSummary, TrainMetrics
 from tpuforge_workloads.train import loop, plan
 from tpuforge_workloads.train.preemption import PreemptionWatch
@@ -177,7 +178,7 @@ def main() -> int:
     )
 
     # 1. Step time, alternating rounds over the same batches.
-    mesh = gemma4.make_mesh(1, 4)
+    mesh = make_mesh(1, 4)
     bare_runs, our_runs = [], []
     tokens_per_step = 0.0
     for r in range(args.rounds):

@@ -4,8 +4,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator ./operator
 COPY workloads ./workloads
-# jax[tpu] brings libtpu; the rest of the stack is pinned by the `workloads` extra.
-RUN pip install --no-cache-dir '.[workloads]' 'jax[tpu]==0.10.2' && rm -rf /src
+# The `tpu` extra brings libtpu; the rest of the stack is pinned by the `workloads` extra.
+RUN pip install --no-cache-dir '.[workloads,tpu]' && rm -rf /src
 ENV TMPDIR=/dev/shm
 # The unprivileged user every tpuforge pod runs as (tpuforge.manifests.common.POD_UID). Its home is /tmp:
 # pods mount a scratch volume there, the root filesystem being read-only.

@@ -20,6 +20,7 @@ from tpuforge_workloads.adapters import read_adapter_manifest
 from tpuforge_workloads.merge import synthetic, verify
 from tpuforge_workloads.merge.lora_checkpoint import LoraCheckpoint
 from tpuforge_workloads.merge.merge import run_merge
+from tpuforge_workloads.mesh import MESH_AXES
 from tpuforge_workloads.train.checkpoints import TrainCheckpoints
 
 # Tunix reads parameters with `.value`, which flax deprecates: one warning per access.
@@ -63,7 +64,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Trained:
     root = tmp_path_factory.mktemp("trained")
     tiny_model.write(str(root / "base"))
     text = gemma4.parse_config(gemma4.read_config(str(root / "base")))
-    mesh = jax.make_mesh((1, 1), gemma4.MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    mesh = jax.make_mesh((1, 1), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
     with jax.set_mesh(mesh):
         base = gemma4.load_model(root / "base", text, gemma4.tunix_config(text), mesh)
     model = lora.apply_lora(base, SPEC, mesh, seed=0)
@@ -119,7 +120,7 @@ def test_transformers_on_the_merged_output_matches_the_jax_lora_model(trained: T
 
 
 def test_tunix_loader_reads_the_output_back_exactly(trained: Trained, merged: Path) -> None:
-    mesh = jax.make_mesh((1, 1), gemma4.MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    mesh = jax.make_mesh((1, 1), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
     cfg = gemma4.tunix_config(trained.text)
     with jax.set_mesh(mesh):
         loaded = _flat(nnx.state(gemma4.load_model(merged, trained.text, cfg, mesh)))

@@ -15,6 +15,7 @@ from flax import nnx
 from tpuforge.api import LoraSpec
 from tpuforge.api.catalog import model_shape
 from tpuforge_workloads import gemma4, lora, tiny_model
+from tpuforge_workloads.mesh import make_mesh
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +56,7 @@ def test_transformers_and_tunix_compute_the_same_logits(
     hf = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
     with torch.no_grad():
         want = hf(torch.tensor(tokens)).logits.numpy()
-    mesh = gemma4.make_mesh(1, 4)
+    mesh = make_mesh(1, 4)
     with jax.set_mesh(mesh):
         model = gemma4.load_model(tiny_model_dir, text, gemma4.tunix_config(text), mesh)
         got = lora.logits(model, tokens)
@@ -119,7 +120,7 @@ def test_a_checkpoint_missing_tensors_is_refused_before_loading(tiny_model_dir: 
 def test_lora_adapters_are_sharded_by_their_weights_and_never_on_the_rank(
     tiny_model_dir: Path, text: gemma4.Gemma4Text, jax_devices: Any
 ) -> None:
-    mesh = gemma4.make_mesh(1, 4)
+    mesh = make_mesh(1, 4)
     with jax.set_mesh(mesh):
         base = gemma4.load_model(tiny_model_dir, text, gemma4.tunix_config(text), mesh)
     model = lora.apply_lora(base, LoraSpec(rank=8, alpha=16.0, dropout=0.1), mesh, seed=0)

@@ -20,6 +20,7 @@ from tpuforge_workloads.data import demo
 from tpuforge_workloads.data.chat import ChatEncoder
 from tpuforge_workloads.data.pipeline import BatchSpec, batches, model_inputs, pad_example, prepare_examples
 from tpuforge_workloads.data.records import parse_line
+from tpuforge_workloads.mesh import make_mesh
 
 pytestmark = pytest.mark.slow
 SEQ = 64
@@ -29,7 +30,7 @@ SEQ = 64
 def lora_model(tiny_model_dir: Path, jax_devices: Any) -> tuple[Any, jax.sharding.Mesh]:
     """The tiny model with adapters whose B is random, so that they take part in the loss."""
     text = gemma4.parse_config(gemma4.read_config(str(tiny_model_dir)))
-    mesh = gemma4.make_mesh(1, 4)
+    mesh = make_mesh(1, 4)
     with jax.set_mesh(mesh):
         base = gemma4.load_model(tiny_model_dir, text, gemma4.tunix_config(text), mesh)
     model = lora.apply_lora(base, LoraSpec(rank=4, alpha=8.0, dropout=0.0), mesh, seed=0)

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     import jax
     from tunix.models.gemma4 import model as gemma4_model
 
-MESH_AXES = ("fsdp", "tp")
 GEMMA4_MODEL_TYPES = ("gemma4", "gemma4_text")
 # Where the text decoder's tensors are: the multimodal checkpoints (and Tunix's loader) use the first,
 # text-only Gemma4ForCausalLM checkpoints the second.
@@ -249,30 +248,6 @@ def set_remat(model: Any, remat: bool) -> None:
         cfg = getattr(module, "config", None)
         if isinstance(cfg, gm.ModelConfig) and cfg.remat_config != wanted:
             module.config = dataclasses.replace(cfg, remat_config=wanted)
-
-
-def make_mesh(fsdp: int, tp: int) -> jax.sharding.Mesh:
-    """A (fsdp, tp) mesh over the first fsdp*tp devices (on a multi-host slice: all hosts' devices, each tp
-    group within one host, where the chips' interconnect is fastest). Auto axes: the model code shards
-    with constraints."""
-    import jax
-
-    devices = jax.devices()
-    need = fsdp * tp
-    hosts = jax.process_count()
-    where = f"this slice's {hosts} hosts have" if hosts > 1 else "this host has"
-    if len(devices) < need or (hosts > 1 and len(devices) != need):
-        raise ModelError(
-            f"mesh fsdp={fsdp} x tp={tp} needs {need} devices but {where} {len(devices)} "
-            f"({devices[0].platform}); make fsdp x tp = {len(devices)}"
-        )
-    mesh = jax.make_mesh((fsdp, tp), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=devices[:need])
-    if any(len({d.process_index for d in group}) > 1 for group in mesh.devices):
-        raise ModelError(
-            f"mesh.tp={tp} spans hosts ({jax.local_device_count()} devices per host); "
-            f"use tp <= {jax.local_device_count()}"
-        )
-    return mesh
 
 
 def check_sharding(state: Any, mesh: jax.sharding.Mesh) -> None:

@@ -206,12 +206,13 @@ def untrained_lora_model(
     import jax
 
     from tpuforge_workloads import gemma4
+    from tpuforge_workloads.mesh import make_mesh
 
     m = read_manifest(checkpoint_uri)
     if m is None:
         raise ModelError(f"{checkpoint_uri}: no {MANIFEST_FILE}; not a tpuforge training checkpoint directory")
     text = gemma4.parse_config(gemma4.read_config(base_model_uri), storage.join(base_model_uri, "config.json"))
-    mesh = mesh or jax.make_mesh((1, 1), gemma4.MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    mesh = mesh or make_mesh(1, 1, jax.local_devices()[:1])
     lora = LoraSpec(rank=m.rank, alpha=m.alpha, dropout=0.0, target_modules=m.target_modules)
     with tempfile.TemporaryDirectory(dir=staging_dir) as tmp, jax.set_mesh(mesh):
         model_dir = gemma4.stage_model_dir(base_model_uri, Path(tmp))

@@ -41,6 +41,7 @@ from tpuforge_workloads.evaluate.config import (
     scratch_dir,
 )
 from tpuforge_workloads.evaluate.records import EvalExample, read_examples
+from tpuforge_workloads.mesh import make_mesh
 
 log = logging.getLogger("tpuforge_workloads.evaluate.loss")
 
@@ -123,7 +124,7 @@ def run_loss(cfg: EvalConfig) -> dict[str, Any]:
     started = time.monotonic()
     step, prepared, pad_id = check_inputs(cfg)
     scored = [p for p in prepared if p.tokens is not None]
-    mesh = gemma4.make_mesh(cfg.mesh.fsdp, cfg.mesh.tp)
+    mesh = make_mesh(cfg.mesh.fsdp, cfg.mesh.tp)
     with tempfile.TemporaryDirectory(prefix="tpuforge-eval-", dir=scratch_dir(cfg)) as staging:
         model = lora.untrained_lora_model(cfg.base_model_uri, cfg.checkpoint_uri, mesh=mesh, staging_dir=staging)
     seconds["load"] = time.monotonic() - started

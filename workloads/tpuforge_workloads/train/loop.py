@@ -33,6 +33,7 @@ from tpuforge_workloads.data.pipeline import (
     real_tokens,
     to_global,
 )
+from tpuforge_workloads.mesh import make_mesh
 from tpuforge_workloads.progress import RunProgress
 from tpuforge_workloads.train.checkpoints import TrainCheckpoints
 from tpuforge_workloads.train.hosts import Agreement, Hosts
@@ -195,7 +196,7 @@ def run(
     resume point is known."""
     c = plan.config
     g = c.training.gradient_accumulation_steps
-    mesh = gemma4.make_mesh(c.mesh.fsdp, c.mesh.tp)
+    mesh = make_mesh(c.mesh.fsdp, c.mesh.tp)
     with tempfile.TemporaryDirectory(prefix="tpuforge-model-") as staging:
         model = build_model(plan, mesh, Path(staging), timings)
 
