@@ -57,11 +57,15 @@ def test_loss_mask_covers_exactly_the_assistant_tokens(tokenizer: Tokenizer) -> 
         return list(tokenizer.encode(s, add_special_tokens=False).ids)
 
     # The expected sequence, built turn by turn, with the tokens that must carry loss marked.
+    # The final answer follows the generation prompt, which closes an empty thought channel.
+    assert t.channel is not None
     expected: list[tuple[int, bool]] = [(t.bos, False)]
-    for m in CONVERSATION:
+    for n, m in enumerate(CONVERSATION):
         role = "model" if m.role == "assistant" else m.role
         learn = m.role == "assistant"
         expected += [(i, False) for i in [t.turn_start, *text(f"{role}\n")]]
+        if n == len(CONVERSATION) - 1:
+            expected += [(i, False) for i in [t.channel[0], *text("thought\n"), t.channel[1]]]
         expected += [(i, learn) for i in [*text(m.content), t.turn_end]]
         expected += [(i, False) for i in text("\n")]
     assert list(zip(ids.tolist(), mask.tolist(), strict=True)) == expected

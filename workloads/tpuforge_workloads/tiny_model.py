@@ -26,17 +26,25 @@ from tpuforge_workloads import storage
 from tpuforge_workloads.data import demo
 
 MODEL_NAME = "gemma4-tiny"
-SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<|turn>", "<turn|>")
+SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<|turn>", "<turn|>", "<|channel>", "<channel|>")
 PAD, EOS, BOS, UNK = 0, 1, 2, 3
 TURN_END = SPECIAL_TOKENS.index("<turn|>")
 MAX_POSITIONS = 4096
-# The chat template the data pipeline's format corresponds to (serving renders prompts with it).
+# Gemma 4's chat template cut to text conversations (no tools, images or thinking), rendering them as the
+# published template does with thinking off: system turn, contents trimmed, thinking dropped from model
+# turns, and a generation prompt that closes an empty thought channel. Serving renders prompts with it; the
+# data pipeline's format equals it (tests/workloads/test_chat_template.py checks both against the original).
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
-    "{% for m in messages %}"
-    "{{ '<|turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' + m['content'] + '<turn|>\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|turn>model\n' }}{% endif %}"
+    "{%- for m in messages -%}"
+    "{%- set role = 'model' if m['role'] == 'assistant' else m['role'] -%}"
+    "{%- set ns = namespace(text=m['content']) -%}"
+    "{%- if role == 'model' -%}{%- set ns.text = '' -%}"
+    "{%- for part in m['content'].split('<channel|>') -%}{%- set ns.text = ns.text + part.split('<|channel>')[0] -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- '<|turn>' + role + '\\n' + (ns.text | trim) + '<turn|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|turn>model\\n<|channel>thought\\n<channel|>' -}}{%- endif -%}"
 )
 
 
@@ -143,8 +151,8 @@ def train_tokenizer(vocab_size: int) -> Any:
         min_frequency=1,
         show_progress=False,
     )
-    # The role names of the chat format are in the corpus so that each is one token.
-    tok.train_from_iterator([*demo.corpus(), *["user\n", "model\n", "system\n"] * 64], trainer=trainer)
+    # The role names and channel name of the chat format are in the corpus so that each is one token.
+    tok.train_from_iterator([*demo.corpus(), *["user\n", "model\n", "system\n", "thought\n"] * 64], trainer=trainer)
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS)])
     ids = [tok.token_to_id(t) for t in SPECIAL_TOKENS]
     if ids != list(range(len(SPECIAL_TOKENS))):

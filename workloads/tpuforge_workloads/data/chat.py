@@ -1,14 +1,19 @@
 """Chat records -> tokens in the Gemma turn format, with the loss mask.
 
-A conversation becomes
+A conversation becomes what Gemma 4's published chat template renders (thinking off):
 
-    <bos><turn>user\\n{content}<end>\\n<turn>model\\n{content}<end>\\n ...
+    <bos><turn>system\\n{system}<end>\\n<turn>user\\n{content}<end>\\n<turn>model\\n{content}<end>\\n ...
 
 where <turn>/<end> are the tokenizer's turn markers: `<|turn>`/`<turn|>` (Gemma 4, which also has a system
 turn) or `<start_of_turn>`/`<end_of_turn>` (earlier Gemma, where a system prompt is folded into the first
-user turn). Control tokens are inserted by id, never parsed out of text, so a record cannot forge them.
-Each piece of text is encoded on its own (role line, content), which is how the chat template's output
-tokenizes too: the pieces meet at control tokens and newlines.
+user turn). Contents are trimmed, and thinking sections are dropped from model turns, as the template does.
+A final assistant turn follows the template's generation prompt, which with thinking off closes an empty
+thought channel: `<turn>model\\n<|channel>thought\\n<channel|>{content}<end>\\n`. So a training row is,
+token for token, the prompt vLLM's /v1/chat/completions renders for the conversation so far, followed by
+the answer; earlier assistant turns are as the template renders history (tests/workloads/test_chat_template.py
+checks this against the template file). Control tokens are inserted by id, never parsed out of text, so a
+record cannot forge them. Each piece of text is encoded on its own (role line, content), which is how the
+chat template's output tokenizes too: the pieces meet at control tokens and newlines.
 
 The loss mask is True on the tokens the model must learn to produce: each assistant turn's content and
 its end-of-turn marker (with `loss_on="all"`, every token except <bos>). <bos> never carries loss, so that
@@ -30,6 +35,9 @@ from tpuforge_workloads.data.records import Message
 # (start, end, whether the format has a system turn), preferred first.
 TURN_MARKERS = (("<|turn>", "<turn|>", True), ("<start_of_turn>", "<end_of_turn>", False))
 ROLE_NAMES = {"user": "user", "assistant": "model", "system": "system"}
+# Gemma 4's thinking channel; with thinking off the generation prompt opens and closes it empty.
+CHANNEL_MARKERS = ("<|channel>", "<channel|>")
+EMPTY_THOUGHT = "thought\n"
 
 
 class TokenizerError(ValueError):
@@ -55,6 +63,7 @@ class ChatTokens:
     turn_start: int
     turn_end: int
     system_turn: bool
+    channel: tuple[int, int] | None  # <|channel>, <channel|> (Gemma 4)
 
     @classmethod
     def of(cls, tokenizer: Tokenizer, where: str = "tokenizer.json") -> ChatTokens:
@@ -65,10 +74,12 @@ class ChatTokens:
         missing = [t for t in ("<bos>", "<eos>", "<pad>") if tid(t) is None]
         if missing:
             raise TokenizerError(f"{where}: no {', '.join(missing)} token; a Gemma tokenizer has all three")
+        c_start, c_end = (tid(t) for t in CHANNEL_MARKERS)
+        channel = (c_start, c_end) if c_start is not None and c_end is not None else None
         for start, end, system in TURN_MARKERS:
             s, e = tid(start), tid(end)
             if s is not None and e is not None:
-                return cls(tid("<bos>"), tid("<eos>"), tid("<pad>"), s, e, system)  # type: ignore[arg-type]
+                return cls(tid("<bos>"), tid("<eos>"), tid("<pad>"), s, e, system, channel)  # type: ignore[arg-type]
         pairs = " or ".join(f"{s}/{e}" for s, e, _ in TURN_MARKERS)
         raise TokenizerError(f"{where}: no turn markers ({pairs}); is this a Gemma chat tokenizer?")
 
@@ -82,14 +93,17 @@ class ChatEncoder:
         self.loss_on = loss_on
         self._role_ids = {role: self._text(f"{name}\n") for role, name in ROLE_NAMES.items()}
         self._newline = self._text("\n")
+        c = self.tokens.channel
+        # What the generation prompt puts after the model's role line (nothing without a thinking channel).
+        self._answer_prefix = [c[0], *self._text(EMPTY_THOUGHT), c[1]] if c else []
 
     def _text(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False).ids) if text else []
 
     def turns(self, messages: Sequence[Message]) -> list[tuple[str, str]]:
-        """(role, content) per turn, with a system message folded into the first user turn when the format
-        has no system turn."""
-        out = [(m.role, m.content) for m in messages]
+        """(role, content) per turn as the chat template renders them: trimmed, thinking dropped from model
+        turns, and a system message folded into the first user turn when the format has no system turn."""
+        out = [(m.role, strip_thinking(m.content) if m.role == "assistant" else m.content.strip()) for m in messages]
         if out and out[0][0] == "system" and not self.tokens.system_turn:
             system = out.pop(0)[1]
             for i, (role, content) in enumerate(out):
@@ -114,15 +128,28 @@ class ChatEncoder:
         ids: list[int] = [t.bos]
         mask: list[bool] = [False]
         every = self.loss_on == "all"
-        for role, content in turns:
+        # A final assistant turn is the answer to the conversation so far: it follows the generation prompt.
+        last_answer = len(turns) - 1 if turns and turns[-1][0] == "assistant" else -1
+        for i, (role, content) in enumerate(turns):
             learn = role == "assistant"
-            head = [t.turn_start, *self._role_ids[role]]
+            head = [t.turn_start, *self._role_ids[role], *(self._answer_prefix if i == last_answer else [])]
             body = [*content, t.turn_end]
             ids += head + body + self._newline
             mask += [every] * len(head) + [learn or every] * len(body) + [every] * len(self._newline)
         return np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=bool)
 
     def prompt(self, messages: Sequence[Message]) -> np.ndarray:
-        """Tokens that ask the model for the next assistant turn (for generation checks)."""
+        """Tokens that ask the model for the next assistant turn: the template's generation prompt (for
+        generation checks). `messages` must not end with an assistant turn."""
+        if messages and messages[-1].role == "assistant":
+            raise ValueError("prompt(): the conversation already ends with an assistant turn")
         ids, _ = self.encode(messages)
-        return np.concatenate([ids, [self.tokens.turn_start, *self._role_ids["assistant"]]]).astype(np.int32)
+        ask = [self.tokens.turn_start, *self._role_ids["assistant"], *self._answer_prefix]
+        return np.concatenate([ids, ask]).astype(np.int32)
+
+
+def strip_thinking(text: str) -> str:
+    """A model turn's text without its thinking sections (`<|channel>...<channel|>`), trimmed, as the chat
+    template renders earlier model turns."""
+    start, end = CHANNEL_MARKERS
+    return "".join(part.split(start)[0] if start in part else part for part in text.split(end)).strip()
