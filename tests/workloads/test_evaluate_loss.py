@@ -77,14 +77,14 @@ def test_trained_adapter_has_lower_loss_on_its_training_data(
 def test_too_long_records_are_skipped_as_training_would_drop_them(
     tiny_training_run: TrainingRun, exported_adapter: str, chat_dataset_gs: str, tmp_path: Path
 ) -> None:
-    training = tiny_training_run.config.training.model_copy(update={"max_seq_len": 24, "over_length": "drop"})
+    training = tiny_training_run.config.training.model_copy(update={"max_seq_len": 28, "over_length": "drop"})
     cfg = eval_config(
         tiny_training_run.config, exported_adapter, chat_dataset_gs, tmp_path, max_examples=8, training=training
     )
     step, prepared, _ = loss.check_inputs(cfg)
     assert step == tiny_training_run.config.training.max_steps
     skipped = [p for p in prepared if p.tokens is None]
-    assert skipped and all("longer than training.maxSeqLen=24" in (p.skipped or "") for p in skipped)
+    assert skipped and all("longer than training.maxSeqLen=28" in (p.skipped or "") for p in skipped)
 
 
 def test_bad_inputs_are_named_before_any_model_loads(
