@@ -7,9 +7,9 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml scripts/build-control-pla
 PYTEST_ARGS ?=
 
 .PHONY: setup control-plane test lint types contracts pytest crds crds-check demo bench clean sandbox-down vllm \
-        helm prometheus checkov
+        helm prometheus checkov iverilog
 
-setup: $(STAMP) control-plane vllm helm prometheus checkov
+setup: $(STAMP) control-plane vllm helm prometheus checkov iverilog
 
 $(STAMP):
 	@command -v $(PY) >/dev/null || { echo "need $(PY)"; exit 1; }
@@ -38,6 +38,10 @@ checkov:
 
 prometheus:
 	bash scripts/setup-prometheus.sh
+
+# Debian's Icarus Verilog, the simulator of the Verilog checker (functional evaluation, pass@k).
+iverilog:
+	bash scripts/setup-iverilog.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check operator workloads tests benchmarks

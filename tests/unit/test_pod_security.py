@@ -110,7 +110,7 @@ def test_locked_down_returns_a_copy() -> None:
     assert repr(pod) == before
 
 
-@pytest.mark.parametrize("image", ["operator", "trainer", "merger", "evaluator"])
+@pytest.mark.parametrize("image", ["operator", "trainer", "merger", "evaluator", "checker-verilog"])
 def test_each_image_creates_and_runs_as_the_pods_uid(image: str) -> None:
     text = (ROOT / "images" / f"{image}.Dockerfile").read_text()
     uid = common.POD_UID

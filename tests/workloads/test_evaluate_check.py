@@ -1,0 +1,149 @@
+"""The checker runner on hostile samples: each fails with a verdict saying why, within its timeout, leaves
+nothing running, and the good samples around it pass as if it had not been there. One run of the real CLI
+(as the evaluation runs it) over every case, with Debian's iverilog as the checker for the Verilog ones."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tpuforge_workloads.evaluate.check import SAMPLE_UID
+from tpuforge_workloads.evaluate.jail import processes_of
+
+pytestmark = pytest.mark.skipif(shutil.which("iverilog") is None, reason="needs iverilog (make iverilog)")
+TIMEOUT = 2.0
+AS_ROOT = os.geteuid() == 0
+MUX = "module mux2(input a, input b, input s, output y);\n  assign y = s ? b : a;\nendmodule\n"
+TB = """module tb;
+  reg a, b, s; wire y; integer i, errors = 0;
+  mux2 dut(.a(a), .b(b), .s(s), .y(y));
+  initial begin
+    for (i = 0; i < 8; i = i + 1) begin {a, b, s} = i; #1; if (y !== (s ? b : a)) errors = errors + 1; end
+    if (errors) $fatal(1, "FAIL: %0d mismatches", errors);
+    $display("PASS"); $finish;
+  end
+endmodule
+"""
+VERILOG = {"files": {"tb.v": TB}}
+# One checker for both kinds of sample: Verilog goes to iverilog, anything else to the checker's shell (the
+# way a hostile sample reaches a shell when a checker script interpolates it).
+COMMAND = [
+    "sh",
+    "-c",
+    'case "$(head -c 6 sample.txt)" in module) iverilog -g2012 -o sim -s tb sample.txt tb.v && vvp -n sim;; '
+    "*) sh sample.txt;; esac",
+]
+
+
+def hostile(outside: Path, port: int) -> list[tuple[str, str, Any]]:
+    return [
+        ("compile-time loop", MUX.replace("endmodule", "reg r; always r = ~r;\nendmodule"), VERILOG),
+        ("run-time loop", MUX.replace("endmodule", "reg r = 0; initial while (1) r = ~r;\nendmodule"), VERILOG),
+        ("no $finish", MUX, {"files": {"tb.v": "module tb; reg c = 0; always #1 c = ~c; endmodule\n"}}),
+        ("fork bomb", "f() { f | f & }; f", {}),
+        ("1 GB output", "yes 0123456789abcdef | head -c 1000000000", {}),
+        ("write outside", f"echo pwned > {outside} && echo wrote", {}),
+        ("network", f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 1)\"", {}),
+        ("escape the group", "setsid sleep 60 & exit 0", {}),
+    ]
+
+
+@pytest.fixture(scope="module")
+def checked() -> Iterator[dict[str, Any]]:
+    # Not under pytest's temporary directory (mode 0700): the samples' own uid must reach its scratch.
+    tmp = Path(tempfile.mkdtemp(prefix="tpuforge-check-"))
+    tmp.chmod(0o711)
+    outside = tmp / "outside.txt"
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    samples = [("good 0", MUX, VERILOG), ("wrong", MUX.replace("s ? b : a", "s ? a : b"), VERILOG)]
+    for i, (name, code, test) in enumerate(hostile(outside, port)):
+        samples += [(name, code, test), (f"good {i + 1}", MUX, VERILOG)]
+    path = tmp / "samples.jsonl"
+    path.write_text("".join(json.dumps({"id": n, "code": c, "test": t}) + "\n" for n, c, t in samples))
+    started = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-m", "tpuforge_workloads.evaluate.check", "--samples", str(path), "--out",
+         str(tmp / "verdicts.jsonl"), "--timeout", str(TIMEOUT), "--memory", str(512 << 20), "--scratch",
+         str(tmp), "--", *COMMAND],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    listener.settimeout(0.0)
+    try:
+        listener.accept()
+        connected = True
+    except BlockingIOError:
+        connected = False
+    listener.close()
+    lines = [json.loads(x) for x in (tmp / "verdicts.jsonl").read_text().splitlines()]
+    yield {
+        "verdicts": {v["id"]: v for v in lines},
+        "order": [v["id"] for v in lines],
+        "seconds": time.monotonic() - started,
+        "stdout": run.stdout,
+        "outside": outside,
+        "connected": connected,
+        "scratch": tmp,
+    }
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_good_samples_pass_around_every_hostile_one_and_a_wrong_one_fails(checked: dict[str, Any]) -> None:
+    v = checked["verdicts"]
+    goods = [k for k in checked["order"] if k.startswith("good")]
+    assert len(goods) == 9 and all(v[k]["passed"] and v[k]["verdict"] == "passed" for k in goods)
+    assert "PASS" in v["good 0"]["stdout"]
+    assert v["wrong"]["verdict"] == "failed (exit 1)" and "FAIL: 4 mismatches" in v["wrong"]["stdout"]
+    assert "9/18 samples passed" in checked["stdout"]
+
+
+@pytest.mark.parametrize(
+    ("sample", "verdict", "said"),
+    [
+        ("compile-time loop", "failed (exit 1)", "always process does not have any delay"),
+        ("run-time loop", f"timed out after {TIMEOUT:g} s", ""),
+        ("no $finish", f"timed out after {TIMEOUT:g} s", ""),
+        ("fork bomb", "failed (exit 0, but it left processes running: killed)", ""),
+        ("1 GB output", "failed (exit 153: a process it ran was killed by SIGXFSZ", "File size limit exceeded"),
+        ("escape the group", "failed (exit 0, but it left processes running: killed)", ""),
+    ],
+)
+def test_each_hostile_sample_fails_with_a_verdict_within_its_timeout(
+    checked: dict[str, Any], sample: str, verdict: str, said: str
+) -> None:
+    v = checked["verdicts"][sample]
+    assert not v["passed"] and v["verdict"].startswith(verdict), v
+    assert said in v["stderr"]
+    assert v["seconds"] < TIMEOUT + 1.5
+    # What is kept of the output is cut: 1 GB never reaches the report.
+    assert len(v["stdout"]) <= 2048 + len("\n[... cut]")
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="read-only mounts and a network namespace need root (the sandbox node)")
+def test_writes_outside_scratch_and_network_fail_as_root(checked: dict[str, Any]) -> None:
+    v = checked["verdicts"]
+    assert not v["write outside"]["passed"] and "Read-only file system" in v["write outside"]["stderr"]
+    assert not checked["outside"].exists()
+    assert not v["network"]["passed"] and "Network is unreachable" in v["network"]["stderr"]
+    assert not checked["connected"]
+    assert "isolation: session, rlimits, timeout, own-uid, read-only-mounts, no-network" in checked["stdout"]
+
+
+def test_nothing_is_left_running_or_on_disk(checked: dict[str, Any]) -> None:
+    if AS_ROOT:
+        assert processes_of(SAMPLE_UID) == []
+    assert not any(checked["scratch"].glob("sample-*"))
+    run_time = sum(1 for k in ("run-time loop", "no $finish") if "timed out" in checked["verdicts"][k]["verdict"])
+    # Every sample but the two that hang ran in well under a second each.
+    assert checked["seconds"] < run_time * TIMEOUT + 15
