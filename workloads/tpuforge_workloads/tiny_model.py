@@ -136,7 +136,7 @@ def random_weights(shape: ModelShape, seed: int) -> dict[str, np.ndarray]:
     return out
 
 
-def train_tokenizer(vocab_size: int) -> Any:
+def train_tokenizer(vocab_size: int, extra_special: tuple[str, ...] = ()) -> Any:
     """A byte-level BPE (any text encodes, no <unk>) with Gemma's special-token ids first and the Gemma 4
     turn markers; <bos> is added when text is encoded with special tokens, as Gemma's tokenizer does."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -146,7 +146,7 @@ def train_tokenizer(vocab_size: int) -> Any:
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=[*SPECIAL_TOKENS, *extra_special],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         min_frequency=1,
         show_progress=False,
@@ -154,8 +154,8 @@ def train_tokenizer(vocab_size: int) -> Any:
     # The role names and channel name of the chat format are in the corpus so that each is one token.
     tok.train_from_iterator([*demo.corpus(), *["user\n", "model\n", "system\n", "thought\n"] * 64], trainer=trainer)
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS)])
-    ids = [tok.token_to_id(t) for t in SPECIAL_TOKENS]
-    if ids != list(range(len(SPECIAL_TOKENS))):
+    ids = [tok.token_to_id(t) for t in (*SPECIAL_TOKENS, *extra_special)]
+    if ids != list(range(len(ids))):
         raise RuntimeError(f"special tokens got ids {ids}; the model config assumes {SPECIAL_TOKENS} = 0..")
     return tok
 
@@ -174,29 +174,40 @@ def tokenizer_config() -> dict[str, Any]:
 
 
 def write(out: str, seed: int = 0, model_name: str = MODEL_NAME) -> None:
-    """Write the checkpoint to `out` (gs:// or local). Files are written whole; config.json last."""
+    """Write the checkpoint to `out` (gs:// or local). Files are written whole; config.json last. A multimodal
+    catalog entry gets the real checkpoint's layout (tiny_multimodal)."""
     from safetensors.numpy import save_file
 
+    from tpuforge_workloads import tiny_multimodal as mm
+
     shape = model_shape(model_name)
-    tok = train_tokenizer(shape.vocab_size)
-    with tempfile.TemporaryDirectory() as tmp:
-        weights = Path(tmp) / "model.safetensors"
-        save_file(random_weights(shape, seed), str(weights), metadata={"format": "pt"})
-        storage.upload_file(weights, storage.join(out, "model.safetensors"))
+    tok = train_tokenizer(shape.vocab_size, mm.IMAGE_TOKENS if shape.multimodal else ())
+    weights = random_weights(shape, seed)
+    if shape.multimodal:
+        mm.write_weights(out, {**weights, **mm.vision_weights(shape, seed)})
+        storage.write_text(storage.join(out, "chat_template.jinja"), CHAT_TEMPLATE)
+        config = mm.hf_config(shape, hf_config(shape), first_special=len(SPECIAL_TOKENS))
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "model.safetensors"
+            save_file(weights, str(path), metadata={"format": "pt"})
+            storage.upload_file(path, storage.join(out, "model.safetensors"))
+        config = hf_config(shape)
     storage.write_text(storage.join(out, "tokenizer.json"), tok.to_str())
     storage.write_text(storage.join(out, "tokenizer_config.json"), json.dumps(tokenizer_config(), indent=2))
     generation = {"bos_token_id": BOS, "eos_token_id": [EOS, TURN_END], "pad_token_id": PAD}
     storage.write_text(storage.join(out, "generation_config.json"), json.dumps(generation, indent=2))
-    storage.write_text(storage.join(out, "config.json"), json.dumps(hf_config(shape), indent=2))
+    storage.write_text(storage.join(out, "config.json"), json.dumps(config, indent=2))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tpuforge_workloads.tiny_model", description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="gs:// or local directory to write the checkpoint to")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default=MODEL_NAME, choices=("gemma4-tiny", "gemma4-tiny-mm"))
     args = parser.parse_args(argv)
-    write(args.out, args.seed)
-    print(f"wrote {MODEL_NAME} to {args.out}")
+    write(args.out, args.seed, args.model)
+    print(f"wrote {args.model} to {args.out}")
     return 0
 
 

@@ -144,6 +144,26 @@ MODELS: dict[str, ModelShape] = {
             multimodal=False,
             lora_targets=GEMMA4_LORA_TARGETS,
         ),
+        # gemma4-tiny's decoder in the 31B checkpoint's layout: Gemma4ForConditionalGeneration, bfloat16, the
+        # decoder under model.language_model., a small vision tower, sharded safetensors with an index.
+        ModelShape(
+            id="gemma4-tiny-mm",
+            family="gemma4",
+            num_layers=2,
+            embed_dim=128,
+            hidden_dim=256,
+            num_heads=8,
+            head_dim=64,
+            num_kv_heads=4,
+            global_head_dim=128,
+            num_global_kv_heads=4,
+            sliding_window=64,
+            sliding_per_global=1,
+            vocab_size=512,
+            dtype="bfloat16",
+            multimodal=True,
+            lora_targets=GEMMA4_LORA_TARGETS,
+        ),
     )
 }
 

@@ -18,8 +18,8 @@ from tpuforge.api.constants import DEFAULT_EVALUATOR_IMAGE, DEFAULT_MERGER_IMAGE
 class ModelRef(ApiModel):
     name: str = Field(
         default="gemma4-31b",
-        description="Model catalog id (gemma4-31b, or gemma4-tiny for tests): fixes the head counts and "
-        "the default LoRA targets.",
+        description="Model catalog id (gemma4-31b, or gemma4-tiny and gemma4-tiny-mm for tests): fixes the head "
+        "counts and the default LoRA targets.",
     )
     uri: str = Field(
         description="gs:// directory of the base model in HuggingFace layout: *.safetensors (+ index), "
