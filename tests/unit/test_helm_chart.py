@@ -39,6 +39,7 @@ VALUES: dict[str, dict[str, Any]] = {
             "extraArgs": ["--context=prod"],
             "env": [{"name": "TZ", "value": "UTC"}],
         },
+        "tpu": {"runAsRoot": True},
         "serviceAccount": {"annotations": {"iam.gke.io/gcp-service-account": "op@proj.iam.gserviceaccount.com"}},
         "nodeSelector": {"cloud.google.com/gke-nodepool": "system"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "system", "effect": "NoSchedule"}],
@@ -229,6 +230,7 @@ def test_operator_runs_tpuforge_operator_with_args_its_cli_accepts(name: str) ->
     args = parser().parse_args(ct["args"])  # exits (fails the test) on an argument the CLI does not know
     values = VALUES[name]
     assert args.namespace == values.get("operator", {}).get("watchNamespaces", [])
+    assert args.tpu_run_as_root is values.get("tpu", {}).get("runAsRoot", False)
     metrics_on = values.get("metrics", {}).get("enabled", True)
     assert args.metrics_port == (values.get("metrics", {}).get("port", 8080) if metrics_on else 0)
     health = next(p for p in ct["ports"] if p["name"] == "health")["containerPort"]

@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+from tpuforge_workloads import tpu_access
+
 log = logging.getLogger(__name__)
 LIMIT = 4096  # bytes Kubernetes keeps of a termination message
 
@@ -26,8 +28,13 @@ def write(path: str, message: str, one_line: bool = False) -> None:
 
 def fail(path: str, error: BaseException, code: int, unexpected: str | None = None) -> int:
     """Stop a program: log `error` (with its traceback when it is `unexpected`, which says what failed), say
-    it in the termination message, and return the exit code `code`."""
-    if unexpected is None:
+    it in the termination message, and return the exit code `code`. A TPU device the user may not open is
+    said with its fix, first."""
+    denied = tpu_access.device_denied(error)
+    if denied is not None:
+        log.error("%s", denied)
+        write(path, denied)
+    elif unexpected is None:
         log.error("%s", error)
         write(path, str(error))
     else:

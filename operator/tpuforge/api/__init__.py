@@ -1,6 +1,7 @@
 """The contract between the operator and the workloads: both kinds' spec and status, the catalogs, the pod
 configs, and validation. Depends on pydantic only."""
 
+from tpuforge.api.base import PodResources
 from tpuforge.api.catalog import MODELS, TPU_SLICES, ModelShape, TpuSlice, model_shape, tpu_slice
 from tpuforge.api.code_eval import CheckerSpec, CodeEvalSpec, pass_at_metric
 from tpuforge.api.conditions import Condition, now_rfc3339, set_condition
@@ -99,6 +100,7 @@ __all__ = [
     "ModelShape",
     "OutputSpec",
     "Outputs",
+    "PodResources",
     "Progress",
     "PromotionSpec",
     "Restarts",

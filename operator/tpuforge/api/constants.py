@@ -38,6 +38,14 @@ GKE_TPU_TOPOLOGY = "cloud.google.com/gke-tpu-topology"
 GKE_SPOT = "cloud.google.com/gke-spot"
 TPU_RESOURCE = "google.com/tpu"
 
+# What a reclaimed Spot VM gives a non-system pod between SIGTERM and SIGKILL: GKE's graceful node shutdown
+# lasts 30 s, 15 for other pods and then 15 for critical system pods; a longer terminationGracePeriodSeconds has
+# no effect on a reclaim (GKE, "Spot VMs": termination and graceful shutdown).
+GKE_SPOT_GRACE_SECONDS = 15
+# Ports of a multi-host training pod besides its metrics: the JAX coordinator (COORDINATOR_PORT, process 0) and
+# the TPU runtime's own host-to-host port, which GKE documents for multi-host TPU slices.
+TPU_RUNTIME_PORT = 8471
+
 # GKE node pool label: one multi-host TPU slice is one node pool.
 GKE_NODEPOOL = "cloud.google.com/gke-nodepool"
 

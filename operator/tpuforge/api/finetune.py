@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field
 
 from tpuforge.api import display
-from tpuforge.api.base import ApiModel, StatusModel
+from tpuforge.api.base import ApiModel, PodResources, StatusModel
 from tpuforge.api.catalog import GEMMA4_LORA_TARGETS, Dtype
 from tpuforge.api.code_eval import CodeEvalSpec
 from tpuforge.api.conditions import Condition
@@ -80,6 +80,17 @@ class TpuSpec(ApiModel):
     mesh: MeshSpec | None = Field(
         default=None, description="Device mesh; defaults from the slice catalog (v5p-8: fsdp 1, tp 4)."
     )
+    resources: PodResources = Field(
+        default_factory=PodResources,
+        description="CPU and memory the training pod requests on each host; unset: 8 CPUs and memory for the "
+        "model's copy in /dev/shm plus the JAX runtime.",
+    )
+    run_as_root: bool | None = Field(
+        default=None,
+        description="Run the TPU containers (trainer, evaluation) as root, still without privileges or "
+        "capabilities, for nodes whose TPU device files only root may open; unset: the operator's default "
+        "(Helm value tpu.runAsRoot, false unless set).",
+    )
 
 
 class CheckpointSpec(ApiModel):
@@ -113,9 +124,10 @@ class MergeSpec(ApiModel):
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Node selector for the merge pod (a CPU node pool)."
     )
-    memory: str | None = Field(
-        default=None,
-        description="Memory request for the merge pod; defaults from the model's largest tensor.",
+    resources: PodResources = Field(
+        default_factory=PodResources,
+        description="CPU and memory the merge pod requests; unset: 2 CPUs and the streamed merge's measured peak "
+        "(its memory limit is twice the request).",
     )
 
 
@@ -165,6 +177,10 @@ class EvaluationSpec(ApiModel):
     )
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Extra node selector for the evaluation pod (e.g. a CPU node pool)."
+    )
+    resources: PodResources = Field(
+        default_factory=PodResources,
+        description="CPU and memory the evaluation pod requests; unset: derived from the model and the slice.",
     )
 
 

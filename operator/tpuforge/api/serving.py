@@ -6,7 +6,7 @@ from enum import StrEnum
 
 from pydantic import Field, model_validator
 
-from tpuforge.api.base import ApiModel, StatusModel
+from tpuforge.api.base import ApiModel, PodResources, StatusModel
 from tpuforge.api.conditions import Condition
 from tpuforge.api.constants import DEFAULT_VLLM_IMAGE
 
@@ -65,6 +65,17 @@ class PromotionSpec(ApiModel):
 class ServingTpu(ApiModel):
     slice: str = Field(default="v6e-8", description="TPU slice catalog id.")
     spot: bool = Field(default=False, description="Schedule on Spot capacity.")
+    resources: PodResources = Field(
+        default_factory=PodResources,
+        description="CPU and memory the vLLM container requests; unset: 8 CPUs and memory for the model's weights "
+        "plus the runtime.",
+    )
+    run_as_root: bool | None = Field(
+        default=None,
+        description="Run the vLLM container as root, still without privileges or capabilities, for nodes "
+        "whose TPU device files only root may open; unset: the operator's default (Helm value tpu.runAsRoot, "
+        "false unless set).",
+    )
 
 
 class LoraServingSpec(ApiModel):

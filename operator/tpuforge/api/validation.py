@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import posixpath
-import re
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from tpuforge.api.base import PodResources
 from tpuforge.api.catalog import MODELS, TPU_SLICES, ModelShape, TpuSlice, model_shape, tpu_slice
 from tpuforge.api.code_eval import PASS_AT_K
 from tpuforge.api.constants import CPU_SLICE
 from tpuforge.api.finetune import EvaluationSpec, FineTuneJobSpec, MeshSpec
+from tpuforge.api.resources import quantity, resource_errors
 from tpuforge.api.serving import ServingDeploymentSpec
 
 M = TypeVar("M", bound=BaseModel)
@@ -181,8 +182,8 @@ def check_finetune(spec: FineTuneJobSpec) -> list[FieldError]:
                 f"warmup ({t.warmup_steps}) must be shorter than maxSteps ({t.max_steps})",
             )
         )
-    if spec.merge.memory is not None and not _is_quantity(spec.merge.memory):
-        errors.append(FieldError("spec.merge.memory", "must be a Kubernetes quantity such as 64Gi"))
+    _check_resources(errors, "spec.tpu.resources", spec.tpu.resources, slc)
+    _check_resources(errors, "spec.merge.resources", spec.merge.resources, None)
     _check_evaluation(errors, spec, shape)
     return errors
 
@@ -233,6 +234,7 @@ def _check_evaluation(errors: list[FieldError], spec: FineTuneJobSpec, shape: Mo
     elif slc is not None and shape is not None and "loss" in ev.metrics:
         # The loss runs the trainer's sharded forward pass on the slice's default mesh.
         _divides_heads(errors, "spec.evaluation.slice", slc.default_tp, shape)
+    _check_resources(errors, "spec.evaluation.resources", ev.resources, slc)
 
 
 def _check_code(errors: list[FieldError], ev: EvaluationSpec) -> None:
@@ -300,7 +302,15 @@ def _check_code(errors: list[FieldError], ev: EvaluationSpec) -> None:
 
 
 def _is_quantity(q: str) -> bool:
-    return re.fullmatch(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?", q) is not None
+    try:
+        quantity(q)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_resources(errors: list[FieldError], field: str, own: PodResources, host: TpuSlice | None) -> None:
+    errors.extend(FieldError(f, m) for f, m in resource_errors(field, own, host))
 
 
 def validate_finetune(raw: Any) -> FineTuneJobSpec:
@@ -410,6 +420,7 @@ def check_serving(
                     f"({shape.num_kv_heads}, {shape.num_global_kv_heads}) must divide tp or be multiples",
                 )
             )
+    _check_resources(errors, "spec.tpu.resources", spec.tpu.resources, slc)
     return errors
 
 

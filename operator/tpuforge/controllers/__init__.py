@@ -12,7 +12,7 @@ import kopf
 
 from tpuforge import kube, metrics
 from tpuforge.api.constants import LABEL_SERVING
-from tpuforge.controllers import finetunejob, servingdeployment
+from tpuforge.controllers import defaults, finetunejob, servingdeployment
 
 __all__ = ["finetunejob", "main", "servingdeployment"]
 
@@ -75,12 +75,19 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--liveness", metavar="URL", help="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz (default: none)"
     )
+    p.add_argument(
+        "--tpu-run-as-root",
+        action="store_true",
+        help="run TPU containers as root (still unprivileged) where a spec leaves spec.tpu.runAsRoot unset: for "
+        "nodes whose TPU device files only root may open",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    defaults.configure(defaults.OperatorDefaults(tpu_run_as_root=args.tpu_run_as_root))
     kopf.configure(verbose=args.verbose)
     if not args.verbose:
         # kopf logs every handled watch event at INFO: thousands a minute on a busy cluster.

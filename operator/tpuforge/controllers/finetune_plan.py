@@ -40,6 +40,7 @@ from tpuforge.api.configs import output_subdir
 from tpuforge.api.constants import EVALUATION_SUBDIR, JOBSET_API_VERSION, JOBSET_KIND
 from tpuforge.api.evaluation import checks
 from tpuforge.api.finetune import CONDITION_EVALUATED, CONDITION_EVALUATION_PASSED, REASON_EVALUATION_FAILED
+from tpuforge.controllers import defaults
 from tpuforge.controllers import finetune_events as ev
 from tpuforge.controllers.finetune_children import (
     AttemptEnd,
@@ -309,7 +310,8 @@ class _Planner:
         if self.st.phase in TERMINAL:
             self.finished()
         else:
-            self.spec = self.effective_spec()
+            spec = self.effective_spec()
+            self.spec = defaults.current().apply(spec) if spec is not None else None
             if self.spec is not None and not self.deadline_passed():
                 if self.st.phase == FineTunePhase.MERGING:
                     self.merging()

@@ -40,6 +40,7 @@ from tpuforge.api.constants import (
     SERVING_PLURAL,
     VERSION,
 )
+from tpuforge.controllers import defaults
 from tpuforge.controllers import serving_adapters as adapters
 from tpuforge.controllers.finetune_snapshot import Snapshot, finetunejob_informer
 from tpuforge.controllers.informer import Informer
@@ -379,7 +380,7 @@ def _reconcile(children: Children, body: Obj) -> api.ServingDeploymentStatus:
         return status
 
     try:
-        spec = api.parse(api.ServingDeploymentSpec, body.get("spec") or {})
+        spec = defaults.current().apply(api.parse(api.ServingDeploymentSpec, body.get("spec") or {}))
     except api.SpecError as e:
         return finish(api.ServingPhase.FAILED, "InvalidSpec", str(e))
 

