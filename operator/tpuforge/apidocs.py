@@ -10,7 +10,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 
 from tpuforge.api import MODELS, TPU_SLICES
-from tpuforge.crds import KINDS, Kind, _nested_model
+from tpuforge.kinds import KINDS, Kind, nested_model
 
 _SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
@@ -53,7 +53,7 @@ def _table(model: type[BaseModel], path: str, out: list[str], seen: set[type[Bas
     nested: list[tuple[type[BaseModel], str]] = []
     for name, info in model.model_fields.items():
         alias = info.alias or name
-        sub = _nested_model(info.annotation)
+        sub = nested_model(info.annotation)
         typ = _type_name(info.annotation)
         desc = (info.description or "").replace("|", "\\|").replace("\n", " ")
         out.append(f"| `{alias}` | {typ} | {_default(info)} | {desc} |")

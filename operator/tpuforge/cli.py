@@ -15,7 +15,7 @@ COMMANDS = {
     "operator": "tpuforge.controllers",
     "crds": "tpuforge.crds",
     "sandbox": "tpuforge.sandbox.cli",
-    "demo": "tpuforge.sandbox.demo",
+    "demo": "tpuforge.sandbox.demo_cli",
 }
 
 USAGE = """usage: tpuforge COMMAND [ARGS]

@@ -10,20 +10,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel
 
-from tpuforge.api import (
-    FineTuneJobSpec,
-    FineTuneJobStatus,
-    ServingDeploymentSpec,
-    ServingDeploymentStatus,
-)
+from tpuforge import apidocs
 from tpuforge.api import constants as c
+from tpuforge.kinds import KINDS, Kind, nested_model
 
 _DROP_KEYS = {"title", "discriminator"}
 
@@ -81,20 +76,10 @@ def _factory_defaults(model: type[BaseModel], schema: dict[str, Any]) -> None:
         if info.default_factory is not None and "default" not in sub:
             value = info.default_factory()  # type: ignore[call-arg]
             sub["default"] = value.to_wire() if isinstance(value, BaseModel) else value  # type: ignore[attr-defined]
-        nested = _nested_model(info.annotation)
+        nested = nested_model(info.annotation)
         if nested is not None:
             target = sub.get("items", sub) if sub.get("type") == "array" else sub
             _factory_defaults(nested, target)
-
-
-def _nested_model(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _nested_model(arg)
-        if found is not None:
-            return found
-    return None
 
 
 def _without_defaults(node: Any) -> Any:
@@ -114,68 +99,6 @@ def openapi_schema(model: type[BaseModel], defaults: bool = True) -> dict[str, A
         return dict(_without_defaults(schema))
     _factory_defaults(model, schema)
     return schema
-
-
-@dataclass(frozen=True)
-class Kind:
-    kind: str
-    plural: str
-    short: str
-    spec: type[BaseModel]
-    status: type[BaseModel]
-    columns: tuple[tuple[str, str, str, str], ...]  # name, type, jsonPath, description
-    description: str
-
-
-KINDS = (
-    Kind(
-        c.FINETUNEJOB_KIND,
-        c.FINETUNEJOB_PLURAL,
-        c.FINETUNEJOB_SHORT,
-        FineTuneJobSpec,
-        FineTuneJobStatus,
-        (
-            (
-                "Phase",
-                "string",
-                ".status.phase",
-                "Pending, Training, Merging, Evaluating, Succeeded, Failed or Suspended",
-            ),
-            ("Progress", "string", ".status.progress.percentDisplay", "Percent of training steps done"),
-            ("Step", "integer", ".status.progress.step", "Last optimizer step reported by the trainer"),
-            ("Loss", "string", ".status.progress.lossDisplay", "Training loss at the last report"),
-            (
-                "Tok/s",
-                "integer",
-                ".status.progress.tokensPerSecond",
-                "Training throughput over the last 30 s or 20 steps",
-            ),
-            ("ETA", "string", ".status.progress.etaDisplay", "Time until training ends, at that rate"),
-            ("Cost", "string", ".status.cost.estimatedUSDDisplay", "Estimated TPU cost so far (list price)"),
-            ("Eval", "string", ".status.evaluation.result", "Passed or Failed, when the job has an evaluation"),
-            ("Slice", "string", ".spec.tpu.slice", "TPU slice"),
-            ("Age", "date", ".metadata.creationTimestamp", ""),
-        ),
-        "A LoRA fine-tuning run on a TPU slice, followed by a merge into HuggingFace safetensors.",
-    ),
-    Kind(
-        c.SERVING_KIND,
-        c.SERVING_PLURAL,
-        c.SERVING_SHORT,
-        ServingDeploymentSpec,
-        ServingDeploymentStatus,
-        (
-            ("Phase", "string", ".status.phase", "Pending, WaitingForModel, Loading, Ready or Failed"),
-            ("Ready", "integer", ".status.readyReplicas", "Replicas answering /health"),
-            ("Endpoint", "string", ".status.endpoint", "OpenAI-compatible base URL inside the cluster"),
-            ("Model", "string", ".status.modelUri", "The model being served"),
-            ("Adapters", "string", ".status.adaptersReady", "Adapters ready on every replica / in the spec"),
-            ("Slice", "string", ".spec.tpu.slice", "TPU slice"),
-            ("Age", "date", ".metadata.creationTimestamp", ""),
-        ),
-        "A vLLM server on a TPU slice, serving a merged model from GCS or from a FineTuneJob.",
-    ),
-)
 
 
 def crd(kind: Kind) -> dict[str, Any]:
@@ -245,8 +168,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--docs", type=Path, default=None, help="also write the API reference (docs/api.md)")
     ap.add_argument("--check", action="store_true", help="exit 1 when the files differ from the models")
     args = ap.parse_args(argv)
-    from tpuforge import apidocs
-
     outputs = [(args.out / filename(kind), render(kind)) for kind in KINDS]
     if args.docs is not None:
         outputs.append((args.docs, apidocs.render()))

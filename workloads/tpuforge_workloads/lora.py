@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from tpuforge.api import LoraSpec
 from tpuforge_workloads import storage
+from tpuforge_workloads.adapter_checkpoint import PARAMS_ITEM, restore_lora_params
 from tpuforge_workloads.gemma4 import ModelError
 
 if TYPE_CHECKING:
@@ -26,8 +27,6 @@ if TYPE_CHECKING:
 
 # Beside the Orbax step directories under checkpoint.uri.
 MANIFEST_FILE = "lora.json"
-# The checkpoint item holding the adapters (the name Tunix's PeftTrainer uses).
-PARAMS_ITEM = "model_params"
 
 
 class LoraManifest(BaseModel):
@@ -185,8 +184,6 @@ def load_lora_model(
     """The trained JAX LoRA model: the base from `base_model_uri` (HF safetensors, gs:// or local), adapters
     from `checkpoint_uri` at `step` (default: the latest). LoRA settings come from the manifest beside the
     checkpoints; dropout is off. Returns (model, step). `mesh` defaults to one device."""
-    from tpuforge_workloads.train.checkpoints import restore_lora_params
-
     model = untrained_lora_model(base_model_uri, checkpoint_uri, mesh=mesh, staging_dir=staging_dir)
     restored = restore_lora_params(checkpoint_uri, model, step)
     return model, restored

@@ -118,7 +118,7 @@ def mean_loss(losses: list[float], tokens: list[int]) -> float:
 def run_loss(cfg: EvalConfig) -> dict[str, Any]:
     import jax
 
-    from tpuforge_workloads.train.checkpoints import restore_lora_params
+    from tpuforge_workloads.adapter_checkpoint import restore_lora_params
 
     seconds: dict[str, float] = {}
     started = time.monotonic()

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tpuforge_workloads import storage
-from tpuforge_workloads.lora import PARAMS_ITEM
+from tpuforge_workloads.adapter_checkpoint import PARAMS_ITEM
 from tpuforge_workloads.merge.errors import MergeInputError
 
 _LEAF = re.compile(r"^(?P<param>\w+)_lora_(?P<factor>[ab])$")

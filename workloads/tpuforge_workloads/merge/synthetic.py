@@ -17,8 +17,9 @@ import numpy as np
 
 from tpuforge.api.catalog import ModelShape
 from tpuforge_workloads import storage
+from tpuforge_workloads.adapter_checkpoint import PARAMS_ITEM
 from tpuforge_workloads.gemma4 import Gemma4Text
-from tpuforge_workloads.lora import PARAMS_ITEM, LoraManifest, write_manifest
+from tpuforge_workloads.lora import LoraManifest, write_manifest
 from tpuforge_workloads.merge.mapping import TUNIX_MODULES
 from tpuforge_workloads.merge.safetensors_io import (
     FLOAT_DTYPES,

@@ -31,7 +31,7 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
-from tpuforge_workloads.lora import PARAMS_ITEM
+from tpuforge_workloads.adapter_checkpoint import PARAMS_ITEM, pytree_restore
 
 OPTIMIZER_ITEM = "optimizer_state"
 RNG_ITEM = "rng_counts"
@@ -42,13 +42,6 @@ log = logging.getLogger(__name__)
 
 def _pytree_save(tree: Any) -> Any:
     return ocp.args.PyTreeSave(item=tree, save_args=jax.tree.map(lambda _: ocp.SaveArgs(), tree))
-
-
-def _pytree_restore(target: Any, shardings: Any | None = None) -> Any:
-    return ocp.args.PyTreeRestore(
-        item=target,
-        restore_args=ocp.checkpoint_utils.construct_restore_args(target=target, sharding_tree=shardings),
-    )
 
 
 def _mesh_of(state: Any) -> Any:
@@ -182,13 +175,13 @@ class TrainCheckpoints:
         present = set(meta.item_metadata.keys()) if meta.item_metadata else set()
         params = nnx.state(model, nnx.LoRAParam if restore_only_lora_params else nnx.Param)
         mesh = _mesh_of(params)
-        items: dict[str, Any] = {PARAMS_ITEM: _pytree_restore(params)}
+        items: dict[str, Any] = {PARAMS_ITEM: pytree_restore(params)}
         if optimizer is not None:
             opt_state = nnx.state(optimizer, nnx.optimizer.OptState)
-            items[OPTIMIZER_ITEM] = _pytree_restore(opt_state, _replicated_scalars(opt_state, mesh))
+            items[OPTIMIZER_ITEM] = pytree_restore(opt_state, _replicated_scalars(opt_state, mesh))
         counts = nnx.state(model, nnx.RngCount)
         if jax.tree.leaves(counts) and RNG_ITEM in present:
-            items[RNG_ITEM] = _pytree_restore(counts, _replicated_scalars(counts, mesh))
+            items[RNG_ITEM] = pytree_restore(counts, _replicated_scalars(counts, mesh))
         if DATA_ITEM in present and self._data_iterator is not None:
             items[DATA_ITEM] = grain.checkpoint.CheckpointRestore(self._data_iterator)
         restored = self._manager.restore(step, args=ocp.args.Composite(**items))
@@ -206,25 +199,6 @@ class TrainCheckpoints:
         """Wait for the last save to be committed, then release the manager."""
         self._manager.wait_until_finished()
         self._manager.close()
-
-
-def restore_lora_params(uri: str, model: nnx.Module, step: int | None = None) -> int:
-    """Load only the LoRA adapters of step `step` (default: latest) into `model`; returns the step."""
-    manager = ocp.CheckpointManager(
-        uri,
-        item_handlers={PARAMS_ITEM: ocp.PyTreeCheckpointHandler()},
-        options=ocp.CheckpointManagerOptions(read_only=True),
-    )
-    try:
-        step = manager.latest_step() if step is None else step
-        if step is None:
-            raise FileNotFoundError(f"{uri}: no finished checkpoint")
-        params = nnx.state(model, nnx.LoRAParam)
-        restored = manager.restore(step, args=ocp.args.Composite(**{PARAMS_ITEM: _pytree_restore(params)}))
-        nnx.update(model, restored[PARAMS_ITEM])
-        return step
-    finally:
-        manager.close()
 
 
 def latest_step(uri: str) -> int | None:

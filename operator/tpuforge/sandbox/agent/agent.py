@@ -64,7 +64,7 @@ class NodeAgent:
         self.register_nodes()
         threading.Thread(target=self._watch, name="pod-watch", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
-        serve_logs(self, self.cfg.ports.node_agent, Pki(self.cfg.pki))
+        serve_logs(self.cfg.pods_dir, self.stopping, self.cfg.ports.node_agent, Pki(self.cfg.pki))
         log.info("node agent running for %s", ", ".join(self.nodes))
         while not self.stopping.is_set():
             try:

@@ -8,17 +8,14 @@ import ssl
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 from tpuforge.sandbox.pki import Pki
 from tpuforge.sandbox.podlogs import follow, pod_finished, tail
 
-if TYPE_CHECKING:
-    from tpuforge.sandbox.agent.agent import NodeAgent
 
-
-def serve_logs(agent: NodeAgent, port: int, pki: Pki) -> ThreadingHTTPServer:
-    pods_dir = agent.cfg.pods_dir
+def serve_logs(pods_dir: Path, stopping: threading.Event, port: int, pki: Pki) -> ThreadingHTTPServer:
+    """Serve the logs under `pods_dir`; a followed log ends with its pod, or when `stopping` is set."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # chunked responses, so `kubectl logs -f` streams
@@ -51,7 +48,7 @@ def serve_logs(agent: NodeAgent, port: int, pki: Pki) -> ThreadingHTTPServer:
                         path,
                         size,
                         self._chunk,
-                        lambda: pod_finished(pods_dir, ns, pod) or agent.stopping.is_set(),
+                        lambda: pod_finished(pods_dir, ns, pod) or stopping.is_set(),
                     )
                 except (BrokenPipeError, ConnectionResetError):
                     return

