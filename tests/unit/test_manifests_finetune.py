@@ -17,6 +17,7 @@ from tpuforge.api.constants import (
     GKE_SPOT,
     GKE_TPU_ACCELERATOR,
     GKE_TPU_TOPOLOGY,
+    INSTANCE_TYPE,
     JOBSET_API_VERSION,
     JOBSET_EXCLUSIVE_TOPOLOGY,
     JOBSET_KIND,
@@ -49,14 +50,24 @@ def pod(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_training_job_targets_the_slices_tpu_pool_with_all_its_chips() -> None:
+    """GKE (TPUs in GKE): a single-host slice is selected by accelerator, topology and machine type
+    (node.kubernetes.io/instance-type), since one topology can come as several machine types."""
     job = m.train_job(OWNER, spec(), 0)
     p = pod(job)
-    assert p["nodeSelector"] == {GKE_TPU_ACCELERATOR: "tpu-v5p-slice", GKE_TPU_TOPOLOGY: "2x2x1"}
+    assert p["nodeSelector"] == {
+        GKE_TPU_ACCELERATOR: "tpu-v5p-slice",
+        GKE_TPU_TOPOLOGY: "2x2x1",
+        INSTANCE_TYPE: "ct5p-hightpu-4t",
+    }
     assert {"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"} in p["tolerations"]
     res = p["containers"][0]["resources"]
     assert res["limits"] == {TPU_RESOURCE: "4"} and res["requests"][TPU_RESOURCE] == "4"
     v6e = pod(m.train_job(OWNER, spec(tpu={"slice": "v6e-4"}), 0))
-    assert v6e["nodeSelector"] == {GKE_TPU_ACCELERATOR: "tpu-v6e-slice", GKE_TPU_TOPOLOGY: "2x2"}
+    assert v6e["nodeSelector"] == {
+        GKE_TPU_ACCELERATOR: "tpu-v6e-slice",
+        GKE_TPU_TOPOLOGY: "2x2",
+        INSTANCE_TYPE: "ct6e-standard-4t",
+    }
 
 
 def test_spot_adds_the_spot_selector_and_toleration() -> None:
@@ -364,7 +375,12 @@ def test_without_the_loss_metric_there_is_no_loss_container() -> None:
 
 def test_on_a_tpu_slice_the_pod_owns_one_host_of_it() -> None:
     p = pod(m.eval_job(OWNER, eval_spec(slice="v6e-8", nodeSelector={"pool": "eval"})))
-    assert p["nodeSelector"] == {GKE_TPU_ACCELERATOR: "tpu-v6e-slice", GKE_TPU_TOPOLOGY: "2x4", "pool": "eval"}
+    assert p["nodeSelector"] == {
+        GKE_TPU_ACCELERATOR: "tpu-v6e-slice",
+        GKE_TPU_TOPOLOGY: "2x4",
+        INSTANCE_TYPE: "ct6e-standard-8t",
+        "pool": "eval",
+    }
     assert {"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"} in p["tolerations"]
     for c in [*p["initContainers"], *p["containers"]]:
         # The 31B's weights pass through host memory (62.5 GB) beside the 32 GiB runtime.

@@ -91,10 +91,13 @@ def test_startup_probe_allows_the_compile_budget_and_the_engine_waits_as_long() 
 
 
 def test_pod_runs_on_the_v6e8_pool_with_all_its_chips() -> None:
+    """GKE (TPUs in GKE, v6e machine types): topology 2x4 exists as one ct6e-standard-8t VM (8 chips) and as
+    two ct6e-standard-4t VMs (4 each); a pod asking for 8 chips must select the machine type."""
     pod = serving.pod_template(inputs())["spec"]
     assert pod["nodeSelector"] == {
         "cloud.google.com/gke-tpu-accelerator": "tpu-v6e-slice",
         "cloud.google.com/gke-tpu-topology": "2x4",
+        "node.kubernetes.io/instance-type": "ct6e-standard-8t",
     }
     assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     vllm = pod["containers"][0]

@@ -36,6 +36,9 @@ LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
 GKE_TPU_ACCELERATOR = "cloud.google.com/gke-tpu-accelerator"
 GKE_TPU_TOPOLOGY = "cloud.google.com/gke-tpu-topology"
 GKE_SPOT = "cloud.google.com/gke-spot"
+# The VM's machine type (a well-known Kubernetes label): on v6e one topology comes as different machine types
+# (2x4 is one ct6e-standard-8t host or two ct6e-standard-4t hosts).
+INSTANCE_TYPE = "node.kubernetes.io/instance-type"
 TPU_RESOURCE = "google.com/tpu"
 
 # What a reclaimed Spot VM gives a non-system pod between SIGTERM and SIGKILL: GKE's graceful node shutdown

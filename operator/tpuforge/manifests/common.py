@@ -14,6 +14,7 @@ from tpuforge.api.constants import (
     GKE_TPU_ACCELERATOR,
     GKE_TPU_TOPOLOGY,
     GROUP,
+    INSTANCE_TYPE,
     LABEL_COMPONENT,
     LABEL_INSTANCE,
     LABEL_MANAGED_BY,
@@ -148,8 +149,12 @@ def role_binding(owner: Owner, name: str, labels: dict[str, str], role: str, ser
 def tpu_scheduling(slc: TpuSlice, spot: bool = False) -> Obj:
     """The pod spec fields that put a pod on a node of `slc`'s GKE TPU node pool: its accelerator and
     topology labels, the TPU taint's toleration, and on Spot capacity the Spot label and taint, and the grace
-    period a reclaimed Spot VM actually gives (GKE_SPOT_GRACE_SECONDS): the pod's programs plan for it."""
+    period a reclaimed Spot VM actually gives (GKE_SPOT_GRACE_SECONDS): the pod's programs plan for it. A
+    single-host slice also names its machine type: GKE builds a v6e 2x4 topology both as one ct6e-standard-8t
+    VM and as two ct6e-standard-4t VMs, and a pod asking for 8 chips never fits the latter."""
     selector = {GKE_TPU_ACCELERATOR: slc.accelerator, GKE_TPU_TOPOLOGY: slc.topology}
+    if slc.hosts == 1:
+        selector[INSTANCE_TYPE] = slc.machine_type
     tolerations: list[Obj] = [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
     out: Obj = {"nodeSelector": selector, "tolerations": tolerations}
     if spot:

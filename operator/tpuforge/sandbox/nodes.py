@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuforge.api.catalog import TpuSlice
-from tpuforge.api.constants import GKE_SPOT, GKE_TPU_ACCELERATOR, GKE_TPU_TOPOLOGY, TPU_RESOURCE
+from tpuforge.api.constants import GKE_SPOT, GKE_TPU_ACCELERATOR, GKE_TPU_TOPOLOGY, INSTANCE_TYPE, TPU_RESOURCE
 from tpuforge.sandbox.config import K8S_VERSION, NodePool
 
 EMULATED_LABEL = "sandbox.tpuforge.dev/emulated"
@@ -37,7 +37,7 @@ class EmulatedNode:
             "kubernetes.io/hostname": self.name,
             "kubernetes.io/os": "linux",
             "kubernetes.io/arch": "amd64",
-            "node.kubernetes.io/instance-type": self.tpu.machine_type if self.tpu else CPU_MACHINE_TYPE,
+            INSTANCE_TYPE: self.tpu.machine_type if self.tpu else CPU_MACHINE_TYPE,
             GKE_NODEPOOL: self.pool.name,
             EMULATED_LABEL: "true",
         }
