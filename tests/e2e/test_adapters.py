@@ -192,6 +192,7 @@ def test_two_adapters_on_one_base_evaluated_before_promotion_swapped_without_a_r
     serving.create(
         {
             "model": {"uri": tiny_model_gs, "name": "gemma4-tiny"},
+            "serviceAccountName": "default",
             "adapters": [
                 {"name": "capitals", "fineTuneJobRef": {"name": "capitals"}},
                 {"name": "languages", "fineTuneJobRef": {"name": "languages"}},

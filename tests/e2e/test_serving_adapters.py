@@ -160,6 +160,7 @@ def test_adapters_load_swap_and_unload_at_runtime_and_come_back_after_a_restart(
         "metadata": {"name": "tiny"},
         "spec": {
             "model": {"uri": f"{root}/base", "name": "gemma4-tiny"},
+            "serviceAccountName": "default",
             "adapters": [{"name": "alpha", "uri": alpha}],
             "vllm": {
                 "tensorParallelSize": 1,

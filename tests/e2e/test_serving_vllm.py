@@ -73,6 +73,7 @@ def test_vllm_cpu_serves_the_merged_tiny_model(
         "metadata": {"name": "tiny"},
         "spec": {
             "model": {"uri": uri, "name": "gemma4-tiny"},
+            "serviceAccountName": "default",
             "tpu": {"slice": "v6e-8"},
             "vllm": {
                 "tensorParallelSize": 1,

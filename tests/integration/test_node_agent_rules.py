@@ -164,9 +164,9 @@ def test_images_map_to_local_runtimes(monkeypatch: pytest.MonkeyPatch, tmp_path:
     assert runtime_for("tpuforge/trainer:0.1.0").bin_dir == project_bin()
     assert runtime_for("python:3.11").bin_dir == project_bin()
     monkeypatch.setenv("TPUFORGE_VLLM_VENV", str(tmp_path / "none"))
-    missing = runtime_for("vllm/vllm-tpu:gemma4")
+    missing = runtime_for("vllm/vllm-tpu:v0.27.0")
     assert missing.bin_dir is None and "TPUFORGE_VLLM_VENV" in (missing.error or "")
     (tmp_path / "venv" / "bin").mkdir(parents=True)
     (tmp_path / "venv" / "bin" / "python").touch()
     monkeypatch.setenv("TPUFORGE_VLLM_VENV", str(tmp_path / "venv"))
-    assert runtime_for("vllm/vllm-tpu:gemma4").bin_dir == tmp_path / "venv" / "bin"
+    assert runtime_for("vllm/vllm-tpu:v0.27.0").bin_dir == tmp_path / "venv" / "bin"

@@ -66,6 +66,7 @@ def sdep(api: client.ApiClient, ns: str, name: str, **spec: Any) -> dict[str, An
 def tiny_spec(**overrides: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "model": {"uri": MODEL_V1, "name": "gemma4-tiny"},
+        "serviceAccountName": "default",
         "tpu": {"slice": "v6e-4"},
         "vllm": {"tensorParallelSize": 1, "maxModelLen": 256},
     }

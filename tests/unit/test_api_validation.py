@@ -219,13 +219,45 @@ def test_train_and_merge_configs_derive_from_the_spec() -> None:
 
 
 def serving(**model: Any) -> dict[str, Any]:
-    return {"model": model or {"uri": "gs://r/job/merged"}}
+    return {"model": model or {"uri": "gs://r/job/merged"}, "serviceAccountName": "vllm"}
 
 
 def test_serving_defaults() -> None:
     s = api.validate_serving(serving())
     assert (s.tpu.slice, s.vllm.tensor_parallel_size, s.vllm.max_model_len) == ("v6e-8", 8, 16384)
-    assert s.vllm.image == "vllm/vllm-tpu:gemma4" and s.replicas == 1
+    assert s.replicas == 1
+    assert (s.xla_cache.access_mode, s.model_storage.medium) == ("ReadWriteOnce", "Disk")
+
+
+def test_the_default_vllm_image_loads_lora_adapters_at_runtime() -> None:
+    """tpu-inference gained /v1/load_lora_adapter on TPU in #2707, first released in v0.25.0 (docs/serving.md)."""
+    image = api.ServingDeploymentSpec.model_validate(serving()).vllm.image
+    repo, tag = image.rsplit(":", 1)
+    assert repo == "vllm/vllm-tpu"
+    assert tuple(int(x) for x in tag.removeprefix("v").split(".")) >= (0, 25, 0)
+
+
+def test_serving_requires_a_service_account_naming_the_field() -> None:
+    """GKE Workload Identity: a pod reads GCS as the identity its Kubernetes ServiceAccount is allowed; the
+    namespace's `default` account (what a pod without serviceAccountName gets) has none."""
+    raw = serving()
+    del raw["serviceAccountName"]
+    with pytest.raises(api.SpecError) as info:
+        api.validate_serving(raw)
+    assert info.value.fields == ["spec.serviceAccountName"]
+    assert "Workload Identity" in str(info.value)
+
+
+def test_more_than_one_replica_needs_volumes_that_many_nodes_mount() -> None:
+    """Kubernetes/GKE: a ReadWriteOnce volume attaches to one node, and each replica holds a whole TPU VM."""
+    raw = serving() | {"replicas": 2}
+    with pytest.raises(api.SpecError) as info:
+        api.validate_serving(raw)
+    assert info.value.fields == ["spec.xlaCache.accessMode", "spec.modelStorage.medium"]
+    raw |= {"xlaCache": {"accessMode": "ReadWriteMany"}, "modelStorage": {"medium": "NodeLocal"}}
+    assert api.validate_serving(raw).replicas == 2
+    with pytest.raises(api.SpecError, match="not a size"):
+        api.validate_serving(serving() | {"modelStorage": {"size": "lots"}})
 
 
 def test_serving_needs_exactly_one_model_source() -> None:
@@ -274,6 +306,6 @@ def test_serving_adapters_rules_name_the_field_and_the_fix() -> None:
     raw["vllm"] = {"lora": {"maxLoras": 4, "maxCpuLoras": 4}}
     assert api.check_serving(api.parse(api.ServingDeploymentSpec, raw), None, "chat") == []
     with pytest.raises(api.SpecError, match="exactly one of uri and fineTuneJobRef"):
-        api.validate_serving({"model": {"uri": "gs://a/b"}, "adapters": [{"name": "x"}]})
+        api.validate_serving(serving(uri="gs://a/b") | {"adapters": [{"name": "x"}]})
     with pytest.raises(api.SpecError, match="/adapters"):
-        api.validate_serving({"model": {"uri": "gs://a/b"}, "vllm": {"modelPath": "/adapters/m"}})
+        api.validate_serving(serving(uri="gs://a/b") | {"vllm": {"modelPath": "/adapters/m"}})

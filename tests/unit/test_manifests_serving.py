@@ -11,13 +11,14 @@ import yaml
 
 from tpuforge import api
 from tpuforge.api.catalog import model_shape, tpu_slice
+from tpuforge.api.constants import DEFAULT_VLLM_IMAGE
 from tpuforge.manifests import serving
 
 URI = "gs://bucket/jobs/demo/merged"
 
 
 def inputs(model: str = "gemma4-31b", name: str = "chat", **spec: Any) -> serving.ServingInputs:
-    raw: dict[str, Any] = {"model": {"uri": URI}, **spec}
+    raw: dict[str, Any] = {"model": {"uri": URI}, "serviceAccountName": "vllm", **spec}
     s = api.validate_serving(raw, model)
     return serving.ServingInputs(
         owner=serving.owner("team-a", name, "0000-1111"),
@@ -103,7 +104,7 @@ def test_pod_runs_on_the_v6e8_pool_with_all_its_chips() -> None:
     vllm = pod["containers"][0]
     assert vllm["resources"]["limits"] == {"google.com/tpu": "8"}
     assert vllm["command"] == ["vllm", "serve"]
-    assert vllm["image"] == "vllm/vllm-tpu:gemma4"
+    assert vllm["image"] == DEFAULT_VLLM_IMAGE
 
 
 def test_spot_adds_the_spot_selector_and_toleration() -> None:
@@ -115,15 +116,57 @@ def test_spot_adds_the_spot_selector_and_toleration() -> None:
     assert spec["containers"][0]["resources"]["limits"] == {"google.com/tpu": "4"}
 
 
-def test_volumes_shm_in_memory_cache_on_the_pvc_model_on_local_scratch() -> None:
+def test_volumes_shm_in_memory_cache_and_model_on_their_own_disks() -> None:
     pod = serving.pod_template(inputs(name="chat"))["spec"]
     vols = {v["name"]: v for v in pod["volumes"]}
     assert vols["dshm"]["emptyDir"] == {"medium": "Memory"}
     assert vols["xla-cache"]["persistentVolumeClaim"]["claimName"] == "chat-xla-cache"
-    assert "emptyDir" in vols["model"]
+    assert vols["model"]["persistentVolumeClaim"]["claimName"] == "chat-model"
     mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
     assert mounts["dshm"]["mountPath"] == "/dev/shm"
     assert mounts["model"]["readOnly"] is True
+
+
+def test_the_model_lives_off_the_boot_disk_on_a_claim_sized_from_its_bytes() -> None:
+    """GKE: a TPU VM's boot disk (100 GiB by default) also holds the images, and a pod that fills it without an
+    ephemeral-storage request is evicted first. A 62 GB bf16 Gemma 4 31B goes on its own disk by default."""
+    inp = inputs(name="chat")
+    claim = serving.model_pvc(inp)
+    assert claim is not None
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "73Gi"  # 62e9 B x 1.25, in GiB, rounded up
+    assert claim["metadata"]["ownerReferences"][0]["uid"] == "0000-1111"  # collected with the object
+    local = inputs(name="chat", modelStorage={"medium": "NodeLocal", "size": "150Gi"})
+    assert serving.model_pvc(local) is None
+    pod = serving.pod_template(local)["spec"]
+    assert {v["name"]: v for v in pod["volumes"]}["model"] == {"name": "model", "emptyDir": {"sizeLimit": "150Gi"}}
+    requests = pod["containers"][0]["resources"]["requests"]
+    assert requests["ephemeral-storage"] == "150Gi" and requests["google.com/tpu"] == "8"
+
+
+def test_claims_use_the_operators_hyperdisk_class_unless_the_spec_names_one() -> None:
+    """GKE (TPU v6e): v6e VMs attach Hyperdisk (Balanced, ML) only, not the pd-balanced of GKE's default
+    StorageClass; the chart's class (TPUFORGE_STORAGE_CLASS) is used wherever the spec names none."""
+    base = inputs(name="chat")
+    inp = serving.ServingInputs(**{**base.__dict__, "storage_class": "tpuforge-hyperdisk-balanced"})
+    model = serving.model_pvc(inp)
+    assert model is not None and model["spec"]["storageClassName"] == "tpuforge-hyperdisk-balanced"
+    assert serving.xla_cache_pvc(inp)["spec"]["storageClassName"] == "tpuforge-hyperdisk-balanced"
+    assert "storageClassName" not in serving.xla_cache_pvc(base)["spec"]
+    own = inputs(name="chat", xlaCache={"storageClassName": "mine"})
+    own = serving.ServingInputs(**{**own.__dict__, "storage_class": "tpuforge-hyperdisk-balanced"})
+    assert serving.xla_cache_pvc(own)["spec"]["storageClassName"] == "mine"
+
+
+def test_a_rollout_replaces_the_pod_while_it_holds_a_read_write_once_disk() -> None:
+    """Kubernetes/GKE: a ReadWriteOnce disk attaches to one node at a time. The old pod holds all 8 chips of
+    its VM, so a surge pod lands on another node and waits for the disk (Multi-Attach error) while the old pod
+    is never removed: the rollout stalls. With the default disks the Deployment recreates instead."""
+    assert serving.deployment(inputs())["spec"]["strategy"] == {"type": "Recreate"}
+    shared = inputs(replicas=2, xlaCache={"accessMode": "ReadWriteMany"}, modelStorage={"medium": "NodeLocal"})
+    dep = serving.deployment(shared)
+    assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert serving.xla_cache_pvc(shared)["spec"]["accessModes"] == ["ReadWriteMany"]
 
 
 def test_a_new_model_uri_changes_the_pod_template_so_the_deployment_rolls() -> None:
@@ -146,7 +189,9 @@ def test_children_carry_the_labels_the_operator_watches_by() -> None:
 
 
 def test_children_are_owned_and_the_cache_is_kept_unless_asked() -> None:
-    inp = inputs(name="chat", replicas=2)
+    inp = inputs(
+        name="chat", replicas=2, xlaCache={"accessMode": "ReadWriteMany"}, modelStorage={"medium": "NodeLocal"}
+    )
     dep, svc = serving.deployment(inp), serving.service(inp)
     for obj in (dep, svc, serving.pod_monitoring(inp), serving.service_monitor(inp)):
         (ref,) = obj["metadata"]["ownerReferences"]
@@ -200,7 +245,13 @@ def test_builders_are_pure() -> None:
 def test_tensor_parallelism_must_fit_the_slice_and_the_heads(model: str, tp: int, slice_: str, message: str) -> None:
     with pytest.raises(api.SpecError) as info:
         api.validate_serving(
-            {"model": {"uri": URI}, "tpu": {"slice": slice_}, "vllm": {"tensorParallelSize": tp}}, model
+            {
+                "model": {"uri": URI},
+                "serviceAccountName": "vllm",
+                "tpu": {"slice": slice_},
+                "vllm": {"tensorParallelSize": tp},
+            },
+            model,
         )
     assert set(info.value.fields) == {"spec.vllm.tensorParallelSize"}
     assert message in str(info.value)
@@ -231,14 +282,21 @@ def test_a_dns_label_name_is_accepted_and_long_ones_get_short_children() -> None
 
 def test_a_multi_host_slice_cannot_be_served_by_one_pod() -> None:
     with pytest.raises(api.SpecError) as info:
-        api.validate_serving({"model": {"uri": URI}, "tpu": {"slice": "v5p-16"}, "vllm": {"tensorParallelSize": 4}})
+        api.validate_serving(
+            {
+                "model": {"uri": URI},
+                "serviceAccountName": "vllm",
+                "tpu": {"slice": "v5p-16"},
+                "vllm": {"tensorParallelSize": 4},
+            }
+        )
     assert info.value.fields == ["spec.tpu.slice"]
 
 
 @pytest.mark.parametrize("path", ["models/model", "/", "/dev/shm/model", "/etc/model"])
 def test_the_model_path_must_be_a_directory_of_its_own(path: str) -> None:
     with pytest.raises(api.SpecError) as info:
-        api.validate_serving({"model": {"uri": URI}, "vllm": {"modelPath": path}})
+        api.validate_serving({"model": {"uri": URI}, "serviceAccountName": "vllm", "vllm": {"modelPath": path}})
     assert info.value.fields == ["spec.vllm.modelPath"]
 
 
@@ -302,7 +360,10 @@ def test_the_sidecar_shares_the_adapter_volume_at_the_same_path_and_reads_the_ba
 
 def test_a_base_for_adapters_named_by_uri_may_be_uncommitted_and_a_job_output_may_not() -> None:
     assert serving.fetch_args(adapter_inputs(ADAPTERS))[-1] == "--uncommitted-base"
-    by_job = api.validate_serving({"model": {"fineTuneJobRef": {"name": "base"}}, "adapters": ADAPTERS}, "gemma4-31b")
+    by_job = api.validate_serving(
+        {"model": {"fineTuneJobRef": {"name": "base"}}, "serviceAccountName": "vllm", "adapters": ADAPTERS},
+        "gemma4-31b",
+    )
     assert not serving.uncommitted_base(by_job)
 
 

@@ -20,7 +20,7 @@ OWNER = finetune.owner("team-a", "gemma-verilog", "uid-1")
 
 
 def serving_pod() -> dict[str, Any]:
-    s = api.validate_serving({"model": {"uri": "gs://r/merged"}}, "gemma4-31b")
+    s = api.validate_serving({"model": {"uri": "gs://r/merged"}, "serviceAccountName": "vllm"}, "gemma4-31b")
     inp = serving.ServingInputs(
         owner=serving.owner("team-a", "chat", "uid-2"),
         spec=s,

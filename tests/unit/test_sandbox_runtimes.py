@@ -41,7 +41,7 @@ def test_the_evaluator_image_runs_with_the_vllm_environment_and_our_sources(imag
 
 
 def test_vllm_images_run_with_the_vllm_environment_alone(vllm_venv: Path) -> None:
-    runtime = runtime_for("vllm/vllm-tpu:gemma4")
+    runtime = runtime_for("vllm/vllm-tpu:v0.27.0")
     assert runtime.bin_dir == vllm_venv and runtime.env == VLLM_CPU_ENV and runtime.error is None
 
 

@@ -21,7 +21,9 @@ NEW = "gs://runs/new/adapter"
 
 
 def spec(*adapters: dict[str, Any], **extra: Any) -> api.ServingDeploymentSpec:
-    return api.validate_serving({"model": {"uri": BASE}, "adapters": list(adapters), **extra}, "gemma4-31b")
+    return api.validate_serving(
+        {"model": {"uri": BASE}, "serviceAccountName": "vllm", "adapters": list(adapters), **extra}, "gemma4-31b"
+    )
 
 
 def job(

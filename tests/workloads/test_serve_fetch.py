@@ -137,3 +137,17 @@ def test_a_base_without_config_json_is_refused(bucket: str, tmp_path: Path) -> N
     rc, msg = run(tmp_path, "--model-uri", uri, "--target-dir", str(tmp_path / "t"), "--uncommitted-base")
     assert rc == 1 and "config.json" in msg
     assert not (tmp_path / "t" / "weights.bin").exists()
+
+
+def test_a_new_model_on_a_kept_disk_first_drops_the_files_it_does_not_list(bucket: str, tmp_path: Path) -> None:
+    """The model disk is sized for one model plus headroom, not two: the old shards go before the new ones
+    are written (seen here through a new model whose fetch fails half-way)."""
+    target = tmp_path / "m"
+    publish(f"{bucket}/v1")
+    assert run(tmp_path, "--model-uri", f"{bucket}/v1", "--target-dir", str(target))[0] == 0
+    v2 = {"config.json": b'{"v": 2}', "model-v2.safetensors": b"c" * 4000}
+    manifest = publish(f"{bucket}/v2", v2)
+    storage.write_bytes(f"{bucket}/v2/model-v2.safetensors", b"d" * 4000)  # no longer what the manifest says
+    rc, why = run(tmp_path, "--model-uri", f"{bucket}/v2", "--target-dir", str(target))
+    assert rc == 1 and "sha256 differs" in why
+    assert manifest.files and not list(target.glob("model-0000*"))

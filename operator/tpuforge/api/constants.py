@@ -19,7 +19,9 @@ DEFAULT_TRAINER_IMAGE = f"tpuforge/trainer:{PROJECT_VERSION}"
 DEFAULT_MERGER_IMAGE = f"tpuforge/merger:{PROJECT_VERSION}"
 DEFAULT_EVALUATOR_IMAGE = f"tpuforge/evaluator:{PROJECT_VERSION}"
 DEFAULT_OPERATOR_IMAGE = f"tpuforge/operator:{PROJECT_VERSION}"
-DEFAULT_VLLM_IMAGE = "vllm/vllm-tpu:gemma4"
+# The first tpu-inference release with runtime LoRA loading (/v1/load_lora_adapter) on TPU is v0.25.0
+# (vllm-project/tpu-inference#2707); v0.27.0 is the newest release, and serves Gemma 4. docs/serving.md says more.
+DEFAULT_VLLM_IMAGE = "vllm/vllm-tpu:v0.27.0"
 
 # Labels on every child object.
 LABEL_FINETUNEJOB = f"{GROUP}/finetunejob"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -111,12 +112,39 @@ class VllmSpec(ApiModel):
     extra_args: list[str] = Field(default_factory=list, description="Appended last to `vllm serve`.")
 
 
+AccessMode = Literal["ReadWriteOnce", "ReadWriteMany"]
+STORAGE_CLASS_HELP = (
+    "StorageClass of the volume; default: the operator's --storage-class (the chart's Hyperdisk Balanced class, "
+    "which TPU v6e VMs can attach), else the cluster's default class."
+)
+
+
 class XlaCacheSpec(ApiModel):
     size: str = Field(default="20Gi", description="Size of the persistent XLA compilation cache.")
-    storage_class_name: str | None = Field(default=None, description="StorageClass of the cache volume.")
+    storage_class_name: str | None = Field(default=None, description=STORAGE_CLASS_HELP)
+    access_mode: AccessMode = Field(
+        default="ReadWriteOnce",
+        description="ReadWriteOnce (a disk: one node at a time, so pods are replaced, not surged) or "
+        "ReadWriteMany (a class that many nodes mount, such as Filestore: needed for replicas > 1).",
+    )
     retain_on_delete: bool = Field(
         default=True, description="Keep the cache PVC when the ServingDeployment is deleted."
     )
+
+
+class ModelStorageSpec(ApiModel):
+    """Where the serving pod keeps its copy of the model."""
+
+    medium: Literal["Disk", "NodeLocal"] = Field(
+        default="Disk",
+        description="Disk: a ReadWriteOnce PersistentVolumeClaim of the ServingDeployment, kept across pod "
+        "restarts (a restart does not download the model again). NodeLocal: an emptyDir on the node's disk "
+        "with an ephemeral-storage request of `size` (for node pools with a boot disk or local SSD large enough).",
+    )
+    size: str | None = Field(
+        default=None, description="Volume size; default: the model's checkpoint bytes plus 25%, in GiB."
+    )
+    storage_class_name: str | None = Field(default=None, description=STORAGE_CLASS_HELP)
 
 
 class ServingDeploymentSpec(ApiModel):
@@ -137,8 +165,13 @@ class ServingDeploymentSpec(ApiModel):
     xla_cache: XlaCacheSpec = Field(
         default_factory=XlaCacheSpec, description="Persistent XLA compilation cache (VLLM_XLA_CACHE_PATH)."
     )
+    model_storage: ModelStorageSpec = Field(
+        default_factory=ModelStorageSpec, description="Where the pod keeps its copy of the model."
+    )
     service_account_name: str | None = Field(
-        default=None, description="ServiceAccount of the serving pods (GCS read access)."
+        default=None,
+        description="Required: the ServiceAccount of the serving pods, bound (Workload Identity) to an identity "
+        "that may read the model's bucket. `default` cannot, on GKE.",
     )
 
 

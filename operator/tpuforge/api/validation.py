@@ -365,6 +365,39 @@ def _check_adapters(errors: list[FieldError], spec: ServingDeploymentSpec, serve
         )
 
 
+def _check_serving_pods(errors: list[FieldError], spec: ServingDeploymentSpec) -> None:
+    """The pods' identity and volumes: what GKE needs for them to start at all."""
+    if not spec.service_account_name:
+        errors.append(
+            FieldError(
+                "spec.serviceAccountName",
+                "required: the ServiceAccount the serving pods run as, one that may read the model's bucket (on "
+                "GKE, allowed through Workload Identity; the namespace's `default` account is not)",
+            )
+        )
+    if spec.model_storage.size is not None and not _is_quantity(spec.model_storage.size):
+        errors.append(FieldError("spec.modelStorage.size", f"{spec.model_storage.size!r} is not a size; e.g. 80Gi"))
+    if spec.replicas <= 1:
+        return
+    # Each replica holds a whole TPU VM, so replicas run on different nodes, and a ReadWriteOnce disk attaches
+    # to one node at a time: a second replica would wait for the disk forever (Multi-Attach error).
+    if spec.xla_cache.access_mode != "ReadWriteMany":
+        errors.append(
+            FieldError(
+                "spec.xlaCache.accessMode",
+                f"{spec.replicas} replicas run on {spec.replicas} TPU VMs and a ReadWriteOnce disk attaches to one; "
+                "set ReadWriteMany with a storageClassName that provides it (Filestore), or use replicas: 1",
+            )
+        )
+    if spec.model_storage.medium == "Disk":
+        errors.append(
+            FieldError(
+                "spec.modelStorage.medium",
+                f"{spec.replicas} replicas cannot share one model disk (ReadWriteOnce); use NodeLocal, or replicas: 1",
+            )
+        )
+
+
 def check_serving(
     spec: ServingDeploymentSpec, model_id: str | None = None, served_name: str | None = None
 ) -> list[FieldError]:
@@ -396,6 +429,7 @@ def check_serving(
             )
         )
     _check_adapters(errors, spec, served_name)
+    _check_serving_pods(errors, spec)
     mid = spec.model.name or model_id or "gemma4-31b"
     shape = MODELS.get(mid)
     if shape is None:

@@ -18,6 +18,7 @@ import copy
 import hashlib
 import json
 import logging
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -54,6 +55,9 @@ Obj = dict[str, Any]
 
 ANNOTATION_SPEC_HASH = "tpuforge.dev/spec-hash"
 DEFAULT_MODEL = "gemma4-31b"
+# The StorageClass of the serving volumes a spec names none for; the chart sets it to its Hyperdisk Balanced
+# class (TPU v6e VMs attach Hyperdisk only). Unset: the cluster's default class.
+ENV_STORAGE_CLASS = "TPUFORGE_STORAGE_CLASS"
 CRASH_REASONS = (
     "CrashLoopBackOff",
     "ImagePullBackOff",
@@ -426,8 +430,12 @@ def _reconcile(children: Children, body: Obj) -> api.ServingDeploymentStatus:
         slice=api.tpu_slice(spec.tpu.slice),
         model_revision=revision,
         adapter_job_rank=adapters.max_job_rank(adapter_jobs),
+        storage_class=os.environ.get(ENV_STORAGE_CLASS) or None,
     )
     children.apply(manifests.xla_cache_pvc(inp))
+    model_claim = manifests.model_pvc(inp)
+    if model_claim is not None:
+        children.apply(model_claim)
     children.apply(manifests.service(inp))
     deployment = children.apply(manifests.deployment(inp))
     for monitor in manifests.MONITOR_KINDS:

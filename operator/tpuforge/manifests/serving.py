@@ -1,6 +1,6 @@
 """ServingDeployment -> the Kubernetes objects that serve it: a vLLM-TPU Deployment (with a model-fetch init
 container and, when it serves LoRA adapters, an adapter-fetch sidecar), a Service, the XLA compilation cache
-PVC, and PodMonitoring / ServiceMonitor objects.
+PVC and the model's PVC, and PodMonitoring / ServiceMonitor objects.
 
 Pure: the same inputs give the same objects. The caller resolves what needs the API (the model URI, the
 owner's uid) and passes it in `ServingInputs`.
@@ -84,6 +84,8 @@ class ServingInputs:
     model_revision: str = ""
     # The largest spec.lora.rank of the FineTuneJobs spec.adapters references (None when none is known).
     adapter_job_rank: int | None = None
+    # The operator's default StorageClass for the volumes a spec does not give one (the chart's Hyperdisk class).
+    storage_class: str | None = None
 
     @property
     def name(self) -> str:
@@ -99,13 +101,20 @@ class ServingNames:
     deployment: str
     service: str
     xla_cache: str
+    model: str
     monitor: str
 
 
 def names(name: str) -> ServingNames:
     """Deterministic child names. The Service takes the plain name so that the endpoint reads naturally."""
     vllm = child_name(name, "vllm")
-    return ServingNames(deployment=vllm, service=name, xla_cache=child_name(name, "xla-cache"), monitor=vllm)
+    return ServingNames(
+        deployment=vllm,
+        service=name,
+        xla_cache=child_name(name, "xla-cache"),
+        model=child_name(name, "model"),
+        monitor=vllm,
+    )
 
 
 def name_errors(name: str) -> list[FieldError]:
@@ -349,11 +358,16 @@ def pod_template(inp: ServingInputs) -> Obj:
         "terminationMessagePath": TERMINATION_LOG,
     }
     volumes: list[Obj] = [
-        # Node-local scratch: the model is copied once per pod, then read at load time.
-        {"name": "model", "emptyDir": {}},
+        model_volume(inp),
         {"name": "xla-cache", "persistentVolumeClaim": {"claimName": names(inp.name).xla_cache}},
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
     ]
+    if spec.model_storage.medium == "NodeLocal":
+        # The copy lives on the node's disk: say so, so that the scheduler and the kubelet's eviction count it.
+        vllm["resources"] = {
+            **vllm["resources"],
+            "requests": {**vllm["resources"]["requests"], **local_model_request(inp)},
+        }
     containers = [vllm]
     if lora:
         # Same path in both containers: the path the sidecar reports is the lora_path vLLM loads.
@@ -377,6 +391,21 @@ def pod_template(inp: ServingInputs) -> Obj:
     return {"metadata": {"labels": labels(inp.owner), "annotations": annotations}, "spec": pod}
 
 
+def surges(spec: ServingDeploymentSpec) -> bool:
+    """Whether a new pod may start beside the old ones. It lands on another TPU VM (the old pod holds every chip
+    of its own), so every volume it shares with them must attach to many nodes; a ReadWriteOnce disk cannot
+    (GKE: Multi-Attach error), and a surge pod would wait for it for ever while the old pod is never removed."""
+    return spec.xla_cache.access_mode == "ReadWriteMany" and spec.model_storage.medium == "NodeLocal"
+
+
+def strategy(spec: ServingDeploymentSpec) -> Obj:
+    if surges(spec):
+        # Keep the old server answering while the new one loads and compiles (it needs a free slice).
+        return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    # The old pod goes first and frees its disks; the new one attaches them, wherever it is scheduled.
+    return {"type": "Recreate"}
+
+
 def deployment(inp: ServingInputs) -> Obj:
     return {
         "apiVersion": "apps/v1",
@@ -385,8 +414,7 @@ def deployment(inp: ServingInputs) -> Obj:
         "spec": {
             "replicas": inp.spec.replicas,
             "selector": {"matchLabels": selector_labels(inp.name)},
-            # Keep the old server answering while the new one loads and compiles (it needs a free slice).
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "strategy": strategy(inp.spec),
             # A rollout that has not become ready within the compile budget is reported as stalled.
             "progressDeadlineSeconds": STARTUP_BUDGET_SECONDS + 600,
             "template": pod_template(inp),
@@ -414,17 +442,58 @@ def xla_cache_owned(spec: ServingDeploymentSpec) -> bool:
     return not spec.xla_cache.retain_on_delete
 
 
-def xla_cache_pvc(inp: ServingInputs) -> Obj:
-    cache = inp.spec.xla_cache
-    spec: Obj = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": cache.size}}}
-    if cache.storage_class_name:
-        spec["storageClassName"] = cache.storage_class_name
+def _claim(inp: ServingInputs, name: str, size: str, mode: str, storage_class: str | None, owned: bool) -> Obj:
+    spec: Obj = {"accessModes": [mode], "resources": {"requests": {"storage": size}}}
+    if storage_class or inp.storage_class:
+        spec["storageClassName"] = storage_class or inp.storage_class
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _metadata(inp, names(inp.name).xla_cache, owned=xla_cache_owned(inp.spec)),
+        "metadata": _metadata(inp, name, owned=owned),
         "spec": spec,
     }
+
+
+def xla_cache_pvc(inp: ServingInputs) -> Obj:
+    cache = inp.spec.xla_cache
+    return _claim(
+        inp,
+        names(inp.name).xla_cache,
+        cache.size,
+        cache.access_mode,
+        cache.storage_class_name,
+        xla_cache_owned(inp.spec),
+    )
+
+
+# Room beside the model for the shards a new model's fetch writes before it replaces the old ones.
+MODEL_HEADROOM = 1.25
+GIB = 1 << 30
+
+
+def model_size(inp: ServingInputs) -> str:
+    """spec.modelStorage.size, else the checkpoint's bytes (ModelShape.weight_bytes) plus headroom, in whole GiB."""
+    given = inp.spec.model_storage.size
+    return given or f"{max(1, math.ceil(inp.model.weight_bytes * MODEL_HEADROOM / GIB))}Gi"
+
+
+def model_volume(inp: ServingInputs) -> Obj:
+    if inp.spec.model_storage.medium == "NodeLocal":
+        return {"name": "model", "emptyDir": {"sizeLimit": model_size(inp)}}
+    return {"name": "model", "persistentVolumeClaim": {"claimName": names(inp.name).model}}
+
+
+def local_model_request(inp: ServingInputs) -> dict[str, str]:
+    return {"ephemeral-storage": model_size(inp)}
+
+
+def model_pvc(inp: ServingInputs) -> Obj | None:
+    """The model's disk (medium Disk): the fetched copy survives pod restarts, so a restarted or rescheduled pod
+    skips the download; collected with the ServingDeployment."""
+    storage = inp.spec.model_storage
+    if storage.medium != "Disk":
+        return None
+    return _claim(inp, names(inp.name).model, model_size(inp), "ReadWriteOnce", storage.storage_class_name, True)
 
 
 def _monitor_endpoint() -> Obj:

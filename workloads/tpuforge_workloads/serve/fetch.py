@@ -1,4 +1,4 @@
-"""The serving pod's model-fetch init container: copy a committed merged model to the pod's local volume.
+"""The serving pod's model-fetch init container: copy a committed merged model to the pod's model volume.
 
     python -m tpuforge_workloads.serve.fetch --config /etc/tpuforge/config.json   # a ServeConfig
     python -m tpuforge_workloads.serve.fetch --model-uri gs://b/merged --target-dir /models/model
@@ -7,9 +7,10 @@ It refuses a model directory without the `_COMPLETE` marker (the merge has not f
 every file the marker's manifest lists, checking each file's size and sha256 as it streams, and leaves the
 target directory holding exactly those files. A base model uploaded by hand has no marker: with
 --uncommitted-base (ServeConfig.requireMarker false) every file under the directory is copied and its size
-checked against the listing. A restarted init container in the same pod finds the copy
-done and exits at once. Exit codes: 0 done, 1 cannot fetch (missing marker, storage error, mismatch),
-EXIT_BAD_CONFIG for a bad config; the reason goes to the termination log, where the operator reads it.
+checked against the listing. A restarted init container, or a new pod on the same model disk, finds the copy
+done and exits at once; a new model on that disk replaces the old one file by file. Exit codes: 0 done, 1
+cannot fetch (missing marker, storage error, mismatch), EXIT_BAD_CONFIG for a bad config; the reason goes to
+the termination log, where the operator reads it.
 """
 
 from __future__ import annotations
@@ -142,6 +143,9 @@ def fetch(cfg: ServeConfig) -> dict[str, float]:
         return {"files": 0, "bytes": 0, "seconds": time.monotonic() - started}
     (target / FETCHED_STAMP).unlink(missing_ok=True)
     shutil.rmtree(target / PARTIAL_DIR, ignore_errors=True)
+    # On a persistent model disk the previous model is still there: drop what the new one does not list first,
+    # so that the disk needs room for one model and the shards in flight, not two models.
+    _remove_strays(target, {f.name for f in files})
     with ThreadPoolExecutor(max_workers=PARALLEL_FILES, thread_name_prefix="fetch") as pool:
         for fut in [pool.submit(_copy_one, uri, f, target) for f in files]:
             fut.result()
