@@ -309,9 +309,50 @@ def test_a_pod_no_node_fits_stays_pending_with_the_reason(core: client.CoreV1Api
     cond = wait_for(lambda: condition(read(core, namespace, "greedy"), "PodScheduled"), 30, "FailedScheduling")
     assert cond.status == "False" and cond.reason == "Unschedulable"
     assert cond.message == (
-        f"0/5 nodes are available: 1 Insufficient {TPU_RESOURCE}, 4 node(s) didn't match node selector."
+        f"0/6 nodes are available: 1 Insufficient {TPU_RESOURCE}, 5 node(s) didn't match node selector."
     )
     assert read(core, namespace, "greedy").status.phase == "Pending"
+
+
+def claim(name: str, mode: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": name},
+        "spec": {"accessModes": [mode], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+
+
+def on_node(node: str, name: str, code: str, claim_name: str) -> dict[str, Any]:
+    return pod(
+        name,
+        code,
+        nodeSelector={"kubernetes.io/hostname": node},
+        tolerations=[TPU_TOLERATION],
+        volumes=[{"name": "disk", "persistentVolumeClaim": {"claimName": claim_name}}],
+        container={"volumeMounts": [{"name": "disk", "mountPath": "/disk"}]},
+    )
+
+
+def test_a_read_write_once_claim_is_refused_on_a_second_node_until_the_first_lets_go(
+    core: client.CoreV1Api, namespace: str
+) -> None:
+    """GKE (Persistent Disk/Hyperdisk, ReadWriteOnce): a disk attached to one node cannot be attached to another;
+    the second pod waits with `Multi-Attach error` until the first pod has ended and the disk is detached."""
+    core.create_namespaced_persistent_volume_claim(namespace, claim("cache", "ReadWriteOnce"))
+    core.create_namespaced_pod(namespace, on_node("cpu-0", "holder", TRAP_SIGTERM, "cache"))
+    wait_for(lambda: "started" in log_of(core, namespace, "holder"), 30, "the first pod to run")
+    core.create_namespaced_pod(namespace, on_node("v6e-8-0", "second", "open('/disk/x', 'w').write('2')", "cache"))
+
+    def refused() -> str | None:
+        items = core.list_namespaced_event(namespace, field_selector="involvedObject.name=second").items
+        return next((e.message for e in items if e.reason == "FailedAttachVolume"), None)
+
+    message = wait_for(refused, 30, "a FailedAttachVolume event")
+    assert message == 'Multi-Attach error for volume "cache" Volume is already used by pod(s) holder'
+    assert read(core, namespace, "second").status.phase == "Pending"
+    core.delete_namespaced_pod("holder", namespace)
+    assert wait_phase(core, namespace, "second", ("Succeeded", "Failed")).status.phase == "Succeeded"
 
 
 def test_init_containers_run_first_in_order_then_the_app(core: client.CoreV1Api, namespace: str) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from tpuforge.api.constants import GKE_SPOT, GKE_TPU_ACCELERATOR, GKE_TPU_TOPOLOGY, TPU_RESOURCE
+from tpuforge.sandbox.agent.attachments import Attachments
 from tpuforge.sandbox.agent.podenv import ConfigError, PathMap, container_env, expand
 from tpuforge.sandbox.agent.runtimes import project_bin, runtime_for
 from tpuforge.sandbox.agent.scheduling import pick_node, tolerates, tpu_in_use, tpu_request
@@ -170,3 +171,18 @@ def test_images_map_to_local_runtimes(monkeypatch: pytest.MonkeyPatch, tmp_path:
     (tmp_path / "venv" / "bin" / "python").touch()
     monkeypatch.setenv("TPUFORGE_VLLM_VENV", str(tmp_path / "venv"))
     assert runtime_for("vllm/vllm-tpu:v0.27.0").bin_dir == tmp_path / "venv" / "bin"
+
+
+def test_read_write_once_claims_attach_to_one_node_at_a_time() -> None:
+    att = Attachments()
+    rwo, rwx = {"cache": ["ReadWriteOnce"]}, {"shared": ["ReadWriteMany"]}
+    assert att.attach("ns", rwo, "u1", "old", "v6e-8-0") is None
+    assert att.attach("ns", rwo, "u2", "beside", "v6e-8-0") is None  # same node: fine
+    refused = att.attach("ns", rwo | rwx, "u3", "surge", "v6e-8-1")
+    assert refused == 'Multi-Attach error for volume "cache" Volume is already used by pod(s) beside, old'
+    assert att.attach("ns", rwx, "u3", "surge", "v6e-8-1") is None  # many nodes may mount ReadWriteMany
+    assert att.attach("other", rwo, "u4", "elsewhere", "v6e-8-1") is None  # another namespace's claim
+    att.release("u1")
+    assert att.attach("ns", rwo, "u3", "surge", "v6e-8-1") is not None  # still used on v6e-8-0
+    att.release("u2")
+    assert att.attach("ns", rwo, "u3", "surge", "v6e-8-1") is None

@@ -175,7 +175,9 @@ def test_replicas_and_spec_changes_roll_out(operator: KopfRunner, api_client: cl
     ready_new_pods(api, ns, MODEL_V1)
     status_when(api, ns, "chat", phase_is("Ready"), "phase Ready")
 
-    patch = {"spec": {"replicas": 2, "vllm": {"maxNumSeqs": 16}}}
+    # Two replicas on two TPU VMs need volumes that many nodes mount.
+    shared = {"xlaCache": {"accessMode": "ReadWriteMany"}, "modelStorage": {"medium": "NodeLocal"}}
+    patch = {"spec": {"replicas": 2, "vllm": {"maxNumSeqs": 16}, **shared}}
     client.CustomObjectsApi(api).patch_namespaced_custom_object(GROUP, VERSION, ns, SERVING_PLURAL, "chat", patch)
 
     def rolled() -> bool:
@@ -267,7 +269,8 @@ def test_a_finetunejob_reference_waits_then_serves_then_rolls_to_a_new_model(
     ready_new_pods(api, ns, MODEL_V1)
     status_when(api, ns, "chat", phase_is("Ready"), "phase Ready on the first model")
 
-    # The job runs again and produces a new merged model: the old pod serves until the new one is ready.
+    # The job runs again and produces a new merged model. The pod holds ReadWriteOnce disks, so the Deployment
+    # recreates it: the old pod goes first, and until the new one is ready nothing serves, which the status says.
     job_status(api, ns, "ft", {"phase": "Training"})
     job_status(
         api,
@@ -275,8 +278,14 @@ def test_a_finetunejob_reference_waits_then_serves_then_rolls_to_a_new_model(
         "ft",
         {"phase": "Succeeded", "completionTime": "2026-02-01T00:00:00Z", "outputs": {"mergedModelUri": MODEL_V2}},
     )
-    s = status_when(api, ns, "chat", lambda s: "RollingOut" in str(s.get("conditions")), "a rollout to start")
-    assert (s["phase"], s["modelUri"]) == ("Ready", MODEL_V1)
+    s = status_when(
+        api,
+        ns,
+        "chat",
+        lambda s: "RollingOut" in str(s.get("conditions")) and s.get("phase") != "Ready",
+        "a rollout that replaces the pod",
+    )
+    assert s["modelUri"] == MODEL_V2 and s["readyReplicas"] == 0
     ready_new_pods(api, ns, MODEL_V2)
     s = status_when(
         api, ns, "chat", lambda s: s.get("modelUri") == MODEL_V2 and s.get("phase") == "Ready", "serving the new model"

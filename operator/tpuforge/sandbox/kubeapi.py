@@ -123,6 +123,16 @@ class Kube:
                 return None
             raise
 
+    def read_pvc(self, ns: str, name: str) -> Obj | None:
+        try:
+            return cast(
+                Obj, self._json(self.core.read_namespaced_persistent_volume_claim(name, ns, _preload_content=False))
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
     def key_data(self, ns: str, kind: str, name: str) -> dict[str, bytes] | None:
         """A ConfigMap's or Secret's keys as bytes; None when it does not exist."""
         try:

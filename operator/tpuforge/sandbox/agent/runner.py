@@ -19,6 +19,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from tpuforge.sandbox.agent.attachments import Attachments
 from tpuforge.sandbox.agent.jobsets import COMPLETION_INDEX, LOOPBACK_IP, pod_hostname, rewrite_addresses
 from tpuforge.sandbox.agent.podenv import ConfigError, PathMap, container_env, expand
 from tpuforge.sandbox.agent.probes import run_probe
@@ -74,6 +75,7 @@ class AgentContext:
     apiserver_url: str
     ca_pem: bytes
     gcs_env: dict[str, str]
+    attachments: Attachments = field(default_factory=Attachments)
 
 
 def _exit_code(returncode: int) -> int:
@@ -222,6 +224,7 @@ class PodRunner:
             with self._lock:
                 self.forced = self.forced or ("NodeAgentError", f"the sandbox node agent failed to run this pod: {e}")
         finally:
+            self.ctx.attachments.release(self.uid)
             with contextlib.suppress(Exception):
                 self._finish()
             with contextlib.suppress(OSError):
@@ -314,7 +317,8 @@ class PodRunner:
                     for c in self.inits + self.apps:
                         c.state = _states("waiting", {"reason": e.reason, "message": e.message})
                 self.publish()
-                self.event("Warning", "FailedMount" if e.reason == "FailedMount" else "Failed", e.message, once=True)
+                reason = e.reason if e.reason in ("FailedMount", "FailedAttachVolume") else "Failed"
+                self.event("Warning", reason, e.message, once=True)
                 self.stopping.wait(CONFIG_RETRY)
         return False
 
@@ -337,6 +341,7 @@ class PodRunner:
             except ApiException as e:
                 raise ConfigError("FailedMount", f"token for ServiceAccount {sa}: {e.status} {e.reason}") from None
 
+        self._attach_claims()
         vols = materialise(self.pod, self.dir, self.ctx.claims_dir, self._lookup, token)
         for w in vols.warnings:
             self.event("Warning", "VolumeEmulated", w, once=True)
@@ -348,6 +353,24 @@ class PodRunner:
             )
             kc.chmod(0o600)
             self.kubeconfig = kc
+
+    def _attach_claims(self) -> None:
+        """Attach the pod's PersistentVolumeClaims to its node, or wait like a pod whose disk is attached to
+        another node (ReadWriteOnce)."""
+        names = [
+            v["persistentVolumeClaim"]["claimName"]
+            for v in self.pod["spec"].get("volumes") or []
+            if "persistentVolumeClaim" in v
+        ]
+        claims: dict[str, list[str]] = {}
+        for name in names:
+            claim = self.ctx.kube.read_pvc(self.ns, name)
+            if claim is None:
+                raise ConfigError("FailedMount", f'persistentvolumeclaim "{name}" not found')
+            claims[name] = list((claim.get("spec") or {}).get("accessModes") or [])
+        refused = self.ctx.attachments.attach(self.ns, claims, self.uid, self.name, self.node.name)
+        if refused is not None:
+            raise ConfigError("FailedAttachVolume", refused)
 
     def _lookup(self, kind: str, name: str) -> dict[str, bytes] | None:
         return self.ctx.kube.key_data(self.ns, kind, name)
