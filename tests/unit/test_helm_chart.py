@@ -75,6 +75,7 @@ VALUES: dict[str, dict[str, Any]] = {
         "fullnameOverride": "ml-operator",
         "serviceAccount": {"create": False, "name": "ml-operator"},
         "rbac": {"create": False},
+        "storage": {"create": False, "className": "team-hyperdisk"},
         "metrics": {"enabled": False},
         "dashboards": {"enabled": False},
     },
@@ -200,6 +201,7 @@ def test_kinds_per_values() -> None:
             "ConfigMap",
             "Pod",
             "NetworkPolicy",
+            "StorageClass",
         ]
     )
     assert kinds(render("everything-on")) == sorted(
@@ -215,6 +217,21 @@ def test_kinds_per_values() -> None:
     assert kinds(render("bring-your-own")) == sorted(
         ["CustomResourceDefinition", "CustomResourceDefinition", "Deployment", "NetworkPolicy"]
     )
+
+
+def test_serving_volumes_default_to_a_hyperdisk_class_that_tpu_v6e_attaches() -> None:
+    """GKE (TPU v6e; Hyperdisk for GKE): v6e VMs attach Hyperdisk Balanced or ML, not the pd-balanced of GKE's
+    default StorageClass. The chart creates a Hyperdisk Balanced class and makes it the operator's default."""
+    objs = render("default")
+    sc = find(objs, "StorageClass")
+    assert (sc["provisioner"], sc["parameters"]["type"]) == ("pd.csi.storage.gke.io", "hyperdisk-balanced")
+    assert sc["volumeBindingMode"] == "WaitForFirstConsumer"  # the disk in the TPU node's zone
+    from tpuforge.controllers.servingdeployment import ENV_STORAGE_CLASS
+
+    env = {e["name"]: e.get("value") for e in operator_container(objs)["env"]}
+    assert env[ENV_STORAGE_CLASS] == sc["metadata"]["name"]
+    own = render("bring-your-own")
+    assert {e["name"]: e.get("value") for e in operator_container(own)["env"]}[ENV_STORAGE_CLASS] == "team-hyperdisk"
 
 
 # --- The operator Deployment ------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tpuforge import api
+from tpuforge.api.constants import DEFAULT_VLLM_IMAGE
 from tpuforge.api.serving import AdapterPhase, AdapterStatus
 from tpuforge.controllers import serving_adapters as sa
 from tpuforge.controllers.finetune_events import MESSAGE_ROOM
@@ -251,3 +252,79 @@ def test_the_finetunejob_informer_wakes_the_deployments_that_reference_a_job_by_
         return requested
 
     assert asyncio.run(scenario()) == [("ns", "sd"), ("ns", "sd")]
+
+
+class OldServer:
+    """A vLLM server (and its adapters sidecar, on the same port) with one adapter fetched and ready, whose
+    /v1/load_lora_adapter answers `status` with `body`: what a server without runtime LoRA loading says."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        import http.server
+        import json
+        import threading
+
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *_: Any) -> None:
+                pass
+
+            def _send(self, code: int, obj: Any) -> None:
+                data = json.dumps(obj).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if self.path == "/adapters":
+                    self._send(200, {"adapters": {"a": ready()}})
+                else:
+                    self._send(200, {"data": [{"id": "base", "root": "/models/model"}]})
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self._send(outer.status, outer.body)
+
+        self.status, self.body = status, body
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "said"),
+    [
+        # An image before tpu-inference v0.25.0: the TPU worker's add_lora is the base class's NotImplementedError.
+        (500, {"error": {"message": "Call to add_lora method failed: NotImplementedError", "type": "x"}}, "500"),
+        # A server without the route (runtime updating off): FastAPI's own 404.
+        (404, {"detail": "Not Found"}, "no /v1/load_lora_adapter route"),
+    ],
+)
+def test_a_server_without_runtime_lora_fails_the_adapters_saying_which_image_to_use(
+    status: int, body: dict[str, Any], said: str
+) -> None:
+    server = OldServer(status, body)
+    try:
+        result = sa.sync_pod(sa.PodClient("127.0.0.1", server.port, server.port), [desired()])
+    finally:
+        server.close()
+    assert result.lora_unsupported is not None and said in result.lora_unsupported
+    assert result.states["a"].phase == AdapterPhase.FAILED
+    message = sa.unsupported_message("vllm/vllm-tpu:v0.20.0", result.lora_unsupported)
+    assert "cannot load LoRA adapters at runtime" in message and DEFAULT_VLLM_IMAGE in message
+
+
+def test_an_adapter_vllm_cannot_find_is_not_taken_for_missing_runtime_lora() -> None:
+    server = OldServer(404, {"error": {"message": "No adapter found for /adapters/a/abc", "type": "NotFoundError"}})
+    try:
+        result = sa.sync_pod(sa.PodClient("127.0.0.1", server.port, server.port), [desired()])
+    finally:
+        server.close()
+    assert result.lora_unsupported is None
+    assert result.states["a"].message.startswith("vLLM refused the adapter: HTTP 404: No adapter found")

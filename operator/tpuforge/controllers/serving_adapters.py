@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import re
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpuforge import api
+from tpuforge.api.constants import DEFAULT_VLLM_IMAGE
 from tpuforge.api.serving import AdapterPhase, AdapterStatus
 from tpuforge.controllers.finetune_events import fit
 from tpuforge.manifests import serving as manifests
@@ -238,6 +240,35 @@ class PodResult:
     loaded: list[tuple[str, bool, float]] = field(default_factory=list)  # name, replaced, seconds
     unloaded: list[str] = field(default_factory=list)
     unreachable: str | None = None
+    # What the server answered when it cannot load adapters at runtime at all (an image without it).
+    lora_unsupported: str | None = None
+
+
+# The AdaptersReady reason when the server has no runtime LoRA loading: vLLM-TPU images before tpu-inference
+# v0.25.0 answer /v1/load_lora_adapter with the worker's NotImplementedError (tpu-inference#2707), and a server
+# started without VLLM_ALLOW_RUNTIME_LORA_UPDATING has no such route (404 {"detail": "Not Found"}).
+RUNTIME_LORA_UNSUPPORTED = "RuntimeLoraUnsupported"
+_UNSUPPORTED = re.compile(r"NotImplementedError|not implemented|not supported|unsupported", re.IGNORECASE)
+
+
+def lora_unsupported(e: Exception) -> str | None:
+    """What the server said, when a load failed because the server cannot load adapters at runtime."""
+    if not isinstance(e, urllib.error.HTTPError):
+        return None
+    body = _error_body(e)
+    if e.code == 404 and body.get("detail") == "Not Found":
+        return "HTTP 404: the server has no /v1/load_lora_adapter route"
+    msg = _error_message(body)
+    if e.code == 501 or _UNSUPPORTED.search(msg):
+        return f"HTTP {e.code}: {msg or e.reason}"
+    return None
+
+
+def unsupported_message(image: str, answer: str) -> str:
+    return (
+        f"the vLLM server ({image}) cannot load LoRA adapters at runtime ({answer}); use {DEFAULT_VLLM_IMAGE} "
+        "or another vllm/vllm-tpu release of tpu-inference v0.25.0 or later (spec.vllm.image)"
+    )
 
 
 class PodClient:
@@ -282,14 +313,28 @@ class PodClient:
         self._call("DELETE", f"{self.sidecar}/adapters/{a.name}{query}")
 
 
+def _error_body(e: urllib.error.HTTPError) -> dict[str, Any]:
+    """The JSON body of an HTTP error, read once (a second read of the response gives nothing)."""
+    cached = getattr(e, "tpuforge_body", None)
+    if cached is None:
+        try:
+            cached = json.loads(e.read().decode() or "{}")
+        except ValueError:
+            cached = {}
+        if not isinstance(cached, dict):
+            cached = {}
+        e.tpuforge_body = cached  # type: ignore[attr-defined]
+    return cached
+
+
+def _error_message(body: Mapping[str, Any]) -> str:
+    error = body.get("error")
+    return str((error.get("message") if isinstance(error, dict) else error) or body.get("message") or "")
+
+
 def _http_error(e: Exception) -> str:
     if isinstance(e, urllib.error.HTTPError):
-        try:
-            body = json.loads(e.read().decode() or "{}")
-        except ValueError:
-            body = {}
-        msg = (body.get("error") or {}).get("message") if isinstance(body.get("error"), dict) else body.get("error")
-        return f"HTTP {e.code}: {msg or body.get('message') or e.reason}"
+        return f"HTTP {e.code}: {_error_message(_error_body(e)) or e.reason}"
     if isinstance(e, urllib.error.URLError):
         return str(e.reason)
     return str(e)
@@ -324,9 +369,13 @@ def sync_pod(pod: PodClient, desired: Sequence[DesiredAdapter]) -> PodResult:
         except (OSError, ValueError) as e:
             if isinstance(a, Load):
                 prior = result.states[a.name]
-                result.states[a.name] = PodAdapter(
-                    AdapterPhase.FAILED, f"vLLM refused the adapter: {_http_error(e)}", prior.step
-                )
+                unsupported = lora_unsupported(e)
+                if unsupported is not None:
+                    result.lora_unsupported = unsupported
+                    why = f"vLLM cannot load adapters at runtime: {unsupported}"
+                else:
+                    why = f"vLLM refused the adapter: {_http_error(e)}"
+                result.states[a.name] = PodAdapter(AdapterPhase.FAILED, why, prior.step)
             elif isinstance(a, Fetch) and a.name in result.states:
                 prior = result.states[a.name]
                 if prior.phase != AdapterPhase.FAILED:

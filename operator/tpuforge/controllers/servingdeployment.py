@@ -497,8 +497,12 @@ def _sync_adapters(
         return
     failed = [a for a in status.adapters if a.phase == api.AdapterPhase.FAILED]
     loading = [a for a in status.adapters if a.phase == api.AdapterPhase.LOADING]
-    if failed:
-        ready: tuple[ConditionStatus, str, str] = ("False", "AdapterFailed", f"{failed[0].name}: {failed[0].message}")
+    unsupported = next((r.lora_unsupported for r in results.values() if r.lora_unsupported), None)
+    if unsupported is not None:
+        why = adapters.unsupported_message(spec.vllm.image, unsupported)
+        ready: tuple[ConditionStatus, str, str] = ("False", adapters.RUNTIME_LORA_UNSUPPORTED, why)
+    elif failed:
+        ready = ("False", "AdapterFailed", f"{failed[0].name}: {failed[0].message}")
     elif loading:
         ready = ("False", "AdaptersLoading", f"{loading[0].name}: {loading[0].message}")
     else:
