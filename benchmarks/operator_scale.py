@@ -58,13 +58,8 @@ from kubernetes import client  # noqa: E402
 from tpuforge import crds, kube  # noqa: E402
 from tpuforge.api import FineTuneJobStatus  # noqa: E402
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND  # noqa: E402
-from tpuforge.controllers.finetune_plan import (  # noqa: E402
-    UNSCHEDULABLE_REPORT_SECONDS,
-    Event,
-    Observed,
-    plan,
-    status_patch,
-)
+from tpuforge.controllers.finetune_attempts import UNSCHEDULABLE_REPORT_SECONDS  # noqa: E402
+from tpuforge.controllers.finetune_plan import Event, Observed, plan, status_patch  # noqa: E402
 from tpuforge.controllers.finetunejob import API_CONCURRENCY, creation_groups  # noqa: E402
 from tpuforge.manifests import finetune as m  # noqa: E402
 from tpuforge.sandbox import Ports, Sandbox, wait_for  # noqa: E402

@@ -7,6 +7,7 @@ watch indices and the decision logic is tested on plain values.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from tpuforge.api import EvaluationStatus
+from tpuforge.api import AttemptStatus, EvaluationStatus
 from tpuforge.api.constants import (
     EXIT_BAD_CONFIG,
     EXIT_PREEMPTED,
@@ -288,3 +289,73 @@ def pod_ending(pod: PodView) -> AttemptEnd | None:
     if term.exit_code == EXIT_BAD_CONFIG:
         return AttemptEnd("Failed", "InvalidConfig", f"pod {pod.name} rejected its config ({detail})", at, True)
     return AttemptEnd("Failed", term.reason or "Error", f"pod {pod.name} failed ({detail})", at)
+
+
+def host_order(pod: PodView) -> tuple[int, str]:
+    """Pods by their host index (unknown last), then name."""
+    return (pod.host if pod.host is not None else 1 << 30, pod.name)
+
+
+def attempt_end(job: JobView, pods: list[PodView], hosts: int, entry: AttemptStatus) -> AttemptEnd | None:
+    """How the current attempt (its Job or JobSet and pods) has ended; None while it runs. A pod its status
+    `entry` recorded on a node, gone before it ended, was taken away."""
+    if hosts > 1:
+        return _hosts_end(job, pods, hosts, tuple(entry.pods or ()))
+    endings = [e for e in (pod_ending(p) for p in pods) if e is not None]
+    done = next((e for e in endings if e.outcome == "Succeeded"), None)
+    if done is not None:
+        return done
+    if endings:
+        return endings[-1]
+    if job.complete:
+        return AttemptEnd("Succeeded", "Completed", f"Job {job.name} completed")
+    if job.failed:
+        return AttemptEnd("Failed", "JobFailed", f"Job {job.name} failed: {job.failure}")
+    return _gone(pods, (entry.pod_name,) if entry.pod_name else ())
+
+
+def _gone(pods: list[PodView], recorded: tuple[str, ...]) -> AttemptEnd | None:
+    gone = [name for name in recorded if not any(p.name == name for p in pods)]
+    if not gone:
+        return None
+    return AttemptEnd(
+        "Preempted", "PodDeleted", f"pod {gone[0]} disappeared before it finished (node loss, eviction or deletion)"
+    )
+
+
+def _hosts_end(job: JobView, pods: list[PodView], hosts: int, recorded: tuple[str, ...]) -> AttemptEnd | None:
+    """A multi-host attempt ends with its first host: a preemption of any host is a preemption of the attempt
+    (its peers' errors, or their checkpoint and exit 83, follow from losing it), any other failure of a host is
+    a failure, and it succeeds when every host has."""
+    pods = sorted(pods, key=host_order)
+    ended = [(p, e) for p in pods if (e := pod_ending(p)) is not None]
+    failed = next(((p, e) for p, e in ended if e.outcome == "Failed"), None)
+    # The evidence of a preemption, best first: the host that was taken away, not a peer that checkpointed.
+    taken = [(p, e) for p, e in ended if e.outcome == "Preempted" and e.reason != "TrainerCheckpointed"]
+    if ended:
+        taken += [
+            (p, AttemptEnd("Preempted", "DisruptionTarget", f"pod {p.name} is being disrupted: {p.disruption}"))
+            for p in pods
+            if p.disruption is not None and not p.terminal
+        ]
+    taken += [(p, e) for p, e in ended if e.reason == "TrainerCheckpointed"]
+    if taken:
+        return _from_host(*taken[0], hosts)
+    gone = _gone(pods, recorded)
+    if gone is not None:
+        return gone
+    if failed is not None:
+        return _from_host(*failed, hosts)
+    if len(ended) >= hosts or job.complete:
+        at = ended[-1][1].at if ended else None
+        return AttemptEnd("Succeeded", "Completed", f"all {hosts} hosts of JobSet {job.name} completed", at)
+    if job.failed:
+        return AttemptEnd("Failed", "JobSetFailed", f"JobSet {job.name} failed: {job.failure}")
+    return None
+
+
+def _from_host(pod: PodView, end: AttemptEnd, hosts: int) -> AttemptEnd:
+    """The ending, said as which host it came from: its index in the slice and its node."""
+    index = f"host {pod.host} of {hosts}" if pod.host is not None else f"a host of {hosts}"
+    where = f"{index} (pod {pod.name}" + (f" on node {pod.node_name})" if pod.node_name else ")")
+    return dataclasses.replace(end, message=f"{where}: {end.message}", host=pod.host, node=pod.node_name)

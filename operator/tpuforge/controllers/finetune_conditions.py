@@ -1,0 +1,249 @@
+"""The FineTuneJob's condition types, their reasons, and the messages the controller writes into them: the long
+form of what its Events (finetune_events) say in one `kubectl describe` line. Every reason the controller
+matches on or writes is a name here, never a literal elsewhere.
+"""
+
+from __future__ import annotations
+
+from tpuforge.api import FineTunePhase
+from tpuforge.api.constants import JOBSET_API_VERSION
+from tpuforge.api.finetune import CONDITION_EVALUATED, CONDITION_EVALUATION_PASSED, REASON_EVALUATION_FAILED
+
+TERMINAL = (FineTunePhase.SUCCEEDED, FineTunePhase.FAILED)
+
+# Condition types.
+TRAINING = "Training"
+MERGED = "Merged"
+EVALUATED = CONDITION_EVALUATED
+EVALUATION_PASSED = CONDITION_EVALUATION_PASSED
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+SUSPENDED = "Suspended"
+SPEC_CHANGE_NOT_APPLIED = "SpecChangeNotApplied"
+
+# Reasons of the Training condition.
+PENDING = "Pending"
+JOBSET_NOT_INSTALLED = "JobSetNotInstalled"
+WAITING_FOR_PREVIOUS_ATTEMPT = "WaitingForPreviousAttempt"
+RUNNING = "Running"
+UNSCHEDULABLE = "Unschedulable"
+COMPLETED = "Completed"
+RETRYING = "Retrying"
+PREEMPTED = "Preempted"
+# Of the Suspended condition (and of Training, while suspended).
+SUSPENDED_REASON = "Suspended"
+RESUMED = "Resumed"
+# Of the Merged condition.
+MERGING = "Merging"
+EXPORTING = "Exporting"
+MERGED_REASON = "Merged"
+ADAPTER_EXPORTED = "AdapterExported"
+MERGE_FAILED = "MergeFailed"
+# Of the Evaluated and EvaluationPassed conditions.
+EVALUATING = "Evaluating"
+EVALUATED_REASON = "Evaluated"
+NOT_EVALUATED = "NotEvaluated"
+EVALUATION_FAILED = REASON_EVALUATION_FAILED
+PASSED = "Passed"
+BELOW_THRESHOLD = "BelowThreshold"
+# Of the SpecChangeNotApplied condition.
+FROZEN_FIELDS_CHANGED = "FrozenFieldsChanged"
+SPEC_MATCHES = "SpecMatches"
+# Of the Succeeded and Failed conditions (a failed attempt's own reason, e.g. a rejected config, also ends there).
+SUCCEEDED_REASON = "Succeeded"
+INVALID_SPEC = "InvalidSpec"
+DEADLINE_EXCEEDED = "DeadlineExceeded"
+TRAINING_FAILED = "TrainingFailed"
+EVALUATION_RESULT_MISSING = "EvaluationResultMissing"
+EVALUATION_RESULT_UNREADABLE = "EvaluationResultUnreadable"
+
+JOBSET_INSTALL_URL = "https://jobset.sigs.k8s.io/docs/installation/"
+
+
+# --- Spec changes ----------------------------------------------------------------------------------------------
+
+
+def invalid_spec(error: object) -> str:
+    return f"invalid spec: {error}"
+
+
+def invalid_edit(error: object) -> str:
+    return f"the edited spec is invalid ({error}); the job keeps the spec it started with"
+
+
+def frozen(changed: list[str]) -> str:
+    return (
+        f"{', '.join(changed)} changed after the job started; these fields change the training maths, so "
+        "the run keeps the values it started with (create a new FineTuneJob to train with them)"
+    )
+
+
+SPEC_MATCHES_MESSAGE = "the spec matches the running job"
+
+
+# --- Training attempts -------------------------------------------------------------------------------------------
+
+
+def waiting_for_pod(attempt: int) -> str:
+    return f"attempt {attempt}: waiting for the training pod to start"
+
+
+def created_job(attempt: int, what: str, job_name: str) -> str:
+    return f"attempt {attempt}: created {what} {job_name}"
+
+
+def no_jobset(slice_id: str, hosts: int) -> str:
+    return (
+        f"{slice_id} spans {hosts} hosts, and multi-host training runs as a JobSet "
+        f"({JOBSET_API_VERSION}), which this cluster does not serve: install JobSet ({JOBSET_INSTALL_URL}); "
+        "the job starts once it is installed"
+    )
+
+
+def previous_attempt_running(attempt: int, pod: str) -> str:
+    return f"attempt {attempt} starts when pod {pod} has stopped (it checkpoints on SIGTERM)"
+
+
+def training_on_pod(attempt: int, pod: str, node: str | None) -> str:
+    where = f" on node {node}" if node else ""
+    return f"attempt {attempt}: pod {pod} is training{where}"
+
+
+def training_on_hosts(attempt: int, pods: list[str], nodes: list[str]) -> str:
+    where = f" on nodes {', '.join(nodes)}" if nodes else ""
+    return f"attempt {attempt}: {len(pods)} pods ({', '.join(pods)}) are training{where}"
+
+
+def unschedulable(attempt: int, pod: str, since: str, why: str) -> str:
+    return f"attempt {attempt}: pod {pod} has waited for a node since {since}: {why}"
+
+
+def training_finished(step: int | None) -> str:
+    return "training finished" + (f" at step {step}" if step is not None else "")
+
+
+def preempted(attempt: int, why: str, resume: str) -> str:
+    return f"attempt {attempt} was preempted{why}; attempt {attempt + 1} resumes {resume}"
+
+
+def retrying(attempt: int) -> str:
+    return f"attempt {attempt} failed; retrying as attempt {attempt + 1}"
+
+
+def rejected(attempt: int, message: str) -> str:
+    return f"attempt {attempt}: {message}; not retried: fix the spec and create the job again"
+
+
+def gave_up(attempt: int, message: str, failures: int, limit: int) -> str:
+    return f"attempt {attempt}: {message}; gave up after {failures} failures (spec.runPolicy.maxRestarts={limit})"
+
+
+# --- Suspend ------------------------------------------------------------------------------------------------------
+
+SUSPEND_SET = "spec.runPolicy.suspend was set"
+SUSPENDED_MESSAGE = (
+    "spec.runPolicy.suspend is true: the training Job was removed and the checkpoints stay; set it to false to resume"
+)
+
+
+def attempt_stopped(attempt: int) -> str:
+    return f"attempt {attempt} was stopped"
+
+
+def resumed(attempt: int) -> str:
+    return f"resumed as attempt {attempt}"
+
+
+# --- Policies -----------------------------------------------------------------------------------------------------
+
+
+def deadline(ran: float, limit: int) -> str:
+    return (
+        f"the job ran for {int(ran)}s, past spec.runPolicy.activeDeadlineSeconds={limit}; "
+        "its Jobs were stopped (checkpoints stay)"
+    )
+
+
+# --- Merge --------------------------------------------------------------------------------------------------------
+
+
+def trained_only(checkpoint_uri: str) -> str:
+    return (
+        f"training finished; the LoRA checkpoint is in {checkpoint_uri} "
+        "(spec.merge.enabled and spec.merge.writeAdapter are false, so nothing was exported)"
+    )
+
+
+def merging(output_uri: str, adapter_uri: str | None) -> str:
+    said = f"merging the LoRA weights into {output_uri}"
+    return said + (f"; exporting the adapter to {adapter_uri}" if adapter_uri else "")
+
+
+def exporting(adapter_uri: str) -> str:
+    return f"exporting the LoRA adapter to {adapter_uri} (spec.merge.enabled is false: no merged model)"
+
+
+def merged(output_uri: str, adapter_uri: str | None) -> str:
+    return f"merged model in {output_uri}" + (f"; adapter in {adapter_uri}" if adapter_uri else "")
+
+
+def adapter_exported(adapter_uri: str) -> str:
+    return f"adapter exported to {adapter_uri}"
+
+
+def merge_failed(job: str, tries: int, detail: str) -> str:
+    return f"the merge Job {job} failed after {tries} tries; last: {detail}"
+
+
+def outputs(output_uri: str | None, adapter_uri: str | None) -> str:
+    """What the job left, for the Succeeded condition: the merged model (`output_uri` None: merge off)."""
+    if output_uri is not None:
+        said = f"merged model written to {output_uri}"
+        return said + (f"; adapter to {adapter_uri}" if adapter_uri else "")
+    return f"adapter exported to {adapter_uri} (spec.merge.enabled is false: no merged model)"
+
+
+# --- Evaluation ---------------------------------------------------------------------------------------------------
+
+
+def evaluating(metrics: list[str], max_examples: int, dataset: str, slice_id: str) -> str:
+    return (
+        f"scoring the adapter and the base model ({', '.join(metrics)}) on up to {max_examples} records "
+        f"of {dataset} on {slice_id}"
+    )
+
+
+def evaluating_on(pod: str, node: str | None) -> str:
+    where = f" on node {node}" if node else ""
+    return f"pod {pod} is evaluating{where}"
+
+
+EVALUATION_REMOVED = "spec.evaluation was removed before it finished"
+NOT_EVALUATED_SUFFIX = "; not evaluated (spec.evaluation was removed)"
+
+
+def evaluation_rejected(job: str, message: str) -> str:
+    return f"the evaluation Job {job} failed: {message}; not retried: fix the spec and create the job again"
+
+
+def evaluation_job_failed(job: str, tries: str, detail: str) -> str:
+    return f"the evaluation Job {job} failed {tries}; last: {detail}"
+
+
+def evaluation_result_missing(job: str) -> str:
+    return (
+        f"the evaluation Job {job} completed but its pod is gone, and with it the result (its "
+        "termination message); delete the Job to run the evaluation again"
+    )
+
+
+EVALUATION_POD_GONE = "the evaluation pod is gone"
+
+
+def evaluation_unreadable(job: str, error: object) -> str:
+    return f"the evaluation Job {job} finished, but its result cannot be read: {error}"
+
+
+def scored(examples: int | None, report: str) -> str:
+    what = f"{examples} records" if examples is not None else "the records"
+    return f"{what} scored; report in {report}"

@@ -1,0 +1,100 @@
+"""The evaluation (spec.evaluation): after the merge, one evaluation Job scores the adapter and the base model;
+its `score` container's result becomes status.evaluation and the EvaluationPassed condition. The job ends
+Succeeded either way (its outputs are fine); whether the adapter is promoted is that condition's business.
+"""
+
+from __future__ import annotations
+
+from tpuforge.api import evaluation_verdict
+from tpuforge.api.configs import output_subdir
+from tpuforge.api.constants import EVALUATION_SUBDIR
+from tpuforge.api.evaluation import checks
+from tpuforge.controllers import finetune_conditions as c
+from tpuforge.controllers import finetune_events as ev
+from tpuforge.controllers.finetune_children import JobView, PodView, eval_result, pod_ending
+from tpuforge.controllers.finetune_context import Ctx
+from tpuforge.controllers.finetune_transitions import to_evaluating, to_exported, to_failed
+from tpuforge.manifests import finetune as m
+
+
+def begin(ctx: Ctx) -> None:
+    e = ctx.spec.evaluation
+    assert e is not None
+    dataset = e.dataset_uri or ctx.spec.dataset.eval_uri
+    to_evaluating(ctx, c.evaluating(list(e.metrics), e.max_examples, str(dataset), e.slice), e.slice)
+    ctx.plan.create.extend(m.eval_objects(ctx.owner, ctx.spec))
+
+
+def step(ctx: Ctx) -> None:
+    """Evaluating: (re)create the evaluation Job and follow it to its result."""
+    job = ctx.job(m.eval_job_name(ctx.o.name))
+    if ctx.spec.evaluation is None:
+        # The evaluation was taken out of the spec while it ran: there is nothing left to wait for.
+        if job is not None and ctx.live(job):
+            ctx.delete_job(job)
+        ctx.condition(c.EVALUATED, "False", c.NOT_EVALUATED, c.EVALUATION_REMOVED)
+        to_exported(ctx, c.NOT_EVALUATED_SUFFIX)
+        return
+    if job is None:
+        ctx.plan.create.extend(m.eval_objects(ctx.owner, ctx.spec))
+        return
+    if job.deleting:
+        return  # someone removed it: it is recreated once it is gone
+    pods = ctx.pods_of(job)
+    done = next((p for p in pods if p.phase == "Succeeded"), None)
+    if done is not None:
+        evaluated(ctx, job, done)
+        return
+    failures = [e for e in (pod_ending(p) for p in pods) if e is not None and e.outcome == "Failed"]
+    rejected = next((e for e in failures if e.permanent), None)
+    if rejected is not None:
+        failed(ctx, c.EVALUATION_FAILED, c.evaluation_rejected(job.name, rejected.message), rejected.message)
+    elif job.failed:
+        detail = failures[-1].message if failures else job.failure
+        # The Job's pod failure policy ends it at the first rejected config (its reason says so), which
+        # can be seen before the pod's own ending.
+        tries = (
+            "at once (a rejected config)"
+            if job.failure.startswith("PodFailurePolicy")
+            else (f"after {m.EVAL_BACKOFF_LIMIT + 1} tries")
+        )
+        failed(ctx, c.EVALUATION_FAILED, c.evaluation_job_failed(job.name, tries, detail), detail)
+    elif job.complete and not any(not p.terminal for p in pods):
+        failed(ctx, c.EVALUATION_RESULT_MISSING, c.evaluation_result_missing(job.name), c.EVALUATION_POD_GONE)
+    else:
+        running = next((p for p in pods if p.phase == "Running" and not p.deleting), None)
+        if running is not None:
+            ctx.condition(c.EVALUATED, "False", c.EVALUATING, c.evaluating_on(running.name, running.node_name))
+
+
+def evaluated(ctx: Ctx, job: JobView, pod: PodView) -> None:
+    """The `score` container's result: record it, say the verdict, and end the job Succeeded either way."""
+    spec = ctx.spec.evaluation
+    assert spec is not None
+    try:
+        result = eval_result(pod)
+    except ValueError as exc:
+        message = c.evaluation_unreadable(job.name, exc)
+        failed(ctx, c.EVALUATION_RESULT_UNREADABLE, message, str(exc), ev.eval_unreadable())
+        return
+    found = checks(spec, result.metrics)
+    passed, verdict = evaluation_verdict(spec, result.metrics)
+    report = result.report_uri or output_subdir(ctx.spec, EVALUATION_SUBDIR)
+    ctx.st.evaluation = result.model_copy(
+        update={"passed": passed, "result": "Passed" if passed else "Failed", "message": verdict, "report_uri": report}
+    )
+    ctx.condition(c.EVALUATED, "True", c.EVALUATED_REASON, c.scored(result.examples, report))
+    if passed:
+        ctx.condition(c.EVALUATION_PASSED, "True", c.PASSED, verdict)
+        ctx.event("Normal", ev.EVALUATED, ev.eval_passed(result.metrics, result.base_metrics))
+    else:
+        ctx.condition(c.EVALUATION_PASSED, "False", c.BELOW_THRESHOLD, verdict)
+        ctx.event("Warning", ev.EVALUATED, ev.eval_below(next((x for x in found if not x.passed), None)))
+    outcome = "evaluation passed" if passed else "evaluation below threshold"
+    to_exported(ctx, f"; {outcome}: {verdict}")
+
+
+def failed(ctx: Ctx, reason: str, message: str, detail: str, short: str | None = None) -> None:
+    """The evaluation could not give a verdict: Evaluated False, and the job fails with `reason`."""
+    ctx.condition(c.EVALUATED, "False", c.EVALUATION_FAILED, detail)
+    to_failed(ctx, reason, message, short or ev.eval_failed())

@@ -1,0 +1,61 @@
+"""The merge: after training, one merge Job exports what spec.merge asks for (the merged model, the PEFT
+adapter, or both); the phase Merging, then the evaluation when the spec has one, else Succeeded."""
+
+from __future__ import annotations
+
+from tpuforge.api import Outputs, adapter_uri
+from tpuforge.controllers import finetune_conditions as c
+from tpuforge.controllers import finetune_evaluation as evaluation
+from tpuforge.controllers import finetune_events as ev
+from tpuforge.controllers.finetune_children import pod_ending
+from tpuforge.controllers.finetune_context import Ctx
+from tpuforge.controllers.finetune_transitions import to_exported, to_failed, to_merging, to_succeeded
+from tpuforge.manifests import finetune as m
+
+
+def begin(ctx: Ctx) -> None:
+    """Training succeeded: record the checkpoint, then merge (or, with nothing to export, succeed)."""
+    st, spec = ctx.st, ctx.spec
+    st.outputs = (st.outputs or Outputs()).model_copy(update={"checkpoint_uri": spec.checkpoint.uri})
+    trained = st.progress.step if st.progress and st.progress.step is not None else None
+    ctx.condition(c.TRAINING, "False", c.COMPLETED, c.training_finished(trained))
+    if not spec.merge.enabled and not spec.merge.write_adapter:
+        to_succeeded(ctx, c.trained_only(spec.checkpoint.uri), ev.trained_only())
+        return
+    to_merging(ctx, adapter_uri(spec) if spec.merge.write_adapter else None)
+    ctx.plan.create.extend(m.merge_objects(ctx.owner, spec))
+
+
+def step(ctx: Ctx) -> None:
+    """Merging: (re)create the merge Job, and follow it to its end."""
+    job = ctx.job(m.merge_job_name(ctx.o.name))
+    if job is None:
+        ctx.plan.create.extend(m.merge_objects(ctx.owner, ctx.spec))
+        return
+    if job.complete:
+        merged(ctx)
+    elif job.failed:
+        ends = [e for e in (pod_ending(p) for p in ctx.pods_of(job)) if e is not None]
+        detail = ends[-1].message if ends else job.failure
+        ctx.condition(c.MERGED, "False", c.MERGE_FAILED, detail)
+        to_failed(ctx, c.MERGE_FAILED, c.merge_failed(job.name, m.MERGE_BACKOFF_LIMIT + 1, detail), ev.merge_failed())
+
+
+def merged(ctx: Ctx) -> None:
+    """The merge Job committed its outputs: the merged model, the adapter, or both."""
+    spec, merge = ctx.spec, ctx.spec.merge
+    update: dict[str, str] = {}
+    if merge.enabled:
+        update["merged_model_uri"] = spec.output.uri
+    if merge.write_adapter:
+        update["adapter_uri"] = adapter_uri(spec)
+    ctx.st.outputs = (ctx.st.outputs or Outputs()).model_copy(update=update)
+    if merge.enabled:
+        said = c.merged(spec.output.uri, adapter_uri(spec) if merge.write_adapter else None)
+        ctx.condition(c.MERGED, "True", c.MERGED_REASON, said)
+    else:
+        ctx.condition(c.MERGED, "True", c.ADAPTER_EXPORTED, c.adapter_exported(adapter_uri(spec)))
+    if spec.evaluation is not None:
+        evaluation.begin(ctx)
+    else:
+        to_exported(ctx)

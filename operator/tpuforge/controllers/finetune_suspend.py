@@ -1,0 +1,32 @@
+"""Suspend (spec.runPolicy.suspend): the training Job is removed and the checkpoints stay; clearing the flag
+resumes the job as its next attempt, from the last checkpoint, with the deadline counted afresh."""
+
+from __future__ import annotations
+
+from tpuforge.controllers import finetune_attempts as attempts
+from tpuforge.controllers import finetune_conditions as c
+from tpuforge.controllers.finetune_context import Ctx
+from tpuforge.controllers.finetune_transitions import to_resumed, to_suspended
+
+
+def stop(ctx: Ctx) -> None:
+    """The flag is set on a pending or training job: stop its attempt."""
+    n = ctx.st.attempt
+    job = ctx.train_job(n)
+    if job is not None:
+        ctx.delete_job(job)
+    ctx.close_attempt(n, "Suspended", c.SUSPENDED_REASON, c.SUSPEND_SET, None)
+    to_suspended(ctx, n)
+
+
+def step(ctx: Ctx) -> None:
+    """Suspended: keep the attempt's Job away while the flag stays; resume once it is cleared."""
+    st = ctx.st
+    if ctx.spec.run_policy.suspend:
+        job = ctx.train_job(st.attempt)
+        if job is not None:
+            ctx.delete_job(job)
+        return
+    n = 0 if st.attempt is None else st.attempt + 1
+    to_resumed(ctx, n)
+    attempts.create(ctx, n)
