@@ -70,6 +70,10 @@ VALUES: dict[str, dict[str, Any]] = {
     "workloads-on": {
         "operator": {"watchNamespaces": ["ml-team"]},
         "kueue": {"enabled": True, "localQueues": [{"namespace": "ml-team", "name": "tpu"}]},
+        "networkPolicy": {
+            "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+            "workloads": {"enabled": True},
+        },
     },
     "bring-your-own": {
         "fullnameOverride": "ml-operator",

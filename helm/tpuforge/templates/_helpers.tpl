@@ -74,3 +74,33 @@ app.kubernetes.io/component: operator
 app.kubernetes.io/name: tpuforge-trainer
 app.kubernetes.io/managed-by: tpuforge
 {{- end }}
+
+{{/* The training pods of a multi-host slice: JobSet labels its pods with their JobSet's name. */}}
+{{- define "tpuforge.jobsetTrainerSelector" -}}
+matchLabels:
+  {{- include "tpuforge.trainerSelectorLabels" . | nindent 2 }}
+matchExpressions:
+  - {key: jobset.sigs.k8s.io/jobset-name, operator: Exists}
+{{- end }}
+
+{{/* What every pod the operator creates may reach: DNS, the GKE metadata server (169.254.169.254:80, and
+169.254.169.252:988 where Workload Identity runs on GKE Dataplane V2) and HTTPS (networkPolicy.workloads.httpsTo). */}}
+{{- define "tpuforge.workloadEgress" -}}
+- ports:
+    - {port: 53, protocol: UDP}
+    - {port: 53, protocol: TCP}
+- to:
+    - ipBlock: {cidr: 169.254.169.254/32}
+  ports:
+    - {port: 80, protocol: TCP}
+- to:
+    - ipBlock: {cidr: 169.254.169.252/32}
+  ports:
+    - {port: 988, protocol: TCP}
+- ports:
+    - {port: 443, protocol: TCP}
+  {{- with .Values.networkPolicy.workloads.httpsTo }}
+  to:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}

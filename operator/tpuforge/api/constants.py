@@ -48,7 +48,7 @@ TPU_RESOURCE = "google.com/tpu"
 # no effect on a reclaim (GKE, "Spot VMs": termination and graceful shutdown).
 GKE_SPOT_GRACE_SECONDS = 15
 # Ports of a multi-host training pod besides its metrics: the JAX coordinator (COORDINATOR_PORT, process 0) and
-# the TPU runtime's own host-to-host port, which GKE documents for multi-host TPU slices.
+# the TPU runtime's port, which GKE's multi-host TPU samples declare on every worker.
 TPU_RUNTIME_PORT = 8471
 
 # GKE node pool label: one multi-host TPU slice is one node pool.
