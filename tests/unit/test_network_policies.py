@@ -147,7 +147,9 @@ def single_host_trainer() -> Pod:
 
 
 def vllm_pod() -> Pod:
-    spec = api.validate_serving({"model": {"uri": "gs://b/out"}, "adapters": [{"name": "a", "uri": "gs://b/a"}]})
+    spec = api.validate_serving(
+        {"model": {"uri": "gs://b/out"}, "adapters": [{"name": "a", "uri": "gs://b/a"}], "serviceAccountName": "sa"}
+    )
     inp = serving.ServingInputs(
         owner=serving.owner(WORKLOADS, "chat", "uid-2"),
         spec=spec,
