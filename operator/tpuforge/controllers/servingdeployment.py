@@ -1,11 +1,12 @@
-"""ServingDeployment controller: observe -> desired -> apply -> status.
+"""ServingDeployment controller: observe -> a pure plan (serving_plan) -> apply -> one status write.
 
 One level-based `reconcile(namespace, name)` does all the work and is safe to run at any time. Watch events
 on the object, on its Deployment and pods, and changes of the FineTuneJob it serves (an informer of its own,
-cheaper than kopf's watch) ask for it through a keyed work
-queue (one run per object at a time, failures retried with backoff). It reads what it needs from the API,
-applies the children the pure `tpuforge.manifests.serving` builds, derives the status from the Deployment
-and its pods, and patches it on the resourceVersion it read. Children carry owner references, so deleting
+cheaper than kopf's watch) ask for it through a keyed work queue (one run per object at a time, failures
+retried with backoff). It reads what it needs from the API (`observe`), applies the children the pure
+`serving_plan.plan_children` asks for (`apply`, through `serving_children`), reads the replicas back, lets
+`serving_plan.plan_status` derive the status from the Deployment and its pods (`serving_rollout`), and patches
+it once, on the resourceVersion it read (`write`). Children carry owner references, so deleting
 the object lets the garbage collector remove them; the XLA cache PVC is owned only when the spec does not
 retain it. LoRA adapters (spec.adapters) are brought to every ready replica over HTTP by
 `serving_adapters`, without touching the pod template; while one loads, the reconcile asks to run again soon.
@@ -14,15 +15,12 @@ retain it. LoRA adapters (spec.adapters) are brought to every ready replica over
 from __future__ import annotations
 
 import asyncio
-import copy
-import hashlib
-import json
+import dataclasses
 import logging
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -30,21 +28,21 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tpuforge import api, kube, metrics
-from tpuforge.api.conditions import ConditionStatus
 from tpuforge.api.constants import (
     API_VERSION,
     FINETUNEJOB_KIND,
     GROUP,
-    LABEL_COMPONENT,
     LABEL_SERVING,
     SERVING_KIND,
     SERVING_PLURAL,
     VERSION,
 )
-from tpuforge.controllers import defaults
 from tpuforge.controllers import serving_adapters as adapters
+from tpuforge.controllers import serving_plan as plan
 from tpuforge.controllers.finetune_snapshot import Snapshot, finetunejob_informer
 from tpuforge.controllers.informer import Informer
+from tpuforge.controllers.serving_children import Children
+from tpuforge.controllers.serving_rollout import observe_rollout, pod_problem, pod_ready, resolve_model
 from tpuforge.controllers.workqueue import KeyedQueue
 from tpuforge.manifests import serving as manifests
 from tpuforge.manifests.common import LABEL_OWNER_UID
@@ -53,280 +51,20 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
-ANNOTATION_SPEC_HASH = "tpuforge.dev/spec-hash"
-DEFAULT_MODEL = "gemma4-31b"
 # The StorageClass of the serving volumes a spec names none for; the chart sets it to its Hyperdisk Balanced
 # class (TPU v6e VMs attach Hyperdisk only). Unset: the cluster's default class.
 ENV_STORAGE_CLASS = "TPUFORGE_STORAGE_CLASS"
-CRASH_REASONS = (
-    "CrashLoopBackOff",
-    "ImagePullBackOff",
-    "ErrImagePull",
-    "CreateContainerConfigError",
-    "InvalidImageName",
-)
 
-
-# --- Resolving the model --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """What the spec's model resolves to now. `uri` is None while there is nothing to serve yet."""
-
-    uri: str | None
-    model_id: str | None
-    revision: str = ""
-    available: bool = True
-    failed: bool = False
-    reason: str = "ModelAvailable"
-    message: str = ""
-
-
-def resolve_model(spec: api.ServingDeploymentSpec, job: Obj | None) -> ModelSource:
-    """The model to serve, from the spec's URI or from the referenced FineTuneJob (None when absent)."""
-    if spec.model.uri is not None:
-        return ModelSource(uri=spec.model.uri, model_id=spec.model.name, message=f"serving {spec.model.uri}")
-    ref = spec.model.fine_tune_job_ref
-    assert ref is not None  # the spec allows exactly one source
-    if job is None:
-        return ModelSource(
-            uri=None,
-            model_id=None,
-            available=False,
-            reason="FineTuneJobNotFound",
-            message=f"FineTuneJob {ref.name!r} does not exist yet; waiting for it (spec.model.fineTuneJobRef)",
-        )
-    model_id = spec.model.name or job.get("spec", {}).get("model", {}).get("name")
-    status = api.FineTuneJobStatus.model_validate(job.get("status") or {})
-    merged = status.outputs.merged_model_uri if status.outputs else None
-    if status.phase == api.FineTunePhase.SUCCEEDED and merged:
-        meta = job.get("metadata", {})
-        # The same output URI can hold a newer model after the job runs again: the revision tells them apart.
-        revision = f"{meta.get('uid', '')}/{status.completion_time or ''}"
-        return ModelSource(
-            uri=merged,
-            model_id=model_id,
-            revision=revision,
-            message=f"serving FineTuneJob {ref.name!r}'s merged model {merged}",
-        )
-    if status.phase == api.FineTunePhase.FAILED:
-        return ModelSource(
-            uri=None,
-            model_id=model_id,
-            available=False,
-            failed=True,
-            reason="FineTuneJobFailed",
-            message=f"FineTuneJob {ref.name!r} failed, so it has no merged model to serve; fix and rerun it, "
-            "or point spec.model.uri at a merged model",
-        )
-    return ModelSource(
-        uri=None,
-        model_id=model_id,
-        available=False,
-        reason="WaitingForModel",
-        message=f"waiting for FineTuneJob {ref.name!r} to succeed (phase {status.phase or 'Pending'})",
-    )
-
-
-# --- Deriving status from what runs ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Rollout:
-    """What the Deployment and its pods say about serving."""
-
-    phase: api.ServingPhase
-    ready_replicas: int
-    reason: str
-    message: str
-    rolled_out: bool
-    served_uri: str | None
-
-
-def _container_problem(pod: str, statuses: list[Obj], init: bool) -> tuple[str, str] | None:
-    for cs in statuses:
-        state, last = cs.get("state") or {}, cs.get("lastState") or {}
-        waiting = state.get("waiting") or {}
-        term = state.get("terminated") or last.get("terminated") or {}
-        failed_exit = term.get("exitCode") not in (None, 0)
-        if waiting.get("reason") in CRASH_REASONS or (init and failed_exit and state.get("terminated")):
-            why = (term.get("message") or "").strip() or waiting.get("message") or waiting.get("reason") or ""
-            code = f" (exit code {term['exitCode']})" if failed_exit else ""
-            if init:
-                return "ModelFetchFailed", f"pod {pod}: model fetch failed{code}: {why}"
-            return "ServerFailing", f"pod {pod}: container {cs.get('name')} is failing{code}: {why}"
-    return None
-
-
-def pod_problem(pod: Obj) -> tuple[str, str] | None:
-    """Why a serving pod is not becoming ready, when it says so (reason, message)."""
-    name = pod.get("metadata", {}).get("name", "?")
-    status = pod.get("status") or {}
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            return "Unschedulable", f"pod {name} is not scheduled: {cond.get('message') or cond.get('reason')}"
-    return _container_problem(name, status.get("initContainerStatuses") or [], init=True) or _container_problem(
-        name, status.get("containerStatuses") or [], init=False
-    )
-
-
-def _pod_ready(pod: Obj) -> bool:
-    conds = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
-
-
-def observe_rollout(
-    replicas: int, deployment: Obj | None, pods: list[Obj], desired_uri: str, previous_uri: str | None
-) -> Rollout:
-    """Phase, ready count and served model from the Deployment's status and its pods."""
-    dep_status = (deployment or {}).get("status") or {}
-    generation = (deployment or {}).get("metadata", {}).get("generation", 0)
-    ready = int(dep_status.get("readyReplicas") or 0)
-    updated = int(dep_status.get("updatedReplicas") or 0)
-    total = int(dep_status.get("replicas") or 0)
-    rolled_out = (
-        deployment is not None
-        and int(dep_status.get("observedGeneration") or 0) >= generation
-        and updated == replicas
-        and total == replicas
-        and ready >= replicas
-    )
-    live = [p for p in pods if not p.get("metadata", {}).get("deletionTimestamp")]
-    served = {
-        p["metadata"].get("annotations", {}).get(manifests.ANNOTATION_MODEL_URI) for p in live if _pod_ready(p)
-    } - {None}
-    if rolled_out or not served:
-        served_uri: str | None = desired_uri
-    elif len(served) == 1:
-        served_uri = next(iter(served))
-    else:  # old and new pods both ready mid-roll: the clients may get either
-        served_uri = previous_uri if previous_uri in served else desired_uri
-
-    problems = [p for p in (pod_problem(pod) for pod in live if not _pod_ready(pod)) if p]
-    stalled = next(
-        (
-            c
-            for c in dep_status.get("conditions") or []
-            if c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"
-        ),
-        None,
-    )
-    P = api.ServingPhase
-    if replicas == 0:
-        return Rollout(P.PENDING, ready, "ScaledToZero", "spec.replicas is 0", rolled_out, None)
-    if ready >= replicas:
-        msg = f"{ready}/{replicas} replicas ready"
-        if not rolled_out:
-            msg += "; rolling out the new template while the old pods serve"
-            if problems:
-                msg += f" ({problems[0][1]})"
-        return Rollout(P.READY, ready, "Ready", msg, rolled_out, served_uri)
-    if stalled is not None:
-        why = problems[0][1] if problems else stalled.get("message", "")
-        return Rollout(
-            P.FAILED,
-            ready,
-            "RolloutStalled",
-            f"pods did not become ready within the progress deadline: {why}",
-            rolled_out,
-            served_uri,
-        )
-    scheduled = [p for p in live if (p.get("spec") or {}).get("nodeName")]
-    if problems:
-        reason, msg = problems[0]
-        phase = P.PENDING if reason == "Unschedulable" and not scheduled else P.LOADING
-        return Rollout(phase, ready, reason, f"{ready}/{replicas} replicas ready; {msg}", rolled_out, served_uri)
-    if scheduled:
-        return Rollout(
-            P.LOADING,
-            ready,
-            "Loading",
-            f"{ready}/{replicas} replicas ready; fetching the model and compiling (XLA compilation "
-            "takes 8-10 minutes on a cold cache)",
-            rolled_out,
-            served_uri,
-        )
-    return Rollout(
-        P.PENDING,
-        ready,
-        "Pending",
-        f"waiting for {replicas} pod(s) to be scheduled on a TPU node",
-        rolled_out,
-        served_uri,
-    )
-
-
-# --- Applying children ----------------------------------------------------------------------------------
-
-
-def spec_hash(obj: Obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-
-
-class Children:
-    """Reads and writes the children as plain dicts, through tpuforge.kube."""
-
-    def __init__(self, api_client: client.ApiClient):
-        self.api_client = api_client
-
-    def get(self, obj: Obj) -> Obj | None:
-        meta = obj["metadata"]
-        return kube.get(self.api_client, obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-
-    def apply(self, desired: Obj) -> Obj:
-        """Create `desired`, or bring the existing object to it. The desired object's hash, kept in an
-        annotation, makes an unchanged object cost one read. Fields the server owns are kept: a Service's
-        cluster IP, a PVC's (immutable) spec."""
-        h = spec_hash(desired)
-        desired = copy.deepcopy(desired)
-        desired["metadata"].setdefault("annotations", {})[ANNOTATION_SPEC_HASH] = h
-        existing = self.get(desired)
-        if existing is not None and existing["metadata"].get("deletionTimestamp"):
-            # A same-named predecessor's child on its way out: create ours once it is gone.
-            raise RuntimeError(f"{desired['kind']} {desired['metadata']['name']} is being deleted; retrying")
-        if existing is None:
-            try:
-                return kube.create(self.api_client, desired)
-            except ApiException as e:
-                if not kube.is_already_exists(e):
-                    raise
-                existing = self.get(desired)
-                if existing is None:
-                    raise
-        meta = existing["metadata"]
-        if (meta.get("annotations") or {}).get(ANNOTATION_SPEC_HASH) == h:
-            return existing
-        want = desired["metadata"]
-        meta["labels"] = {**(meta.get("labels") or {}), **want.get("labels", {})}
-        meta["annotations"] = {**(meta.get("annotations") or {}), **want["annotations"]}
-        # Ours are replaced (a retained cache PVC drops its owner); anyone else's are kept.
-        others = [r for r in meta.get("ownerReferences") or [] if r.get("kind") != SERVING_KIND]
-        meta["ownerReferences"] = others + want.get("ownerReferences", [])
-        kind = desired["kind"]
-        if kind == "Service":
-            existing["spec"] = {**existing.get("spec", {}), **desired["spec"]}
-        elif kind != "PersistentVolumeClaim":
-            existing["spec"] = desired["spec"]
-        existing.pop("status", None)
-        path = kube.resource_path(desired["apiVersion"], kind, meta["namespace"], meta["name"])
-        # PUT with the resourceVersion just read: a concurrent writer makes this fail (409) and retry.
-        return kube.request(self.api_client, "PUT", path, body=existing)
-
-    def served(self, group_version: str, plural: str) -> bool:
-        """Whether the apiserver serves a resource (a monitoring CRD is installed)."""
-        try:
-            resources = kube.request(self.api_client, "GET", f"/apis/{group_version}").get("resources") or []
-        except ApiException as e:
-            if kube.is_not_found(e) or e.status == 403:
-                return False
-            raise
-        return any(r.get("name") == plural for r in resources)
-
-    def serving_pods(self, namespace: str, owner_uid: str) -> list[Obj]:
-        """This object's pods (not a same-named predecessor's, which may still be going away)."""
-        selector = f"{LABEL_OWNER_UID}={owner_uid},{LABEL_COMPONENT}={manifests.COMPONENT}"
-        return kube.list_objects(self.api_client, "v1", "Pod", namespace, selector)
+__all__ = [
+    "ServingDeploymentController",
+    "adapter_requeue",
+    "model_view",
+    "observe_rollout",
+    "pod_problem",
+    "reconcile",
+    "resolve_model",
+    "servingdeployments_by_job",
+]
 
 
 # --- Reconcile ------------------------------------------------------------------------------------------
@@ -334,12 +72,6 @@ class Children:
 
 class Conflict(Exception):
     """The object changed after it was read: reconcile the newer one."""
-
-
-def _current_model(deployment: Obj | None) -> tuple[str | None, str]:
-    """The model URI and revision the existing Deployment's pods were built for."""
-    ann = ((deployment or {}).get("spec", {}).get("template", {}).get("metadata", {}) or {}).get("annotations") or {}
-    return ann.get(manifests.ANNOTATION_MODEL_URI), ann.get(manifests.ANNOTATION_MODEL_REVISION, "")
 
 
 def reconcile(api_client: client.ApiClient, namespace: str, name: str) -> api.ServingDeploymentStatus | None:
@@ -352,169 +84,83 @@ def reconcile(api_client: client.ApiClient, namespace: str, name: str) -> api.Se
         return None
     if body["metadata"].get("deletionTimestamp"):
         return None
-    return _reconcile(Children(api_client), body)
+    children = Children(api_client)
+    o = observe(children, body)
+    p = plan.plan_children(o)
+    if p.target is not None:
+        deployment = apply(children, p.target)
+        p = plan.plan_status(o, p, p.target, replicas(children, o, p.target, deployment))
+    return write(children, body, o, p)
 
 
-def _reconcile(children: Children, body: Obj) -> api.ServingDeploymentStatus:
+def observe(children: Children, body: Obj) -> plan.Observed:
+    """The object, the FineTuneJobs it references and its Deployment as they are now."""
     meta = body["metadata"]
-    namespace, name, generation = meta["namespace"], meta["name"], meta.get("generation")
-    old = api.ServingDeploymentStatus.model_validate(body.get("status") or {})
-    status = old.model_copy(deep=True)
-    status.observed_generation = generation
-    events: list[tuple[str, str, str]] = []
-
-    def finish(phase: api.ServingPhase, reason: str, message: str) -> api.ServingDeploymentStatus:
-        status.phase = phase
-        ready: ConditionStatus = "True" if phase == api.ServingPhase.READY else "False"
-        status.conditions = api.set_condition(status.conditions, "Ready", ready, reason, message, generation)
-        if status.phase != old.phase:
-            events.append(("Warning" if phase == api.ServingPhase.FAILED else "Normal", phase.value, message))
-        if status != old:
-            try:
-                patch = status.model_dump(mode="json", by_alias=True)
-                kube.patch_status(children.api_client, body, patch, resource_version=meta["resourceVersion"])
-            except ApiException as e:
-                if kube.is_conflict(e):
-                    raise Conflict(f"{namespace}/{name}") from e
-                raise
-        # After the status: an Event is only said once what it reports is recorded.
-        for type_, reason_, message_ in events:
-            kube.post_event(children.api_client, body, type_, reason_, message_)
-        metrics.observe_servingdeployment(namespace, name, body.get("spec") or {}, status)
-        return status
-
+    namespace, api_client = meta["namespace"], children.api_client
+    o = plan.Observed(
+        namespace=namespace,
+        name=meta["name"],
+        uid=meta["uid"],
+        generation=meta.get("generation"),
+        spec=body.get("spec") or {},
+        status=api.ServingDeploymentStatus.model_validate(body.get("status") or {}),
+    )
     try:
-        spec = defaults.current().apply(api.parse(api.ServingDeploymentSpec, body.get("spec") or {}))
-    except api.SpecError as e:
-        return finish(api.ServingPhase.FAILED, "InvalidSpec", str(e))
-
-    job = None
-    if spec.model.fine_tune_job_ref is not None:
-        ref = spec.model.fine_tune_job_ref.name
-        job = kube.get(children.api_client, API_VERSION, FINETUNEJOB_KIND, namespace, ref)
+        spec = plan.parse_spec(o.spec)
+    except api.SpecError:
+        return o  # the plan says why
+    ref = spec.model.fine_tune_job_ref
+    job = kube.get(api_client, API_VERSION, FINETUNEJOB_KIND, namespace, ref.name) if ref is not None else None
     adapter_jobs = {
-        a.fine_tune_job_ref.name: kube.get(children.api_client, API_VERSION, FINETUNEJOB_KIND, namespace, r)
+        a.fine_tune_job_ref.name: kube.get(api_client, API_VERSION, FINETUNEJOB_KIND, namespace, r)
         for a in spec.adapters
         if a.fine_tune_job_ref is not None and (r := a.fine_tune_job_ref.name)
     }
-    source = resolve_model(spec, job)
-    served = manifests.served_model_name(name, spec)
-    errors = manifests.name_errors(name) + api.check_serving(spec, source.model_id, served)
-    if errors:
-        return finish(api.ServingPhase.FAILED, "InvalidSpec", str(api.SpecError(errors)))
-    status.conditions = api.set_condition(
-        status.conditions,
-        "ModelAvailable",
-        "True" if source.available else "False",
-        source.reason,
-        source.message,
-        generation,
-    )
-
-    dep_name = manifests.names(name).deployment
-    existing = kube.get(children.api_client, "apps/v1", "Deployment", namespace, dep_name)
-    uri, revision = source.uri, source.revision
-    if uri is None:
-        # Nothing new to serve: keep serving what the Deployment already runs, if anything.
-        uri, revision = _current_model(existing)
-        if uri is None:
-            phase = api.ServingPhase.FAILED if source.failed else api.ServingPhase.WAITING_FOR_MODEL
-            status.ready_replicas = 0
-            return finish(phase, source.reason, source.message)
-
-    inp = manifests.ServingInputs(
-        owner=manifests.owner(namespace, name, meta["uid"]),
-        spec=spec,
-        model_uri=uri,
-        model=api.model_shape(source.model_id or DEFAULT_MODEL),
-        slice=api.tpu_slice(spec.tpu.slice),
-        model_revision=revision,
-        adapter_job_rank=adapters.max_job_rank(adapter_jobs),
-        storage_class=os.environ.get(ENV_STORAGE_CLASS) or None,
-    )
-    children.apply(manifests.xla_cache_pvc(inp))
-    model_claim = manifests.model_pvc(inp)
-    if model_claim is not None:
-        children.apply(model_claim)
-    children.apply(manifests.service(inp))
-    deployment = children.apply(manifests.deployment(inp))
-    for monitor in manifests.MONITOR_KINDS:
-        if children.served(f"{monitor.group}/{monitor.version}", monitor.plural):
-            children.apply(monitor.build(inp))
-    if existing is not None and _current_model(existing) != (uri, revision):
-        events.append(("Normal", "RollingModel", f"rolling the Deployment {dep_name} to model {uri}"))
-
-    pods = children.serving_pods(namespace, meta["uid"])
-    rollout = observe_rollout(spec.replicas, deployment, pods, uri, old.model_uri)
-    status.ready_replicas = rollout.ready_replicas
-    status.endpoint = manifests.endpoint(name, namespace)
-    status.model_uri = rollout.served_uri
-    status.conditions = api.set_condition(
-        status.conditions,
-        "RolledOut",
-        "True" if rollout.rolled_out else "False",
-        "RolledOut" if rollout.rolled_out else "RollingOut",
-        "every replica runs the current template" if rollout.rolled_out else "a rollout is in progress",
-        generation,
-    )
-    _sync_adapters(status, old, spec, inp, pods, adapter_jobs, events)
-    return finish(rollout.phase, rollout.reason, rollout.message)
+    existing = kube.get(api_client, "apps/v1", "Deployment", namespace, manifests.names(o.name).deployment)
+    storage_class = os.environ.get(ENV_STORAGE_CLASS) or None
+    return dataclasses.replace(o, job=job, adapter_jobs=adapter_jobs, existing=existing, storage_class=storage_class)
 
 
-ADAPTER_CONDITIONS = ("AdaptersReady", "AdaptersPromoted")
+def apply(children: Children, t: plan.Target) -> Obj:
+    """The plan's objects, in order; monitors where their kind is served. Returns the applied Deployment."""
+    applied = [children.apply(obj) for obj in t.objects]
+    for group_version, plural, obj in t.monitors:
+        if children.served(group_version, plural):
+            children.apply(obj)
+    return applied[-1]
 
 
-def _sync_adapters(
-    status: api.ServingDeploymentStatus,
-    old: api.ServingDeploymentStatus,
-    spec: api.ServingDeploymentSpec,
-    inp: manifests.ServingInputs,
-    pods: list[Obj],
-    jobs: Mapping[str, Obj | None],
-    events: list[tuple[str, str, str]],
-) -> None:
-    """Bring every ready replica's adapters to the spec, then say per adapter what serves it."""
-    meta, generation = inp.owner, status.observed_generation
-    explicit_rank = spec.vllm.lora.max_lora_rank
-    desired = adapters.resolve_adapters(
-        spec, inp.model.id, jobs, old.adapters, manifests.vllm_lora_rank(explicit_rank) if explicit_rank else None
-    )
+def replicas(children: Children, o: plan.Observed, t: plan.Target, deployment: Obj) -> plan.Replicas:
+    """The serving pods, and each ready replica's adapters brought to the plan's (over HTTP to the pod)."""
+    pods = children.serving_pods(o.namespace, o.uid)
     results: dict[str, adapters.PodResult] = {}
-    if manifests.lora_enabled(spec):
+    if manifests.lora_enabled(t.spec):
         for pod in pods:
             ip = (pod.get("status") or {}).get("podIP")
-            if ip and _pod_ready(pod) and not pod["metadata"].get("deletionTimestamp"):
-                results[pod["metadata"]["name"]] = adapters.sync_pod(adapters.PodClient(ip), desired)
+            if ip and pod_ready(pod) and not pod["metadata"].get("deletionTimestamp"):
+                results[pod["metadata"]["name"]] = adapters.sync_pod(adapters.PodClient(ip), t.adapters)
     for result in results.values():
         for adapter, _, seconds in result.loaded:
-            metrics.observe_adapter_load(meta.namespace, meta.name, adapter, seconds)
-    status.adapters = adapters.summarise(desired, results, len(results))
-    status.adapters_ready = adapters.adapters_ready(status.adapters) if spec.adapters else None
-    for reason, text in adapters.adapter_events(old.adapters, status.adapters, list(results.values())):
-        events.append(("Warning" if reason == adapters.EVENT_FAILED else "Normal", reason, text))
-    if not spec.adapters:
-        status.conditions = [c for c in status.conditions if c.type not in ADAPTER_CONDITIONS]
-        return
-    failed = [a for a in status.adapters if a.phase == api.AdapterPhase.FAILED]
-    loading = [a for a in status.adapters if a.phase == api.AdapterPhase.LOADING]
-    unsupported = next((r.lora_unsupported for r in results.values() if r.lora_unsupported), None)
-    if unsupported is not None:
-        why = adapters.unsupported_message(spec.vllm.image, unsupported)
-        ready: tuple[ConditionStatus, str, str] = ("False", adapters.RUNTIME_LORA_UNSUPPORTED, why)
-    elif failed:
-        ready = ("False", "AdapterFailed", f"{failed[0].name}: {failed[0].message}")
-    elif loading:
-        ready = ("False", "AdaptersLoading", f"{loading[0].name}: {loading[0].message}")
-    else:
-        ready = ("True", "AdaptersReady", f"{status.adapters_ready} adapters ready on every ready replica")
-    status.conditions = api.set_condition(status.conditions, "AdaptersReady", *ready, generation)
-    held = [d.held_back for d in desired if d.held_back is not None]
-    promoted: tuple[ConditionStatus, str, str] = (
-        ("False", held[0][0], "; ".join(m for _, m in held))
-        if held
-        else ("True", "Promoted", "every adapter serves its newest output that may take traffic")
-    )
-    status.conditions = api.set_condition(status.conditions, "AdaptersPromoted", *promoted, generation)
+            metrics.observe_adapter_load(o.namespace, o.name, adapter, seconds)
+    return plan.Replicas(deployment, pods, results)
+
+
+def write(children: Children, body: Obj, o: plan.Observed, p: plan.Plan) -> api.ServingDeploymentStatus:
+    """One status write, on the resourceVersion read; then the Events (an Event is only said once what it
+    reports is recorded); then the metrics."""
+    if p.status != o.status:
+        try:
+            patch = p.status.model_dump(mode="json", by_alias=True)
+            resource_version = body["metadata"]["resourceVersion"]
+            kube.patch_status(children.api_client, body, patch, resource_version=resource_version)
+        except ApiException as e:
+            if kube.is_conflict(e):
+                raise Conflict(f"{o.namespace}/{o.name}") from e
+            raise
+    for type_, reason, message in p.events:
+        kube.post_event(children.api_client, body, type_, reason, message)
+    metrics.observe_servingdeployment(o.namespace, o.name, o.spec, p.status)
+    return p.status
 
 
 # --- Wiring -------------------------------------------------------------------------------------------------

@@ -1,0 +1,212 @@
+"""What a ServingDeployment serves and how far it is, as pure functions: the model its spec resolves to (a
+gs:// URI, or a FineTuneJob's merged model), and what its Deployment and pods say about serving it (phase,
+ready replicas, the model the ready pods serve, why a pod does not become ready)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tpuforge import api
+from tpuforge.manifests import serving as manifests
+
+Obj = dict[str, Any]
+
+UNSCHEDULABLE = "Unschedulable"  # a pod problem's reason: Pending until a pod is scheduled, then Loading
+CRASH_REASONS = (
+    "CrashLoopBackOff",
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "CreateContainerConfigError",
+    "InvalidImageName",
+)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What the spec's model resolves to now. `uri` is None while there is nothing to serve yet."""
+
+    uri: str | None
+    model_id: str | None
+    revision: str = ""
+    available: bool = True
+    failed: bool = False
+    reason: str = "ModelAvailable"
+    message: str = ""
+
+
+def resolve_model(spec: api.ServingDeploymentSpec, job: Obj | None) -> ModelSource:
+    """The model to serve, from the spec's URI or from the referenced FineTuneJob (None when absent)."""
+    if spec.model.uri is not None:
+        return ModelSource(uri=spec.model.uri, model_id=spec.model.name, message=f"serving {spec.model.uri}")
+    ref = spec.model.fine_tune_job_ref
+    assert ref is not None  # the spec allows exactly one source
+    if job is None:
+        return ModelSource(
+            uri=None,
+            model_id=None,
+            available=False,
+            reason="FineTuneJobNotFound",
+            message=f"FineTuneJob {ref.name!r} does not exist yet; waiting for it (spec.model.fineTuneJobRef)",
+        )
+    model_id = spec.model.name or job.get("spec", {}).get("model", {}).get("name")
+    status = api.FineTuneJobStatus.model_validate(job.get("status") or {})
+    merged = status.outputs.merged_model_uri if status.outputs else None
+    if status.phase == api.FineTunePhase.SUCCEEDED and merged:
+        meta = job.get("metadata", {})
+        # The same output URI can hold a newer model after the job runs again: the revision tells them apart.
+        revision = f"{meta.get('uid', '')}/{status.completion_time or ''}"
+        return ModelSource(
+            uri=merged,
+            model_id=model_id,
+            revision=revision,
+            message=f"serving FineTuneJob {ref.name!r}'s merged model {merged}",
+        )
+    if status.phase == api.FineTunePhase.FAILED:
+        return ModelSource(
+            uri=None,
+            model_id=model_id,
+            available=False,
+            failed=True,
+            reason="FineTuneJobFailed",
+            message=f"FineTuneJob {ref.name!r} failed, so it has no merged model to serve; fix and rerun it, "
+            "or point spec.model.uri at a merged model",
+        )
+    return ModelSource(
+        uri=None,
+        model_id=model_id,
+        available=False,
+        reason="WaitingForModel",
+        message=f"waiting for FineTuneJob {ref.name!r} to succeed (phase {status.phase or 'Pending'})",
+    )
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """What the Deployment and its pods say about serving."""
+
+    phase: api.ServingPhase
+    ready_replicas: int
+    reason: str
+    message: str
+    rolled_out: bool
+    served_uri: str | None
+
+
+def _container_problem(pod: str, statuses: list[Obj], init: bool) -> tuple[str, str] | None:
+    for cs in statuses:
+        state, last = cs.get("state") or {}, cs.get("lastState") or {}
+        waiting = state.get("waiting") or {}
+        term = state.get("terminated") or last.get("terminated") or {}
+        failed_exit = term.get("exitCode") not in (None, 0)
+        if waiting.get("reason") in CRASH_REASONS or (init and failed_exit and state.get("terminated")):
+            why = (term.get("message") or "").strip() or waiting.get("message") or waiting.get("reason") or ""
+            code = f" (exit code {term['exitCode']})" if failed_exit else ""
+            if init:
+                return "ModelFetchFailed", f"pod {pod}: model fetch failed{code}: {why}"
+            return "ServerFailing", f"pod {pod}: container {cs.get('name')} is failing{code}: {why}"
+    return None
+
+
+def pod_problem(pod: Obj) -> tuple[str, str] | None:
+    """Why a serving pod is not becoming ready, when it says so (reason, message)."""
+    name = pod.get("metadata", {}).get("name", "?")
+    status = pod.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return UNSCHEDULABLE, f"pod {name} is not scheduled: {cond.get('message') or cond.get('reason')}"
+    return _container_problem(name, status.get("initContainerStatuses") or [], init=True) or _container_problem(
+        name, status.get("containerStatuses") or [], init=False
+    )
+
+
+def pod_ready(pod: Obj) -> bool:
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
+
+
+def observe_rollout(
+    replicas: int, deployment: Obj | None, pods: list[Obj], desired_uri: str, previous_uri: str | None
+) -> Rollout:
+    """Phase, ready count and served model from the Deployment's status and its pods."""
+    dep_status = (deployment or {}).get("status") or {}
+    generation = (deployment or {}).get("metadata", {}).get("generation", 0)
+    ready = int(dep_status.get("readyReplicas") or 0)
+    updated = int(dep_status.get("updatedReplicas") or 0)
+    total = int(dep_status.get("replicas") or 0)
+    rolled_out = (
+        deployment is not None
+        and int(dep_status.get("observedGeneration") or 0) >= generation
+        and updated == replicas
+        and total == replicas
+        and ready >= replicas
+    )
+    live = [p for p in pods if not p.get("metadata", {}).get("deletionTimestamp")]
+    served = {
+        p["metadata"].get("annotations", {}).get(manifests.ANNOTATION_MODEL_URI) for p in live if pod_ready(p)
+    } - {None}
+    if rolled_out or not served:
+        served_uri: str | None = desired_uri
+    elif len(served) == 1:
+        served_uri = next(iter(served))
+    else:  # old and new pods both ready mid-roll: the clients may get either
+        served_uri = previous_uri if previous_uri in served else desired_uri
+
+    problems = [p for p in (pod_problem(pod) for pod in live if not pod_ready(pod)) if p]
+    stalled = next(
+        (
+            c
+            for c in dep_status.get("conditions") or []
+            if c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"
+        ),
+        None,
+    )
+    P = api.ServingPhase
+    if replicas == 0:
+        return Rollout(P.PENDING, ready, "ScaledToZero", "spec.replicas is 0", rolled_out, None)
+    if ready >= replicas:
+        msg = f"{ready}/{replicas} replicas ready"
+        if not rolled_out:
+            msg += "; rolling out the new template while the old pods serve"
+            if problems:
+                msg += f" ({problems[0][1]})"
+        return Rollout(P.READY, ready, "Ready", msg, rolled_out, served_uri)
+    if stalled is not None:
+        why = problems[0][1] if problems else stalled.get("message", "")
+        return Rollout(
+            P.FAILED,
+            ready,
+            "RolloutStalled",
+            f"pods did not become ready within the progress deadline: {why}",
+            rolled_out,
+            served_uri,
+        )
+    scheduled = [p for p in live if (p.get("spec") or {}).get("nodeName")]
+    if problems:
+        reason, msg = problems[0]
+        phase = P.PENDING if reason == UNSCHEDULABLE and not scheduled else P.LOADING
+        return Rollout(phase, ready, reason, f"{ready}/{replicas} replicas ready; {msg}", rolled_out, served_uri)
+    if scheduled:
+        return Rollout(
+            P.LOADING,
+            ready,
+            "Loading",
+            f"{ready}/{replicas} replicas ready; fetching the model and compiling (XLA compilation "
+            "takes 8-10 minutes on a cold cache)",
+            rolled_out,
+            served_uri,
+        )
+    return Rollout(
+        P.PENDING,
+        ready,
+        "Pending",
+        f"waiting for {replicas} pod(s) to be scheduled on a TPU node",
+        rolled_out,
+        served_uri,
+    )
+
+
+def current_model(deployment: Obj | None) -> tuple[str | None, str]:
+    """The model URI and revision the existing Deployment's pods were built for."""
+    ann = ((deployment or {}).get("spec", {}).get("template", {}).get("metadata", {}) or {}).get("annotations") or {}
+    return ann.get(manifests.ANNOTATION_MODEL_URI), ann.get(manifests.ANNOTATION_MODEL_REVISION, "")
