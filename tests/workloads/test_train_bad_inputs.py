@@ -64,7 +64,16 @@ def mesh_larger_than_host(tmp: Path, cfg: TrainConfig) -> str:
     return "mesh fsdp=2 x tp=4 needs 8 devices but this host has 4"
 
 
+def resume_with_another_alpha(tmp: Path, cfg: TrainConfig) -> str:
+    from tpuforge_workloads import lora
+
+    earlier = cfg.lora.model_copy(update={"alpha": 2 * cfg.lora.alpha})
+    lora.write_manifest(cfg.checkpoint.uri, lora.manifest(cfg.model_name, cfg.model_uri, earlier))
+    return f"holds checkpoints of another adapter: lora.alpha {2 * cfg.lora.alpha} (checkpoints) vs {cfg.lora.alpha}"
+
+
 CASES: list[Callable[[Path, TrainConfig], str]] = [
+    resume_with_another_alpha,
     malformed_json,
     unknown_role,
     empty_dataset,

@@ -44,12 +44,21 @@ class LoraManifest(BaseModel):
     params_item: str
     layout: str
 
-    def same_adapter(self, other: LoraManifest) -> bool:
-        return (self.model_name, self.rank, sorted(self.target_modules)) == (
-            other.model_name,
-            other.rank,
-            sorted(other.target_modules),
-        )
+    def differences(self, other: LoraManifest) -> list[str]:
+        """What would make `other`'s run resume these checkpoints as another adapter, each naming the
+        config field: the model and the shapes (a restore fails deep inside Orbax otherwise) and alpha
+        (the restored weights would silently be scaled by another alpha / rank). Dropout may change."""
+        fields = {
+            "modelName": (self.model_name, other.model_name),
+            "lora.rank": (self.rank, other.rank),
+            "lora.alpha": (self.alpha, other.alpha),
+            "lora.targetModules": (sorted(self.target_modules), sorted(other.target_modules)),
+        }
+        return [
+            f"{name} {mine} (checkpoints) vs {theirs} (this run)"
+            for name, (mine, theirs) in fields.items()
+            if mine != theirs
+        ]
 
 
 def module_regex(targets: Sequence[str]) -> str:

@@ -158,10 +158,11 @@ def _check_checkpoint_dir(config: TrainConfig, manifest: lora.LoraManifest, writ
         raise BadInput(f"checkpoint.uri: cannot read {uri} ({e})") from e
     except ValueError as e:
         raise BadInput(f"checkpoint.uri: {uri}/{lora.MANIFEST_FILE} is not a LoRA manifest ({e})") from e
-    if existing is not None and not existing.same_adapter(manifest):
+    differences = [] if existing is None else existing.differences(manifest)
+    if differences:
         raise BadInput(
-            f"checkpoint.uri {uri} holds checkpoints of another adapter ({existing.model_name}, rank "
-            f"{existing.rank}, {existing.target_modules}); use a new checkpoint.uri or the same lora settings"
+            f"checkpoint.uri {uri} holds checkpoints of another adapter: {'; '.join(differences)}; use a new "
+            "checkpoint.uri or the checkpoints' settings"
         )
     if not write:
         return
