@@ -4,13 +4,19 @@ JAX LoRA model rebuilt from a base model + a training checkpoint (for checks aga
 Qwix adds `<weight>_lora_a` / `<weight>_lora_b` (nnx.LoRAParam) next to each targeted weight; their
 sharding follows the weight's: A keeps the sharding of the contracted axes, B that of the output axes, and
 the rank axis is never split, so any rank fits any mesh.
+
+Qwix creates the adapters in the base weight's dtype. We keep them (and so the optimizer's moments and the
+gradient accumulator) in float32: in bfloat16 an AdamW update of ~1e-4 of a weight's size is rounded away.
+The forward pass computes with them cast to the base's dtype (`adapters_in_compute_dtype`), so activations
+stay bfloat16 on a bfloat16 model; the gradient flows through the cast to the float32 weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +33,8 @@ if TYPE_CHECKING:
 
 # Beside the Orbax step directories under checkpoint.uri.
 MANIFEST_FILE = "lora.json"
+# The adapters' storage dtype (whatever the base's); see the module docstring.
+ADAPTER_DTYPE = "float32"
 
 
 class LoraManifest(BaseModel):
@@ -95,9 +103,11 @@ def write_manifest(checkpoint_uri: str, m: LoraManifest) -> None:
     storage.write_text(storage.join(checkpoint_uri, MANIFEST_FILE), m.model_dump_json(indent=2))
 
 
-def apply_lora(model: Any, lora: LoraSpec, mesh: jax.sharding.Mesh, seed: int) -> Any:
+def apply_lora(
+    model: Any, lora: LoraSpec, mesh: jax.sharding.Mesh, seed: int, adapter_dtype: str = ADAPTER_DTYPE
+) -> Any:
     """The model with LoRA adapters on `lora.target_modules`, initialised from `seed` (A random, B zero, so
-    training starts from the base model's outputs) and placed on `mesh`.
+    training starts from the base model's outputs), stored in `adapter_dtype` and placed on `mesh`.
 
     Qwix creates the adapters by running the model once. That runs under jit with the base weights donated:
     eagerly, every op on sharded arrays is compiled on its own (seconds on CPU), and without donation the
@@ -125,7 +135,7 @@ def apply_lora(model: Any, lora: LoraSpec, mesh: jax.sharding.Mesh, seed: int) -
     with jax.set_mesh(mesh):
         lora_model = add_adapters(model)
     # Values created under jit come back replicated; place them by their own sharding metadata.
-    state = nnx.state(lora_model, nnx.LoRAParam)
+    state = jax.tree.map(lambda x: x.astype(adapter_dtype), nnx.state(lora_model, nnx.LoRAParam))
     nnx.update(lora_model, jax.device_put(state, nnx.get_named_sharding(state, mesh)))
     found = {str(path[-2]) for path, _ in nnx.to_flat_state(state)}
     missing = [t for t in lora.target_modules if t not in found]
@@ -160,6 +170,22 @@ def set_dropout_seed(model: Any, seed: int, mesh: jax.sharding.Mesh) -> None:
     nnx.update(model, jax.tree.map(place, rng))
 
 
+@contextlib.contextmanager
+def adapters_in_compute_dtype(model: Any) -> Iterator[None]:
+    """Within the block the model's LoRA weights are cast to the model's compute dtype (a no-op when they
+    share it); the stored weights are put back on exit. Works eagerly and under jit/grad."""
+    import jax
+    from flax import nnx
+
+    stored = nnx.state(model, nnx.LoRAParam)
+    dtype = model.config.dtype
+    nnx.update(model, jax.tree.map(lambda x: x.astype(dtype), stored))
+    try:
+        yield
+    finally:
+        nnx.update(model, stored)
+
+
 def causal_inputs(tokens: np.ndarray) -> dict[str, Any]:
     """Positions and a causal mask for unpadded rows of tokens [B, T]."""
     import jax.numpy as jnp
@@ -178,7 +204,8 @@ def logits(model: Any, tokens: np.ndarray) -> np.ndarray:
     import numpy as np
 
     x = causal_inputs(tokens)
-    out, _ = model(jnp.asarray(tokens, jnp.int32), x["positions"], None, x["attention_mask"])
+    with adapters_in_compute_dtype(model):
+        out, _ = model(jnp.asarray(tokens, jnp.int32), x["positions"], None, x["attention_mask"])
     return np.asarray(out, dtype=np.float32)
 
 

@@ -12,7 +12,9 @@ A batch is a dict of numpy arrays [rows, max_seq_len]:
     input_mask    bool    loss mask (which targets count)
     segment_ids   int32   1, 2, ... per example in the row; 0 on padding
     positions     int32   position within its own example
-plus `global_tokens`, an int64 scalar: the real tokens of the whole global batch.
+plus `global_tokens` and `global_loss_tokens`, int64 scalars: the real tokens and the loss targets of the
+whole global batch. The trainer adds `loss_denominator` (float32 [rows], see train/loss.py) before a batch
+goes to the device.
 `attention_mask` turns segment ids into the block-diagonal causal mask the model needs.
 
 On a multi-host slice every process builds only its own rows of each global batch (the rows its devices
@@ -257,10 +259,16 @@ class MicroBatches:
         batch = empty_batch(len(self._local), self._spec.max_seq_len, self._spec.pad_id)
         for i, r in enumerate(self._local):
             fill_row(batch, i, self._rows.members(index * n + r))
-        # Counted from the lengths of every row, so each process knows the global batch's tokens.
-        members = (self._rows.members(index * n + r) for r in range(n))
-        batch["global_tokens"] = np.asarray(sum(len(e["tokens"]) for row in members for e in row), np.int64)
+        # Counted from every row, so each process knows the global batch's tokens.
+        rows = [self._rows.members(index * n + r) for r in range(n)]
+        batch["global_tokens"] = np.asarray(sum(len(e["tokens"]) for row in rows for e in row), np.int64)
+        batch["global_loss_tokens"] = np.asarray(sum(loss_targets(row) for row in rows), np.int64)
         return batch
+
+
+def loss_targets(members: Sequence[Example]) -> int:
+    """The loss targets of a row holding `members`: the row's first token is never a target."""
+    return sum(int(e["loss_mask"][1:].sum()) if i == 0 else int(e["loss_mask"].sum()) for i, e in enumerate(members))
 
 
 def batches(examples: Sequence[Example], spec: BatchSpec, local_rows: Sequence[int] | None = None) -> grain.IterDataset:
@@ -304,13 +312,16 @@ def attention_mask(segment_ids: Any) -> Any:
 
 
 def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
-    """A batch -> the keyword arguments of Tunix's default PEFT loss function."""
-    return {
+    """A batch -> the keyword arguments of the loss functions (train/loss.py)."""
+    inputs = {
         "input_tokens": batch["input_tokens"],
         "input_mask": batch["input_mask"],
         "positions": batch["positions"],
         "attention_mask": attention_mask(batch["segment_ids"]),
     }
+    if "loss_denominator" in batch:
+        inputs["loss_denominator"] = batch["loss_denominator"]
+    return inputs
 
 
 def real_tokens(batch: dict[str, np.ndarray]) -> int:
@@ -339,4 +350,5 @@ def to_global(batch: dict[str, np.ndarray], sharding: Any, rows: int) -> dict[st
     import jax
 
     make = jax.make_array_from_process_local_data
-    return {k: make(sharding, batch[k], (rows, *batch[k].shape[1:])) for k in BATCH_ARRAYS}  # type: ignore[no-untyped-call]
+    keys = [k for k in (*BATCH_ARRAYS, "loss_denominator") if k in batch]
+    return {k: make(sharding, batch[k], (rows, *batch[k].shape[1:])) for k in keys}  # type: ignore[no-untyped-call]

@@ -3,12 +3,13 @@
 Held-out loss of the base and of base + adapter: teacher-forced, on the assistant tokens, with the trainer's
 own code: its chat encoding and loss masks (data.chat and data.pipeline, with the job's maxSeqLen, lossOn and
 overLength), its model and LoRA as training builds them (lora.untrained_lora_model), the adapter restored from
-the Orbax checkpoint at the adapter's step, and the loss function training minimises (Tunix's PEFT loss,
-which SftTrainer keeps). The base is scored as the untrained LoRA model: B is zero, so it computes exactly
-what the base does, as the trainer's step-0 evaluation sees it.
+the Orbax checkpoint at the adapter's step, and the loss training minimises (train/loss.py: summed NLL and
+count of loss targets on float32 logits). The base is scored as the untrained LoRA model: B is zero, so it
+computes exactly what the base does, as the trainer's step-0 evaluation sees it.
 
 Each record is scored alone, in a padded batch of the trainer's shape (empty rows carry no loss): its loss is
-the mean over its loss tokens, and the set's the mean over all of them. A record training would drop (too
+the mean over its loss tokens, and the set's the mean over all of them (summed NLL over summed count, as the
+evaluation during training computes it). A record training would drop (too
 long, or nothing to learn within maxSeqLen) is listed as skipped with the reason.
 
 Writes {"step", "loss", "baseLoss", "tokens", "examples", "skipped", "perExample": [...], "seconds"} to
@@ -90,29 +91,30 @@ def check_inputs(cfg: EvalConfig) -> tuple[int, list[Prepared], int]:
 
 
 class Scorer:
-    """Tunix's PEFT loss of one example at a time, jitted once for the trainer's batch shape."""
+    """The training loss's (NLL sum, loss-target count) of one example at a time, jitted once for the
+    trainer's batch shape."""
 
     def __init__(self, cfg: EvalConfig, mesh: Any, pad_id: int):
         import jax
         from flax import nnx
-        from tunix.sft import peft_trainer
 
-        # The loss PeftTrainer trains with (SftTrainer never replaces it).
-        loss_fn = peft_trainer._default_loss_fn
+        from tpuforge_workloads.train.loss import nll_sum_and_count
+
         self.rows = cfg.mesh.fsdp  # one row per data-parallel replica, as a micro-batch of one
         self.length = cfg.training.max_seq_len
         self.pad_id = pad_id
         self.sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))  # type: ignore[no-untyped-call]
-        self._loss = nnx.jit(lambda model, batch: loss_fn(model, **model_inputs(batch)))
+        self._loss = nnx.jit(lambda model, batch: nll_sum_and_count(model, **model_inputs(batch)))
 
-    def __call__(self, model: Any, example: Example) -> float:
+    def __call__(self, model: Any, example: Example) -> tuple[float, float]:
         (batch,) = eval_batches([example], self.rows, self.length, self.pad_id)
-        return float(self._loss(model, to_global(batch, self.sharding, self.rows)))
+        total, count = self._loss(model, to_global(batch, self.sharding, self.rows))
+        return float(total), float(count)
 
 
-def mean_loss(losses: list[float], tokens: list[int]) -> float:
-    """The set's loss: the mean over every loss token (each example weighted by its loss tokens)."""
-    return sum(x * n for x, n in zip(losses, tokens, strict=True)) / sum(tokens)
+def mean_loss(scores: list[tuple[float, float]]) -> float:
+    """The set's loss: summed NLL over summed loss targets (each example weighted by its loss tokens)."""
+    return sum(s for s, _ in scores) / sum(n for _, n in scores)
 
 
 def run_loss(cfg: EvalConfig) -> dict[str, Any]:
@@ -129,7 +131,7 @@ def run_loss(cfg: EvalConfig) -> dict[str, Any]:
         model = lora.untrained_lora_model(cfg.base_model_uri, cfg.checkpoint_uri, mesh=mesh, staging_dir=staging)
     seconds["load"] = time.monotonic() - started
     scorer = Scorer(cfg, mesh, pad_id)
-    losses: dict[str, list[float]] = {}
+    losses: dict[str, list[tuple[float, float]]] = {}
     for which in ("base", "adapter"):
         t0 = time.monotonic()
         if which == "adapter":
@@ -145,15 +147,15 @@ def run_loss(cfg: EvalConfig) -> dict[str, Any]:
         if p.tokens is None:
             per_example.append({"index": p.example.index, "skipped": p.skipped})
             continue
-        adapter_loss, base_loss = next(it)
+        (adapter_sum, n), (base_sum, _) = next(it)
         per_example.append(
-            {"index": p.example.index, "loss": adapter_loss, "baseLoss": base_loss, "tokens": p.loss_tokens}
+            {"index": p.example.index, "loss": adapter_sum / n, "baseLoss": base_sum / n, "tokens": p.loss_tokens}
         )
     seconds["total"] = time.monotonic() - started
     return {
         "step": step,
-        "loss": mean_loss(losses["adapter"], tokens),
-        "baseLoss": mean_loss(losses["base"], tokens),
+        "loss": mean_loss(losses["adapter"]),
+        "baseLoss": mean_loss(losses["base"]),
         "tokens": sum(tokens),
         "examples": len(scored),
         "skipped": len(prepared) - len(scored),

@@ -1,8 +1,9 @@
 """The JAX part of a run: mesh, base model, LoRA, optimizer, Tunix's PeftTrainer, checkpoints, resume.
 
 Tunix's PeftTrainer runs the loop (jitted step, gradient accumulation with optax.MultiSteps, metrics
-buffering); this module hands it three things of ours: a checkpoint manager that also saves the data
-iterator and dropout stream, a data hook that feeds Grain batches and stops at a step boundary when asked
+buffering); this module hands it four things of ours: the loss (train/loss.py: float32 logits, weighted by
+token across micro-batches), a checkpoint manager that also saves the data iterator and dropout stream, a
+data hook that feeds Grain batches a whole optimizer step at a time and stops at a step boundary when asked
 (max steps reached, or SIGTERM), and a training hook that reports progress.
 
 The same code runs on each host of a multi-host slice (hosts.py): the mesh spans every host's devices,
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 from flax import nnx
 from tunix.sft import hooks, peft_trainer
@@ -35,6 +37,7 @@ from tpuforge_workloads.data.pipeline import (
 )
 from tpuforge_workloads.mesh import make_mesh
 from tpuforge_workloads.progress import RunProgress
+from tpuforge_workloads.train import loss
 from tpuforge_workloads.train.checkpoints import TrainCheckpoints
 from tpuforge_workloads.train.hosts import Agreement, Hosts
 from tpuforge_workloads.train.plan import Plan
@@ -53,8 +56,9 @@ class Outcome:
 
 
 class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
-    """PeftTrainer with our checkpoint manager. The base class restores from its own manager in __init__;
-    given no checkpoint directory that is a no-op, so the restore is redone here with ours."""
+    """PeftTrainer with our loss and checkpoint manager. The base class restores from its own manager in
+    __init__; given no checkpoint directory that is a no-op, so the restore is redone here with ours. The
+    evaluation's loss is the token-weighted mean of its batches (`take_eval_loss`)."""
 
     def __init__(
         self, model: nnx.Module, optimizer: Any, config: peft_trainer.TrainingConfig, checkpoints: TrainCheckpoints
@@ -65,12 +69,28 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
             self.model, self.optimizer, restore_only_lora_params=self._lora_enabled
         )
         self._iter_steps = self._train_steps * config.get_with_default("gradient_accumulation_steps", 1)
+        self.with_loss_fn(loss.loss_fn, has_aux=True)
+        self._eval_sums: list[tuple[Any, Any]] = []
+
+    def _post_process_eval_step(self, aux: dict[str, Any]) -> None:
+        self._eval_sums.append((aux["nll_sum"], aux["tokens"]))
+
+    def take_eval_loss(self) -> float:
+        """The last evaluation's loss: summed NLL over summed loss targets of all its batches."""
+        total = sum(float(s) for s, _ in self._eval_sums)
+        count = sum(float(n) for _, n in self._eval_sums)
+        self._eval_sums.clear()
+        return total / max(count, 1.0)
 
 
 class BatchFeed(hooks.DataHooks):  # type: ignore[misc]
     """Feeds the trainer from the Grain iterator (this process's rows, made global arrays by `to_global`).
     Returns None (the loop's stop signal) at an optimizer-step boundary once the run is complete or a
-    preemption was requested on any host, so every checkpoint holds whole steps."""
+    preemption was requested on any host, so every checkpoint holds whole steps.
+
+    At each boundary it reads the step's `accumulation` micro-batches at once, to give each the step's mean
+    loss-target count (`loss_denominator`, train/loss.py); between steps nothing is held back, so the
+    iterator state a checkpoint saves is at the step boundary."""
 
     def __init__(
         self,
@@ -94,19 +114,22 @@ class BatchFeed(hooks.DataHooks):  # type: ignore[misc]
         self.step_tokens: dict[int, int] = {}  # optimizer step (1-based) -> real tokens in it
         self.tokens_total = 0
         self.exhausted = False
+        self._step_batches: list[dict[str, Any]] = []
 
     def load_next_train_batch(self, train_ctx: Any) -> Any:
-        at_boundary = train_ctx.iter_steps % self.accumulation == 0
-        if at_boundary and train_ctx.train_steps >= self.total_steps:
-            return None
-        if at_boundary and self.stop.any(self.watch.requested):
-            self.preempted = True
-            return None
-        try:
-            batch = next(self.iterator)
-        except StopIteration:
-            self.exhausted = True
-            return None
+        if train_ctx.iter_steps % self.accumulation == 0:
+            if train_ctx.train_steps >= self.total_steps:
+                return None
+            if self.stop.any(self.watch.requested):
+                self.preempted = True
+                return None
+            try:
+                self._step_batches = [next(self.iterator) for _ in range(self.accumulation)]
+            except StopIteration:
+                self.exhausted = True
+                return None
+            set_loss_denominator(self._step_batches)
+        batch = self._step_batches.pop(0)
         step = train_ctx.iter_steps // self.accumulation + 1
         n = real_tokens(batch)
         self.step_tokens[step] = self.step_tokens.get(step, 0) + n
@@ -125,10 +148,9 @@ class ProgressHooks(hooks.TrainingHooks):  # type: ignore[misc]
     """Forwards each finished step's loss to RunProgress. PeftTrainer reports step s once step s+1 has
     been dispatched, so reading the loss never stalls the device."""
 
-    def __init__(self, progress: RunProgress, feed: BatchFeed, eval_batches: int):
+    def __init__(self, progress: RunProgress, feed: BatchFeed):
         self.progress = progress
         self.feed = feed
-        self.eval_batches = eval_batches
         self.losses: dict[int, float] = {}
 
     def on_train_start(self, train_ctx: Any) -> None:
@@ -149,8 +171,17 @@ class ProgressHooks(hooks.TrainingHooks):  # type: ignore[misc]
         pass
 
     def on_eval_step_end(self, train_ctx: Any, eval_loss: float) -> None:
-        self.progress.eval_done(train_ctx.train_steps, float(eval_loss) / max(1, self.eval_batches))
+        self.progress.eval_done(train_ctx.train_steps, train_ctx.take_eval_loss())
         self.progress.restart_step_clock()
+
+
+def set_loss_denominator(group: list[dict[str, Any]], loss_targets: list[int] | None = None) -> None:
+    """Give each batch of a group averaged together (one optimizer step's micro-batches, or the eval set)
+    the group's mean loss-target count, in every row (default: the batches' `global_loss_tokens`)."""
+    counts = loss_targets if loss_targets is not None else [int(b["global_loss_tokens"]) for b in group]
+    mean = sum(counts) / len(group)
+    for b in group:
+        b["loss_denominator"] = np.full(len(b["input_tokens"]), mean, np.float32)
 
 
 def optimizer(plan: Plan) -> optax.GradientTransformation:
@@ -208,10 +239,11 @@ def run(
         return to_global(batch, sharding, plan.rows)
 
     iterator = iter(batches(plan.examples, plan.batch, local_rows))
-    evals = [
-        global_batch({k: v[local_rows] for k, v in b.items()})
-        for b in eval_batches(plan.eval_examples, plan.rows, c.training.max_seq_len, plan.batch.pad_id)
-    ]
+    whole = eval_batches(plan.eval_examples, plan.rows, c.training.max_seq_len, plan.batch.pad_id)
+    local = [{k: v[local_rows] for k, v in b.items()} for b in whole]
+    if local:
+        set_loss_denominator(local, [int(b["input_mask"][:, 1:].sum()) for b in whole])
+    evals = [global_batch(b) for b in local]
     feed = BatchFeed(iterator, g, plan.total_steps, watch, evals, global_batch, Agreement(hosts, "stop"))
     progress_box: list[RunProgress] = []
 
@@ -240,7 +272,7 @@ def run(
     feed.tokens_total = int(checkpoints.restored_metadata.get("tokens", 0))
     progress = progress_factory(start_step, checkpoints.committed_step)
     progress_box.append(progress)
-    hook = ProgressHooks(progress, feed, len(evals))
+    hook = ProgressHooks(progress, feed)
     trainer.with_gen_model_input_fn(model_inputs)
     trainer.with_data_hooks(feed)
     trainer.with_training_hooks(hook)

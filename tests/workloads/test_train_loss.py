@@ -1,0 +1,141 @@
+"""The training loss (train/loss.py) on the tiny Gemma 4.
+
+Packing changes nothing but speed: the loss of packed rows equals the loss of the same examples padded one
+per row, because the block-diagonal mask keeps examples apart and positions restart in each. Gradient
+accumulation weights tokens: 4 micro-batches of 1 row give the gradient of 1 batch of the same 4 rows."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from tokenizers import Tokenizer
+from tunix.sft import peft_trainer
+
+from tpuforge.api import LoraSpec
+from tpuforge_workloads import gemma4, lora
+from tpuforge_workloads.data import demo
+from tpuforge_workloads.data.chat import ChatEncoder
+from tpuforge_workloads.data.pipeline import BatchSpec, Example, batches, model_inputs, pad_example, prepare_examples
+from tpuforge_workloads.data.records import parse_line
+from tpuforge_workloads.mesh import make_mesh
+from tpuforge_workloads.train import loss
+from tpuforge_workloads.train.loop import BatchFeed
+from tpuforge_workloads.train.preemption import PreemptionWatch
+
+pytestmark = pytest.mark.slow
+SEQ = 64
+
+
+@pytest.fixture(scope="module")
+def lora_model(tiny_model_dir: Path, jax_devices: Any) -> tuple[Any, jax.sharding.Mesh]:
+    """The tiny model with adapters whose B is random, so that they take part in the loss."""
+    text = gemma4.parse_config(gemma4.read_config(str(tiny_model_dir)))
+    mesh = make_mesh(1, 4)
+    with jax.set_mesh(mesh):
+        base = gemma4.load_model(tiny_model_dir, text, gemma4.tunix_config(text), mesh)
+    model = lora.apply_lora(base, LoraSpec(rank=4, alpha=8.0, dropout=0.0), mesh, seed=0)
+    state = nnx.state(model, nnx.LoRAParam)
+    rng = np.random.default_rng(0)
+    nnx.update(
+        model,
+        jax.tree.map(lambda x: x + jax.numpy.asarray(rng.normal(0, 0.05, x.shape), x.dtype), state),
+    )
+    return model, mesh
+
+
+@nnx.jit
+def _jitted_loss(model: Any, batch: dict[str, Any]) -> Any:
+    total, count = loss.nll_sum_and_count(model, **model_inputs(batch))
+    return total / count
+
+
+def _loss(model: Any, mesh: jax.sharding.Mesh, batch: dict[str, np.ndarray]) -> float:
+    """The mean NLL per loss target of a batch, as the train step computes it."""
+    with jax.set_mesh(mesh):
+        return float(_jitted_loss(model, {k: jax.numpy.asarray(v) for k, v in batch.items()}))
+
+
+def _examples(tiny_model_dir: Path, loss_on: str = "assistant", count: int = 24) -> list[Example]:
+    encoder = ChatEncoder(Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json")))
+    encoder.loss_on = loss_on  # type: ignore[assignment]
+    records = [parse_line(json.dumps(r), "demo", i + 1) for i, r in enumerate(demo.records()[:count])]
+    return prepare_examples([r for r in records if r], encoder, SEQ, "drop", "demo")[0]
+
+
+def test_packed_loss_equals_unpacked_loss(lora_model: tuple[Any, jax.sharding.Mesh], tiny_model_dir: Path) -> None:
+    model, mesh = lora_model
+    for loss_on in ("assistant", "all"):
+        examples = _examples(tiny_model_dir, loss_on)
+        spec = BatchSpec(max_seq_len=SEQ, rows=4, packing=True, seed=0, pad_id=0, epochs=1)
+        packed = next(iter(batches(examples, spec)))
+        assert packed["segment_ids"].max() >= 2  # examples share rows
+
+        # The same examples, one per row, in packing order.
+        rows = []
+        for tokens, segments in zip(packed["input_tokens"], packed["segment_ids"], strict=True):
+            for seg in range(1, segments.max() + 1):
+                ex = next(e for e in examples if np.array_equal(e["tokens"], tokens[segments == seg]))
+                rows.append(pad_example(ex, SEQ, 0))
+        unpacked = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+        assert unpacked["input_mask"].sum() == packed["input_mask"].sum()
+
+        packed_loss = _loss(model, mesh, packed)
+        unpacked_loss = _loss(model, mesh, unpacked)
+        np.testing.assert_allclose(packed_loss, unpacked_loss, rtol=1e-5, err_msg=loss_on)
+
+        # Without the block-diagonal mask, examples would see each other: the loss would change.
+        leaky = dict(packed, segment_ids=(packed["segment_ids"] > 0).astype(np.int32))
+        leaky["positions"] = np.tile(np.arange(SEQ, dtype=np.int32), (len(leaky["positions"]), 1))
+        assert abs(_loss(model, mesh, leaky) - packed_loss) > 1e-3
+
+
+def _one_step_update(model: Any, mesh: jax.sharding.Mesh, examples: list[Example], rows: int, accumulation: int) -> Any:
+    """The LoRA weights' change after one optimizer step of SGD (learning rate 1: minus the gradient) through
+    PeftTrainer with our loss and data feed, `accumulation` micro-batches of `rows` rows; the model is left
+    as it was."""
+    before = jax.tree.map(lambda x: x.copy(), nnx.state(model, nnx.LoRAParam))  # the step donates the weights
+    spec = BatchSpec(max_seq_len=SEQ, rows=rows, packing=False, seed=0, pad_id=0, epochs=1)
+    feed = BatchFeed(iter(batches(examples, spec)), accumulation, 1, PreemptionWatch(), [])
+    config = peft_trainer.TrainingConfig(
+        eval_every_n_steps=1000,
+        max_steps=1,
+        gradient_accumulation_steps=accumulation if accumulation > 1 else None,
+        data_sharding_axis=("fsdp",),
+        pbar_description=None,
+    )
+    with jax.set_mesh(mesh):
+        trainer = peft_trainer.PeftTrainer(model, optax.sgd(1.0), config).with_loss_fn(loss.loss_fn, has_aux=True)
+        trainer.with_gen_model_input_fn(model_inputs)
+        trainer.with_data_hooks(feed)
+        trainer.train([])
+    assert trainer.train_steps == 1
+    update = jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), nnx.state(model, nnx.LoRAParam), before)
+    nnx.update(model, before)
+    return update
+
+
+def test_gradient_accumulation_weights_tokens_not_micro_batches(
+    lora_model: tuple[Any, jax.sharding.Mesh], tiny_model_dir: Path
+) -> None:
+    model, mesh = lora_model
+    examples = _examples(tiny_model_dir, count=4)
+    for i, e in enumerate(examples):  # 1/4, 2/4, 3/4, all of each example's targets: unequal counts
+        targets = np.flatnonzero(e["loss_mask"])
+        e["loss_mask"][targets[: len(targets) - max(1, len(targets) * (i + 1) // 4)]] = False
+    spec = BatchSpec(max_seq_len=SEQ, rows=4, packing=False, seed=0, pad_id=0, epochs=1)
+    targets = next(iter(batches(examples, spec)))["input_mask"][:, 1:].sum(axis=1)
+    assert targets.max() >= 3 * targets.min(), targets  # a mean of per-row means would differ
+
+    whole = _one_step_update(model, mesh, examples, rows=4, accumulation=1)
+    accumulated = _one_step_update(model, mesh, examples, rows=1, accumulation=4)
+    scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(whole))
+    assert scale > 0
+    for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(accumulated), strict=True):
+        np.testing.assert_allclose(b, a, atol=1e-5 * scale)
