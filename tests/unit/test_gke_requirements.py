@@ -140,6 +140,16 @@ def test_on_spot_every_tpu_pod_asks_for_the_15_s_a_reclaim_gives() -> None:
     # Off Spot a drain or an upgrade honours the pod's own grace: time for a checkpoint over a slow link.
     on_demand = pod_specs(job_spec(tpu={"spot": False}))["trainer"]
     assert on_demand["terminationGracePeriodSeconds"] == finetune.TRAINER_TERMINATION_GRACE_SECONDS == 300
+    # Node pools that lengthen their Spot shutdown (GKE 1.35, up to 120 s): the spec or the operator says so.
+    longer = pod_specs(job_spec(tpu={"spot": True, "spotGraceSeconds": 120}))["trainer"]
+    assert longer["terminationGracePeriodSeconds"] == 120
+    from tpuforge.controllers.defaults import OperatorDefaults
+
+    cluster = OperatorDefaults(spot_grace_seconds=90)
+    assert pod_specs(cluster.apply(job_spec(tpu={"spot": True})))["trainer"]["terminationGracePeriodSeconds"] == 90
+    with pytest.raises(api.SpecError) as e:
+        job_spec(tpu={"spotGraceSeconds": 300})
+    assert e.value.fields == ["spec.tpu.spotGraceSeconds"]
 
 
 def test_tpu_containers_run_as_root_only_when_asked_and_never_privileged() -> None:

@@ -39,7 +39,7 @@ VALUES: dict[str, dict[str, Any]] = {
             "extraArgs": ["--context=prod"],
             "env": [{"name": "TZ", "value": "UTC"}],
         },
-        "tpu": {"runAsRoot": True},
+        "tpu": {"runAsRoot": True, "spotGraceSeconds": 120},
         "serviceAccount": {"annotations": {"iam.gke.io/gcp-service-account": "op@proj.iam.gserviceaccount.com"}},
         "nodeSelector": {"cloud.google.com/gke-nodepool": "system"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "system", "effect": "NoSchedule"}],
@@ -258,6 +258,7 @@ def test_operator_runs_tpuforge_operator_with_args_its_cli_accepts(name: str) ->
     values = VALUES[name]
     assert args.namespace == values.get("operator", {}).get("watchNamespaces", [])
     assert args.tpu_run_as_root is values.get("tpu", {}).get("runAsRoot", False)
+    assert args.spot_grace_seconds == values.get("tpu", {}).get("spotGraceSeconds", c.GKE_SPOT_GRACE_SECONDS)
     metrics_on = values.get("metrics", {}).get("enabled", True)
     assert args.metrics_port == (values.get("metrics", {}).get("port", 8080) if metrics_on else 0)
     health = next(p for p in ct["ports"] if p["name"] == "health")["containerPort"]

@@ -85,6 +85,14 @@ class TpuSpec(ApiModel):
         description="CPU and memory the training pod requests on each host; unset: 8 CPUs and memory for the "
         "model's copy in /dev/shm plus the JAX runtime.",
     )
+    spot_grace_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=120,
+        description="On Spot, the training pods' terminationGracePeriodSeconds: what a reclaim gives non-system pods "
+        "(15 s on GKE, up to 120 s where the node pools lengthen their Spot shutdown); unset: the operator's "
+        "default (Helm value tpu.spotGraceSeconds, 15).",
+    )
     run_as_root: bool | None = Field(
         default=None,
         description="Run the TPU containers (trainer, evaluation) as root, still without privileges or "

@@ -71,6 +71,14 @@ class ServingTpu(ApiModel):
         description="CPU and memory the vLLM container requests; unset: 8 CPUs and memory for the model's weights "
         "plus the runtime.",
     )
+    spot_grace_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=120,
+        description="On Spot, the vLLM pods' terminationGracePeriodSeconds: what a reclaim gives non-system pods "
+        "(15 s on GKE, up to 120 s where the node pools lengthen their Spot shutdown); unset: the operator's "
+        "default (Helm value tpu.spotGraceSeconds, 15).",
+    )
     run_as_root: bool | None = Field(
         default=None,
         description="Run the vLLM container as root, still without privileges or capabilities, for nodes "

@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 
 from tpuforge import kube, metrics
-from tpuforge.api.constants import LABEL_SERVING
+from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS, LABEL_SERVING
 from tpuforge.controllers import defaults, finetunejob, servingdeployment
 
 __all__ = ["finetunejob", "main", "servingdeployment"]
@@ -81,13 +81,24 @@ def parser() -> argparse.ArgumentParser:
         help="run TPU containers as root (still unprivileged) where a spec leaves spec.tpu.runAsRoot unset: for "
         "nodes whose TPU device files only root may open",
     )
+    p.add_argument(
+        "--spot-grace-seconds",
+        type=int,
+        default=GKE_SPOT_GRACE_SECONDS,
+        choices=range(1, 121),
+        metavar="1..120",
+        help="terminationGracePeriodSeconds of Spot TPU pods whose spec leaves spec.tpu.spotGraceSeconds unset: "
+        f"what the Spot node pools give on a reclaim (default {GKE_SPOT_GRACE_SECONDS}, GKE's)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    defaults.configure(defaults.OperatorDefaults(tpu_run_as_root=args.tpu_run_as_root))
+    defaults.configure(
+        defaults.OperatorDefaults(tpu_run_as_root=args.tpu_run_as_root, spot_grace_seconds=args.spot_grace_seconds)
+    )
     kopf.configure(verbose=args.verbose)
     if not args.verbose:
         # kopf logs every handled watch event at INFO: thousands a minute on a busy cluster.

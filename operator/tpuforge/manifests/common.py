@@ -146,10 +146,10 @@ def role_binding(owner: Owner, name: str, labels: dict[str, str], role: str, ser
     }
 
 
-def tpu_scheduling(slc: TpuSlice, spot: bool = False) -> Obj:
+def tpu_scheduling(slc: TpuSlice, spot: bool = False, spot_grace: int | None = None) -> Obj:
     """The pod spec fields that put a pod on a node of `slc`'s GKE TPU node pool: its accelerator and
     topology labels, the TPU taint's toleration, and on Spot capacity the Spot label and taint, and the grace
-    period a reclaimed Spot VM actually gives (GKE_SPOT_GRACE_SECONDS): the pod's programs plan for it. A
+    period a reclaimed Spot VM actually gives (`spot_grace`, else GKE's GKE_SPOT_GRACE_SECONDS). A
     single-host slice also names its machine type: GKE builds a v6e 2x4 topology both as one ct6e-standard-8t
     VM and as two ct6e-standard-4t VMs, and a pod asking for 8 chips never fits the latter."""
     selector = {GKE_TPU_ACCELERATOR: slc.accelerator, GKE_TPU_TOPOLOGY: slc.topology}
@@ -160,7 +160,7 @@ def tpu_scheduling(slc: TpuSlice, spot: bool = False) -> Obj:
     if spot:
         selector[GKE_SPOT] = "true"
         tolerations.append({"key": GKE_SPOT, "operator": "Equal", "value": "true", "effect": "NoSchedule"})
-        out["terminationGracePeriodSeconds"] = GKE_SPOT_GRACE_SECONDS
+        out["terminationGracePeriodSeconds"] = spot_grace or GKE_SPOT_GRACE_SECONDS
     return out
 
 

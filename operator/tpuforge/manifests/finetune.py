@@ -221,7 +221,7 @@ def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
         "restartPolicy": "Never",
         "serviceAccountName": service_account_name(o.name, spec),
         "terminationGracePeriodSeconds": TRAINER_TERMINATION_GRACE_SECONDS,
-        **tpu_scheduling(slc, spec.tpu.spot),  # on Spot: the grace a reclaim gives
+        **tpu_scheduling(slc, spec.tpu.spot, spec.tpu.spot_grace_seconds),  # on Spot: the grace a reclaim gives
         "containers": [container],
         "volumes": [_config_volume(name), {"name": "dshm", "emptyDir": shm}],
     }

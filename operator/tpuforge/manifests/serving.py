@@ -375,7 +375,7 @@ def pod_template(inp: ServingInputs) -> Obj:
         containers.append(adapters_sidecar(inp, inp.model.id))
         volumes.append({"name": "adapters", "emptyDir": {}})
     pod: Obj = {
-        **tpu_scheduling(inp.slice, spec.tpu.spot),
+        **tpu_scheduling(inp.slice, spec.tpu.spot, spec.tpu.spot_grace_seconds),
         "initContainers": [fetch],
         "containers": containers,
         "volumes": volumes,
