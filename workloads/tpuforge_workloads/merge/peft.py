@@ -4,11 +4,17 @@ adapter_config.json, in a directory of their own (<output>/adapter, committed ap
 Tensors are named base_model.model.<HF module>.lora_A.weight (rank, in) and .lora_B.weight (out, rank), so
 that W' = W + (lora_alpha / r) * lora_B @ lora_A, the same update the merge applies. kv_einsum's one A
 becomes the lora_A of both k_proj and v_proj.
+
+target_modules names the module types (q_proj, ...) for a text-only model. On the multimodal checkpoint the
+vision tower has modules of the same names (wrappers PEFT cannot adapt), so there it is a regular expression
+that PEFT matches against full module names: the text decoder's modules only. vLLM takes the modules from the
+tensor names.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from itertools import groupby
 
 from tpuforge_workloads.adapters import CONFIG_FILE, WEIGHTS_FILE, AdapterInfo
@@ -30,6 +36,14 @@ def peft_name(module: str, factor: str) -> str:
     return f"base_model.model.{module}.lora_{factor}.weight"
 
 
+def target_modules(plan: MergePlan) -> list[str] | str:
+    """PEFT's target_modules: module types, or for the multimodal layout a pattern over the decoder's modules."""
+    kinds = sorted({m.split(".")[-1] for t in plan.targets for m in peft_modules(t)})
+    if not plan.text.multimodal:
+        return kinds
+    return rf"{re.escape(plan.text.hf_prefix)}layers\.\d+\.(?:self_attn|mlp)\.(?:{'|'.join(kinds)})"
+
+
 def adapter_config(plan: MergePlan) -> dict[str, object]:
     lora = plan.config.lora
     return {
@@ -39,7 +53,7 @@ def adapter_config(plan: MergePlan) -> dict[str, object]:
         "r": plan.lora.rank,
         "lora_alpha": lora.alpha,
         "lora_dropout": lora.dropout,
-        "target_modules": sorted({m.split(".")[-1] for t in plan.targets for m in peft_modules(t)}),
+        "target_modules": target_modules(plan),
         "bias": "none",
         "fan_in_fan_out": False,
         "use_rslora": False,
