@@ -350,7 +350,9 @@ def test_a_read_write_once_claim_is_refused_on_a_second_node_until_the_first_let
 
     message = wait_for(refused, 30, "a FailedAttachVolume event")
     assert message == 'Multi-Attach error for volume "cache" Volume is already used by pod(s) holder'
-    assert read(core, namespace, "second").status.phase == "Pending"
+    waiting = read(core, namespace, "second")
+    assert waiting.status.phase == "Pending"
+    assert waiting.status.container_statuses[0].state.waiting.reason == "ContainerCreating"
     core.delete_namespaced_pod("holder", namespace)
     assert wait_phase(core, namespace, "second", ("Succeeded", "Failed")).status.phase == "Succeeded"
 

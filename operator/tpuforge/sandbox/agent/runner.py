@@ -313,9 +313,12 @@ class PodRunner:
                 self._prepare_once()
                 return True
             except ConfigError as e:
+                # A disk that cannot attach yet leaves the containers as kubelet shows them: still being
+                # created; the reason is in the event.
+                waiting = {"reason": "ContainerCreating"} if e.reason == "FailedAttachVolume" else None
                 with self._lock:
                     for c in self.inits + self.apps:
-                        c.state = _states("waiting", {"reason": e.reason, "message": e.message})
+                        c.state = _states("waiting", waiting or {"reason": e.reason, "message": e.message})
                 self.publish()
                 reason = e.reason if e.reason in ("FailedMount", "FailedAttachVolume") else "Failed"
                 self.event("Warning", reason, e.message, once=True)
