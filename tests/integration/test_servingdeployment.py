@@ -282,8 +282,12 @@ def test_a_finetunejob_reference_waits_then_serves_then_rolls_to_a_new_model(
         api,
         ns,
         "chat",
-        lambda s: "RollingOut" in str(s.get("conditions")) and s.get("phase") != "Ready",
-        "a rollout that replaces the pod",
+        lambda s: (
+            "RollingOut" in str(s.get("conditions"))
+            and s.get("phase") != "Ready"
+            and "nothing serves" in str(s.get("conditions"))
+        ),
+        "a rollout that replaces the pod, saying so",
     )
     assert s["modelUri"] == MODEL_V2 and s["readyReplicas"] == 0
     ready_new_pods(api, ns, MODEL_V2)

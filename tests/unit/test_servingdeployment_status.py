@@ -77,6 +77,19 @@ def test_no_pod_scheduled_is_pending_then_loading_then_ready() -> None:
     assert (r.phase, r.ready_replicas, r.rolled_out, r.served_uri) == (P.READY, 1, True, NEW)
 
 
+def test_while_a_recreate_rollout_replaces_the_pod_the_status_says_nothing_serves() -> None:
+    """The pod holds ReadWriteOnce disks, so a new model replaces it (Recreate): the status is honest about the
+    gap, and names the model being loaded."""
+    rolling = deployment(1, 0, 1, generation=2)
+    rolling["metadata"]["annotations"] = {"deployment.kubernetes.io/revision": "2"}
+    rolling["spec"] = {"strategy": {"type": "Recreate"}}
+    r = observe_rollout(1, rolling, [pod(NEW, False)], NEW, OLD)
+    assert (r.phase, r.ready_replicas, r.served_uri) == (P.LOADING, 0, NEW)
+    assert "nothing serves until the new one is ready" in r.message
+    first = {**rolling, "metadata": {"generation": 1}}  # the first rollout: nothing was served before
+    assert "nothing serves" not in observe_rollout(1, first, [pod(NEW, False)], NEW, None).message
+
+
 def test_mid_roll_the_old_model_is_what_is_served() -> None:
     pods = [pod(OLD, True), pod(NEW, False)]
     r = observe_rollout(1, deployment(2, 1, 1, generation=2), pods, NEW, OLD)

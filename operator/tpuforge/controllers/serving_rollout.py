@@ -4,7 +4,7 @@ ready replicas, the model the ready pods serve, why a pod does not become ready)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tpuforge import api
@@ -125,10 +125,32 @@ def pod_ready(pod: Obj) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
 
 
+# A Recreate rollout (the pod holds ReadWriteOnce disks) takes the old pods down before the new one starts.
+RECREATING = (
+    "; the pod is being replaced (Recreate: its ReadWriteOnce disks move to the new one), so nothing serves "
+    "until the new one is ready"
+)
+
+
 def observe_rollout(
     replicas: int, deployment: Obj | None, pods: list[Obj], desired_uri: str, previous_uri: str | None
 ) -> Rollout:
-    """Phase, ready count and served model from the Deployment's status and its pods."""
+    """Phase, ready count and served model from the Deployment's status and its pods. While a Recreate
+    rollout has taken the old pods down, the message says that nothing serves, and why."""
+    out = _observe(replicas, deployment, pods, desired_uri, previous_uri)
+    dep = deployment or {}
+    annotations = dep.get("metadata", {}).get("annotations") or {}
+    rollout = int(annotations.get("deployment.kubernetes.io/revision", "1")) > 1
+    recreate = ((dep.get("spec") or {}).get("strategy") or {}).get("type") == "Recreate"
+    waiting = out.phase in (api.ServingPhase.PENDING, api.ServingPhase.LOADING) and out.reason != "ScaledToZero"
+    if recreate and rollout and waiting and not out.rolled_out:
+        return replace(out, message=out.message + RECREATING)
+    return out
+
+
+def _observe(
+    replicas: int, deployment: Obj | None, pods: list[Obj], desired_uri: str, previous_uri: str | None
+) -> Rollout:
     dep_status = (deployment or {}).get("status") or {}
     generation = (deployment or {}).get("metadata", {}).get("generation", 0)
     ready = int(dep_status.get("readyReplicas") or 0)
