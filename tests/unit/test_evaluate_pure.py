@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tpuforge.api import LoraSpec, MeshSpec, TrainingSpec
+from tpuforge.api import CheckerSpec, CodeEvalSpec, LoraSpec, MeshSpec, TrainingSpec
 from tpuforge.api.configs import EvalConfig
 from tpuforge_workloads.data.records import DatasetError
 from tpuforge_workloads.evaluate.answers import AnswerError, max_lora_rank
 from tpuforge_workloads.evaluate.records import read_examples
-from tpuforge_workloads.evaluate.score import exact_match, metrics_of, report_lines
+from tpuforge_workloads.evaluate.config import EvalInputError
+from tpuforge_workloads.evaluate.score import exact_match, metrics_of, read_checked, report_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,9 +89,9 @@ def test_result_has_only_the_metrics_asked_for(tmp_path: Path) -> None:
         adapter = ["a0", "a1 ", "wrong", "a3"]
         base = ["a0", "x", "y", "z"]
 
-    lines = report_lines(examples, Answers(), None)  # type: ignore[arg-type]
+    lines = report_lines(examples, Answers(), None, None)  # type: ignore[arg-type]
     assert [line["exactMatch"] for line in lines] == [True, True, False, True]
-    result = metrics_of(_config(report_uri="gs://b/r"), lines, None)
+    result = metrics_of(_config(report_uri="gs://b/r"), examples, lines, None, None)
     assert result == {
         "metrics": {"exactMatch": 0.75},
         "baseMetrics": {"exactMatch": 0.25},
@@ -110,3 +111,45 @@ def test_the_score_program_loads_without_jax_or_vllm() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "operator"), str(ROOT / "workloads")])}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_checker_runner_needs_the_standard_library_only() -> None:
+    """The checker image carries Python without site-packages, and only check.py and jail.py of ours."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "workloads")}
+    code = "import tpuforge_workloads.evaluate.check"
+    subprocess.run([sys.executable, "-S", "-c", code], env=env, capture_output=True, text=True, check=True)
+
+
+def test_pass_at_k_from_samples_and_verdicts_and_what_the_report_keeps(tmp_path: Path) -> None:
+    """Two problems, n=3: the adapter passes 2 of 3 and 3 of 3, the base none; pass@1 = (2/3 + 1) / 2."""
+    uri = _jsonl(tmp_path / "e.jsonl", [[("user", f"q{i}"), ("assistant", f"a{i}")] for i in range(2)])
+    examples = read_examples(uri, 2)
+    code = CodeEvalSpec(samples_per_problem=3, k=[1, 3], checker=CheckerSpec(image="c", command=["true"]))
+    cfg = _config(metrics=["passAtK"], code=code, report_uri="gs://b/r")
+    adapter_passes = {(0, 0): True, (0, 1): False, (0, 2): True, (1, 0): True, (1, 1): True, (1, 2): True}
+    samples, verdicts = [], []
+    for model in ("adapter", "base"):
+        for i in range(2):
+            for j in range(3):
+                sid = f"{model}/{i}/{j}"
+                passed = model == "adapter" and adapter_passes[(i, j)]
+                samples.append({"id": sid, "model": model, "index": i, "sample": j, "code": f"c{j}", "test": {}})
+                verdict = "passed" if passed else "failed (exit 1)"
+                verdicts.append({"id": sid, "passed": passed, "verdict": verdict, "stdout": "", "stderr": "e"})
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(x) + "\n" for x in samples))
+    (tmp_path / "v.jsonl").write_text("".join(json.dumps(x) + "\n" for x in reversed(verdicts)))
+    checked = read_checked(cfg, examples, str(tmp_path / "s.jsonl"), str(tmp_path / "v.jsonl"))
+    lines = report_lines(examples, None, None, checked)
+    assert [(line["passed"], line["basePassed"]) for line in lines] == [(2, 0), (3, 0)]
+    assert [s["verdict"] for s in lines[0]["samples"]] == ["passed", "failed (exit 1)", "passed"]
+    assert lines[0]["baseSamples"][1] == {"sample": 1, "code": "c1", "passed": False, "verdict": "failed (exit 1)",
+                                          "stdout": "", "stderr": "e"}  # fmt: skip
+    result = metrics_of(cfg, examples, lines, None, checked)
+    assert result["metrics"] == pytest.approx({"pass@1": (2 / 3 + 1) / 2, "pass@3": 1.0})
+    assert result["baseMetrics"] == {"pass@1": 0.0, "pass@3": 0.0}
+    # A verdict missing (the checker stopped early) or another n is refused, naming the file.
+    (tmp_path / "v.jsonl").write_text("".join(json.dumps(x) + "\n" for x in verdicts[1:]))
+    with pytest.raises(EvalInputError, match="no verdict for sample adapter/0/0"):
+        read_checked(cfg, examples, str(tmp_path / "s.jsonl"), str(tmp_path / "v.jsonl"))
+    with pytest.raises(EvalInputError, match="--samples and --verdicts"):
+        read_checked(cfg, examples, None, None)

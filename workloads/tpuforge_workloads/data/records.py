@@ -7,7 +7,8 @@ line number and what is wrong with it. Blank lines are allowed and skipped.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from tpuforge_workloads import storage
 
@@ -28,6 +29,8 @@ class Message:
 class Record:
     line: int  # 1-based line number in the file, for error messages
     messages: tuple[Message, ...]
+    # The record's "test" object, for functional evaluation: opaque here, handed to the checker as it is.
+    test: Any = field(default=None, compare=False, hash=False)
 
 
 def parse_line(text: str, uri: str, line: int) -> Record | None:
@@ -54,7 +57,7 @@ def parse_line(text: str, uri: str, line: int) -> Record | None:
         raise DatasetError(f"{where}: no assistant message: nothing to learn from this record")
     if not any(m.role == "user" for m in messages):
         raise DatasetError(f"{where}: no user message")
-    return Record(line, tuple(messages))
+    return Record(line, tuple(messages), obj.get("test"))
 
 
 def read_records(uri: str, field: str = "dataset.uri") -> list[Record]:

@@ -1,14 +1,21 @@
-"""Greedy answers from vLLM, offline, for the base and for base + adapter on the same prompts: one engine
-with LoRA enabled serves both (a request without a LoRARequest is the base alone), the prompts laid out by
-the model's own chat template, as the serving endpoint's /v1/chat/completions does."""
+"""Greedy answers (exactMatch) and sampled ones (passAtK) from vLLM, offline, for the base and for base +
+adapter on the same prompts: one engine with LoRA enabled serves both (a request without a LoRARequest is the
+base alone), the prompts laid out by the model's own chat template, as the serving endpoint's
+/v1/chat/completions does."""
 
 from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tpuforge.api.code_eval import CodeEvalSpec
+from tpuforge_workloads.evaluate.passk import problem_seed
 
 log = logging.getLogger(__name__)
 
@@ -64,33 +71,81 @@ def engine_args(model_dir: Path, rank: int, max_model_len: int, cpu: bool) -> di
     return args
 
 
-def generate(
-    base_dir: Path, adapter_dir: Path, rank: int, prompts: list[list[dict[str, str]]], max_new_tokens: int
-) -> Answers:
-    import time
-
-    from vllm import LLM, SamplingParams
-    from vllm.lora.request import LoRARequest
+@contextmanager
+def _engine(base_dir: Path, rank: int, prompts: list[list[dict[str, str]]], max_new_tokens: int) -> Iterator[Any]:
+    """One vLLM engine with LoRA enabled, sized for the longest prompt plus `max_new_tokens`."""
+    from vllm import LLM
     from vllm.platforms import current_platform
 
     cpu = current_platform.is_cpu()
     if cpu:
         for key, value in CPU_ENV.items():
             os.environ.setdefault(key, value)
-    started = time.monotonic()
     longest = max(prompt_lengths(base_dir, prompts))
     llm = LLM(**engine_args(base_dir, rank, longest + max_new_tokens, cpu))
     try:
-        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, seed=0)
-        lora = LoRARequest(ADAPTER_NAME, 1, str(adapter_dir))
-        base = llm.chat(prompts, params, use_tqdm=False)
-        adapter = llm.chat(prompts, params, use_tqdm=False, lora_request=lora)
+        yield llm
     finally:
         # Stop the engine's processes now: left to interpreter exit, after an error, they can keep the
         # program from ending.
         llm.llm_engine.engine_core.shutdown(timeout=10)
+
+
+def _lora(adapter_dir: Path) -> Any:
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(ADAPTER_NAME, 1, str(adapter_dir))
+
+
+def generate(
+    base_dir: Path, adapter_dir: Path, rank: int, prompts: list[list[dict[str, str]]], max_new_tokens: int
+) -> Answers:
+    from vllm import SamplingParams
+
+    started = time.monotonic()
+    with _engine(base_dir, rank, prompts, max_new_tokens) as llm:
+        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, seed=0)
+        base = llm.chat(prompts, params, use_tqdm=False)
+        adapter = llm.chat(prompts, params, use_tqdm=False, lora_request=_lora(adapter_dir))
     return Answers(
         base=[o.outputs[0].text for o in base],
         adapter=[o.outputs[0].text for o in adapter],
+        seconds=time.monotonic() - started,
+    )
+
+
+@dataclass(frozen=True)
+class Samples:
+    """n sampled answers per prompt, in sample order, for the base and for base + adapter."""
+
+    base: list[list[str]]
+    adapter: list[list[str]]
+    seconds: float
+
+
+def sample(
+    base_dir: Path, adapter_dir: Path, rank: int, prompts: list[list[dict[str, str]]], code: CodeEvalSpec
+) -> Samples:
+    """`code.samplesPerProblem` answers per prompt at its temperature and topP. Prompt i draws with seed
+    `code.seed + i` for the base and for the adapter alike: a rerun draws the same samples."""
+    from vllm import SamplingParams
+
+    started = time.monotonic()
+    params = [
+        SamplingParams(
+            n=code.samples_per_problem,
+            temperature=code.temperature,
+            top_p=code.top_p,
+            max_tokens=code.max_new_tokens,
+            seed=problem_seed(code.seed, i),
+        )
+        for i in range(len(prompts))
+    ]
+    with _engine(base_dir, rank, prompts, code.max_new_tokens) as llm:
+        base = llm.chat(prompts, params, use_tqdm=False)
+        adapter = llm.chat(prompts, params, use_tqdm=False, lora_request=_lora(adapter_dir))
+    return Samples(
+        base=[[c.text for c in o.outputs] for o in base],
+        adapter=[[c.text for c in o.outputs] for o in adapter],
         seconds=time.monotonic() - started,
     )

@@ -6,10 +6,11 @@ import logging
 import tempfile
 from pathlib import Path
 
-from tpuforge.api.configs import EvalConfig
+from tpuforge.api.configs import EvalConfig, ServeConfig
 from tpuforge_workloads import storage
 from tpuforge_workloads.adapters import AdapterInfo, config_sha256, read_adapter_manifest
 from tpuforge_workloads.config_file import read_config
+from tpuforge_workloads.serve.fetch import fetch
 
 log = logging.getLogger(__name__)
 
@@ -52,3 +53,13 @@ def scratch_dir(cfg: EvalConfig) -> Path:
     path = Path(cfg.work_dir) if cfg.work_dir else Path(tempfile.gettempdir()) / "tpuforge-eval"
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def fetch_models(cfg: EvalConfig) -> tuple[Path, Path]:
+    """Local copies of the base (no marker needed: uploaded by hand) and of the committed adapter."""
+    work = scratch_dir(cfg)
+    base, adapter = work / "base", work / "adapter"
+    for uri, target, committed in ((cfg.base_model_uri, base, False), (cfg.adapter_uri, adapter, True)):
+        done = fetch(ServeConfig(model_uri=uri, target_dir=str(target), require_marker=committed))
+        log.info("fetched %s: %d files, %.1f MB in %.1f s", uri, done["files"], done["bytes"] / 1e6, done["seconds"])
+    return base, adapter

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tpuforge_workloads.data.records import DatasetError, Message, Record, read_records
 
@@ -14,6 +15,10 @@ class EvalExample:
     record: Record  # the whole record: the loss scores it as training would
     prompt: tuple[Message, ...]
     reference: str
+
+    @property
+    def test(self) -> Any:
+        return self.record.test
 
     def prompt_json(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.content} for m in self.prompt]

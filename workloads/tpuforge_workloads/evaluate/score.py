@@ -1,9 +1,11 @@
-"""python -m tpuforge_workloads.evaluate.score --config PATH [--loss loss.json] [--termination-log PATH]
+"""python -m tpuforge_workloads.evaluate.score --config PATH [--loss loss.json] [--samples S --verdicts V]
+    [--termination-log PATH]
 
 Runs in the evaluator image (vLLM + tpuforge; no JAX). Copies the base (as uploaded: no marker needed) and
 the committed adapter (its `_COMPLETE` required) to workDir, asks vLLM for greedy answers from the base and
 from base + adapter, scores exact match (the answer equals the record's last assistant turn, surrounding
-whitespace aside), takes the held-out loss from `--loss` (what evaluate.loss wrote), and commits the report
+whitespace aside), takes the held-out loss from `--loss` (what evaluate.loss wrote) and, for passAtK, the
+checked samples from `--samples` (evaluate.sample) and `--verdicts` (evaluate.check), and commits the report
 at reportUri: report.jsonl (one line per record) and summary.json, with `_COMPLETE`.
 
 On success the termination log holds exactly the result the operator reads:
@@ -19,23 +21,19 @@ import argparse
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
-from tpuforge.api.configs import EvalConfig, ServeConfig
+from tpuforge.api.code_eval import PASS_AT_K
+from tpuforge.api.configs import EvalConfig
 from tpuforge.api.constants import EXIT_BAD_CONFIG, TERMINATION_LOG
 from tpuforge_workloads import commit, storage, termination
 from tpuforge_workloads.adapters import AdapterError, AdapterInfo
 from tpuforge_workloads.data.records import DatasetError
 from tpuforge_workloads.evaluate.answers import AnswerError, Answers, generate
-from tpuforge_workloads.evaluate.config import (
-    EvalInputError,
-    check_adapter,
-    load_config,
-    scratch_dir,
-)
+from tpuforge_workloads.evaluate.config import EvalInputError, check_adapter, fetch_models, load_config
+from tpuforge_workloads.evaluate.functional import Checked, checked_samples, pass_metrics, report_fields
 from tpuforge_workloads.evaluate.records import EvalExample, read_examples
-from tpuforge_workloads.serve.fetch import FetchError, fetch
+from tpuforge_workloads.serve.fetch import FetchError
 
 log = logging.getLogger("tpuforge_workloads.evaluate.score")
 REPORT_FILE = "report.jsonl"
@@ -72,18 +70,8 @@ def read_losses(path: str | None, cfg: EvalConfig, examples: list[EvalExample]) 
     return dict(losses)
 
 
-def fetch_models(cfg: EvalConfig) -> tuple[Path, Path]:
-    """Local copies of the base (no marker needed: uploaded by hand) and of the committed adapter."""
-    work = scratch_dir(cfg)
-    base, adapter = work / "base", work / "adapter"
-    for uri, target, committed in ((cfg.base_model_uri, base, False), (cfg.adapter_uri, adapter, True)):
-        done = fetch(ServeConfig(model_uri=uri, target_dir=str(target), require_marker=committed))
-        log.info("fetched %s: %d files, %.1f MB in %.1f s", uri, done["files"], done["bytes"] / 1e6, done["seconds"])
-    return base, adapter
-
-
 def report_lines(
-    examples: list[EvalExample], answers: Answers | None, losses: dict[str, Any] | None
+    examples: list[EvalExample], answers: Answers | None, losses: dict[str, Any] | None, checked: Checked | None
 ) -> list[dict[str, Any]]:
     lines = []
     per_loss = {p["index"]: p for p in losses["perExample"]} if losses else {}
@@ -98,13 +86,23 @@ def report_lines(
             )
         if ex.index in per_loss:
             line.update({k: v for k, v in per_loss[ex.index].items() if k != "index"})
+        if checked is not None:
+            line.update(report_fields(checked, ex.index))
         lines.append(line)
     return lines
 
 
-def metrics_of(cfg: EvalConfig, lines: list[dict[str, Any]], losses: dict[str, Any] | None) -> dict[str, Any]:
+def metrics_of(
+    cfg: EvalConfig,
+    examples: list[EvalExample],
+    lines: list[dict[str, Any]],
+    losses: dict[str, Any] | None,
+    checked: Checked | None,
+) -> dict[str, Any]:
     metrics: dict[str, float] = {}
     base: dict[str, float] = {}
+    if checked is not None:
+        metrics, base = pass_metrics(cfg, examples, checked)
     if "loss" in cfg.metrics and losses is not None:
         metrics["loss"], base["loss"] = float(losses["loss"]), float(losses["baseLoss"])
     if "exactMatch" in cfg.metrics:
@@ -113,7 +111,23 @@ def metrics_of(cfg: EvalConfig, lines: list[dict[str, Any]], losses: dict[str, A
     return {"metrics": metrics, "baseMetrics": base, "examples": len(lines), "reportUri": cfg.report_uri}
 
 
-def run_score(cfg: EvalConfig, loss_path: str | None = None) -> dict[str, Any]:
+def read_checked(
+    cfg: EvalConfig, examples: list[EvalExample], samples: str | None, verdicts: str | None
+) -> Checked | None:
+    """The checked samples when the config asks for passAtK (both files needed), else None."""
+    if PASS_AT_K not in cfg.metrics:
+        return None
+    if samples is None or verdicts is None:
+        raise EvalInputError(
+            "metrics asks for passAtK but --samples and --verdicts were not both given (evaluate.sample and "
+            "evaluate.check write them)"
+        )
+    return checked_samples(cfg, examples, samples, verdicts)
+
+
+def run_score(
+    cfg: EvalConfig, loss_path: str | None = None, samples: str | None = None, verdicts: str | None = None
+) -> dict[str, Any]:
     """Score, commit the report; returns the result for the termination log."""
     started = time.monotonic()
     for field, uri in (("adapterUri", cfg.adapter_uri), ("baseModelUri", cfg.base_model_uri)):
@@ -122,14 +136,15 @@ def run_score(cfg: EvalConfig, loss_path: str | None = None) -> dict[str, Any]:
     info: AdapterInfo = check_adapter(cfg)
     examples = read_examples(cfg.dataset_uri, cfg.max_examples)
     losses = read_losses(loss_path, cfg, examples)
+    checked = read_checked(cfg, examples, samples, verdicts)
     answers = None
     if "exactMatch" in cfg.metrics:
         base_dir, adapter_dir = fetch_models(cfg)
         prompts = [ex.prompt_json() for ex in examples]
         answers = generate(base_dir, adapter_dir, info.rank, prompts, cfg.max_new_tokens)
         log.info("%d x 2 greedy answers in %.1f s", len(examples), answers.seconds)
-    lines = report_lines(examples, answers, losses)
-    result = metrics_of(cfg, lines, losses)
+    lines = report_lines(examples, answers, losses, checked)
+    result = metrics_of(cfg, examples, lines, losses, checked)
     summary = {
         **result,
         "modelName": cfg.model_name,
@@ -138,6 +153,7 @@ def run_score(cfg: EvalConfig, loss_path: str | None = None) -> dict[str, Any]:
         "step": info.step,
         "datasetUri": cfg.dataset_uri,
         "maxNewTokens": cfg.max_new_tokens,
+        **({"code": cfg.code.to_wire()} if cfg.code is not None and checked is not None else {}),
         "seconds": {"answers": answers.seconds if answers else 0.0, "total": time.monotonic() - started},
     }
     report = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode()
@@ -152,11 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--config", required=True, help="EvalConfig JSON file")
     parser.add_argument("--loss", help="evaluate.loss's output (needed when metrics include loss)")
+    parser.add_argument("--samples", help="evaluate.sample's output (needed when metrics include passAtK)")
+    parser.add_argument("--verdicts", help="evaluate.check's output on those samples (with --samples)")
     parser.add_argument("--termination-log", default=TERMINATION_LOG, help="where the result or the reason goes")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        result = run_score(load_config(args.config), args.loss)
+        result = run_score(load_config(args.config), args.loss, args.samples, args.verdicts)
     except (EvalInputError, DatasetError) as e:
         return termination.fail(args.termination_log, e, EXIT_BAD_CONFIG)
     except (AdapterError, FetchError, AnswerError, commit.CommitError, storage.StorageError) as e:

@@ -1,0 +1,100 @@
+"""python -m tpuforge_workloads.evaluate.sample --config PATH --out samples.jsonl [--termination-log PATH]
+
+The first step of functional evaluation (the passAtK metric), in the evaluator image: n answers sampled per
+problem from the base and from base + adapter (evaluate.answers.sample), the code taken from each
+(passk.extract_code), written as the checker's input, one line per sample:
+    {"id": "adapter/3/0", "model": "adapter", "index": 3, "sample": 0, "answer": ..., "code": ..., "test": {...}}
+The checker (evaluate.check, in the checker image) runs them; evaluate.score turns the verdicts into pass@k.
+Exit codes as evaluate.score's: EXIT_BAD_CONFIG (2) for a config or input that cannot be used, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from tpuforge.api.configs import EvalConfig
+from tpuforge.api.constants import EXIT_BAD_CONFIG, TERMINATION_LOG
+from tpuforge_workloads import termination
+from tpuforge_workloads.adapters import AdapterError
+from tpuforge_workloads.data.records import DatasetError
+from tpuforge_workloads.evaluate.answers import AnswerError, Samples, sample
+from tpuforge_workloads.evaluate.config import EvalInputError, check_adapter, fetch_models, load_config
+from tpuforge_workloads.evaluate.passk import extract_code
+from tpuforge_workloads.evaluate.records import EvalExample, read_examples
+from tpuforge_workloads.serve.fetch import FetchError
+
+log = logging.getLogger("tpuforge_workloads.evaluate.sample")
+MODELS = ("adapter", "base")
+
+
+def problems(cfg: EvalConfig) -> list[EvalExample]:
+    """The evaluation set's records, each with its test object (checked here, before any model loads)."""
+    examples = read_examples(cfg.dataset_uri, cfg.max_examples)
+    for ex in examples:
+        if not isinstance(ex.test, dict):
+            raise EvalInputError(
+                f'{cfg.dataset_uri}:{ex.record.line}: no "test" object beside "messages": passAtK hands each '
+                'record\'s test to the checker (for Verilog {"files": {"tb.v": "..."}}); add one to every record'
+            )
+    return examples
+
+
+def sample_lines(examples: list[EvalExample], samples: Samples) -> list[dict[str, Any]]:
+    lines = []
+    for model, answers in (("adapter", samples.adapter), ("base", samples.base)):
+        for ex, drawn in zip(examples, answers, strict=True):
+            for j, answer in enumerate(drawn):
+                lines.append(
+                    {
+                        "id": f"{model}/{ex.index}/{j}",
+                        "model": model,
+                        "index": ex.index,
+                        "sample": j,
+                        "answer": answer,
+                        "code": extract_code(answer),
+                        "test": ex.test,
+                    }
+                )
+    return lines
+
+
+def run_sample(cfg: EvalConfig, out: Path) -> int:
+    if cfg.code is None:
+        raise EvalInputError("code is unset: passAtK needs spec.evaluation.code")
+    info = check_adapter(cfg)
+    examples = problems(cfg)
+    base_dir, adapter_dir = fetch_models(cfg)
+    drawn = sample(base_dir, adapter_dir, info.rank, [ex.prompt_json() for ex in examples], cfg.code)
+    lines = sample_lines(examples, drawn)
+    out.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+    log.info("%d samples (%d problems x %d x 2 models) in %.1f s", len(lines), len(examples),
+             cfg.code.samples_per_problem, drawn.seconds)  # fmt: skip
+    return len(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tpuforge_workloads.evaluate.sample", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--config", required=True, help="EvalConfig JSON file")
+    parser.add_argument("--out", required=True, help="the samples, JSONL (a local path)")
+    parser.add_argument("--termination-log", default=TERMINATION_LOG, help="where the failure reason goes")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        run_sample(load_config(args.config), Path(args.out))
+    except (EvalInputError, DatasetError) as e:
+        return termination.fail(args.termination_log, e, EXIT_BAD_CONFIG)
+    except (AdapterError, FetchError, AnswerError) as e:
+        return termination.fail(args.termination_log, e, 1)
+    except Exception as e:
+        return termination.fail(args.termination_log, e, 1, unexpected="sampling failed")
+    return 0
+
+
+if __name__ == "__main__":
+    termination.exit_now(main())
