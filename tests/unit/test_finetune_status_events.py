@@ -95,6 +95,9 @@ def worst_cases() -> Iterator[str]:
     yield ev.eval_below(Check("exactMatch", "minExactMatch", 1.0, 0.99, False))
     yield ev.eval_below(Check("exactMatch", "minExactMatch", 1.0, None, False))
     yield ev.eval_below(None)
+    code = {"pass@1": 0.99, "pass@5": 1.0, "pass@10": 1.0, "loss": 123.456789}
+    yield ev.eval_passed(code, code)
+    yield ev.eval_below(Check("pass@10", "minPassAt.10", 0.99, 0.01, False))
     yield ev.eval_failed()
     yield ev.eval_unreadable()
 
@@ -130,3 +133,10 @@ def test_the_evaluation_headline_shows_the_gain_over_the_base() -> None:
     assert ev.eval_passed(metrics, base) == "eval passed: em 1.00 (base 0.00)"
     assert ev.eval_passed({"loss": 0.1234}, {"loss": 3.5}) == "eval passed: loss 0.1234 (base 3.5)"
     assert ev.eval_below(Check("loss", "maxLoss", 0.5, 0.75, False)) == "eval below threshold: loss 0.75 > 0.5"
+
+
+def test_pass_at_k_leads_the_evaluation_headline() -> None:
+    metrics, base = {"loss": 0.12, "pass@5": 1.0, "pass@1": 0.8}, {"loss": 3.5, "pass@5": 0.0, "pass@1": 0.0}
+    assert ev.eval_passed(metrics, base).startswith("eval passed: pass@1 0.80 (base 0.00)")
+    below = Check("pass@1", "minPassAt.1", 0.6, 0.2, False)
+    assert ev.eval_below(below) == "eval below threshold: pass@1 0.20 < 0.60"

@@ -373,6 +373,27 @@ def test_without_the_loss_metric_there_is_no_loss_container() -> None:
     assert "--loss" not in p["containers"][0]["command"]
 
 
+def test_pass_at_k_samples_then_checks_in_the_checkers_image_with_its_limits_then_scores() -> None:
+    checker = {"image": "registry/checker-verilog:1", "command": ["sh", "-c", "iverilog sample.txt tb.v"],
+               "timeoutSeconds": 7.5, "cpu": "2", "memory": "1Gi"}  # fmt: skip
+    p = pod(m.eval_job(OWNER, eval_spec(metrics=["loss", "passAtK"], code={"checker": checker})))
+    loss, sample, check = p["initContainers"]
+    (score,) = p["containers"]
+    assert [c["name"] for c in (loss, sample, check, score)] == ["loss", "sample", "check", "score"]
+    assert (sample["image"], check["image"]) == ("registry/evaluator:1", "registry/checker-verilog:1")
+    assert sample["command"][2] == "tpuforge_workloads.evaluate.sample"
+    assert sample["command"][-4:-2] == ["--out", "/work/samples.jsonl"]
+    assert check["command"] == [
+        "python3", "-m", "tpuforge_workloads.evaluate.check", "--samples", "/work/samples.jsonl",
+        "--out", "/work/verdicts.jsonl", "--timeout", "7.5", "--memory", str(2**30), "--scratch", "/work/check",
+        "--", "sh", "-c", "iverilog sample.txt tb.v",
+    ]  # fmt: skip
+    assert check["resources"] == {"requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "1Gi"}}
+    assert check["securityContext"]["readOnlyRootFilesystem"] is True
+    assert check["securityContext"]["runAsNonRoot"] is True and p["automountServiceAccountToken"] is False
+    assert score["command"][-4:] == ["--samples", "/work/samples.jsonl", "--verdicts", "/work/verdicts.jsonl"]
+
+
 def test_on_a_tpu_slice_the_pod_owns_one_host_of_it() -> None:
     p = pod(m.eval_job(OWNER, eval_spec(slice="v6e-8", nodeSelector={"pool": "eval"})))
     assert p["nodeSelector"] == {

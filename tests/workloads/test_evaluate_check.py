@@ -61,9 +61,11 @@ def hostile(outside: Path, port: int) -> list[tuple[str, str, Any]]:
 
 @pytest.fixture(scope="module")
 def checked() -> Iterator[dict[str, Any]]:
-    # Not under pytest's temporary directory (mode 0700): the samples' own uid must reach its scratch.
     tmp = Path(tempfile.mkdtemp(prefix="tpuforge-check-"))
-    tmp.chmod(0o711)
+    tmp.chmod(0o777)  # writable by anyone: only the sample's read-only view of it stops the write outside
+    # A scratch root the samples' uid cannot reach (as pytest's own temporary directories): the runner uses
+    # one under /tmp instead.
+    (tmp / "private").mkdir(mode=0o700)
     outside = tmp / "outside.txt"
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
@@ -76,7 +78,7 @@ def checked() -> Iterator[dict[str, Any]]:
     run = subprocess.run(
         [sys.executable, "-m", "tpuforge_workloads.evaluate.check", "--samples", str(path), "--out",
          str(tmp / "verdicts.jsonl"), "--timeout", str(TIMEOUT), "--memory", str(512 << 20), "--scratch",
-         str(tmp), "--", *COMMAND],
+         str(tmp / "private"), "--", *COMMAND],
         capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     listener.settimeout(0.0)
@@ -92,6 +94,7 @@ def checked() -> Iterator[dict[str, Any]]:
         "order": [v["id"] for v in lines],
         "seconds": time.monotonic() - started,
         "stdout": run.stdout,
+        "stderr": run.stderr,
         "outside": outside,
         "connected": connected,
         "scratch": tmp,
@@ -143,7 +146,9 @@ def test_writes_outside_scratch_and_network_fail_as_root(checked: dict[str, Any]
 def test_nothing_is_left_running_or_on_disk(checked: dict[str, Any]) -> None:
     if AS_ROOT:
         assert processes_of(SAMPLE_UID) == []
-    assert not any(checked["scratch"].glob("sample-*"))
+    assert not any(checked["scratch"].glob("**/sample-*"))
+    if AS_ROOT:
+        assert "is not reachable by the samples' uid" in checked["stderr"]
     run_time = sum(1 for k in ("run-time loop", "no $finish") if "timed out" in checked["verdicts"][k]["verdict"])
     # Every sample but the two that hang ran in well under a second each.
     assert checked["seconds"] < run_time * TIMEOUT + 15

@@ -11,6 +11,16 @@ PASS_AT_K = "passAtK"
 PASS_AT_PREFIX = "pass@"
 
 
+_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+_UNITS.update({"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50})
+
+
+def quantity_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity (512Mi, 1G, 1.5Gi) in bytes."""
+    number = quantity.rstrip("KMGTPik")
+    return int(float(number) * _UNITS[quantity[len(number) :]])
+
+
 def pass_at_metric(k: int) -> str:
     """The name a pass@k score goes by in status.evaluation.metrics, the report and Prometheus: pass@1."""
     return f"{PASS_AT_PREFIX}{k}"

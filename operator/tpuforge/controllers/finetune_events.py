@@ -170,7 +170,8 @@ def evaluating(slice_id: str) -> str:
 
 # Short metric names for one-line headlines.
 _SHORT = {"exactMatch": "em", "loss": "loss"}
-_HEADLINE_ORDER = ("exactMatch", "loss")
+# pass@k first (pass@1 before pass@5), then exact match, then the loss.
+_HEADLINE_ORDER = ("pass@1", "pass@5", "exactMatch", "loss")
 
 
 def _scores(metrics: dict[str, float], base: dict[str, float]) -> list[str]:
@@ -184,7 +185,7 @@ def _scores(metrics: dict[str, float], base: dict[str, float]) -> list[str]:
 
 
 def eval_passed(metrics: dict[str, float], base: dict[str, float]) -> str:
-    """The headline: each score beside the base model's, as many as fit, exact match first."""
+    """The headline: each score beside the base model's, as many as fit, pass@1 and exact match first."""
     parts = _scores(metrics, base)
     plain = [p.split(" (")[0] for p in parts]
     return fit(

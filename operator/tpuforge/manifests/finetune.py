@@ -12,6 +12,7 @@ import json
 
 from tpuforge.api import resources
 from tpuforge.api.catalog import model_shape, tpu_slice
+from tpuforge.api.code_eval import PASS_AT_K, CheckerSpec, quantity_bytes
 from tpuforge.api.configs import eval_config, merge_config, train_config
 from tpuforge.api.constants import (
     API_VERSION,
@@ -67,6 +68,10 @@ MERGER_CONTAINER = "merger"
 # operator reads it from this container's termination message).
 EVAL_LOSS_CONTAINER = "loss"
 EVAL_SCORE_CONTAINER = "score"
+# With passAtK, two more init containers: `sample` (evaluator image) draws the samples, `check` (the checker's
+# image, with its CPU and memory as limits) runs each one against its test; `score` turns verdicts into pass@k.
+EVAL_SAMPLE_CONTAINER = "sample"
+EVAL_CHECK_CONTAINER = "check"
 # The JobSet's one replicated Job: its pods are <jobset>-trainer-0-<host> (their hostnames).
 TRAINER_REPLICATED_JOB = "trainer"
 
@@ -383,6 +388,8 @@ EVAL_BACKOFF_LIMIT = MERGE_BACKOFF_LIMIT
 WORK_VOLUME = "work"
 WORK_DIR = "/work"  # shared by the two containers: the loss's result reaches the scorer through it
 LOSS_FILE = f"{WORK_DIR}/loss.json"
+SAMPLES_FILE = f"{WORK_DIR}/samples.jsonl"
+VERDICTS_FILE = f"{WORK_DIR}/verdicts.jsonl"
 
 
 def eval_config_map(o: Owner, spec: FineTuneJobSpec) -> Obj:
@@ -446,6 +453,9 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
                 "terminationMessagePolicy": "FallbackToLogsOnError",
             }
         ]
+    if PASS_AT_K in ev.metrics and ev.code is not None and ev.code.checker is not None:
+        pod_spec.setdefault("initContainers", []).extend(_code_containers(spec, ev.code.checker, pod_resources, mounts))
+        score["command"] += ["--samples", SAMPLES_FILE, "--verdicts", VERDICTS_FILE]
     if not on_cpu:
         pod_spec.update(tpu_scheduling(tpu_slice(ev.slice)))
     if ev.node_selector:
@@ -458,9 +468,37 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         ]
     }
-    root = frozenset() if on_cpu else _root(spec, EVAL_LOSS_CONTAINER, EVAL_SCORE_CONTAINER)
+    root = frozenset() if on_cpu else _root(spec, EVAL_LOSS_CONTAINER, EVAL_SAMPLE_CONTAINER, EVAL_SCORE_CONTAINER)
     pod_spec = locked_down(pod_spec, api_access=False, root_containers=root)
     return _one_pod_job(o, name, lab, pod_spec, EVAL_BACKOFF_LIMIT, podFailurePolicy=failure_policy)
+
+
+def _code_containers(spec: FineTuneJobSpec, checker: CheckerSpec, resources: Obj, mounts: list[Obj]) -> list[Obj]:
+    """passAtK's two steps: draw the samples (vLLM, on the evaluation's accelerator), then check them in the
+    checker's image, capped by its CPU and memory, each sample confined by the runner (evaluate.check)."""
+    limits = {"cpu": checker.cpu, "memory": checker.memory}
+    check_args = ["--samples", SAMPLES_FILE, "--out", VERDICTS_FILE, "--timeout", f"{checker.timeout_seconds:g}"]
+    check_args += ["--memory", str(quantity_bytes(checker.memory)), "--scratch", f"{WORK_DIR}/check", "--"]
+    common: Obj = {"volumeMounts": mounts, "terminationMessagePath": TERMINATION_LOG,
+                   "terminationMessagePolicy": "FallbackToLogsOnError"}  # fmt: skip
+    return [
+        {
+            "name": EVAL_SAMPLE_CONTAINER,
+            "image": spec.images.evaluator,
+            "command": _reporting_command("tpuforge_workloads.evaluate.sample", "--out", SAMPLES_FILE),
+            "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+            "resources": resources,
+            **common,
+        },
+        {
+            "name": EVAL_CHECK_CONTAINER,
+            "image": checker.image,
+            "command": ["python3", "-m", "tpuforge_workloads.evaluate.check", *check_args, *checker.command],
+            "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+            "resources": {"requests": dict(limits), "limits": limits},
+            **common,
+        },
+    ]
 
 
 def eval_objects(o: Owner, spec: FineTuneJobSpec) -> list[Obj]:
@@ -476,7 +514,9 @@ __all__ = [
     "COMPONENT_RBAC",
     "COMPONENT_TRAINER",
     "EVAL_BACKOFF_LIMIT",
+    "EVAL_CHECK_CONTAINER",
     "EVAL_LOSS_CONTAINER",
+    "EVAL_SAMPLE_CONTAINER",
     "EVAL_SCORE_CONTAINER",
     "MERGER_CONTAINER",
     "SPEC_KEY",

@@ -169,20 +169,23 @@ def run_sample(sample_id: str, command: list[str], code: str, test: Any, limits:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def check_scratch_root(root: Path) -> None:
-    """As root, samples run as SAMPLE_UID, which must be able to pass through every directory above its scratch."""
+def scratch_root(root: Path) -> Path:
+    """Where the samples' scratch directories go. As root, samples run as SAMPLE_UID, which must pass through
+    every directory above its scratch: when `root` is not reachable so (a pod's volume under a private
+    directory), a fresh directory under /tmp is used instead."""
     if os.geteuid() != 0:
-        return
-    for d in [root.resolve(), *root.resolve().parents]:
-        if not d.stat().st_mode & stat.S_IXOTH:
-            raise SystemExit(
-                f"--scratch {root}: {d} (mode {stat.S_IMODE(d.stat().st_mode):o}) cannot be passed through by "
-                f"the samples' uid {SAMPLE_UID}; use a directory every user can reach, such as /tmp"
-            )
+        return root
+    resolved = root.resolve()
+    if all(d.stat().st_mode & stat.S_IXOTH for d in [resolved, *resolved.parents]):
+        return root
+    fallback = Path(tempfile.mkdtemp(prefix="tpuforge-check-", dir="/tmp"))
+    fallback.chmod(0o711)
+    print(f"--scratch {root} is not reachable by the samples' uid {SAMPLE_UID}; using {fallback}", file=sys.stderr)
+    return fallback
 
 
 def run_all(samples: list[dict[str, Any]], command: list[str], limits: Limits, root: Path) -> list[Verdict]:
-    check_scratch_root(root)
+    root = scratch_root(root)
     become_subreaper()
     return [run_sample(str(s["id"]), command, s["code"], s["test"], limits, root) for s in samples]
 
