@@ -15,8 +15,8 @@ from tpuforge.api import CheckerSpec, CodeEvalSpec, LoraSpec, MeshSpec, Training
 from tpuforge.api.configs import EvalConfig
 from tpuforge_workloads.data.records import DatasetError
 from tpuforge_workloads.evaluate.answers import AnswerError, max_lora_rank
-from tpuforge_workloads.evaluate.records import read_examples
 from tpuforge_workloads.evaluate.config import EvalInputError
+from tpuforge_workloads.evaluate.records import read_examples
 from tpuforge_workloads.evaluate.score import exact_match, metrics_of, read_checked, report_lines
 
 ROOT = Path(__file__).resolve().parents[2]
