@@ -383,3 +383,29 @@ def test_metrics_carry_the_scores_and_the_verdict_and_go_with_the_object() -> No
     assert value(eval_metric, "crashed", metric="loss", model="adapter") is None
     collector.forget("ns", "passed")
     assert not any(dict(labels).get("name") == "passed" for _, labels in scraped(collector))
+
+
+def test_pass_at_k_is_held_to_its_threshold_headlined_and_exported() -> None:
+    checker = {"image": "c", "command": ["true"]}
+    spec = eval_spec(metrics=["passAtK"], code={"checker": checker}, thresholds={"minPassAt": {"1": 0.6}})
+    collector = FineTuneJobCollector()
+    good, bad = World(spec), World(spec)
+    for w, at1 in ((good, 0.8), (bad, 0.2)):
+        to_evaluating(w)
+        message = {"metrics": {"pass@1": at1, "pass@5": 1.0}, "baseMetrics": {"pass@1": 0.0, "pass@5": 0.0},
+                   "examples": 12, "reportUri": REPORT}  # fmt: skip
+        eval_pod(w, "Succeeded", exit_code=0, message=json.dumps(message))
+        w.step()
+        assert w.phase() == api.FineTunePhase.SUCCEEDED
+    g, b = good.status.evaluation, bad.status.evaluation
+    assert g is not None and b is not None
+    assert (g.passed, g.message) == (True, "pass@1 0.80 >= minPassAt.1 0.60")
+    assert (b.passed, b.result, b.message) == (False, "Failed", "pass@1 0.20 < minPassAt.1 0.60")
+    assert g.base_metrics == {"pass@1": 0.0, "pass@5": 0.0}
+    assert ("Normal", "Evaluated", "eval passed: pass@1 0.80 (base 0.00)") in good.events  # as much as fits
+    assert ("Warning", "Evaluated", "eval below threshold: pass@1 0.20 < 0.60") in bad.events
+    assert bad.condition(EVALUATION_PASSED).reason == "BelowThreshold"
+    collector.set("ns", "good", finetunejob_sample("ns", "good", good.spec, good.status))
+    got = scraped(collector)
+    labels = {"namespace": "ns", "name": "good", "metric": "pass@1", "model": "adapter"}
+    assert got[("tpuforge_finetunejob_eval_metric", tuple(sorted(labels.items())))] == 0.8

@@ -1,0 +1,130 @@
+"""A dozen small Verilog problems with testbenches, for functional evaluation (pass@k) in tests and the demo.
+
+Each problem is a chat record whose answer is a fenced Verilog module, with a `test` object the Verilog
+checker receives: {"files": {"tb.v": <testbench>}}. Every testbench instantiates the module under test as
+`dut`, checks it exhaustively (combinational) or over a fixed stimulus (sequential), ends with `$fatal` on a
+mismatch and with `$finish` otherwise. `records()` holds the right solutions, `records(broken=True)` a
+plausible wrong one per problem (an adapter trained on those must fail the threshold). The solutions are a
+few lines each, so that the tiny test model can learn them by heart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# The Verilog checker's command (the checker image has iverilog and vvp; so does a `make setup` machine).
+VERILOG_CHECK_COMMAND = ["sh", "-c", "iverilog -g2012 -o sim -s tb sample.txt tb.v && vvp -n sim"]
+_PASS = '    if (errors) $fatal(1, "FAIL: %0d mismatches", errors);\n    $display("PASS");\n    $finish;\n'
+
+
+@dataclass(frozen=True)
+class Problem:
+    name: str
+    ask: str  # the user turn
+    solution: str
+    broken: str  # a plausible wrong solution
+    testbench: str
+
+
+def _comb(decls: str, ports: str, bits: int, drive: str, check: str) -> str:
+    """A testbench that drives every input combination (`bits` wide) and checks each output."""
+    return (
+        f"module tb;\n  {decls}\n  integer i, errors = 0;\n  dut_t dut({ports});\n  initial begin\n"
+        f"    for (i = 0; i < {2**bits}; i = i + 1) begin\n      {drive} = i; #1;\n"
+        f"      if ({check}) errors = errors + 1;\n    end\n{_PASS}  end\nendmodule\n"
+    )
+
+
+def _seq(decls: str, ports: str, step: str, check: str) -> str:
+    """A testbench with a clock: reset, then 40 cycles of `step` stimulus, a reference model checked each one."""
+    return (
+        f"module tb;\n  reg clk = 0, rst = 1;\n  {decls}\n  integer i, errors = 0;\n  dut_t dut({ports});\n"
+        "  always #1 clk = ~clk;\n  initial begin\n    @(negedge clk); rst = 0;\n"
+        f"    for (i = 0; i < 40; i = i + 1) begin\n      {step}\n      @(negedge clk);\n"
+        f"      if ({check}) errors = errors + 1;\n    end\n{_PASS}  end\nendmodule\n"
+    )
+
+
+def _module(name: str, ports: str, body: str) -> str:
+    return f"module {name}({ports});\n{body}\nendmodule"
+
+
+def _problem(name: str, ask: str, ports: str, body: str, broken: str, tb: str) -> Problem:
+    return Problem(
+        name,
+        f"Write a Verilog module {name}({ask}). Answer with the module only.",
+        _module(name, ports, body),
+        _module(name, ports, broken),
+        tb.replace("dut_t", name),
+    )
+
+
+PROBLEMS: tuple[Problem, ...] = (
+    _problem("mux2", "a, b, s, y: y is b when s is 1, else a", "input a, b, s, output y",
+             "  assign y = s ? b : a;", "  assign y = s ? a : b;",
+             _comb("reg a, b, s; wire y;", ".a(a), .b(b), .s(s), .y(y)", 3, "{a, b, s}", "y !== (s ? b : a)")),
+    _problem("half_adder", "a, b, sum, carry", "input a, b, output sum, carry",
+             "  assign sum = a ^ b;\n  assign carry = a & b;", "  assign sum = a | b;\n  assign carry = a & b;",
+             _comb("reg a, b; wire sum, carry;", ".a(a), .b(b), .sum(sum), .carry(carry)", 2, "{a, b}",
+                   "{carry, sum} !== a + b")),
+    _problem("full_adder", "a, b, cin, sum, cout", "input a, b, cin, output sum, cout",
+             "  assign {cout, sum} = a + b + cin;", "  assign {cout, sum} = a + b;",
+             _comb("reg a, b, cin; wire sum, cout;", ".a(a), .b(b), .cin(cin), .sum(sum), .cout(cout)", 3,
+                   "{a, b, cin}", "{cout, sum} !== a + b + cin")),
+    _problem("adder4", "4-bit a and b, 5-bit sum = a + b", "input [3:0] a, b, output [4:0] sum",
+             "  assign sum = a + b;", "  assign sum = a - b;",
+             _comb("reg [3:0] a, b; wire [4:0] sum;", ".a(a), .b(b), .sum(sum)", 8, "{a, b}", "sum !== a + b")),
+    _problem("decoder2to4", "2-bit in, 4-bit one-hot out", "input [1:0] in, output [3:0] out",
+             "  assign out = 4'b1 << in;", "  assign out = 4'b1 << ~in;",
+             _comb("reg [1:0] in; wire [3:0] out;", ".in(in), .out(out)", 2, "in", "out !== (4'b1 << in)")),
+    _problem("parity8", "8-bit d, p = XOR of its bits", "input [7:0] d, output p",
+             "  assign p = ^d;", "  assign p = |d;",
+             _comb("reg [7:0] d; wire p;", ".d(d), .p(p)", 8, "d", "p !== ^d")),
+    _problem("mux4", "4-bit d, 2-bit sel, y = d[sel]", "input [3:0] d, input [1:0] sel, output y",
+             "  assign y = d[sel];", "  assign y = d[3 - sel];",
+             _comb("reg [3:0] d; reg [1:0] sel; wire y;", ".d(d), .sel(sel), .y(y)", 6, "{d, sel}", "y !== d[sel]")),
+    _problem("compare4", "4-bit a and b, eq, lt, gt", "input [3:0] a, b, output eq, lt, gt",
+             "  assign eq = a == b;\n  assign lt = a < b;\n  assign gt = a > b;",
+             "  assign eq = a == b;\n  assign lt = a > b;\n  assign gt = a < b;",
+             _comb("reg [3:0] a, b; wire eq, lt, gt;", ".a(a), .b(b), .eq(eq), .lt(lt), .gt(gt)", 8, "{a, b}",
+                   "{eq, lt, gt} !== {a == b, a < b, a > b}")),
+    _problem("popcount4", "4-bit d, 3-bit count of its ones", "input [3:0] d, output [2:0] count",
+             "  assign count = d[0] + d[1] + d[2] + d[3];", "  assign count = d[0] + d[1] + d[2];",
+             _comb("reg [3:0] d; wire [2:0] count;", ".d(d), .count(count)", 4, "d",
+                   "count !== d[0] + d[1] + d[2] + d[3]")),
+    _problem("dff", "clk, rst, d, q: q takes d at each rising clk edge, 0 while rst",
+             "input clk, rst, d, output reg q",
+             "  always @(posedge clk) q <= rst ? 1'b0 : d;", "  always @(posedge clk) q <= rst ? 1'b0 : ~d;",
+             _seq("reg d = 0; reg want = 0; wire q;", ".clk(clk), .rst(rst), .d(d), .q(q)",
+                  "d = i[1] ^ i[0]; want = d;", "q !== want")),
+    _problem("counter4", "clk, rst, en, 4-bit q: q counts up at each rising clk edge when en, 0 while rst",
+             "input clk, rst, en, output reg [3:0] q",
+             "  always @(posedge clk) q <= rst ? 4'd0 : q + en;", "  always @(posedge clk) q <= rst ? 4'd0 : q + 1;",
+             _seq("reg en = 0; reg [3:0] want = 0; wire [3:0] q;", ".clk(clk), .rst(rst), .en(en), .q(q)",
+                  "en = i[0] | i[2]; want = want + en;", "q !== want")),
+    _problem("shift4", "clk, rst, din, 4-bit q: q shifts left taking din at bit 0 each rising clk edge, 0 while rst",
+             "input clk, rst, din, output reg [3:0] q",
+             "  always @(posedge clk) q <= rst ? 4'd0 : {q[2:0], din};",
+             "  always @(posedge clk) q <= rst ? 4'd0 : {din, q[3:1]};",
+             _seq("reg din = 0; reg [3:0] want = 0; wire [3:0] q;", ".clk(clk), .rst(rst), .din(din), .q(q)",
+                  "din = i[0] ^ i[3]; want = {want[2:0], din};", "q !== want")),
+)  # fmt: skip
+
+
+def fenced(code: str) -> str:
+    return f"```verilog\n{code}\n```"
+
+
+def records(broken: bool = False) -> list[dict[str, Any]]:
+    """One chat record per problem: the ask, the (right or broken) solution fenced, the testbench as `test`."""
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": p.ask},
+                {"role": "assistant", "content": fenced(p.broken if broken else p.solution)},
+            ],
+            "test": {"files": {"tb.v": p.testbench}},
+        }
+        for p in PROBLEMS
+    ]
