@@ -133,14 +133,41 @@ def test_each_hostile_sample_fails_with_a_verdict_within_its_timeout(
     assert len(v["stdout"]) <= 2048 + len("\n[... cut]")
 
 
-@pytest.mark.skipif(not AS_ROOT, reason="read-only mounts and a network namespace need root (the sandbox node)")
-def test_writes_outside_scratch_and_network_fail_as_root(checked: dict[str, Any]) -> None:
+def test_a_connection_fails_whoever_runs_the_checker(checked: dict[str, Any]) -> None:
+    """The seccomp filter refuses every socket but a Unix one, as root (the sandbox) or not (a checker pod)."""
+    v = checked["verdicts"]["network"]
+    assert not v["passed"] and "PermissionError: [Errno 13] Permission denied" in v["stderr"]
+    assert not checked["connected"]
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="read-only mounts and namespaces need root (the sandbox node)")
+def test_writes_outside_scratch_fail_and_root_adds_namespaces(checked: dict[str, Any]) -> None:
     v = checked["verdicts"]
     assert not v["write outside"]["passed"] and "Read-only file system" in v["write outside"]["stderr"]
     assert not checked["outside"].exists()
-    assert not v["network"]["passed"] and "Network is unreachable" in v["network"]["stderr"]
-    assert not checked["connected"]
-    assert "isolation: session, rlimits, timeout, own-uid, read-only-mounts, no-network" in checked["stdout"]
+    isolation = "isolation: session, rlimits, timeout, no-sockets, own-uid, read-only-mounts, no-network"
+    assert isolation in checked["stdout"]
+
+
+@pytest.mark.skipif(not AS_ROOT or shutil.which("setpriv") is None, reason="needs root to become another user")
+def test_as_a_non_root_checker_the_network_is_still_refused(tmp_path: Path) -> None:
+    """As a checker container runs on GKE: not root, so no namespaces, and still no socket."""
+    work = Path(tempfile.mkdtemp(prefix="tpuforge-check-nonroot-"))
+    work.chmod(0o777)
+    try:
+        code = "python3 -c \"import socket; socket.create_connection(('127.0.0.1', 9), 1)\""
+        (work / "s.jsonl").write_text(json.dumps({"id": "net", "code": code, "test": {}}) + "\n")
+        run = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+             "tpuforge_workloads.evaluate.check", "--samples", str(work / "s.jsonl"), "--out", str(work / "v.jsonl"),
+             "--timeout", str(TIMEOUT), "--memory", str(512 << 20), "--scratch", str(work), "--", "sh", "sample.txt"],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        (v,) = map(json.loads, (work / "v.jsonl").read_text().splitlines())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert "isolation: session, rlimits, timeout, no-sockets" in run.stdout and "own-uid" not in run.stdout
+    assert not v["passed"] and "Permission denied" in v["stderr"]
 
 
 def test_nothing_is_left_running_or_on_disk(checked: dict[str, Any]) -> None:

@@ -1,7 +1,9 @@
 """The confinement one checked sample runs in, as far as the process running the checker can enforce it.
 
 Always (any user): its own session and process group, resource limits (address space, processes, file
-size, CPU time, open files, no core dumps), and a wall-clock timeout after which the group is killed.
+size, CPU time, open files, no core dumps), a wall-clock timeout after which the group is killed, and (on
+x86_64 and arm64) a seccomp filter under which opening any socket but a Unix one fails: no network, whatever
+the pod's network allows.
 When the checker runs as root (the sandbox's emulated node runs pods as local processes; a checker container
 never does): a private mount namespace in which every mount is read-only except the sample's scratch
 directory, a network namespace of its own (no interface but a loopback that is down), and a user id of its
@@ -18,6 +20,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import os
+import platform
 import resource
 import signal
 from dataclasses import dataclass
@@ -37,9 +40,57 @@ class Limits:
     max_open_files: int = 256
 
 
+# seccomp: a sample may open Unix sockets only. (syscall number of socket(2), the kernel's audit arch).
+_SOCKET_SYSCALL = {"x86_64": (41, 0xC000003E), "aarch64": (198, 0xC00000B7)}
+_AF_UNIX, _EACCES = 1, 13
+_SECCOMP_RET_ALLOW, _SECCOMP_RET_ERRNO = 0x7FFF0000, 0x00050000
+_PR_SET_NO_NEW_PRIVS, _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 38, 22, 2
+_LD_ABS, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def _no_network_filter(socket_nr: int, arch: int) -> list[tuple[int, int, int, int]]:
+    """A seccomp program: socket(2) for anything but AF_UNIX fails with EACCES, as does any syscall of another
+    ABI (32-bit or x32, which would have other numbers); everything else is allowed."""
+    deny, allow = (_RET, 0, 0, _SECCOMP_RET_ERRNO | _EACCES), (_RET, 0, 0, _SECCOMP_RET_ALLOW)
+    return [
+        (_LD_ABS, 0, 0, 4),  # arch
+        (_JEQ, 1, 0, arch),
+        deny,
+        (_LD_ABS, 0, 0, 0),  # syscall number
+        (_JGE, 0, 1, 0x40000000),  # x32
+        deny,
+        (_JEQ, 0, 3, socket_nr),
+        (_LD_ABS, 0, 0, 16),  # first argument: the address family
+        (_JEQ, 1, 0, _AF_UNIX),
+        deny,
+        allow,
+    ]
+
+
+def _deny_network(libc: ctypes.CDLL) -> None:
+    socket_nr, arch = _SOCKET_SYSCALL[platform.machine()]
+    program = _no_network_filter(socket_nr, arch)
+    filters = (_SockFilter * len(program))(*(_SockFilter(*op) for op in program))
+    prog = _SockFprog(len(program), filters)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(prog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+
+
 def isolation_available() -> list[str]:
     """What confinement samples get on this machine, as the report states it."""
     got = ["session", "rlimits", "timeout"]
+    if platform.machine() in _SOCKET_SYSCALL:
+        got.append("no-sockets")
     if os.geteuid() == 0:
         got += ["own-uid", "read-only-mounts", "no-network"]
     return got
@@ -81,8 +132,11 @@ def _confine_as_root(libc: ctypes.CDLL, scratch: str, uid: int) -> None:
 
 def preexec(limits: Limits, scratch: str, uid: int | None) -> None:
     """Runs in the child between fork and exec. `uid` set: confine as root first (see the module's docstring)."""
+    libc = _libc()
     if uid is not None:
-        _confine_as_root(_libc(), scratch, uid)
+        _confine_as_root(libc, scratch, uid)
+    if platform.machine() in _SOCKET_SYSCALL:
+        _deny_network(libc)
     cpu = int(limits.timeout_seconds) + 1
     for kind, value in (
         (resource.RLIMIT_AS, limits.memory_bytes),
