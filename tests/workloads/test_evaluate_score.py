@@ -209,7 +209,7 @@ def test_pass_at_k_sampled_twice_alike_checked_and_scored(
         r["test"] = {"files": {"capital.txt": capital}}
     dataset = tmp_path / "capitals-tested.jsonl"
     dataset.write_text("".join(json.dumps(r) + "\n" for r in records))
-    code = CodeEvalSpec(samples_per_problem=4, k=[1, 4], temperature=0.7, max_new_tokens=24, seed=3,
+    code = CodeEvalSpec(samples_per_problem=4, k=[1, 4], temperature=0.3, max_new_tokens=24, seed=3,
                         checker=CAPITAL_CHECKER)  # fmt: skip
     report = str(Path(capitals.adapter).parent / "eval-passk")
     cfg = eval_config(capitals.config, capitals.adapter, str(dataset), tmp_path, metrics=["passAtK"], code=code,
