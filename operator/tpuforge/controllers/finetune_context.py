@@ -133,7 +133,8 @@ class Ctx(Base):
     """A Base with the effective spec: what the phases run with."""
 
     def __init__(self, base: Base, spec: FineTuneJobSpec):
-        self.__dict__.update(base.__dict__)
+        # The same status and plan as `base`: what either writes, both see.
+        self.o, self.now, self.stamp, self.st, self.plan = base.o, base.now, base.stamp, base.st, base.plan
         self.spec = spec
         self.owner = m.owner(self.o.namespace, self.o.name, self.o.uid)
         self.hosts = tpu_slice(spec.tpu.slice).hosts  # more than one means a JobSet per attempt
