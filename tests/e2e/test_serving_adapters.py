@@ -64,18 +64,21 @@ def kubectl(env: dict[str, str], *args: str) -> str:
     return done.stdout
 
 
-def vllm_pids(namespace: str, pod: str) -> list[int]:
-    """The pod's `vllm serve` process (its container's process group leader), found by its model path."""
+def vllm_pids(pod: str) -> list[int]:
+    """The pod's `vllm serve` process (its container's process group leader), found by HOSTNAME, the pod's name
+    (unique: it ends in the ReplicaSet's random suffix), which the node agent sets for its containers; its model
+    path is the model claim's, not the pod's."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
+            env = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
         text = [a.decode(errors="replace") for a in argv]
-        ours = any(f"/{namespace}/{pod}/" in a for a in text)
+        ours = f"HOSTNAME={pod}".encode() in env
         if (
             ours
             and "serve" in text
@@ -239,7 +242,7 @@ def test_adapters_load_swap_and_unload_at_runtime_and_come_back_after_a_restart(
 
     # 6. The vLLM process dies; the node agent restarts the container and the operator loads alpha again.
     pod = sd.pod().metadata.name
-    (pid,) = vllm_pids(namespace, pod)
+    (pid,) = vllm_pids(pod)
     t0 = time.monotonic()
     os.kill(pid, signal.SIGKILL)
     wait_for(lambda: sd.identity()[1].get("vllm") == 1, 60, "the vllm container to restart", interval=1)
