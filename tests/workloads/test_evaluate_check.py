@@ -117,7 +117,9 @@ def test_good_samples_pass_around_every_hostile_one_and_a_wrong_one_fails(checke
         ("compile-time loop", "failed (exit 1)", "always process does not have any delay"),
         ("run-time loop", f"timed out after {TIMEOUT:g} s", ""),
         ("no $finish", f"timed out after {TIMEOUT:g} s", ""),
-        ("fork bomb", "failed (exit 0, but it left processes running: killed)", ""),
+        # The shell may itself hit the process limit (exit 2, "Cannot fork") or end first with its children
+        # still forking ("exit 0, but it left processes running: killed"): failed either way.
+        ("fork bomb", "failed (exit ", ""),
         ("1 GB output", "failed (exit 153: a process it ran was killed by SIGXFSZ", "File size limit exceeded"),
         ("escape the group", "failed (exit 0, but it left processes running: killed)", ""),
     ],
@@ -128,7 +130,7 @@ def test_each_hostile_sample_fails_with_a_verdict_within_its_timeout(
     v = checked["verdicts"][sample]
     assert not v["passed"] and v["verdict"].startswith(verdict), v
     assert said in v["stderr"]
-    assert v["seconds"] < TIMEOUT + 1.5
+    assert v["seconds"] < TIMEOUT + 1.5, v
     # What is kept of the output is cut: 1 GB never reaches the report.
     assert len(v["stdout"]) <= 2048 + len("\n[... cut]")
 

@@ -479,8 +479,9 @@ def _code_containers(spec: FineTuneJobSpec, checker: CheckerSpec, resources: Obj
     limits = {"cpu": checker.cpu, "memory": checker.memory}
     check_args = ["--samples", SAMPLES_FILE, "--out", VERDICTS_FILE, "--timeout", f"{checker.timeout_seconds:g}"]
     check_args += ["--memory", str(quantity_bytes(checker.memory)), "--scratch", f"{WORK_DIR}/check", "--"]
-    common: Obj = {"volumeMounts": mounts, "terminationMessagePath": TERMINATION_LOG,
-                   "terminationMessagePolicy": "FallbackToLogsOnError"}  # fmt: skip
+    common: Obj = {"terminationMessagePath": TERMINATION_LOG, "terminationMessagePolicy": "FallbackToLogsOnError"}
+    # The checker sees the work volume only (the samples in, the verdicts out), not the evaluation's config.
+    work = [v for v in mounts if v["name"] == WORK_VOLUME]
     return [
         {
             "name": EVAL_SAMPLE_CONTAINER,
@@ -488,6 +489,7 @@ def _code_containers(spec: FineTuneJobSpec, checker: CheckerSpec, resources: Obj
             "command": _reporting_command("tpuforge_workloads.evaluate.sample", "--out", SAMPLES_FILE),
             "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
             "resources": resources,
+            "volumeMounts": mounts,
             **common,
         },
         {
@@ -496,6 +498,7 @@ def _code_containers(spec: FineTuneJobSpec, checker: CheckerSpec, resources: Obj
             "command": ["python3", "-m", "tpuforge_workloads.evaluate.check", *check_args, *checker.command],
             "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
             "resources": {"requests": dict(limits), "limits": limits},
+            "volumeMounts": work,
             **common,
         },
     ]

@@ -172,7 +172,8 @@ def run_sample(sample_id: str, command: list[str], code: str, test: Any, limits:
 def scratch_root(root: Path) -> Path:
     """Where the samples' scratch directories go. As root, samples run as SAMPLE_UID, which must pass through
     every directory above its scratch: when `root` is not reachable so (a pod's volume under a private
-    directory), a fresh directory under /tmp is used instead."""
+    directory), a fresh directory under /tmp is used instead. Created when missing."""
+    root.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         return root
     resolved = root.resolve()

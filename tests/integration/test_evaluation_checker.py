@@ -1,0 +1,74 @@
+"""The evaluation's `check` container as the operator writes it, run by the sandbox's node agent: samples in
+the pod's work volume, the runner confining each one, verdicts out. Verilog through Debian's iverilog; a
+wrong solution and a run-time loop fail beside a good one that passes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.unit.test_manifests_finetune import OWNER, spec
+from tpuforge.api.constants import CPU_SLICE
+from tpuforge.manifests import finetune as m
+from tpuforge.sandbox import wait_for
+from tpuforge_workloads.data.verilog_tasks import PROBLEMS, VERILOG_CHECK_COMMAND
+
+pytestmark = [pytest.mark.cluster, pytest.mark.skipif(shutil.which("iverilog") is None, reason="needs iverilog")]
+
+
+def evaluation_pod() -> dict[str, Any]:
+    """The evaluation Job's pod for a passAtK spec with the Verilog checker (a 3 s timeout per sample)."""
+    checker = {"image": "tpuforge/checker-verilog:0.1.0", "command": VERILOG_CHECK_COMMAND, "timeoutSeconds": 3}
+    s = spec(
+        dataset={"uri": "gs://b/data/train.jsonl", "evalUri": "gs://b/data/eval.jsonl"},
+        merge={"enabled": False, "writeAdapter": True},
+        evaluation={"metrics": ["passAtK"], "code": {"checker": checker}, "slice": CPU_SLICE},
+    )
+    return dict(m.eval_job(OWNER, s)["spec"]["template"]["spec"])
+
+
+def test_the_check_container_runs_each_sample_confined_in_the_sandbox(
+    api_client: client.ApiClient, namespace: str
+) -> None:
+    mux = PROBLEMS[0]
+    test = {"files": {"tb.v": mux.testbench}}
+    samples = [
+        {"id": "good", "code": mux.solution, "test": test},
+        {"id": "broken", "code": mux.broken, "test": test},
+        {"id": "loop", "code": mux.solution.replace("endmodule", "reg r = 0;\ninitial while (1) r = ~r;\nendmodule"),
+         "test": test},
+    ]  # fmt: skip
+    text = "".join(json.dumps(x) + "\n" for x in samples)
+    work = {"name": m.WORK_VOLUME, "mountPath": m.WORK_DIR}
+    writer = {"name": "write", "image": "python:3.11", "volumeMounts": [work],
+              "command": ["python", "-c", f"open('{m.SAMPLES_FILE}', 'w').write({text!r})"]}  # fmt: skip
+    reader = {"name": "main", "image": "python:3.11", "volumeMounts": [work],
+              "command": ["python", "-c", f"print(open('{m.VERDICTS_FILE}').read(), end='')"]}  # fmt: skip
+    # The operator's pod, its containers around `check` replaced: one writes the samples, one prints the
+    # verdicts. No config volume (the check container does not mount it) and the namespace's own account.
+    pod_spec = evaluation_pod()
+    check = next(c for c in pod_spec["initContainers"] if c["name"] == m.EVAL_CHECK_CONTAINER)
+    pod_spec["initContainers"] = [writer, check]
+    pod_spec["containers"] = [reader]
+    pod_spec["volumes"] = [v for v in pod_spec["volumes"] if v["name"] != "config"]
+    pod_spec.pop("serviceAccountName")
+    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "check"}, "spec": pod_spec}
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_pod(namespace, body)
+    p = wait_for(
+        lambda: (x := core.read_namespaced_pod("check", namespace)).status.phase in ("Succeeded", "Failed") and x,
+        120,
+        "the checker pod to finish",
+    )
+    assert p.status.phase == "Succeeded", [(s.name, s.state.terminated.exit_code, s.state.terminated.message) for s in p.status.init_container_statuses if s.state.terminated]
+    log = core.read_namespaced_pod_log("check", namespace)
+    verdicts = {v["id"]: v for v in map(json.loads, log.splitlines())}
+    assert verdicts["good"]["verdict"] == "passed" and "PASS" in verdicts["good"]["stdout"]
+    assert verdicts["broken"]["verdict"] == "failed (exit 1)"
+    assert verdicts["loop"]["verdict"] == "timed out after 3 s"
+    checked = core.read_namespaced_pod_log("check", namespace, container=m.EVAL_CHECK_CONTAINER)
+    assert "1/3 samples passed" in checked and "no-sockets" in checked
