@@ -59,3 +59,38 @@ def test_transformers_multimodal_class_and_the_tunix_load_agree(tiny_mm_model_di
     # The trainer computes in bfloat16 (the checkpoint's dtype); transformers here in float32.
     assert np.abs(got - want).max() < 0.15 * np.abs(want).max()
     assert np.mean(got.argmax(-1) == want.argmax(-1)) > 0.9
+
+
+def test_train_merge_verify_and_export_on_the_multimodal_layout(
+    tiny_mm_model_dir: Path, chat_dataset: Path, tmp_path: Path
+) -> None:
+    """The trainer CLI fine-tunes gemma4-tiny-mm (bfloat16 base), and the merge of its checkpoint passes the
+    logit check through Gemma4ForConditionalGeneration and exports an adapter; the vision tower and the
+    processor files come through untouched (byte for byte: test_merge_models)."""
+    from tests.fixtures.models import TrainerProcess, tiny_train_config
+    from tpuforge.api.configs import MergeConfig
+    from tpuforge_workloads import commit
+    from tpuforge_workloads.merge.merge import run_merge
+
+    config = tiny_train_config(
+        str(tiny_mm_model_dir), str(chat_dataset), str(tmp_path / "ckpt"), max_steps=2, warmup_steps=1
+    )
+    config.model_name = "gemma4-tiny-mm"
+    trainer = TrainerProcess(config, tmp_path / "train")
+    assert trainer.run() == 0, trainer.output()
+    out = tmp_path / "merged"
+    run_merge(
+        MergeConfig(
+            model_name="gemma4-tiny-mm",
+            base_model_uri=str(tiny_mm_model_dir),
+            checkpoint_uri=config.checkpoint.uri,
+            output_uri=str(out),
+            lora=config.lora,
+            write_adapter=True,
+            verify=True,
+        )
+    )
+    commit.require_complete(str(out), checksums=True)
+    adapter = json.loads((out / "adapter" / "adapter_config.json").read_text())
+    assert isinstance(adapter["target_modules"], str) and "language_model" in adapter["target_modules"]
+    assert (out / "chat_template.jinja").read_bytes() == (tiny_mm_model_dir / "chat_template.jinja").read_bytes()
