@@ -106,7 +106,7 @@ def bare_tunix(p: plan.Plan, mesh: jax.sharding.Mesh, batch_list: list[dict[str,
         eval_every_n_steps=10_000, max_steps=p.total_steps, gradient_accumulation_steps=g, pbar_description=None
     )
     with jax.set_mesh(mesh):
-        trainer = peft_trainer.PeftTrainer(model, loop.optimizer(p), config)
+        trainer = peft_trainer.PeftTrainer(model, loop.optimizer(p.config.training, p.total_steps), config)
     trainer.with_gen_model_input_fn(model_inputs)
     clock = StepClock()
     trainer.with_training_hooks(clock)

@@ -1,4 +1,4 @@
-"""The `tpuforge` command: operator, crds, sandbox, demo.
+"""The `tpuforge` command: operator, crds, sandbox, demo, preflight.
 
 Each subcommand's own options live with the code it runs; this module only dispatches, importing lazily so
 that `tpuforge crds` never pays for kopf and `tpuforge operator` never imports the sandbox.
@@ -16,6 +16,7 @@ COMMANDS = {
     "crds": "tpuforge.crds",
     "sandbox": "tpuforge.sandbox.cli",
     "demo": "tpuforge.sandbox.demo_cli",
+    "preflight": "tpuforge.preflight",
 }
 
 USAGE = """usage: tpuforge COMMAND [ARGS]
@@ -25,6 +26,7 @@ commands:
   crds       write the CustomResourceDefinitions generated from tpuforge.api
   sandbox    the local control plane, GCS and emulated TPU nodes: up|down|status|env|logs|preempt
   demo       the whole pipeline on the sandbox: fine-tune, merge, verify, (serve)
+  preflight  compile a FineTuneJob's train step for its TPU slice here: HBM per chip, speed, cost
 
 `tpuforge COMMAND --help` shows each command's options.
 """

@@ -103,6 +103,29 @@ def write_manifest(checkpoint_uri: str, m: LoraManifest) -> None:
     storage.write_text(storage.join(checkpoint_uri, MANIFEST_FILE), m.model_dump_json(indent=2))
 
 
+def add_adapters(base: Any, lora: LoraSpec, batch: int, seed: int, adapter_dtype: str = ADAPTER_DTYPE) -> Any:
+    """Qwix's LoRA adapters on `lora.target_modules` of `base`, in `adapter_dtype`, created by running the
+    model once on a 2-token batch of `batch` rows. Traceable: `apply_lora` runs it under jit, the preflight
+    under nnx.eval_shape (no weights)."""
+    import jax
+    import jax.numpy as jnp
+    import qwix
+    from flax import nnx
+
+    provider = qwix.LoraProvider(
+        module_path=module_regex(lora.target_modules), rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout
+    )
+    inputs = {
+        "tokens": jnp.ones((batch, 2), jnp.int32),
+        "positions": jnp.zeros((batch, 2), jnp.int32),
+        "cache": None,
+        "attention_mask": jnp.ones((batch, 2, 2), bool),
+    }
+    model = qwix.apply_lora_to_model(base, provider, rngs=nnx.Rngs(params=seed, dropout=seed), **inputs)
+    nnx.update(model, jax.tree.map(lambda x: x.astype(adapter_dtype), nnx.state(model, nnx.LoRAParam)))
+    return model
+
+
 def apply_lora(
     model: Any, lora: LoraSpec, mesh: jax.sharding.Mesh, seed: int, adapter_dtype: str = ADAPTER_DTYPE
 ) -> Any:
@@ -113,29 +136,16 @@ def apply_lora(
     eagerly, every op on sharded arrays is compiled on its own (seconds on CPU), and without donation the
     base weights would briefly exist twice."""
     import jax
-    import jax.numpy as jnp
-    import qwix
     from flax import nnx
 
-    provider = qwix.LoraProvider(
-        module_path=module_regex(lora.target_modules), rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout
-    )
-    batch = mesh.shape["fsdp"]
-    inputs = {
-        "tokens": jnp.ones((batch, 2), jnp.int32),
-        "positions": jnp.zeros((batch, 2), jnp.int32),
-        "cache": None,
-        "attention_mask": jnp.ones((batch, 2, 2), bool),
-    }
-
     @functools.partial(nnx.jit, donate_argnums=0)
-    def add_adapters(base: Any) -> Any:
-        return qwix.apply_lora_to_model(base, provider, rngs=nnx.Rngs(params=seed, dropout=seed), **inputs)
+    def adapt(base: Any) -> Any:
+        return add_adapters(base, lora, mesh.shape["fsdp"], seed, adapter_dtype)
 
     with jax.set_mesh(mesh):
-        lora_model = add_adapters(model)
+        lora_model = adapt(model)
     # Values created under jit come back replicated; place them by their own sharding metadata.
-    state = jax.tree.map(lambda x: x.astype(adapter_dtype), nnx.state(lora_model, nnx.LoRAParam))
+    state = nnx.state(lora_model, nnx.LoRAParam)
     nnx.update(lora_model, jax.device_put(state, nnx.get_named_sharding(state, mesh)))
     found = {str(path[-2]) for path, _ in nnx.to_flat_state(state)}
     missing = [t for t in lora.target_modules if t not in found]
@@ -144,6 +154,13 @@ def apply_lora(
     if lora.dropout > 0:
         set_dropout_seed(lora_model, seed, mesh)
     return lora_model
+
+
+def attach_dropout_stream(model: Any, seed: int) -> None:
+    """The stream Qwix draws LoRA dropout masks from (traceable; `set_dropout_seed` also places it)."""
+    from flax import nnx
+
+    model.set_attributes(qwix_rngs=nnx.Rngs(dropout=seed + 1))
 
 
 def set_dropout_seed(model: Any, seed: int, mesh: jax.sharding.Mesh) -> None:
@@ -155,7 +172,7 @@ def set_dropout_seed(model: Any, seed: int, mesh: jax.sharding.Mesh) -> None:
     import numpy as np
     from flax import nnx
 
-    model.set_attributes(qwix_rngs=nnx.Rngs(dropout=seed + 1))
+    attach_dropout_stream(model, seed)
     rng = nnx.state(model, nnx.RngState)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())  # type: ignore[no-untyped-call]
 

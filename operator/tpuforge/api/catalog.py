@@ -29,6 +29,9 @@ class TpuSlice:
     def host_memory_bytes(self) -> int:
         return self.host_memory_gb * 10**9
 
+    hbm_gib_per_chip: float  # high-bandwidth memory of one chip
+    peak_tflops_per_chip: float  # dense bfloat16 matmul peak of one chip
+
     @property
     def chips(self) -> int:
         return self.chips_per_host * self.hosts
@@ -37,6 +40,8 @@ class TpuSlice:
 # On-demand list price per chip-hour; a slice costs its chips times this (GKE bills TPU VMs per chip).
 V5P_USD_PER_CHIP_HOUR = 4.20
 V6E_USD_PER_CHIP_HOUR = 2.69
+# Per chip, from Cloud TPU's published specifications: HBM (GiB) and peak bfloat16 TFLOP/s.
+CHIP_SPECS = {"tpu-v5p-slice": (95.0, 459.0), "tpu-v6e-slice": (32.0, 918.0)}
 
 
 # One host of each machine type: vCPUs and memory (GB), as Compute Engine lists them. Pod requests must fit
@@ -56,6 +61,7 @@ def _slice(
     chips = chips_per_host * hosts
     tp = min(4, chips)
     cpus, memory_gb = MACHINE_TYPES[machine_type]
+    hbm, tflops = CHIP_SPECS[accelerator]
     return TpuSlice(
         id,
         accelerator,
@@ -68,6 +74,8 @@ def _slice(
         tp,
         cpus,
         memory_gb,
+        hbm,
+        tflops,
     )
 
 

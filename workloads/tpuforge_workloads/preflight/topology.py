@@ -7,6 +7,7 @@ eight, so the chips per host are given from the catalog for every slice.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from tpuforge.api.catalog import TpuSlice
@@ -31,6 +32,9 @@ def topology_name(slc: TpuSlice) -> str:
 
 def slice_devices(slc: TpuSlice) -> list[Any]:
     """The slice's devices, compile-only (each with process_index and coords), in libtpu's order."""
+    # libtpu takes a machine-wide lock file unless told that several processes may load it: compiles here
+    # touch no TPU, and two preflights (or a test beside one) must not refuse each other.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import topologies
 
     try:

@@ -26,6 +26,7 @@ import optax
 from flax import nnx
 from tunix.sft import hooks, peft_trainer
 
+from tpuforge.api import TrainConfig, TrainingSpec
 from tpuforge_workloads import gemma4, lora
 from tpuforge_workloads.data.pipeline import (
     batches,
@@ -184,18 +185,35 @@ def set_loss_denominator(group: list[dict[str, Any]], loss_targets: list[int] | 
         b["loss_denominator"] = np.full(len(b["input_tokens"]), mean, np.float32)
 
 
-def optimizer(plan: Plan) -> optax.GradientTransformation:
+def optimizer(training: TrainingSpec, total_steps: int) -> optax.GradientTransformation:
     """AdamW on a warmup-cosine schedule over the optimizer steps (gradient accumulation is PeftTrainer's
     optax.MultiSteps around this, so the schedule advances once per optimizer step)."""
-    t = plan.config.training
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0,
-        peak_value=t.learning_rate,
-        warmup_steps=t.warmup_steps,
-        decay_steps=plan.total_steps,
+        peak_value=training.learning_rate,
+        warmup_steps=training.warmup_steps,
+        decay_steps=total_steps,
         end_value=0.0,
     )
-    return optax.inject_hyperparams(optax.adamw)(learning_rate=schedule, weight_decay=t.weight_decay)
+    return optax.inject_hyperparams(optax.adamw)(learning_rate=schedule, weight_decay=training.weight_decay)
+
+
+def make_trainer(model: Any, c: TrainConfig, total_steps: int, checkpoints: Any) -> SftTrainer:
+    """The trainer of a run, and of its preflight: the preflight compiles this trainer's own train step
+    (`create_train_step_fn`) for the TPU slice, so whatever shapes the step (optimizer, gradient
+    accumulation, model inputs, loss) is set here, once. Call under the run's mesh."""
+    g = c.training.gradient_accumulation_steps
+    config = peft_trainer.TrainingConfig(
+        eval_every_n_steps=c.checkpoint.every_steps,
+        max_steps=total_steps,
+        gradient_accumulation_steps=g if g > 1 else None,
+        checkpoint_root_directory=None,
+        data_sharding_axis=("fsdp",),
+        pbar_description=None,
+    )
+    trainer = SftTrainer(model, optimizer(c.training, total_steps), config, checkpoints)
+    trainer.with_gen_model_input_fn(model_inputs)
+    return trainer
 
 
 def build_model(plan: Plan, mesh: jax.sharding.Mesh, staging: Path, timings: dict[str, float]) -> Any:
@@ -256,24 +274,15 @@ def run(
         on_saved=lambda step, s: progress_box[0].checkpoint_saved(step, s) if progress_box else None,
         on_committed=lambda step, s: progress_box[0].checkpoint_committed(step, s) if progress_box else None,
     )
-    config = peft_trainer.TrainingConfig(
-        eval_every_n_steps=c.checkpoint.every_steps,
-        max_steps=plan.total_steps,
-        gradient_accumulation_steps=g if g > 1 else None,
-        checkpoint_root_directory=None,
-        data_sharding_axis=("fsdp",),
-        pbar_description=None,
-    )
     started = time.monotonic()
     with jax.set_mesh(mesh):
-        trainer = SftTrainer(model, optimizer(plan), config, checkpoints)
+        trainer = make_trainer(model, c, plan.total_steps, checkpoints)
     timings["restore_s"] = time.monotonic() - started
     start_step = trainer.train_steps
     feed.tokens_total = int(checkpoints.restored_metadata.get("tokens", 0))
     progress = progress_factory(start_step, checkpoints.committed_step)
     progress_box.append(progress)
     hook = ProgressHooks(progress, feed)
-    trainer.with_gen_model_input_fn(model_inputs)
     trainer.with_data_hooks(feed)
     trainer.with_training_hooks(hook)
 

@@ -1,0 +1,71 @@
+"""The preflight's arithmetic: per-layer extrapolation, time and cost at an MFU, and the fixes offered."""
+
+from __future__ import annotations
+
+import pytest
+
+from tpuforge.api.catalog import TPU_SLICES
+from tpuforge_workloads.preflight import estimate as est
+from tpuforge_workloads.preflight.step import GIB, CompiledStep
+
+
+def step(layers: int, args: float, temp: float, flops: float) -> CompiledStep:
+    return CompiledStep(
+        layers=layers,
+        argument_bytes=int(args * GIB),
+        output_bytes=int(0.5 * GIB),
+        alias_bytes=int(0.25 * GIB),
+        temp_bytes=int(temp * GIB),
+        code_bytes=0,
+        flops=flops,
+        compile_seconds=1.0,
+        platform="tpu",
+    )
+
+
+def test_extrapolation_adds_each_layer_kind_s_marginal_cost() -> None:
+    # [S] = 10 GiB args; a second sliding layer adds 1 GiB, a global one 2 GiB (and so for temps, flops).
+    probes = [step(1, 10, 4, 100.0), step(2, 11, 4.5, 110.0), step(2, 12, 5.0, 130.0)]
+    layer_types = ("sliding_attention",) * 5 + ("full_attention",)
+    whole = est.extrapolate(probes, layer_types * 10)  # 50 sliding, 10 global
+
+    assert whole.argument_bytes / GIB == pytest.approx(10 + 49 * 1 + 10 * 2)
+    assert whole.temp_bytes / GIB == pytest.approx(4 + 49 * 0.5 + 10 * 1.0)
+    assert whole.flops == pytest.approx(100 + 49 * 10 + 10 * 30)
+    # Outputs not written over donated inputs: 0.25 GiB in every probe, so no per-layer growth.
+    assert whole.other_bytes / GIB == pytest.approx(0.25)
+
+
+def test_estimate_of_a_v5p_8_run() -> None:
+    v5p8 = TPU_SLICES["v5p-8"]
+    figures = est.PerChip(argument_bytes=20 * GIB, temp_bytes=10 * GIB, other_bytes=1 * GIB, flops=459e12 * 0.35)
+    e = est.estimate(figures, v5p8, tokens_per_micro_batch=4096, accumulation=8, total_steps=1000, mfu=0.35)
+
+    assert e.fits and e.hbm_per_chip_gib == pytest.approx(31.0) and e.hbm_capacity_gib == 95.0
+    assert e.step_seconds == pytest.approx(8.0)  # 8 micro-batches of one second each at 35% of 459 TFLOP/s
+    assert e.tokens_per_second == pytest.approx(4096)
+    assert e.run_seconds == pytest.approx(8000)
+    assert e.run_usd == pytest.approx(8000 / 3600 * v5p8.usd_per_hour)
+    assert e.headline() == "fits: 31.0 of 95 GiB per chip; ~4,096 tok/s at 35% MFU"
+    # A measured throughput maps back to the MFU by the same FLOP count.
+    assert est.mfu_of(4096, e.flops_per_token, v5p8) == pytest.approx(0.35 / v5p8.chips)
+
+
+def test_a_job_that_does_not_fit_is_told_what_to_change() -> None:
+    v6e8 = TPU_SLICES["v6e-8"]
+    figures = est.PerChip(argument_bytes=30 * GIB, temp_bytes=10 * GIB, other_bytes=0, flops=1e12)
+    e = est.estimate(figures, v6e8, 8192, 1, 10)
+
+    assert not e.fits
+    assert e.headline().startswith("does not fit: 40.0 of 32 GiB per chip")
+    fixes = est.fixes(e, micro_batch_size=2, max_seq_len=8192, remat=False, rank=64)
+    assert fixes[0].startswith("turn on spec.training.remat")
+    assert any("spec.training.microBatchSize to 1" in f for f in fixes)
+    assert any("spec.training.maxSeqLen (now 8192)" in f for f in fixes)
+    assert any("spec.lora.rank (now 64)" in f for f in fixes)
+    assert fixes[-1].startswith("use a larger slice (spec.tpu.slice)")
+
+
+def test_mfu_outside_0_1_is_refused() -> None:
+    with pytest.raises(ValueError, match="mfu must be in"):
+        est.estimate(est.PerChip(0, 0, 0, 1.0), TPU_SLICES["v5p-8"], 1, 1, 1, mfu=35)

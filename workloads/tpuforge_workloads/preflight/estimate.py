@@ -1,0 +1,152 @@
+"""From compiled steps to the preflight's answers: HBM per chip of the whole model, time and cost of the run.
+
+Compiling all 60 layers of the 31B takes long on a small CPU host, and XLA's per-chip figures grow with the
+layers in a known way: parameters, optimizer state and remat's saved activations per layer, plus the peak
+of one layer's recomputation and the logits, which do not grow. So the preflight compiles three small
+decoders, [sliding], [sliding, sliding] and [sliding, global], and takes the marginal cost of a sliding
+and of a global layer from their differences:
+
+    whole = one_sliding + (sliding_layers - 1) x (two_sliding - one_sliding) + global_layers x (mixed - one_sliding)
+
+The benchmark (benchmarks/preflight_31b.py) compares this with a compile of more layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tpuforge.api.catalog import TpuSlice
+from tpuforge_workloads.preflight.step import GIB, CompiledStep
+
+# The share of the chip's peak FLOP/s a LoRA SFT step reaches, for estimates; the report's Gemma 4 31B run
+# on a v5p-8 (763 tokens/s) corresponds to about this, by XLA's FLOP count (benchmarks/preflight_31b.py).
+DEFAULT_MFU = 0.35
+
+
+@dataclass(frozen=True)
+class PerChip:
+    """XLA's per-chip figures of one compiled step (or their extrapolation to the whole model)."""
+
+    argument_bytes: float
+    temp_bytes: float
+    other_bytes: float  # outputs not written over donated inputs, and the program
+    flops: float
+
+    @classmethod
+    def of(cls, c: CompiledStep) -> PerChip:
+        return cls(c.argument_bytes, c.temp_bytes, c.hbm_bytes - c.argument_bytes - c.temp_bytes, c.flops)
+
+    @property
+    def total_bytes(self) -> float:
+        return self.argument_bytes + self.temp_bytes + self.other_bytes
+
+    def plus(self, other: PerChip, times: float = 1.0) -> PerChip:
+        return PerChip(
+            self.argument_bytes + times * other.argument_bytes,
+            self.temp_bytes + times * other.temp_bytes,
+            self.other_bytes + times * other.other_bytes,
+            self.flops + times * other.flops,
+        )
+
+    def minus(self, other: PerChip) -> PerChip:
+        return self.plus(other, -1.0)
+
+
+def extrapolate(probes: list[CompiledStep], layer_types: tuple[str, ...]) -> PerChip:
+    """The whole decoder's per-chip figures from the three small compiles, [sliding], [sliding, sliding]
+    and [sliding, global] (see the module docstring)."""
+    base, two_sliding, mixed = (PerChip.of(p) for p in probes)
+    per_sliding = two_sliding.minus(base)
+    per_global = mixed.minus(base)
+    sliding = sum(1 for t in layer_types if t == "sliding_attention")
+    return base.plus(per_sliding, max(0, sliding - 1)).plus(per_global, len(layer_types) - sliding)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The preflight's answer for one job on one slice."""
+
+    slice_id: str
+    hbm_per_chip_gib: float
+    argument_gib: float
+    temp_gib: float
+    hbm_capacity_gib: float
+    tflops_per_step: float  # per chip, one optimizer step (all micro-batches)
+    tokens_per_step: int
+    mfu: float
+    step_seconds: float
+    tokens_per_second: float
+    total_steps: int
+    run_seconds: float
+    run_usd: float
+
+    @property
+    def fits(self) -> bool:
+        return self.hbm_per_chip_gib <= self.hbm_capacity_gib
+
+    @property
+    def flops_per_token(self) -> float:
+        return self.tflops_per_step * 1e12 / self.tokens_per_step if self.tokens_per_step else 0.0
+
+    def headline(self) -> str:
+        verdict = "fits" if self.fits else "does not fit"
+        return (
+            f"{verdict}: {self.hbm_per_chip_gib:,.1f} of {self.hbm_capacity_gib:,.0f} GiB per chip; "
+            f"~{self.tokens_per_second:,.0f} tok/s at {self.mfu:.0%} MFU"
+        )
+
+
+def estimate(
+    figures: PerChip,
+    slc: TpuSlice,
+    tokens_per_micro_batch: int,
+    accumulation: int,
+    total_steps: int,
+    mfu: float = DEFAULT_MFU,
+) -> Estimate:
+    """Time and cost of `total_steps` optimizer steps of `accumulation` micro-batches, at `mfu` of the
+    chips' peak (by XLA's FLOP count of the step, remat's recomputation included)."""
+    if not 0 < mfu <= 1:
+        raise ValueError(f"mfu must be in (0, 1], got {mfu}")
+    flops_per_step = figures.flops * accumulation
+    step_seconds = flops_per_step / (slc.peak_tflops_per_chip * 1e12 * mfu)
+    tokens_per_step = tokens_per_micro_batch * accumulation
+    run_seconds = step_seconds * total_steps
+    return Estimate(
+        slice_id=slc.id,
+        hbm_per_chip_gib=figures.total_bytes / GIB,
+        argument_gib=figures.argument_bytes / GIB,
+        temp_gib=figures.temp_bytes / GIB,
+        hbm_capacity_gib=slc.hbm_gib_per_chip,
+        tflops_per_step=flops_per_step / 1e12,
+        tokens_per_step=tokens_per_step,
+        mfu=mfu,
+        step_seconds=step_seconds,
+        tokens_per_second=tokens_per_step / step_seconds if step_seconds else 0.0,
+        total_steps=total_steps,
+        run_seconds=run_seconds,
+        run_usd=run_seconds / 3600 * slc.usd_per_hour,
+    )
+
+
+def mfu_of(tokens_per_second: float, flops_per_token: float, slc: TpuSlice) -> float:
+    """The MFU a measured throughput corresponds to, by the same FLOP count."""
+    return tokens_per_second * flops_per_token / (slc.chips * slc.peak_tflops_per_chip * 1e12)
+
+
+def fixes(e: Estimate, micro_batch_size: int, max_seq_len: int, remat: bool, rank: int) -> list[str]:
+    """What would make a job that does not fit fit, most effective first."""
+    out: list[str] = []
+    if not remat:
+        out.append("turn on spec.training.remat (recompute activations in the backward pass)")
+    if micro_batch_size > 1:
+        out.append(
+            f"lower spec.training.microBatchSize to {max(1, micro_batch_size // 2)} and raise "
+            "gradientAccumulationSteps to keep the tokens per step"
+        )
+    if max_seq_len > 1024:
+        out.append(f"lower spec.training.maxSeqLen (now {max_seq_len})")
+    if rank > 16:
+        out.append(f"lower spec.lora.rank (now {rank})")
+    out.append("use a larger slice (spec.tpu.slice): FSDP spreads the weights over more chips")
+    return out

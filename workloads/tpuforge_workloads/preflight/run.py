@@ -1,0 +1,126 @@
+"""One preflight: a job's train step compiled for its slice's TPU topology, and what follows from it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tpuforge.api import TrainConfig
+from tpuforge.api.catalog import TpuSlice
+from tpuforge_workloads import gemma4
+from tpuforge_workloads.mesh import make_mesh
+from tpuforge_workloads.preflight import estimate as est
+from tpuforge_workloads.preflight.step import GIB, CompiledStep, compile_train_step, with_layers
+from tpuforge_workloads.preflight.topology import slice_devices
+
+SLIDING, GLOBAL = "sliding_attention", "full_attention"
+# The three small decoders whose differences give a sliding and a global layer's cost (estimate.py).
+PROBES = ((SLIDING,), (SLIDING, SLIDING), (SLIDING, GLOBAL))
+
+
+@dataclass
+class Report:
+    """The preflight's result: printed, written as JSON, and copied into the FineTuneJob's status."""
+
+    estimate: est.Estimate
+    compiled_layers: list[int]  # the layers of each compile ([60] for a whole-model compile)
+    compile_seconds: float
+    extrapolated: bool
+    fixes: list[str] = field(default_factory=list)
+    lower_bound: bool = False  # one layer alone did not fit: the figures are of that layer, not the model
+
+    def to_json(self) -> dict[str, Any]:
+        e = self.estimate
+        return {
+            "slice": e.slice_id,
+            "fits": e.fits,
+            "headline": self.headline(),
+            "lowerBound": self.lower_bound,
+            "hbmPerChipGiB": round(e.hbm_per_chip_gib, 2),
+            "argumentsGiB": round(e.argument_gib, 2),
+            "temporariesGiB": round(e.temp_gib, 2),
+            "hbmCapacityGiB": e.hbm_capacity_gib,
+            "tflopsPerStep": round(e.tflops_per_step, 2),
+            "flopsPerToken": round(e.flops_per_token),
+            "tokensPerStep": e.tokens_per_step,
+            "assumedMFU": e.mfu,
+            "stepSeconds": round(e.step_seconds, 3),
+            "estimatedTokensPerSecond": round(e.tokens_per_second),
+            "totalSteps": e.total_steps,
+            "estimatedSeconds": round(e.run_seconds),
+            "estimatedUSD": round(e.run_usd, 2),
+            "compileSeconds": round(self.compile_seconds, 1),
+            "compiledLayers": self.compiled_layers,
+            "extrapolated": self.extrapolated,
+            "fixes": self.fixes,
+        }
+
+    def headline(self) -> str:
+        h = self.estimate.headline()
+        return h.replace(": ", ": at least ", 1) if self.lower_bound else h
+
+    def text(self) -> str:
+        e = self.estimate
+        how = (
+            "one layer alone does not fit; the figures are that layer's"
+            if self.lower_bound
+            else f"extrapolated from compiles of {self.compiled_layers} layers"
+            if self.extrapolated
+            else f"whole model ({self.compiled_layers[0]} layers) compiled"
+        )
+        lines = [
+            f"preflight for {e.slice_id}: {self.headline()}",
+            f"  HBM per chip   {e.hbm_per_chip_gib:8.2f} GiB (arguments {e.argument_gib:.2f}, temporaries "
+            f"{e.temp_gib:.2f}) of {e.hbm_capacity_gib:.0f} GiB",
+            f"  compute        {e.tflops_per_step:8.2f} TFLOP per chip per step, {e.flops_per_token / 1e9:.1f} "
+            f"GFLOP per token per chip ({e.tokens_per_step:,} tokens per step)",
+            f"  at {e.mfu:.0%} MFU     {e.step_seconds:8.2f} s per step, ~{e.tokens_per_second:,.0f} tokens/s",
+            f"  whole run      {e.total_steps:,} steps, ~{e.run_seconds / 3600:.1f} h, "
+            f"~${e.run_usd:,.0f} at list price",
+            f"  compile        {self.compile_seconds:.0f} s ({how})",
+        ]
+        if self.fixes:
+            lines.append("  to fit: " + "; or ".join(self.fixes))
+        return "\n".join(lines)
+
+
+def compiled_figures(
+    text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, total_steps: int, whole: bool, capacity_bytes: float
+) -> tuple[est.PerChip, list[CompiledStep], bool]:
+    """The whole decoder's per-chip figures: one whole-model compile, or the three probes extrapolated.
+    The third value is False when the first probe alone (one layer: a lower bound of the whole model)
+    already needs more than `capacity_bytes`; the other probes are then not compiled."""
+    if whole:
+        c = compile_train_step(text, config, mesh, total_steps)
+        return est.PerChip.of(c), [c], True
+    steps: list[CompiledStep] = []
+    for probe in PROBES:
+        steps.append(compile_train_step(with_layers(text, probe), config, mesh, total_steps))
+        if len(steps) == 1 and steps[0].hbm_bytes > capacity_bytes:
+            return est.PerChip.of(steps[0]), steps, False
+    return est.extrapolate(steps, text.layer_types), steps, True
+
+
+def preflight(
+    text: gemma4.Gemma4Text,
+    config: TrainConfig,
+    slc: TpuSlice,
+    total_steps: int,
+    mfu: float = est.DEFAULT_MFU,
+    whole: bool = False,
+    devices: list[Any] | None = None,
+) -> Report:
+    """Compile `config`'s train step for `slc` (its real TPU topology unless `devices` are given) and
+    estimate HBM, speed and cost."""
+    started = time.monotonic()
+    mesh = make_mesh(config.mesh.fsdp, config.mesh.tp, devices if devices is not None else slice_devices(slc))
+    steps_for_schedule = max(total_steps, config.training.warmup_steps + 1)
+    figures, steps, complete = compiled_figures(
+        text, config, mesh, steps_for_schedule, whole, slc.hbm_gib_per_chip * GIB
+    )
+    t = config.training
+    rows = t.micro_batch_size * config.mesh.fsdp
+    e = est.estimate(figures, slc, rows * t.max_seq_len, t.gradient_accumulation_steps, total_steps, mfu)
+    fixes = [] if e.fits else est.fixes(e, t.micro_batch_size, t.max_seq_len, t.remat, config.lora.rank)
+    return Report(e, [s.layers for s in steps], time.monotonic() - started, not whole, fixes, lower_bound=not complete)

@@ -1,0 +1,139 @@
+"""The trainer's train step, compiled for a mesh of compile-only devices, from the model's config alone.
+
+Nothing here has its own step: the model is the trainer's (Tunix Gemma 4 with Qwix adapters, remat as
+configured), the trainer is `train.loop.make_trainer` (optimizer, gradient accumulation, model inputs), and
+the compiled function is that trainer's `create_train_step_fn()`, jitted as PeftTrainer jits it (optimizer
+donated). The model and optimizer are built inside nnx.eval_shape, so no weight is read or allocated:
+only shapes, dtypes and the shardings the run would give them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tpuforge.api import TrainConfig
+from tpuforge_workloads import gemma4, lora
+from tpuforge_workloads.data.pipeline import BATCH_ARRAYS
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class CompiledStep:
+    """What XLA says of one compiled train step, per chip."""
+
+    layers: int
+    argument_bytes: int  # model, optimizer state and batch held while the step runs
+    output_bytes: int
+    alias_bytes: int  # outputs that reuse donated arguments (the optimizer state)
+    temp_bytes: int  # activations and other buffers the step allocates
+    code_bytes: int
+    flops: float  # per chip, one micro-batch
+    compile_seconds: float
+    platform: str
+
+    @property
+    def hbm_bytes(self) -> int:
+        """Peak HBM per chip while the step runs: arguments, outputs that are not written in place of a
+        donated argument, temporaries and the program."""
+        return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.code_bytes
+
+
+def with_layers(text: gemma4.Gemma4Text, layer_types: tuple[str, ...]) -> gemma4.Gemma4Text:
+    """The same decoder with these layers only (the preflight compiles small decoders and extrapolates)."""
+    unknown = set(layer_types) - {"sliding_attention", "full_attention"}
+    if not layer_types or unknown:
+        raise ValueError(f"layer_types must be sliding_attention/full_attention, at least one; got {layer_types}")
+    return dataclasses.replace(text, num_layers=len(layer_types), layer_types=tuple(layer_types))
+
+
+class _NoCheckpoints:
+    """A trainer with nothing to restore (the preflight's)."""
+
+    restored_metadata: dict[str, Any] = {}
+
+    def maybe_restore(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, Any]]:
+        return 0, {}
+
+
+def _with_shardings(tree: Any, mesh: Any) -> Any:
+    """Abstract values placed as the run places them: each by its partition spec on `mesh`."""
+    import jax
+    from flax import nnx
+
+    specs = nnx.get_partition_spec(tree)
+
+    def place(x: Any, spec: Any) -> Any:
+        if not isinstance(x, jax.ShapeDtypeStruct):
+            return x
+        if not isinstance(spec, jax.sharding.PartitionSpec):
+            spec = jax.sharding.PartitionSpec()  # type: ignore[no-untyped-call]
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.NamedSharding(mesh, spec))  # type: ignore[no-untyped-call]
+
+    return jax.tree.map(place, tree, specs, is_leaf=lambda v: isinstance(v, jax.ShapeDtypeStruct))
+
+
+def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, total_steps: int) -> CompiledStep:
+    """Compile the trainer's step for `text` (config.json's decoder, possibly cut to fewer layers) on
+    `mesh` (real devices, or a TPU topology's compile-only devices) at the job's micro-batch shape."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    from tunix.models.gemma4 import model as gm
+
+    from tpuforge_workloads.train.loop import make_trainer
+
+    cfg = gemma4.tunix_config(text)
+    t = config.training
+    trainers: list[Any] = []
+
+    def build() -> tuple[Any, Any]:
+        base = gm.Gemma4(cfg, rngs=nnx.Rngs(params=0))
+        model = lora.add_adapters(base, config.lora, mesh.shape["fsdp"], t.seed)
+        if config.lora.dropout > 0:
+            lora.attach_dropout_stream(model, t.seed)
+        gemma4.set_remat(model, t.remat)
+        trainer = make_trainer(model, config, total_steps, _NoCheckpoints())
+        trainers.append(trainer)
+        return model, trainer.optimizer
+
+    started = time.monotonic()
+    with jax.set_mesh(mesh), mesh:  # Tunix's kernels read the legacy mesh context, the model the new one
+        model, optimizer = nnx.eval_shape(build)
+        gemma4.check_sharding(nnx.state(model), mesh)
+        graph_m, state_m = nnx.split(model)
+        graph_o, state_o = nnx.split(optimizer)
+        model = nnx.merge(graph_m, _with_shardings(state_m, mesh))
+        optimizer = nnx.merge(graph_o, _with_shardings(state_o, mesh))
+        rows = t.micro_batch_size * mesh.shape["fsdp"]
+        batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))  # type: ignore[no-untyped-call]
+        dtypes = {"input_mask": jnp.bool_}
+        batch = {
+            k: jax.ShapeDtypeStruct((rows, t.max_seq_len), dtypes.get(k, jnp.int32), sharding=batch_sharding)  # type: ignore[no-untyped-call]
+            for k in BATCH_ARRAYS
+        }
+        # The data feed adds each row's loss denominator (train/loss.py) before a batch reaches the step.
+        batch["loss_denominator"] = jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=batch_sharding)  # type: ignore[no-untyped-call]
+        step = nnx.jit(trainers[0].create_train_step_fn(), donate_argnames=("optimizer",))
+        compiled = step.lower(model, optimizer, batch).compile()
+    seconds = time.monotonic() - started
+    mem = compiled.memory_analysis()
+    if mem is None:
+        raise RuntimeError(f"XLA gave no memory analysis for the {mesh.devices.flat[0].platform} step")
+    cost = compiled.cost_analysis()
+    if isinstance(cost, list):
+        cost = cost[0] if cost else {}
+    return CompiledStep(
+        layers=text.num_layers,
+        argument_bytes=int(mem.argument_size_in_bytes),
+        output_bytes=int(mem.output_size_in_bytes),
+        alias_bytes=int(mem.alias_size_in_bytes),
+        temp_bytes=int(mem.temp_size_in_bytes),
+        code_bytes=int(mem.generated_code_size_in_bytes),
+        flops=float((cost or {}).get("flops", 0.0)),
+        compile_seconds=seconds,
+        platform=mesh.devices.flat[0].platform,
+    )
