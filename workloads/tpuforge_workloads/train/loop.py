@@ -216,8 +216,14 @@ def make_trainer(model: Any, c: TrainConfig, total_steps: int, checkpoints: Any)
     return trainer
 
 
-def build_model(plan: Plan, mesh: jax.sharding.Mesh, staging: Path, timings: dict[str, float]) -> Any:
-    """Base model from model.uri on the mesh, with LoRA adapters."""
+def build_model(
+    plan: Plan,
+    mesh: jax.sharding.Mesh,
+    staging: Path,
+    timings: dict[str, float],
+    adapter_dtype: str = lora.ADAPTER_DTYPE,
+) -> Any:
+    """Base model from model.uri on the mesh, with LoRA adapters stored in `adapter_dtype`."""
     cfg = gemma4.tunix_config(plan.text)
     from tunix.models.gemma4 import model as gm
 
@@ -231,7 +237,7 @@ def build_model(plan: Plan, mesh: jax.sharding.Mesh, staging: Path, timings: dic
         base = gemma4.load_model(model_dir, plan.text, cfg, mesh)
     timings["model_load_s"] = time.monotonic() - started
     started = time.monotonic()
-    model = lora.apply_lora(base, plan.config.lora, mesh, seed=plan.config.training.seed)
+    model = lora.apply_lora(base, plan.config.lora, mesh, seed=plan.config.training.seed, adapter_dtype=adapter_dtype)
     gemma4.check_sharding(nnx.state(model, nnx.LoRAParam), mesh)
     gemma4.set_remat(model, plan.config.training.remat)
     timings["lora_s"] = time.monotonic() - started
