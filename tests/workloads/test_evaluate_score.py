@@ -178,7 +178,11 @@ def test_bad_inputs_fail_with_the_reason_and_commit_nothing(
     raw = json.loads(good.model_dump_json(by_alias=True))
     cases: list[tuple[EvalConfig | str, int, str]] = [
         (good.model_copy(update={"adapter_uri": uncommitted}), 1, "has no _COMPLETE marker: the export has not"),
-        (json.dumps({**raw, "metrics": ["bleu"]}), EXIT_BAD_CONFIG, "metrics.0: Input should be 'loss' or"),
+        (
+            json.dumps({**raw, "metrics": ["bleu"]}),
+            EXIT_BAD_CONFIG,
+            "metrics.0: Input should be 'loss', 'exactMatch' or 'passAtK'",
+        ),
         (good, EXIT_BAD_CONFIG, "metrics asks for loss but no --loss file was given"),
         (good.model_copy(update={"report_uri": f"{exported_adapter}/eval"}), EXIT_BAD_CONFIG, "reportUri .* overlaps"),
         (good.model_copy(update={"model_name": "gemma4-31b"}), EXIT_BAD_CONFIG, "modelName is gemma4-31b but"),
