@@ -237,7 +237,7 @@ def trainer_tick(progress: RunProgress) -> Callable[[int], None]:
         progress.step_done(step=101 + n, loss=2.0 - n / 1000, tokens=16384, tokens_total=16384 * (101 + n))
         if n % 4 == 0:
             progress.checkpoint_saved(101 + n, blocking_s=1.5)
-            progress.checkpoint_committed(101 + n, total_s=12.0)
+            progress.checkpoint_committed(101 + n, total_s=12.0, nbytes=1 << 20)
             progress.eval_done(101 + n, 1.9)
 
     return tick

@@ -148,3 +148,27 @@ def test_metrics_one_series_per_object_gone_with_the_object() -> None:
     assert value("tpuforge_finetunejob_phase", **b, phase="Pending") == 1
     collector.forget("ns", "a")
     assert not any(lab.get("name") == "a" for _, lab, _ in series())
+
+
+def test_a_checkpoint_slower_than_the_spot_grace_period_says_so_in_a_condition() -> None:
+    spot = {**SPEC, "tpu": {"slice": "v5p-8", "spot": True}, "checkpoint": {"uri": "gs://b/ck", "everySteps": 50}}
+    job = JobView("j-train-0", "trainer", 0, False, False, "", False)
+
+    def condition(seconds: float, spec: dict[str, object]) -> api.Condition:
+        st = status(
+            phase="Training",
+            attempt=0,
+            attempts=[{"attempt": 0, "jobName": "j-train-0", "startTime": at(0)}],
+            progress={"step": 100, "totalSteps": 1000, "lastCheckpoint": {"step": 100, "seconds": seconds, "bytes": 1}},
+        )
+        out = plan(Observed("ns", "j", "u", 1, spec, st, jobs=(job,)), T0 + timedelta(seconds=60)).status
+        return next(c for c in out.conditions if c.type == "CheckpointWithinGrace")
+
+    slow = condition(22.5, spot)
+    assert (slow.status, slow.reason) == ("False", "SaveExceedsGracePeriod")
+    assert "took 22.5 s" in slow.message and "15 s grace period" in slow.message
+    assert "up to checkpoint.everySteps=50 steps" in slow.message
+    fast = condition(4.0, spot)
+    assert (fast.status, fast.reason) == ("True", "SaveFitsGracePeriod")
+    # Off Spot the pods get 300 s.
+    assert condition(22.5, SPEC).status == "True"

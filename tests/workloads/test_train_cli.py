@@ -57,6 +57,11 @@ def test_checkpoints_keep_the_latest_and_are_readable_without_the_model(tiny_tra
     assert set(tree["layers"]["1"]["attn"]) == {"q_einsum", "k_einsum", "attn_vec_einsum"}
     data_state = json.loads(storage.read_text(storage.join(uri, "16", "data_iterator", "process_0-of-1.json")))
     assert data_state  # the Grain iterator's position (one file per process)
+    # Each durable save's duration and size, as the status's lastCheckpoint reports them: the step's files.
+    last = tiny_training_run.summary["attempts"][-1]["checkpoints"][-1]
+    assert last["step"] == 16 and last["commit_s"] > 0
+    step_bytes = storage.dir_bytes(storage.join(uri, "16"))
+    assert 0.9 * step_bytes <= last["bytes"] <= step_bytes
 
 
 def test_progress_channel_failure_does_not_stop_training(tiny_training_run: TrainingRun) -> None:

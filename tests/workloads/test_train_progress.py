@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tpuforge.api import JobRef, Progress
+from tpuforge.api import CheckpointSave, JobRef, Progress
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND, FINETUNEJOB_PLURAL, GROUP, VERSION
 from tpuforge.sandbox.gcs import free_port
 from tpuforge_workloads.progress import METRICS_ADDR_ENV, RunProgress, RunSummary, StatusReporter, TrainMetrics
@@ -28,7 +28,7 @@ def test_metrics_and_summary_follow_the_steps(tmp_path: Path, monkeypatch: pytes
     progress = _progress(tmp_path, None, port)
     progress.step_done(11, loss=2.5, tokens=4096, tokens_total=4096)
     progress.checkpoint_saved(11, 0.2)
-    progress.checkpoint_committed(11, 1.5)
+    progress.checkpoint_committed(11, 1.5, 4096)
     progress.eval_done(11, 2.75)
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     for line in (
@@ -48,7 +48,8 @@ def test_metrics_and_summary_follow_the_steps(tmp_path: Path, monkeypatch: pytes
     assert (p.percent_display, p.loss_display) == ("11%", "2.500") and p.eta_display
     summary = progress.summary.to_json()
     assert summary["attempts"][-1]["losses"] == {"11": 2.5}
-    assert summary["attempts"][-1]["checkpoints"] == [{"step": 11, "blocking_s": 0.2, "commit_s": 1.5}]
+    assert summary["attempts"][-1]["checkpoints"] == [{"step": 11, "blocking_s": 0.2, "commit_s": 1.5, "bytes": 4096}]
+    assert p.last_checkpoint == CheckpointSave(step=11, seconds=1.5, bytes=4096)
 
 
 class FakeClock:
@@ -171,7 +172,7 @@ def test_progress_is_patched_into_the_finetunejob_status(api_client: Any, namesp
     reporter = StatusReporter(JobRef(namespace=namespace, name="progress"), interval=0.1, api_factory=lambda: api)
     progress = _progress(tmp_path, reporter)
     progress.step_done(11, loss=2.25, tokens=2048, tokens_total=2048)
-    progress.checkpoint_committed(10, 1.0)
+    progress.checkpoint_committed(10, 1.0, 4096)
 
     deadline = time.monotonic() + 20
     while True:

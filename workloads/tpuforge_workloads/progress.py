@@ -21,7 +21,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
 
-from tpuforge.api import JobRef, Progress, display, now_rfc3339
+from tpuforge.api import CheckpointSave, JobRef, Progress, display, now_rfc3339
 from tpuforge.api.constants import FINETUNEJOB_PLURAL, GROUP, VERSION
 from tpuforge_workloads import storage
 
@@ -288,6 +288,7 @@ class RunProgress:
         self.tokens_per_second: float | None = None
         self.eta_seconds: int | None = None
         self.last_checkpoint_step = last_checkpoint_step
+        self.last_checkpoint: CheckpointSave | None = None
         self._lock = threading.Lock()
         self._clock = clock
         self._window = ThroughputWindow(clock, start_step)
@@ -343,15 +344,18 @@ class RunProgress:
         self.summary.attempt["end_step"] = step
         self.summary.write()  # a run killed without warning still leaves its losses up to here
 
-    def checkpoint_committed(self, step: int, total_s: float) -> None:
-        """Called from Orbax's background thread once a checkpoint is durable."""
+    def checkpoint_committed(self, step: int, total_s: float, nbytes: int) -> None:
+        """Called from Orbax's background thread once a checkpoint is durable: `total_s` since its save
+        began, `nbytes` its files."""
         self.metrics.checkpoint_seconds.labels("commit").observe(total_s)
         self.metrics.last_checkpoint_step.set(step)
         with self._lock:
             self.last_checkpoint_step = step
+            self.last_checkpoint = CheckpointSave(step=step, seconds=round(total_s, 3), bytes=nbytes)
         for c in self.summary.attempt.get("checkpoints", []):
             if c["step"] == step:
                 c["commit_s"] = round(total_s, 3)
+                c["bytes"] = nbytes
         self._publish()
 
     def eval_done(self, step: int, loss: float) -> None:
@@ -360,12 +364,13 @@ class RunProgress:
 
     def progress(self) -> Progress:
         with self._lock:
-            step, loss, tps, eta, ckpt = (
+            step, loss, tps, eta, ckpt, save = (
                 self.step,
                 self.loss,
                 self.tokens_per_second,
                 self.eta_seconds,
                 self.last_checkpoint_step,
+                self.last_checkpoint,
             )
         return Progress(
             step=step,
@@ -375,6 +380,7 @@ class RunProgress:
             tokens_per_second=tps,
             eta_seconds=eta,
             last_checkpoint_step=ckpt,
+            last_checkpoint=save,
             updated_at=now_rfc3339(),
         ).displayed()
 

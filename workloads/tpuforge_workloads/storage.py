@@ -161,6 +161,17 @@ def list_files(uri: str, limit: int | None = None) -> Iterator[str]:
         raise _wrap(uri, e) from e
 
 
+def dir_bytes(uri: str) -> int:
+    """Total size of the files under directory `uri`, recursively (one listing on GCS)."""
+    try:
+        if not is_gcs(uri):
+            return sum(p.stat().st_size for p in Path(uri).rglob("*") if p.is_file())
+        bucket, key = split_gcs(uri)
+        return sum(int(b.size or 0) for b in _client().list_blobs(bucket, prefix=key.rstrip("/") + "/"))
+    except Exception as e:
+        raise _wrap(uri, e) from e
+
+
 def download_file(uri: str, local: str | Path) -> None:
     local = Path(local)
     local.parent.mkdir(parents=True, exist_ok=True)

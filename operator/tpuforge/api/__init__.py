@@ -19,6 +19,7 @@ from tpuforge.api.configs import (
 from tpuforge.api.evaluation import evaluation_verdict
 from tpuforge.api.finetune import (
     AttemptStatus,
+    CheckpointSave,
     CheckpointSpec,
     Cost,
     DatasetRef,
@@ -75,6 +76,7 @@ __all__ = [
     "AdapterStatus",
     "AttemptStatus",
     "CheckerSpec",
+    "CheckpointSave",
     "CheckpointSpec",
     "CodeEvalSpec",
     "Condition",

@@ -248,6 +248,14 @@ class FineTunePhase(StrEnum):
     SUSPENDED = "Suspended"
 
 
+class CheckpointSave(StatusModel):
+    """One checkpoint save, as the trainer measured it."""
+
+    step: int
+    seconds: float = Field(description="From the save's start until the checkpoint was durable.")
+    bytes: int = Field(description="Size of the step's files (adapters, optimizer state, data position).")
+
+
 class Progress(StatusModel):
     """Training progress. The trainer writes it; the operator derives percent and the ETA when the trainer is
     silent (between attempts, after training). Each `...Display` field is its number formatted for
@@ -266,6 +274,9 @@ class Progress(StatusModel):
     eta_seconds: int | None = Field(default=None, description="Seconds until training ends, at the same rate.")
     eta_display: str | None = Field(default=None, description="etaSeconds as a duration, e.g. 1m41s or 3h12m.")
     last_checkpoint_step: int | None = None
+    last_checkpoint: CheckpointSave | None = Field(
+        default=None, description="The last durable checkpoint's save: step, duration and size."
+    )
     updated_at: str | None = None
 
     def displayed(self) -> Progress:

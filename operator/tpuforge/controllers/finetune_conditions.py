@@ -20,6 +20,7 @@ SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 SUSPENDED = "Suspended"
 SPEC_CHANGE_NOT_APPLIED = "SpecChangeNotApplied"
+CHECKPOINT_WITHIN_GRACE = "CheckpointWithinGrace"
 
 # Reasons of the Training condition.
 PENDING = "Pending"
@@ -46,6 +47,9 @@ NOT_EVALUATED = "NotEvaluated"
 EVALUATION_FAILED = REASON_EVALUATION_FAILED
 PASSED = "Passed"
 BELOW_THRESHOLD = "BelowThreshold"
+# Of the CheckpointWithinGrace condition.
+SAVE_FITS_GRACE = "SaveFitsGracePeriod"
+SAVE_EXCEEDS_GRACE = "SaveExceedsGracePeriod"
 # Of the SpecChangeNotApplied condition.
 FROZEN_FIELDS_CHANGED = "FrozenFieldsChanged"
 SPEC_MATCHES = "SpecMatches"
@@ -61,6 +65,17 @@ JOBSET_INSTALL_URL = "https://jobset.sigs.k8s.io/docs/installation/"
 
 
 # --- Spec changes ----------------------------------------------------------------------------------------------
+
+
+def checkpoint_grace(step: int, seconds: float, grace: int, every_steps: int) -> str:
+    took = f"the checkpoint of step {step} took {seconds:.1f} s to save"
+    if seconds <= grace:
+        return f"{took}, within the training pods' {grace} s grace period"
+    return (
+        f"{took}, more than the training pods' {grace} s grace period: the checkpoint a SIGTERM starts may not "
+        f"finish, and a preemption then loses up to checkpoint.everySteps={every_steps} steps (lower it, or raise "
+        "tpu.spotGraceSeconds where the node pools allow)"
+    )
 
 
 def invalid_spec(error: object) -> str:

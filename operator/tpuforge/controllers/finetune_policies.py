@@ -24,6 +24,7 @@ from tpuforge.controllers import finetune_conditions as c
 from tpuforge.controllers import finetune_events as ev
 from tpuforge.controllers.finetune_context import Base, Ctx, attempt_entry, parse_time
 from tpuforge.controllers.finetune_transitions import to_failed
+from tpuforge.manifests.finetune import TRAINER_TERMINATION_GRACE_SECONDS
 
 TPU_HOURS_DIGITS = 3
 
@@ -100,9 +101,29 @@ def eta_seconds(status: FineTuneJobStatus) -> int | None:
     return max(math.ceil((prog.total_steps - prog.step) * elapsed / done), 0)
 
 
+def checkpoint_grace(b: Base, spec: FineTuneJobSpec) -> None:
+    """CheckpointWithinGrace: whether the last checkpoint's save (the trainer's lastCheckpoint) took no longer
+    than the grace period a training pod gets after SIGTERM (tpu.spotGraceSeconds on Spot)."""
+    last = b.st.progress.last_checkpoint if b.st.progress is not None else None
+    if last is None:
+        return
+    grace = spec.tpu.spot_grace_seconds if spec.tpu.spot else None
+    grace = grace or TRAINER_TERMINATION_GRACE_SECONDS
+    fits = last.seconds <= grace
+    b.condition(
+        c.CHECKPOINT_WITHIN_GRACE,
+        "True" if fits else "False",
+        c.SAVE_FITS_GRACE if fits else c.SAVE_EXCEEDS_GRACE,
+        c.checkpoint_grace(last.step, last.seconds, grace, spec.checkpoint.every_steps),
+    )
+
+
 def derive(b: Base, spec: FineTuneJobSpec | None) -> None:
-    """percent, etaSeconds and cost, from the trainer's progress and the attempts' TPU time."""
+    """percent, etaSeconds and cost, from the trainer's progress and the attempts' TPU time; whether the
+    checkpoints fit the grace period."""
     st = b.st
+    if spec is not None:
+        checkpoint_grace(b, spec)
     if st.progress is not None and st.progress.step is not None and st.progress.total_steps:
         done = min(st.progress.step, st.progress.total_steps) / st.progress.total_steps
         # The trainer's ETA comes from its recent rate; the average since the attempt began (model

@@ -31,6 +31,7 @@ import jax
 import orbax.checkpoint as ocp
 from flax import nnx
 
+from tpuforge_workloads import storage
 from tpuforge_workloads.adapter_checkpoint import PARAMS_ITEM, pytree_restore
 
 OPTIMIZER_ITEM = "optimizer_state"
@@ -65,8 +66,8 @@ def _replicated_scalars(state: Any, mesh: Any) -> Any:
 class TrainCheckpoints:
     """The run's CheckpointManager. `data_iterator` (a Grain iterator, or None) is saved with each step
     and restored in place;
-    `on_saved(step, blocking_s)` and `on_committed(step, total_s)` report durations (the commit runs in a
-    background thread after training continues)."""
+    `on_saved(step, blocking_s)` and `on_committed(step, total_s, nbytes)` report durations and the step's
+    size (the commit runs in a background thread after training continues)."""
 
     def __init__(
         self,
@@ -76,7 +77,7 @@ class TrainCheckpoints:
         data_iterator: Any | None,
         metadata: Callable[[], dict[str, Any]] = dict,
         on_saved: Callable[[int, float], None] | None = None,
-        on_committed: Callable[[int, float], None] | None = None,
+        on_committed: Callable[[int, float, int], None] | None = None,
     ):
         self.uri = uri
         self.every_steps = every_steps
@@ -113,7 +114,8 @@ class TrainCheckpoints:
         step, started = pending
         self.committed_step = step
         if self._on_committed:
-            self._on_committed(step, time.monotonic() - started)
+            seconds = time.monotonic() - started
+            self._on_committed(step, seconds, storage.dir_bytes(storage.join(self.uri, str(step))))
 
     def latest_step(self) -> int | None:
         step = self._manager.latest_step()

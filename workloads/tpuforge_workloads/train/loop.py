@@ -278,7 +278,7 @@ def run(
         data_iterator=iterator,
         metadata=lambda: {"tokens": feed.tokens_total},
         on_saved=lambda step, s: progress_box[0].checkpoint_saved(step, s) if progress_box else None,
-        on_committed=lambda step, s: progress_box[0].checkpoint_committed(step, s) if progress_box else None,
+        on_committed=lambda step, s, n: progress_box[0].checkpoint_committed(step, s, n) if progress_box else None,
     )
     started = time.monotonic()
     with jax.set_mesh(mesh):
