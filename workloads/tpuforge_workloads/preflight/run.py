@@ -19,6 +19,11 @@ SLIDING, GLOBAL = "sliding_attention", "full_attention"
 PROBES = ((SLIDING,), (SLIDING, SLIDING), (SLIDING, GLOBAL))
 
 
+def _sig(x: float) -> float:
+    """Four significant digits: a tiny model's figures stay visible, the 31B's stay readable."""
+    return float(f"{x:.4g}")
+
+
 @dataclass
 class Report:
     """The preflight's result: printed, written as JSON, and copied into the FineTuneJob's status."""
@@ -41,15 +46,15 @@ class Report:
             "argumentsGiB": round(e.argument_gib, 2),
             "temporariesGiB": round(e.temp_gib, 2),
             "hbmCapacityGiB": e.hbm_capacity_gib,
-            "tflopsPerStep": round(e.tflops_per_step, 2),
+            "tflopsPerStep": _sig(e.tflops_per_step),
             "flopsPerToken": round(e.flops_per_token),
             "tokensPerStep": e.tokens_per_step,
             "assumedMFU": e.mfu,
-            "stepSeconds": round(e.step_seconds, 3),
+            "stepSeconds": _sig(e.step_seconds),
             "estimatedTokensPerSecond": round(e.tokens_per_second),
             "totalSteps": e.total_steps,
-            "estimatedSeconds": round(e.run_seconds),
-            "estimatedUSD": round(e.run_usd, 2),
+            "estimatedSeconds": _sig(e.run_seconds),
+            "estimatedUSD": _sig(e.run_usd),
             "compileSeconds": round(self.compile_seconds, 1),
             "compiledLayers": self.compiled_layers,
             "extrapolated": self.extrapolated,

@@ -1,0 +1,105 @@
+"""The preflight compiles the trainer's step for real TPU topologies here (libtpu, no TPU): the `tpuforge
+preflight` command on a job, and the 31B's layer with its weights sharded over a v5p-8's chips. (A job
+that cannot fit is refused after one compile of one layer; a compile big enough to outgrow a chip takes too
+long for this suite, so that path is covered by the estimate's unit tests and by benchmarks/preflight_31b.py.)
+
+Compiles for TPU are slow on a small CPU host (a 31B layer takes minutes), so each case compiles the
+fewest layers that prove its point, once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
+from tpuforge.api.catalog import TPU_SLICES, model_shape
+from tpuforge_workloads import gemma4, tiny_model
+from tpuforge_workloads.mesh import make_mesh
+from tpuforge_workloads.preflight.step import GIB, compile_train_step, with_layers
+from tpuforge_workloads.preflight.topology import slice_devices
+
+pytestmark = pytest.mark.slow
+
+
+def job_yaml(tmp: Path, model: str, slice_id: str, training: dict[str, object]) -> Path:
+    job = {
+        "apiVersion": "tpuforge.dev/v1alpha1",
+        "kind": "FineTuneJob",
+        "metadata": {"name": "preflight-test"},
+        "spec": {
+            "model": {"name": model, "uri": "gs://models/m"},
+            "dataset": {"uri": "gs://data/train.jsonl"},
+            "training": training,
+            "tpu": {"slice": slice_id},
+            "checkpoint": {"uri": "gs://runs/checkpoints"},
+            "output": {"uri": "gs://runs/merged"},
+        },
+    }
+    path = tmp / "finetune.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def test_tpuforge_preflight_compiles_a_job_for_its_slice(tmp_path: Path) -> None:
+    config_json = tmp_path / "config.json"
+    config_json.write_text(json.dumps(tiny_model.hf_config(model_shape("gemma4-tiny"))))
+    job = job_yaml(tmp_path, "gemma4-tiny", "v5p-8", {"maxSeqLen": 128, "warmupSteps": 1})
+    cmd = [sys.executable, "-m", "tpuforge.cli", "preflight", "-f", str(job), "--model-config", str(config_json)]
+
+    # --whole: one compile of both layers (the extrapolation from three probes is the estimate's unit tests').
+    done = subprocess.run([*cmd, "--steps", "50", "--whole", "--json"], capture_output=True, text=True, timeout=1200)
+
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["slice"] == "v5p-8" and report["fits"] is True
+    assert report["compiledLayers"] == [2] and report["extrapolated"] is False
+    assert 0 < report["hbmPerChipGiB"] < report["hbmCapacityGiB"] == 95.0
+    assert report["tflopsPerStep"] > 0 and report["tokensPerStep"] == 128 * 8  # 1 row x 8 micro-batches
+    assert report["estimatedSeconds"] > 0 and report["estimatedUSD"] > 0 and report["totalSteps"] == 50
+    assert report["headline"].startswith("fits: ")
+
+
+def test_a_bad_job_is_refused_before_any_compile(tmp_path: Path) -> None:
+    job = job_yaml(tmp_path, "gemma4-31b", "v5p-8", {"maxSeqLen": 4096})
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["tpu"]["mesh"] = {"fsdp": 1, "tp": 8}
+    job.write_text(yaml.safe_dump(doc))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "tpuforge.cli", "preflight", "-f", str(job)], capture_output=True, text=True, timeout=120
+    )
+
+    assert done.returncode == 2
+    assert "spec.tpu.mesh" in done.stderr
+
+
+def test_31b_layer_compiles_for_v5p_8_with_its_weights_sharded_over_the_chips() -> None:
+    slc = TPU_SLICES["v5p-8"]
+    text = gemma4.parse_config(tiny_model.hf_config(model_shape("gemma4-31b")))
+    one = with_layers(text, ("sliding_attention",))
+    config = TrainConfig(
+        model_name="gemma4-31b",
+        model_uri="gs://models/gemma4-31b",
+        dataset_uri="gs://data/train.jsonl",
+        lora=LoraSpec(rank=64, alpha=64),
+        training=TrainingSpec(max_seq_len=256, warmup_steps=1),
+        mesh=MeshSpec(fsdp=1, tp=4),
+        checkpoint=CheckpointSpec(uri="gs://runs/checkpoints"),
+    )
+
+    step = compile_train_step(one, config, make_mesh(1, 4, slice_devices(slc)), total_steps=10)
+
+    assert step.platform == "tpu" and step.layers == 1
+    # The bfloat16 base: the embedding (tied to the output layer) and one sliding layer's attention and MLP.
+    d, f, v = text.embed_dim, text.hidden_dim, text.vocab_size
+    attn = d * text.num_heads * text.head_dim * 2 + d * text.num_kv_heads * text.head_dim * 2
+    base_bytes = 2 * (v * d + attn + 3 * d * f)
+    # Spread over the 4 chips, plus the replicated LoRA adapters and their AdamW moments (float32):
+    # well under one chip's share of twice the base.
+    assert base_bytes / 4 <= step.argument_bytes <= base_bytes / 2, (step.argument_bytes / GIB, base_bytes / GIB)
+    assert step.flops > 0 and step.hbm_bytes < slc.hbm_gib_per_chip * GIB
