@@ -17,9 +17,7 @@ import os
 import platform
 import statistics
 import sys
-import threading
 import time
-from pathlib import Path
 from typing import Any
 
 from tpuforge.api.constants import EXIT_BAD_CONFIG, EXIT_PREEMPTED, TERMINATION_LOG, TERMINATION_PREEMPTED
@@ -87,27 +85,6 @@ def process_metrics(port: int) -> TrainMetrics:
     return metrics
 
 
-# After another host stopped before training: how long this one's main thread has to stop by itself (it
-# cannot while blocked in a collective that waits for the stopped host) before the process ends anyway.
-PEER_STOP_GRACE_S = 10.0
-
-
-def _stop_with_peer(watch: PreemptionWatch, who: int, termination_log: str) -> None:
-    watch.peer_stopped(who)
-
-    def force() -> None:
-        log.warning("still running %.0f s after process %d stopped: exiting", PEER_STOP_GRACE_S, who)
-        if not Path(termination_log).is_file() or Path(termination_log).stat().st_size == 0:
-            write_termination(
-                termination_log, f"{TERMINATION_PREEMPTED} before training started (process {who} stopped)"
-            )
-        termination.exit_now(EXIT_PREEMPTED)
-
-    timer = threading.Timer(PEER_STOP_GRACE_S, force)
-    timer.daemon = True
-    timer.start()
-
-
 def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts = Hosts()) -> int:
     """Run the JAX part with reporting around it; returns the exit code."""
     c = plan.config
@@ -131,7 +108,6 @@ def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts
     started = time.monotonic()
     try:
         slice_hosts.initialize(hosts)  # before anything else of JAX
-        slice_hosts.on_peer_stop(hosts, lambda who: _stop_with_peer(watch, who, termination_log))
         import jax
 
         from tpuforge_workloads.train import loop  # JAX starts here, after the input checks
@@ -153,7 +129,6 @@ def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts
             )
         summary.attempt["end_step"] = outcome.step
     except Preempted:
-        slice_hosts.announce_stop(hosts)
         code = EXIT_PREEMPTED
         step = _latest_checkpoint(c.checkpoint.uri)
         message = f"{TERMINATION_PREEMPTED} before training started; latest checkpoint: step {step or 0}"

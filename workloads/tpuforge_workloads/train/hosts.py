@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,9 +32,6 @@ ENV_METRICS_PORT = "TPUFORGE_METRICS_PORT"
 # differs between hosts by their download time. A host that dies fails the others' wait sooner: the
 # coordination service reports it.
 AGREEMENT_TIMEOUT_MS = 60 * 60 * 1000
-# Set by a host that stops before the training loop (a SIGTERM while loading): the others stop too, instead
-# of waiting for it at their first agreement.
-STOPPED_KEY = "tpuforge/stopped-before-training"
 
 
 class HostsError(ValueError):
@@ -104,32 +100,6 @@ def initialize(hosts: Hosts) -> None:
     jax.config.update("jax_enable_preemption_service", False)  # type: ignore[no-untyped-call]
     jax.distributed.initialize(hosts.coordinator, hosts.num_processes, hosts.process_id)
     log.info("joined the slice as %s (coordinator %s): %d devices", hosts, hosts.coordinator, jax.device_count())
-
-
-def announce_stop(hosts: Hosts) -> None:
-    """Tell the other hosts that this one stops before training (see `on_peer_stop`)."""
-    if not hosts.multi:
-        return
-    try:
-        _client().key_value_set(STOPPED_KEY, str(hosts.process_id))
-    except Exception as e:  # the coordinator may be gone already; the others then fail on their own
-        log.warning("could not tell the other hosts that this one stops: %s", e)
-
-
-def on_peer_stop(hosts: Hosts, callback: Callable[[int], None]) -> None:
-    """Call `callback(process_id)` from a daemon thread once another host has announced that it stops."""
-    if not hosts.multi:
-        return
-
-    def wait() -> None:
-        try:
-            who = _client().blocking_key_value_get(STOPPED_KEY, AGREEMENT_TIMEOUT_MS)
-        except Exception:
-            return
-        if int(who) != hosts.process_id:
-            callback(int(who))
-
-    threading.Thread(target=wait, name="peer-stop", daemon=True).start()
 
 
 def _client() -> Any:

@@ -11,7 +11,6 @@ signal arrives delays this; the grace period must cover one step plus one checkp
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import time
 from types import FrameType
@@ -45,13 +44,6 @@ class PreemptionWatch:
             raise Preempted("SIGTERM before training started")
         if first:
             log.warning("SIGTERM: stopping at the end of this step to checkpoint")
-
-    def peer_stopped(self, process_id: int) -> None:
-        """Another host stopped before training (it got the SIGTERM while loading): stop this one as if it got
-        it too, unless this one is training already (then its agreements stop it)."""
-        if not self._in_loop:
-            log.warning("process %d stopped before training: stopping too", process_id)
-            os.kill(os.getpid(), signal.SIGTERM)
 
     def enter_loop(self) -> None:
         """From now on (to the end of the run) SIGTERM only sets the flag. Raises Preempted if it already
