@@ -53,7 +53,12 @@ KINDS = (
             ),
             ("ETA", "string", ".status.progress.etaDisplay", "Time until training ends, at that rate"),
             ("Cost", "string", ".status.cost.estimatedUSDDisplay", "Estimated TPU cost so far (list price)"),
-            ("Eval", "string", ".status.evaluation.result", "Passed or Failed, when the job has an evaluation"),
+            (
+                "Eval",
+                "string",
+                ".status.evaluation.resultDisplay",
+                "Passed or Failed (with pass@1 when code was run), when the job has an evaluation",
+            ),
             ("Slice", "string", ".spec.tpu.slice", "TPU slice"),
             ("Age", "date", ".metadata.creationTimestamp", ""),
         ),

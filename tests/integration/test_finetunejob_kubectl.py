@@ -72,17 +72,37 @@ def test_kubectl_get_and_describe_read_well(
     below = done.model_copy(
         update={
             "evaluation": api.EvaluationStatus(
-                metrics={"exactMatch": 0.2}, base_metrics={"exactMatch": 0.0}, passed=False, result="Failed"
+                metrics={"exactMatch": 0.2},
+                base_metrics={"exactMatch": 0.0},
+                passed=False,
+                result="Failed",
+                result_display="Failed",
             )
         }
     )
     passed = done.model_copy(
-        update={"evaluation": api.EvaluationStatus(metrics={"exactMatch": 0.9}, passed=True, result="Passed")}
+        update={
+            "evaluation": api.EvaluationStatus(
+                metrics={"exactMatch": 0.9}, passed=True, result="Passed", result_display="Passed"
+            )
+        }
+    )
+    # Code run by a checker: EVAL shows pass@1 beside the verdict.
+    coded = done.model_copy(
+        update={
+            "evaluation": api.EvaluationStatus(
+                metrics={"pass@1": 0.8333, "pass@5": 1.0},
+                passed=True,
+                result="Passed",
+                result_display="Passed (pass@1 0.83)",
+            )
+        }
     )
     obj = create(crd, namespace, "gemma-verilog", training)
     create(crd, namespace, "gemma-sql", done)
     create(crd, namespace, "gemma-sql-adapter", passed)
     create(crd, namespace, "gemma-sql-adapter-2", below)
+    create(crd, namespace, "gemma-verilog-passk", coded)
 
     table = kubectl(sandbox_env, "get", "finetunejobs", "-n", namespace)
     print(table)
@@ -103,6 +123,7 @@ def test_kubectl_get_and_describe_read_well(
     assert rows["gemma-sql"] == ["Succeeded", "100%", "1000", "0.8123", "1051", "0s", "$46.20", "v5p-8"]
     assert rows["gemma-sql-adapter"][-2:] == ["Passed", "v5p-8"]
     assert rows["gemma-sql-adapter-2"][-2:] == ["Failed", "v5p-8"]
+    assert rows["gemma-verilog-passk"][-4:] == ["Passed", "(pass@1", "0.83)", "v5p-8"]
 
     # Every Event the controller can post, on one object: the Reason column is as wide as it gets.
     messages = [(e.type, e.reason, e.message) for e in flow_events(monkeypatch)]

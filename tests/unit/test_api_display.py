@@ -60,3 +60,9 @@ def test_progress_and_cost_carry_their_display_strings() -> None:
     assert api.Progress(step=1).displayed().to_wire() == {"step": 1}
     cost = api.Cost.estimate(2.0, 16.8)
     assert cost.to_wire() == {"tpuHours": 2.0, "estimatedUSD": 33.6, "estimatedUSDDisplay": "$33.60"}
+
+
+def test_the_eval_column_holds_the_verdict_and_pass_at_the_smallest_k() -> None:
+    assert display.verdict(True, {"exactMatch": 0.9, "loss": 0.5}) == "Passed"
+    assert display.verdict(False, {"pass@5": 0.5, "pass@1": 0.166, "loss": 0.5}) == "Failed (pass@1 0.17)"
+    assert display.verdict(True, {"pass@10": 1.0, "pass@2": 0.833}) == "Passed (pass@2 0.83)"

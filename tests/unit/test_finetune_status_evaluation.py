@@ -153,7 +153,7 @@ def test_merged_adapter_and_a_passing_evaluation() -> None:
     e = w.status.evaluation
     assert e is not None
     assert e.metrics == {"exactMatch": 1.0, "loss": 0.5} and e.base_metrics == {"exactMatch": 0.0, "loss": 3.25}
-    assert (e.examples, e.report_uri, e.passed, e.result) == (20, REPORT, True, "Passed")
+    assert (e.examples, e.report_uri, e.passed, e.result, e.result_display) == (20, REPORT, True, "Passed", "Passed")
     assert e.message == "loss 0.5 <= maxLoss 1.5; exactMatch 1.00 >= minExactMatch 0.50"
     assert (w.condition(EVALUATED).status, w.condition(EVALUATED).reason) == ("True", "Evaluated")
     assert REPORT in w.condition(EVALUATED).message and "20 records" in w.condition(EVALUATED).message
@@ -401,6 +401,7 @@ def test_pass_at_k_is_held_to_its_threshold_headlined_and_exported() -> None:
     assert g is not None and b is not None
     assert (g.passed, g.message) == (True, "pass@1 0.80 >= minPassAt.1 0.60")
     assert (b.passed, b.result, b.message) == (False, "Failed", "pass@1 0.20 < minPassAt.1 0.60")
+    assert (g.result_display, b.result_display) == ("Passed (pass@1 0.80)", "Failed (pass@1 0.20)")  # kubectl's EVAL
     assert g.base_metrics == {"pass@1": 0.0, "pass@5": 0.0}
     assert ("Normal", "Evaluated", "eval passed: pass@1 0.80 (base 0.00)") in good.events  # as much as fits
     assert ("Warning", "Evaluated", "eval below threshold: pass@1 0.20 < 0.60") in bad.events

@@ -35,3 +35,11 @@ def percent(value: float) -> str:
 def usd(value: float) -> str:
     """An amount in US dollars, to the cent: $1.23, $1,234.50."""
     return f"${value:,.2f}"
+
+
+def verdict(passed: bool, metrics: dict[str, float]) -> str:
+    """An evaluation's verdict, with its pass@k at the smallest k when code was run: Passed, or
+    Failed (pass@1 0.17). Other metrics stay out: the column has room for one number."""
+    word = "Passed" if passed else "Failed"
+    ks = sorted(int(name.removeprefix("pass@")) for name in metrics if name.startswith("pass@"))
+    return f"{word} (pass@{ks[0]} {metrics[f'pass@{ks[0]}']:.2f})" if ks else word

@@ -317,7 +317,10 @@ class EvaluationStatus(StatusModel):
     base_metrics: dict[str, float] = Field(default_factory=dict, description="The base model's scores.")
     examples: int | None = Field(default=None, description="Records evaluated.")
     passed: bool | None = Field(default=None, description="Whether every threshold was met.")
-    result: str | None = Field(default=None, description="Passed or Failed, for kubectl get.")
+    result: str | None = Field(default=None, description="Passed or Failed.")
+    result_display: str | None = Field(
+        default=None, description="result for kubectl get, with pass@1 when code was run: Passed (pass@1 0.83)."
+    )
     message: str | None = Field(default=None, description="The headline, or why it failed the thresholds.")
     report_uri: str | None = Field(
         default=None,

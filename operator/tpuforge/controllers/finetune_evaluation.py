@@ -5,7 +5,7 @@ Succeeded either way (its outputs are fine); whether the adapter is promoted is 
 
 from __future__ import annotations
 
-from tpuforge.api import evaluation_verdict
+from tpuforge.api import display, evaluation_verdict
 from tpuforge.api.configs import output_subdir
 from tpuforge.api.constants import EVALUATION_SUBDIR
 from tpuforge.api.evaluation import checks
@@ -81,7 +81,13 @@ def evaluated(ctx: Ctx, job: JobView, pod: PodView) -> None:
     passed, verdict = evaluation_verdict(spec, result.metrics)
     report = result.report_uri or output_subdir(ctx.spec, EVALUATION_SUBDIR)
     ctx.st.evaluation = result.model_copy(
-        update={"passed": passed, "result": "Passed" if passed else "Failed", "message": verdict, "report_uri": report}
+        update={
+            "passed": passed,
+            "result": "Passed" if passed else "Failed",
+            "result_display": display.verdict(passed, result.metrics),
+            "message": verdict,
+            "report_uri": report,
+        }
     )
     ctx.condition(c.EVALUATED, "True", c.EVALUATED_REASON, c.scored(result.examples, report))
     if passed:
