@@ -6,7 +6,7 @@ import pytest
 
 from tpuforge.api.catalog import TPU_SLICES
 from tpuforge_workloads.preflight import estimate as est
-from tpuforge_workloads.preflight.step import GIB, CompiledStep
+from tpuforge_workloads.preflight.step import GIB, CompiledStep, out_of_hbm_bytes
 
 
 def step(layers: int, args: float, temp: float, flops: float) -> CompiledStep:
@@ -69,3 +69,20 @@ def test_a_job_that_does_not_fit_is_told_what_to_change() -> None:
 def test_mfu_outside_0_1_is_refused() -> None:
     with pytest.raises(ValueError, match="mfu must be in"):
         est.estimate(est.PerChip(0, 0, 0, 1.0), TPU_SLICES["v5p-8"], 1, 1, 1, mfu=35)
+
+
+def test_libtpus_refusal_to_compile_for_want_of_hbm_gives_what_the_step_needs() -> None:
+    said = (
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (72.16G) "
+        "exceeds available HBM (31.25G)."
+    )
+    assert out_of_hbm_bytes(said) == int(72.16 * GIB)
+    arguments = said.replace("HLO temporaries (72.16G)", "HLO arguments (512.5M)")
+    assert out_of_hbm_bytes(arguments) == int(512.5 * 1024**2)
+    assert out_of_hbm_bytes("INTERNAL: something else") is None
+
+
+def test_a_step_libtpu_refused_does_not_fit_and_its_headline_has_no_speed() -> None:
+    refused = CompiledStep(2, 0, 0, 0, int(72.16 * GIB), 0, 0.0, 50.0, "tpu", out_of_hbm=True)
+    e = est.estimate(est.PerChip.of(refused), TPU_SLICES["v6e-4"], 65536, 8, 10)
+    assert not e.fits and e.headline() == "does not fit: 72.2 of 32 GiB per chip"

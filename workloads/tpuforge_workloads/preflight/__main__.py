@@ -6,6 +6,8 @@ comes from config.json at the config's model.uri (or --model-config): no weights
 comes from --steps, else training.maxSteps, else the dataset (read and tokenised as the trainer would).
 
 Exit codes: 0 fits; 3 does not fit (the fixes are printed); EXIT_BAD_CONFIG (2) unusable config or input.
+With --termination-log (the operator's preflight Job), the JSON report is also written there, in one line, or
+the reason a config was refused.
 """
 
 from __future__ import annotations
@@ -20,14 +22,12 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the TPU is only a compile target here
 
 from tpuforge.api.catalog import TPU_SLICES, model_shape
-from tpuforge.api.constants import EXIT_BAD_CONFIG
-from tpuforge_workloads import gemma4
+from tpuforge.api.constants import EXIT_BAD_CONFIG, EXIT_DOES_NOT_FIT
+from tpuforge_workloads import gemma4, termination
 from tpuforge_workloads.preflight import estimate as est
 from tpuforge_workloads.preflight.run import preflight
 from tpuforge_workloads.preflight.topology import TopologyError
 from tpuforge_workloads.train.plan import BadInput, load_config, make_plan
-
-EXIT_DOES_NOT_FIT = 3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-config", help="a local config.json instead of the one at model.uri")
     ap.add_argument("--whole", action="store_true", help="compile every layer instead of extrapolating")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    ap.add_argument("--termination-log", help="also write the JSON report (or why the config was refused) here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -61,8 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         report = preflight(text, config, TPU_SLICES[args.slice], steps, args.mfu, args.whole)
     except (BadInput, gemma4.ModelError, TopologyError, OSError, KeyError, ValueError) as e:
         print(f"preflight: {e}", file=sys.stderr)
+        if args.termination_log:
+            termination.write(args.termination_log, f"Bad config: {e}", one_line=True)
         return EXIT_BAD_CONFIG
     print(json.dumps(report.to_json(), indent=2) if args.json else report.text())
+    if args.termination_log:
+        termination.write(args.termination_log, json.dumps(report.to_json(), separators=(",", ":")))
     return 0 if report.estimate.fits else EXIT_DOES_NOT_FIT
 
 

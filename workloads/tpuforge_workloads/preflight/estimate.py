@@ -92,10 +92,10 @@ class Estimate:
 
     def headline(self) -> str:
         verdict = "fits" if self.fits else "does not fit"
-        return (
-            f"{verdict}: {self.hbm_per_chip_gib:,.1f} of {self.hbm_capacity_gib:,.0f} GiB per chip; "
-            f"~{self.tokens_per_second:,.0f} tok/s at {self.mfu:.0%} MFU"
-        )
+        said = f"{verdict}: {self.hbm_per_chip_gib:,.1f} of {self.hbm_capacity_gib:,.0f} GiB per chip"
+        if not self.tokens_per_second:  # no FLOP count (libtpu refused the compile)
+            return said
+        return f"{said}; ~{self.tokens_per_second:,.0f} tok/s at {self.mfu:.0%} MFU"
 
 
 def estimate(

@@ -12,7 +12,7 @@ from tpuforge_workloads import gemma4
 from tpuforge_workloads.mesh import make_mesh
 from tpuforge_workloads.preflight import estimate as est
 from tpuforge_workloads.preflight.step import GIB, CompiledStep, compile_train_step, with_layers
-from tpuforge_workloads.preflight.topology import slice_devices
+from tpuforge_workloads.preflight.topology import slice_devices, topology_name
 
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
 # The three small decoders whose differences give a sliding and a global layer's cost (estimate.py).
@@ -33,12 +33,14 @@ class Report:
     compile_seconds: float
     extrapolated: bool
     fixes: list[str] = field(default_factory=list)
-    lower_bound: bool = False  # one layer alone did not fit: the figures are of that layer, not the model
+    lower_bound: bool = False  # a partial compile already exceeds a chip: its figures are a lower bound
+    topology: str = ""  # what was compiled for, in libtpu's words (v5p:2x2x1)
 
     def to_json(self) -> dict[str, Any]:
         e = self.estimate
         return {
             "slice": e.slice_id,
+            "topology": self.topology,
             "fits": e.fits,
             "headline": self.headline(),
             "lowerBound": self.lower_bound,
@@ -68,7 +70,7 @@ class Report:
     def text(self) -> str:
         e = self.estimate
         how = (
-            "one layer alone does not fit; the figures are that layer's"
+            f"a lower bound: {self.compiled_layers[-1]} layer(s) alone exceed a chip"
             if self.lower_bound
             else f"extrapolated from compiles of {self.compiled_layers} layers"
             if self.extrapolated
@@ -94,16 +96,18 @@ def compiled_figures(
     text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, total_steps: int, whole: bool, capacity_bytes: float
 ) -> tuple[est.PerChip, list[CompiledStep], bool]:
     """The whole decoder's per-chip figures: one whole-model compile, or the three probes extrapolated.
+    A model of no more layers than a probe is compiled whole: one compile instead of three.
     The third value is False when the first probe alone (one layer: a lower bound of the whole model)
-    already needs more than `capacity_bytes`; the other probes are then not compiled."""
-    if whole:
+    already needs more than `capacity_bytes`, or libtpu refused a compile for want of HBM; the figures
+    are then that compile's, and nothing more is compiled."""
+    if whole or len(text.layer_types) <= max(len(p) for p in PROBES):
         c = compile_train_step(text, config, mesh, total_steps)
-        return est.PerChip.of(c), [c], True
+        return est.PerChip.of(c), [c], not c.out_of_hbm
     steps: list[CompiledStep] = []
     for probe in PROBES:
         steps.append(compile_train_step(with_layers(text, probe), config, mesh, total_steps))
-        if len(steps) == 1 and steps[0].hbm_bytes > capacity_bytes:
-            return est.PerChip.of(steps[0]), steps, False
+        if steps[-1].out_of_hbm or (len(steps) == 1 and steps[0].hbm_bytes > capacity_bytes):
+            return est.PerChip.of(steps[-1]), steps, False
     return est.extrapolate(steps, text.layer_types), steps, True
 
 
@@ -128,4 +132,12 @@ def preflight(
     rows = t.micro_batch_size * config.mesh.fsdp
     e = est.estimate(figures, slc, rows * t.max_seq_len, t.gradient_accumulation_steps, total_steps, mfu)
     fixes = [] if e.fits else est.fixes(e, t.micro_batch_size, t.max_seq_len, t.remat, config.lora.rank)
-    return Report(e, [s.layers for s in steps], time.monotonic() - started, not whole, fixes, lower_bound=not complete)
+    return Report(
+        e,
+        [s.layers for s in steps],
+        time.monotonic() - started,
+        len(steps) > 1,
+        fixes,
+        lower_bound=not complete,
+        topology=topology_name(slc) if devices is None else f"{len(devices)} {devices[0].platform} devices",
+    )

@@ -10,6 +10,7 @@ only shapes, dtypes and the shardings the run would give them.
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,17 @@ from tpuforge_workloads import gemma4, lora
 from tpuforge_workloads.data.pipeline import BATCH_ARRAYS
 
 GIB = 1024**3
+# libtpu refuses to compile a step whose buffers cannot fit a chip ("RESOURCE_EXHAUSTED: Ran out of memory on
+# HBM, the total memory required for HLO temporaries (72.16G) exceeds available HBM (31.25G)"): the job does
+# not fit, and the message holds the one figure known, a lower bound of the step's need.
+_OUT_OF_HBM = re.compile(r"Ran out of memory .*?HBM.*?\(([\d.]+)([KMGTP]?)\) exceeds available HBM")
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": GIB, "T": 1024**4, "P": 1024**5}
+
+
+def out_of_hbm_bytes(message: str) -> int | None:
+    """The bytes a step needs by libtpu's refusal to compile it (None: the message is not that refusal)."""
+    found = _OUT_OF_HBM.search(message)
+    return None if found is None else int(float(found.group(1)) * _UNITS[found.group(2)])
 
 
 @dataclass(frozen=True)
@@ -34,6 +46,7 @@ class CompiledStep:
     flops: float  # per chip, one micro-batch
     compile_seconds: float
     platform: str
+    out_of_hbm: bool = False  # libtpu refused to compile it: temp_bytes is what it said was needed, a lower bound
 
     @property
     def hbm_bytes(self) -> int:
@@ -118,7 +131,15 @@ def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, 
         # The data feed adds each row's loss denominator (train/loss.py) before a batch reaches the step.
         batch["loss_denominator"] = jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=batch_sharding)  # type: ignore[no-untyped-call]
         step = nnx.jit(trainers[0].create_train_step_fn(), donate_argnames=("optimizer",))
-        compiled = step.lower(model, optimizer, batch).compile()
+        lowered = step.lower(model, optimizer, batch)
+        try:
+            compiled = lowered.compile()
+        except jax.errors.JaxRuntimeError as e:
+            needed = out_of_hbm_bytes(str(e))
+            if needed is None:
+                raise
+            platform = mesh.devices.flat[0].platform
+            return CompiledStep(text.num_layers, 0, 0, 0, needed, 0, 0.0, time.monotonic() - started, platform, True)
     seconds = time.monotonic() - started
     mem = compiled.memory_analysis()
     if mem is None:
