@@ -46,6 +46,7 @@ def job_spec(tiny_model_gs: str, chat_dataset_gs: str, runs_bucket: str, namespa
             "checkpoint": {"uri": f"{root}/checkpoints", "everySteps": every, "keep": 2},
             "output": {"uri": f"{root}/merged"},
             "merge": {"enabled": merge, "verify": merge, "shardSizeMB": 1},
+            "preflight": {"enabled": False},  # its own test: test_preflight.py
             **extra,
         }
 

@@ -2,8 +2,10 @@
 agent running the trainer (JAX on 4 virtual CPU devices per emulated v5p-8 host) and the merge as local
 processes, models and checkpoints in fake GCS.
 
-Runs are tiny (steps of 2 packed rows of 64 tokens) and share one tiny model and dataset in GCS, and the
-training pods share a persistent XLA compilation cache, so each program compiles once per session.
+The first job runs its preflight (a CPU pod compiling its step for the v5p-8's TPU topology) before training,
+as every job does by default; the others skip it. Runs are tiny (steps of 2 packed rows of 64 tokens) and
+share one tiny model and dataset in GCS, and the training pods share a persistent XLA compilation cache, so
+each program compiles once per session.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from tests.e2e.conftest import STEPS
 from tests.fixtures.models import read_summary
 from tests.integration.test_finetunejob_support import Cluster
 from tpuforge import kube
+from tpuforge.api.constants import LABEL_COMPONENT
 from tpuforge.manifests import finetune as m
+from tpuforge.manifests.preflight import COMPONENT_PREFLIGHT
 from tpuforge.sandbox import Sandbox, wait_for
 from tpuforge_workloads import commit
 
@@ -84,6 +88,11 @@ def steps_logged(path: Path, total: int) -> list[int]:
     return [int(s) for s in re.findall(rf"\bstep (\d+)/{total} loss", path.read_text(errors="replace"))]
 
 
+def preflight_pods(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    pods = cluster.children("Pod", name)
+    return [p for p in pods if p["metadata"]["labels"].get(LABEL_COMPONENT) == COMPONENT_PREFLIGHT]
+
+
 def terminated(pod: dict[str, Any]) -> dict[str, Any]:
     state: dict[str, Any] = pod["status"]["containerStatuses"][0]["state"]
     return dict(state["terminated"])
@@ -92,10 +101,25 @@ def terminated(pod: dict[str, Any]) -> dict[str, Any]:
 def test_a_finetunejob_trains_merges_and_succeeds_with_a_complete_verified_model(
     cluster: Cluster, sandbox: Sandbox, job_spec: Any
 ) -> None:
-    spec = job_spec("pipeline", every=50, merge=True)
+    # The job as a user gets it: its preflight first (the other e2e jobs skip it).
+    spec = job_spec("pipeline", every=50, merge=True, preflight={"enabled": True})
     name = cluster.create("pipeline", **spec)
     status = finish(cluster, sandbox, name)
     assert status["phase"] == "Succeeded", f"{status}\n{pod_logs(cluster, sandbox, name)}"
+
+    # The preflight compiled the step for the v5p-8's real topology on the CPU node, before any TPU pod.
+    pf = status["preflight"]
+    assert pf["fits"] is True and pf["slice"] == "v5p-8" and pf["topology"] == "v5p:2x2x1"
+    assert 0 < pf["hbmPerChipGiB"] < pf["hbmCapacityGiB"] == 95.0
+    assert pf["tflopsPerStep"] > 0 and pf["estimatedTokensPerSecond"] > 0
+    assert pf["estimatedSeconds"] > 0 and pf["estimatedUSD"] > 0 and pf["compileSeconds"] > 0
+    assert pf["message"].startswith("fits: ")
+    cond = cluster.condition(name, "Preflight")
+    assert cond["status"] == "True" and cond["reason"] == "Fits"
+    preflight = preflight_pods(cluster, name)
+    assert len(preflight) == 1 and preflight[0]["spec"]["nodeName"] == "cpu-0"
+    finished_at = terminated(preflight[0])["finishedAt"]
+    assert status["attempts"][0]["startTime"] >= finished_at
 
     out = spec["output"]["uri"]
     assert status["outputs"] == {"checkpointUri": spec["checkpoint"]["uri"], "mergedModelUri": out}
@@ -114,7 +138,9 @@ def test_a_finetunejob_trains_merges_and_succeeds_with_a_complete_verified_model
     merge_log = sandbox.pod_log(cluster.ns, merge_pod["metadata"]["name"], m.MERGER_CONTAINER).read_text()
     assert re.search(r"verify passed: max \|logit diff\| \S+", merge_log), merge_log[-2000:]
     # Event times have whole seconds: Created and Training often share one.
-    reasons = [reason for _, reason, _ in cluster.said(name, "Created", "Training", "Merging", "Succeeded")]
+    said = cluster.said(name, "Preflight", "Created", "Training", "Merging", "Succeeded")
+    assert any(reason == "Preflight" and text.startswith("fits") for _, reason, text in said), said
+    reasons = [reason for _, reason, _ in said]
     assert reasons.index("Training") < reasons.index("Merging") < reasons.index("Succeeded"), reasons
 
 

@@ -120,6 +120,7 @@ def spec(name: str, **overrides: Any) -> dict[str, Any]:
         "checkpoint": {"uri": f"gs://b/jobs/{name}/checkpoints"},
         "output": {"uri": f"gs://b/jobs/{name}/merged"},
         "merge": {"nodeSelector": NO_NODE_POOL},
+        "preflight": {"enabled": False},  # its own test: tests/e2e/test_preflight.py
     }
     out.update(overrides)
     return out

@@ -232,6 +232,7 @@ def finetunejob(api: client.ApiClient, ns: str, name: str, **spec: Any) -> None:
             "tpu": {"slice": "v6e-4"},
             "checkpoint": {"uri": f"gs://runs/{name}/checkpoints"},
             "output": {"uri": f"gs://runs/{name}/merged"},
+            "preflight": {"enabled": False},
         },
     }
     body["spec"].update(spec)

@@ -16,6 +16,7 @@ import pytest
 from tests.unit import test_finetune_status_evaluation as evaluation_flows
 from tests.unit import test_finetune_status_multihost as multihost_flows
 from tests.unit import test_finetune_status_plan as flows
+from tests.unit import test_finetune_status_preflight as preflight_flows
 from tpuforge import kube
 from tpuforge.api.evaluation import Check
 from tpuforge.controllers import finetune_events as ev
@@ -46,7 +47,7 @@ def flow_events(monkeypatch: pytest.MonkeyPatch) -> list[Event]:
         return p
 
     monkeypatch.setattr(flows.World, "step", recording)
-    for module in (flows, multihost_flows, evaluation_flows):
+    for module in (flows, multihost_flows, evaluation_flows, preflight_flows):
         for name, fn in vars(module).items():
             if name.startswith("test_") and inspect.isfunction(fn) and not inspect.signature(fn).parameters:
                 fn()
@@ -100,6 +101,10 @@ def worst_cases() -> Iterator[str]:
     yield ev.eval_below(Check("pass@10", "minPassAt.10", 0.99, 0.01, False))
     yield ev.eval_failed()
     yield ev.eval_unreadable()
+    yield ev.preflight_started("v5p-128")
+    yield ev.preflight_result("fits: 12,345.6 of 95 GiB per chip; ~1,234,567 tok/s at 100% MFU", True, 12345.6, 95, 1e6)
+    yield ev.preflight_result("does not fit: at least 12,345.6 of 32 GiB per chip", False, 12345.6, 32, 0)
+    yield ev.preflight_failed()
 
 
 def test_the_room_is_what_describe_leaves() -> None:

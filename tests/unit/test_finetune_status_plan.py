@@ -32,6 +32,7 @@ def raw_spec(**overrides: Any) -> dict[str, Any]:
         "training": {"maxSeqLen": 3072, "maxSteps": 1000, "warmupSteps": 10},
         "checkpoint": {"uri": "gs://b/jobs/gemma-verilog/checkpoints"},
         "output": {"uri": "gs://b/jobs/gemma-verilog/merged"},
+        "preflight": {"enabled": False},  # its own lifecycle: test_finetune_status_preflight
     }
     spec.update(overrides)
     return spec

@@ -42,6 +42,7 @@ from tpuforge.api.finetune import (
     TpuSpec,
     TrainingSpec,
 )
+from tpuforge.api.preflight import PreflightSpec, PreflightStatus
 from tpuforge.api.serving import (
     AdapterPhase,
     AdapterSource,
@@ -103,6 +104,8 @@ __all__ = [
     "OutputSpec",
     "Outputs",
     "PodResources",
+    "PreflightSpec",
+    "PreflightStatus",
     "Progress",
     "PromotionSpec",
     "Restarts",

@@ -77,6 +77,8 @@ COORDINATOR_PORT = 8476  # JAX's usual coordinator port, on process 0's pod
 EXIT_PREEMPTED = 83
 # Exit code for a config the workload rejects before doing any expensive work.
 EXIT_BAD_CONFIG = 2
+# The preflight's exit code for a job whose step does not fit the chips' HBM (its report says what to change).
+EXIT_DOES_NOT_FIT = 3
 # First word of the termination message after a preemption checkpoint.
 TERMINATION_PREEMPTED = "Preempted"
 

@@ -43,3 +43,8 @@ def verdict(passed: bool, metrics: dict[str, float]) -> str:
     word = "Passed" if passed else "Failed"
     ks = sorted(int(name.removeprefix("pass@")) for name in metrics if name.startswith("pass@"))
     return f"{word} (pass@{ks[0]} {metrics[f'pass@{ks[0]}']:.2f})" if ks else word
+
+
+def estimate(shown: str) -> str:
+    """A figure shown as an estimate, not a measurement: ~2h10m (est)."""
+    return f"~{shown} (est)"

@@ -13,6 +13,7 @@ from tpuforge.api.catalog import GEMMA4_LORA_TARGETS, Dtype
 from tpuforge.api.code_eval import CodeEvalSpec
 from tpuforge.api.conditions import Condition
 from tpuforge.api.constants import DEFAULT_EVALUATOR_IMAGE, DEFAULT_MERGER_IMAGE, DEFAULT_TRAINER_IMAGE
+from tpuforge.api.preflight import PreflightSpec, PreflightStatus
 
 
 class ModelRef(ApiModel):
@@ -219,6 +220,10 @@ class FineTuneJobSpec(ApiModel):
     lora: LoraSpec = Field(default_factory=LoraSpec, description="The LoRA adapter.")
     training: TrainingSpec = Field(description="Sequence length, batch, schedule and loss.")
     tpu: TpuSpec = Field(default_factory=TpuSpec, description="Where training runs.")
+    preflight: PreflightSpec = Field(
+        default_factory=PreflightSpec,
+        description="The train step compiled for the slice on a CPU node before any TPU is used: fit, speed, cost.",
+    )
     checkpoint: CheckpointSpec = Field(description="Where and how often training checkpoints.")
     output: OutputSpec = Field(description="Where the merged model goes.")
     merge: MergeSpec = Field(default_factory=MergeSpec, description="The merge that follows training.")
@@ -240,6 +245,7 @@ class FineTuneJobSpec(ApiModel):
 
 class FineTunePhase(StrEnum):
     PENDING = "Pending"
+    PREFLIGHT = "Preflight"
     TRAINING = "Training"
     MERGING = "Merging"
     EVALUATING = "Evaluating"
@@ -379,4 +385,7 @@ class FineTuneJobStatus(StatusModel):
     completion_time: str | None = None
     outputs: Outputs | None = None
     evaluation: EvaluationStatus | None = None
+    preflight: PreflightStatus | None = Field(
+        default=None, description="What the preflight found: HBM per chip against the chip's, speed and cost estimates."
+    )
     cost: Cost | None = None

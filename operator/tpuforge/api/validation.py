@@ -184,6 +184,7 @@ def check_finetune(spec: FineTuneJobSpec) -> list[FieldError]:
         )
     _check_resources(errors, "spec.tpu.resources", spec.tpu.resources, slc)
     _check_resources(errors, "spec.merge.resources", spec.merge.resources, None)
+    _check_resources(errors, "spec.preflight.resources", spec.preflight.resources, None)
     _check_evaluation(errors, spec, shape)
     return errors
 

@@ -34,7 +34,7 @@ def step(ctx: Ctx) -> None:
         if jobset_missing(ctx):
             return
         to_pending(ctx, 0)
-        st.start_time = ctx.stamp
+        st.start_time = st.start_time or ctx.stamp  # set already when a preflight ran first
         s = tpu_slice(ctx.spec.tpu.slice)
         ctx.event("Normal", ev.CREATED, ev.created(s.id, s.topology, ctx.spec.tpu.spot, s.hosts))
     n = st.attempt

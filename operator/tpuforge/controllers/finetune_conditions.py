@@ -20,6 +20,7 @@ SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 SUSPENDED = "Suspended"
 SPEC_CHANGE_NOT_APPLIED = "SpecChangeNotApplied"
+PREFLIGHT = "Preflight"
 CHECKPOINT_WITHIN_GRACE = "CheckpointWithinGrace"
 
 # Reasons of the Training condition.
@@ -31,6 +32,12 @@ UNSCHEDULABLE = "Unschedulable"
 COMPLETED = "Completed"
 RETRYING = "Retrying"
 PREEMPTED = "Preempted"
+# Of the Preflight condition (DoesNotFit and PreflightFailed also end the job as the Failed condition's reason).
+COMPILING = "Compiling"
+FITS = "Fits"
+DOES_NOT_FIT = "DoesNotFit"
+PREFLIGHT_FAILED = "PreflightFailed"
+PREFLIGHT_SKIPPED = "Skipped"
 # Of the Suspended condition (and of Training, while suspended).
 SUSPENDED_REASON = "Suspended"
 RESUMED = "Resumed"
@@ -153,12 +160,63 @@ def gave_up(attempt: int, message: str, failures: int, limit: int) -> str:
     return f"attempt {attempt}: {message}; gave up after {failures} failures (spec.runPolicy.maxRestarts={limit})"
 
 
+# --- Preflight ---------------------------------------------------------------------------------------------------
+
+
+def preflight_compiling(slice_id: str, topology: str) -> str:
+    return f"compiling the train step for {slice_id} (TPU topology {topology}) on a CPU node; no TPU is used yet"
+
+
+def preflight_on(pod: str, node: str | None) -> str:
+    where = f" on node {node}" if node else ""
+    return f"pod {pod} is compiling the train step{where}"
+
+
+def preflight_fits(headline: str, topology: str | None, seconds: float | None) -> str:
+    how = f" (compiled for {topology or 'the slice'}" + (f" in {seconds:.0f} s)" if seconds is not None else ")")
+    return f"{headline}{how}; tokens/s, time and cost are estimates at the stated MFU"
+
+
+def does_not_fit(headline: str, fixes: list[str]) -> str:
+    to_fit = f"; to fit: {'; or '.join(fixes)}" if fixes else ""
+    said = headline.replace("does not fit: ", "does not fit the chips: ", 1)
+    return f"the train step {said}{to_fit}; no TPU was used"
+
+
+def preflight_rejected(job: str, message: str) -> str:
+    return f"the preflight Job {job} rejected the config: {message}; fix the spec and create the job again"
+
+
+def preflight_failed(job: str, tries: str, detail: str) -> str:
+    return (
+        f"the preflight Job {job} failed {tries}; last: {detail}; delete the Job to run it again, or set "
+        "spec.preflight.enabled: false to train without it"
+    )
+
+
+def preflight_result_missing(job: str) -> str:
+    return (
+        f"the preflight Job {job} completed but its pod is gone, and with it the report (its termination "
+        "message); delete the Job to run the preflight again"
+    )
+
+
+def preflight_unreadable(job: str, error: object) -> str:
+    return f"the preflight Job {job} finished, but its report cannot be read: {error}"
+
+
+PREFLIGHT_SWITCHED_OFF = "spec.preflight.enabled was set to false: the preflight was stopped"
+
+
 # --- Suspend ------------------------------------------------------------------------------------------------------
 
 SUSPEND_SET = "spec.runPolicy.suspend was set"
 SUSPENDED_MESSAGE = (
     "spec.runPolicy.suspend is true: the training Job was removed and the checkpoints stay; set it to false to resume"
 )
+
+
+RESUMED_TO_PREFLIGHT = "resumed: the preflight runs first"
 
 
 def attempt_stopped(attempt: int) -> str:

@@ -10,6 +10,7 @@ Where each decision lives (one module per phase, each a handful of functions ove
 
     finetune_context      Observed, Plan, and the context the decisions share (Base; Ctx adds the spec)
     finetune_spec         the spec a job runs with: invalid specs, frozen fields after the start
+    finetune_preflight    Preflight: the step compiled for the slice on a CPU node before the first attempt
     finetune_attempts     Pending and Training: create, follow and end attempts; a preemption becomes a
                           resume in `preempted`, a failure a retry (or the end) in `failed`
     finetune_children     what the children say, and how an attempt ended (`attempt_end`, beside `pod_ending`)
@@ -30,6 +31,7 @@ from tpuforge.controllers import finetune_attempts as attempts
 from tpuforge.controllers import finetune_evaluation as evaluation
 from tpuforge.controllers import finetune_merge as merge
 from tpuforge.controllers import finetune_policies as policies
+from tpuforge.controllers import finetune_preflight as preflight
 from tpuforge.controllers import finetune_spec as spec_changes
 from tpuforge.controllers import finetune_suspend as suspend
 from tpuforge.controllers.finetune_conditions import (
@@ -102,7 +104,10 @@ def step(ctx: Ctx) -> None:
         suspend.step(ctx)
     elif ctx.spec.run_policy.suspend:
         suspend.stop(ctx)
+    elif preflight.needed(ctx):
+        preflight.step(ctx)
     else:
+        preflight.stop(ctx)  # one switched off while it ran
         attempts.step(ctx)
 
 
@@ -118,6 +123,7 @@ OWNED_FIELDS = (
     "completionTime",
     "outputs",
     "evaluation",
+    "preflight",
     "cost",
 )
 DERIVED_PROGRESS_FIELDS = ("percent", "percentDisplay", "etaSeconds", "etaDisplay")

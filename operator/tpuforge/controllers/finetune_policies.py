@@ -1,6 +1,6 @@
 """The FineTuneJob's policies, each applied to whatever phase the job is in: the active deadline
 (spec.runPolicy.activeDeadlineSeconds), the TTL after it finished (ttlSecondsAfterFinished), and the status
-derived from the rest (percent, ETA, TPU hours and cost).
+derived from the rest (percent, ETA, TPU hours and cost; before training, the preflight's estimates).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from tpuforge.api import (
     FineTuneJobSpec,
     FineTuneJobStatus,
     FineTunePhase,
+    Progress,
     RunPolicy,
     display,
     tpu_slice,
@@ -135,11 +136,29 @@ def derive(b: Base, spec: FineTuneJobSpec | None) -> None:
             eta = 0
         st.progress = st.progress.model_copy(update={"percent": round(100 * done, 1), "eta_seconds": eta}).displayed()
     slice_id = spec.tpu.slice if spec is not None else b.o.spec.get("tpu", {}).get("slice")
-    if not st.attempts or slice_id is None:
+    if st.attempts and slice_id is not None:
+        try:
+            price = tpu_slice(slice_id).usd_per_hour
+        except KeyError:
+            return
+        hours = round(tpu_hours(st.attempts, b.now), TPU_HOURS_DIGITS)
+        st.cost = Cost.estimate(hours, price)
+    preflight_estimates(st)
+
+
+def preflight_estimates(st: FineTuneJobStatus) -> None:
+    """Until a trainer has run, the ETA and Cost columns show the preflight's estimates of the whole run,
+    marked as such (~2h10m (est), ~$41.20 (est)); the numbers stay in status.preflight."""
+    pf = st.preflight
+    reported = st.progress is not None and st.progress.step is not None
+    started = any(a.start_time for a in st.attempts) or reported
+    if pf is None or not pf.fits or started or st.phase not in (FineTunePhase.PREFLIGHT, FineTunePhase.PENDING):
+        if st.progress is not None and not reported and st.progress.eta_display is not None:
+            st.progress = st.progress.model_copy(update={"eta_display": None})  # the estimate's time is over
         return
-    try:
-        price = tpu_slice(slice_id).usd_per_hour
-    except KeyError:
-        return
-    hours = round(tpu_hours(st.attempts, b.now), TPU_HOURS_DIGITS)
-    st.cost = Cost.estimate(hours, price)
+    if pf.estimated_seconds is not None:
+        eta = display.estimate(display.duration(pf.estimated_seconds))
+        st.progress = (st.progress or Progress()).model_copy(update={"eta_display": eta})
+    if pf.estimated_usd is not None:
+        usd = display.estimate(display.usd(pf.estimated_usd))
+        st.cost = (st.cost or Cost()).model_copy(update={"estimated_usd_display": usd})

@@ -1,10 +1,12 @@
-"""Suspend (spec.runPolicy.suspend): the training Job is removed and the checkpoints stay; clearing the flag
-resumes the job as its next attempt, from the last checkpoint, with the deadline counted afresh."""
+"""Suspend (spec.runPolicy.suspend): the training (or preflight) Job is removed and the checkpoints stay;
+clearing the flag resumes the job as its next attempt, from the last checkpoint, with the deadline counted
+afresh (or runs the preflight first, when it had not passed)."""
 
 from __future__ import annotations
 
 from tpuforge.controllers import finetune_attempts as attempts
 from tpuforge.controllers import finetune_conditions as c
+from tpuforge.controllers import finetune_preflight as preflight
 from tpuforge.controllers.finetune_context import Ctx
 from tpuforge.controllers.finetune_transitions import to_resumed, to_suspended
 
@@ -15,6 +17,7 @@ def stop(ctx: Ctx) -> None:
     job = ctx.train_job(n)
     if job is not None:
         ctx.delete_job(job)
+    preflight.stop(ctx, c.SUSPENDED_REASON, c.SUSPEND_SET)
     ctx.close_attempt(n, "Suspended", c.SUSPENDED_REASON, c.SUSPEND_SET, None)
     to_suspended(ctx, n)
 
@@ -26,6 +29,10 @@ def step(ctx: Ctx) -> None:
         job = ctx.train_job(st.attempt)
         if job is not None:
             ctx.delete_job(job)
+        return
+    if preflight.needed(ctx):  # suspended before its preflight passed: that comes first
+        ctx.condition(c.SUSPENDED, "False", c.RESUMED, c.RESUMED_TO_PREFLIGHT)
+        preflight.step(ctx)
         return
     n = 0 if st.attempt is None else st.attempt + 1
     to_resumed(ctx, n)

@@ -1,13 +1,13 @@
 """The FineTuneJob's phase changes, each named: it sets the phase, the condition that explains it and the Event
 that reports it, together. Nothing else assigns `status.phase`.
 
-    (new) -> Pending -> Training -> Merging -> [Evaluating] -> Succeeded
+    (new) -> [Preflight] -> Pending -> Training -> Merging -> [Evaluating] -> Succeeded
     Pending/Training -> Pending (the next attempt: preempted or retried) | Suspended -> Pending | Failed
 """
 
 from __future__ import annotations
 
-from tpuforge.api import FineTunePhase, Restarts, adapter_uri
+from tpuforge.api import FineTunePhase, Restarts, adapter_uri, tpu_slice
 from tpuforge.controllers import finetune_conditions as c
 from tpuforge.controllers import finetune_events as ev
 from tpuforge.controllers.finetune_children import PodView
@@ -22,6 +22,15 @@ def to_pending(ctx: Ctx, attempt: int) -> None:
     st.restarts = st.restarts or Restarts()
     st.phase = FineTunePhase.PENDING
     ctx.condition(c.TRAINING, "False", c.PENDING, c.waiting_for_pod(attempt))
+
+
+def to_preflight(ctx: Ctx) -> None:
+    """Before the first attempt, the preflight Job compiles the step for the slice (finetune_preflight)."""
+    s = tpu_slice(ctx.spec.tpu.slice)
+    ctx.st.phase = FineTunePhase.PREFLIGHT
+    ctx.st.start_time = ctx.st.start_time or ctx.stamp
+    ctx.condition(c.PREFLIGHT, "False", c.COMPILING, c.preflight_compiling(s.id, s.topology))
+    ctx.event("Normal", ev.PREFLIGHT, ev.preflight_started(s.id))
 
 
 def pending_if_new(b: Base) -> None:

@@ -162,14 +162,14 @@ def train_config_map(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
     )
 
 
-def _config_volume(config_map_name: str) -> Obj:
+def config_volume(config_map_name: str) -> Obj:
     return {
         "name": "config",
         "configMap": {"name": config_map_name, "items": [{"key": CONFIG_FILE, "path": CONFIG_FILE}]},
     }
 
 
-def _config_mount() -> Obj:
+def config_mount() -> Obj:
     return {"name": "config", "mountPath": CONFIG_MOUNT_DIR, "readOnly": True}
 
 
@@ -177,7 +177,7 @@ def _command(module: str, *extra: str) -> list[str]:
     return ["python", "-m", module, "--config", f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE}", *extra]
 
 
-def _reporting_command(module: str, *extra: str) -> list[str]:
+def reporting_command(module: str, *extra: str) -> list[str]:
     """A workload that writes why it ended (or its result) to the termination log."""
     return _command(module, *extra, "--termination-log", TERMINATION_LOG)
 
@@ -211,10 +211,10 @@ def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
     container: Obj = {
         "name": TRAINER_CONTAINER,
         "image": spec.images.trainer,
-        "command": _reporting_command("tpuforge_workloads.train"),
+        "command": reporting_command("tpuforge_workloads.train"),
         "env": env,
         "resources": tpu_resources(slc, resources.trainer_requests(spec.tpu.resources, model)),
-        "volumeMounts": [_config_mount(), {"name": "dshm", "mountPath": SHM_DIR}],
+        "volumeMounts": [config_mount(), {"name": "dshm", "mountPath": SHM_DIR}],
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -228,7 +228,7 @@ def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
         "terminationGracePeriodSeconds": TRAINER_TERMINATION_GRACE_SECONDS,
         **tpu_scheduling(slc, spec.tpu.spot, spec.tpu.spot_grace_seconds),  # on Spot: the grace a reclaim gives
         "containers": [container],
-        "volumes": [_config_volume(name), {"name": "dshm", "emptyDir": shm}],
+        "volumes": [config_volume(name), {"name": "dshm", "emptyDir": shm}],
     }
     if spec.priority_class_name:
         pod_spec["priorityClassName"] = spec.priority_class_name
@@ -345,24 +345,24 @@ def merge_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
             {
                 "name": MERGER_CONTAINER,
                 "image": spec.images.merger,
-                "command": _reporting_command("tpuforge_workloads.merge"),
+                "command": reporting_command("tpuforge_workloads.merge"),
                 "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
                 "resources": resources.merge_resources(
                     spec.merge.resources, model_shape(spec.model.name), spec.merge.verify
                 ),
-                "volumeMounts": [_config_mount()],
+                "volumeMounts": [config_mount()],
                 "terminationMessagePath": TERMINATION_LOG,
                 "terminationMessagePolicy": "FallbackToLogsOnError",
             }
         ],
-        "volumes": [_config_volume(name)],
+        "volumes": [config_volume(name)],
     }
     if spec.merge.node_selector:
         pod_spec["nodeSelector"] = dict(spec.merge.node_selector)
-    return _one_pod_job(o, name, lab, locked_down(pod_spec, api_access=False), MERGE_BACKOFF_LIMIT)
+    return one_pod_job(o, name, lab, locked_down(pod_spec, api_access=False), MERGE_BACKOFF_LIMIT)
 
 
-def _one_pod_job(o: Owner, name: str, lab: dict[str, str], pod_spec: Obj, backoff: int, **spec: Obj) -> Obj:
+def one_pod_job(o: Owner, name: str, lab: dict[str, str], pod_spec: Obj, backoff: int, **spec: Obj) -> Obj:
     """A Job of one pod that runs to completion (the merge, the evaluation), retried up to `backoff` times."""
     return {
         "apiVersion": "batch/v1",
@@ -418,13 +418,13 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
             tpu_slice(ev.slice), resources.tpu_server_requests(ev.resources, model_shape(spec.model.name))
         )
     )
-    mounts = [_config_mount(), {"name": WORK_VOLUME, "mountPath": WORK_DIR}]
+    mounts = [config_mount(), {"name": WORK_VOLUME, "mountPath": WORK_DIR}]
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
     score_args = ["--loss", LOSS_FILE] if "loss" in ev.metrics else []
     score: Obj = {
         "name": EVAL_SCORE_CONTAINER,
         "image": spec.images.evaluator,
-        "command": _reporting_command("tpuforge_workloads.evaluate.score", *score_args),
+        "command": reporting_command("tpuforge_workloads.evaluate.score", *score_args),
         "env": env,
         "resources": pod_resources,
         "volumeMounts": mounts,
@@ -436,7 +436,7 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
         "serviceAccountName": service_account_name(o.name, spec),
         "containers": [score],
         "volumes": [
-            _config_volume(name),
+            config_volume(name),
             {"name": WORK_VOLUME, "emptyDir": {}},
         ],
     }
@@ -445,7 +445,7 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
             {
                 "name": EVAL_LOSS_CONTAINER,
                 "image": spec.images.trainer,
-                "command": _reporting_command("tpuforge_workloads.evaluate.loss", "--out", LOSS_FILE),
+                "command": reporting_command("tpuforge_workloads.evaluate.loss", "--out", LOSS_FILE),
                 "env": env,
                 "resources": pod_resources,
                 "volumeMounts": mounts,
@@ -470,7 +470,7 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
     }
     root = frozenset() if on_cpu else _root(spec, EVAL_LOSS_CONTAINER, EVAL_SAMPLE_CONTAINER, EVAL_SCORE_CONTAINER)
     pod_spec = locked_down(pod_spec, api_access=False, root_containers=root)
-    return _one_pod_job(o, name, lab, pod_spec, EVAL_BACKOFF_LIMIT, podFailurePolicy=failure_policy)
+    return one_pod_job(o, name, lab, pod_spec, EVAL_BACKOFF_LIMIT, podFailurePolicy=failure_policy)
 
 
 def _code_containers(spec: FineTuneJobSpec, checker: CheckerSpec, resources: Obj, mounts: list[Obj]) -> list[Obj]:
@@ -486,7 +486,7 @@ def _code_containers(spec: FineTuneJobSpec, checker: CheckerSpec, resources: Obj
         {
             "name": EVAL_SAMPLE_CONTAINER,
             "image": spec.images.evaluator,
-            "command": _reporting_command("tpuforge_workloads.evaluate.sample", "--out", SAMPLES_FILE),
+            "command": reporting_command("tpuforge_workloads.evaluate.sample", "--out", SAMPLES_FILE),
             "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
             "resources": resources,
             "volumeMounts": mounts,

@@ -1,0 +1,43 @@
+"""A job that cannot fit, found by its preflight on the sandbox with real pods: the operator runs `python -m
+tpuforge_workloads.preflight` as a CPU Job on the sandbox's CPU node, which compiles the tiny model's train
+step for the job's real TPU topology with libtpu (no TPU). A job that fits goes through it in
+test_pipeline.py's first test.
+
+The job here is a real compile that really exceeds the chip: gemma4-tiny at maxSeqLen 65536 on a v6e-4
+(32 GiB per chip) needs about 72 GiB of temporaries per chip (its [T, T] attention scores), which libtpu
+refuses to compile; the compile takes the same time as any tiny one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.e2e.test_pipeline import finish, pod_logs, preflight_pods
+from tests.integration.test_finetunejob_support import Cluster
+from tpuforge.manifests import preflight as mp
+from tpuforge.sandbox import Sandbox
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+def test_a_job_that_cannot_fit_fails_without_a_tpu_pod(cluster: Cluster, sandbox: Sandbox, job_spec: Any) -> None:
+    spec = job_spec("preflight-too-big", every=50, preflight={"enabled": True})
+    spec["training"] = {**spec["training"], "maxSeqLen": 65536, "microBatchSize": 1, "packing": False}
+    spec["tpu"] = {"slice": "v6e-4"}
+    name = cluster.create("preflight-too-big", **spec)
+    status = finish(cluster, sandbox, name)
+
+    assert status["phase"] == "Failed", f"{status}\n{pod_logs(cluster, sandbox, name)}"
+    cond = cluster.condition(name, "Failed")
+    assert cond["reason"] == "DoesNotFit"
+    assert "does not fit the chips: at least" in cond["message"] and "of 32 GiB per chip" in cond["message"]
+    assert "to fit: " in cond["message"] and "spec.training.maxSeqLen" in cond["message"]
+    pf = status["preflight"]
+    assert pf["fits"] is False and pf["lowerBound"] is True and pf["hbmPerChipGiB"] > 32
+    assert pf["topology"] == "v6e:2x2"
+    # No TPU was asked for: no training Job, no pod but the preflight's.
+    assert len(preflight_pods(cluster, name)) == len(cluster.children("Pod", name)) == 1
+    assert [j["metadata"]["name"] for j in cluster.children("Job", name)] == [mp.preflight_job_name(name)]
+    assert "attempts" not in status or status["attempts"] == []
