@@ -37,7 +37,9 @@ def test_a_job_that_cannot_fit_fails_without_a_tpu_pod(cluster: Cluster, sandbox
     pf = status["preflight"]
     assert pf["fits"] is False and pf["lowerBound"] is True and pf["hbmPerChipGiB"] > 32
     assert pf["topology"] == "v6e:2x2"
-    # No TPU was asked for: no training Job, no pod but the preflight's.
-    assert len(preflight_pods(cluster, name)) == len(cluster.children("Pod", name)) == 1
+    # No TPU was asked for: no training Job, no pod but the preflight's. (The sandbox's Kubernetes 1.20 has no
+    # podFailurePolicy, so its Job controller may have started a second preflight pod before the operator,
+    # acting on the first one's report, stopped the Job.)
+    assert preflight_pods(cluster, name) == cluster.children("Pod", name) != []
     assert [j["metadata"]["name"] for j in cluster.children("Job", name)] == [mp.preflight_job_name(name)]
     assert "attempts" not in status or status["attempts"] == []
