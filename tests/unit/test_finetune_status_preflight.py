@@ -10,7 +10,7 @@ from typing import Any
 from tests.unit.test_finetune_status_plan import NAME, World, raw_spec, train
 from tpuforge import api
 from tpuforge.api.constants import TPU_RESOURCE
-from tpuforge.controllers.finetune_plan import FAILED, plan
+from tpuforge.controllers.finetune_plan import FAILED, plan, status_patch
 from tpuforge.manifests import finetune as m
 from tpuforge.manifests import preflight as mp
 
@@ -214,3 +214,14 @@ def test_the_preflight_config_is_the_first_attempts_without_the_job_reference() 
     assert job["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert rules[0] == {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2, 3]}}
+
+
+def test_reconciling_a_running_preflight_again_changes_nothing() -> None:
+    w = preflight_world()
+    w.step()
+    preflight_pod(w, "Running")
+    w.step()
+    before = w.status.model_copy(deep=True)
+    p = plan(w.observed(), w.now)
+    assert p.create == [] and p.delete == [] and p.events == []
+    assert status_patch(before, p.status) == {}
