@@ -20,7 +20,10 @@ import yaml
 from tpuforge.api import FineTuneJobSpec, SpecError, parse, train_config
 from tpuforge.api.validation import FieldError, check_finetune
 
-USAGE = "tpuforge preflight -f FINETUNE_YAML [--json] [--mfu M] [--steps N] [--model-config PATH] [--whole]"
+USAGE = (
+    "tpuforge preflight -f FINETUNE_YAML [--json] [--mfu M] [--steps N] [--model-config PATH] [--whole] "
+    "[--compile-cache URI]"
+)
 
 
 def load_job(path: str) -> tuple[str, str, FineTuneJobSpec]:
@@ -48,13 +51,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, help="the run's optimizer steps (default: maxSteps or the dataset)")
     ap.add_argument("--model-config", help="a local config.json instead of reading the one at spec.model.uri")
     ap.add_argument("--whole", action="store_true", help="compile every layer instead of extrapolating")
+    ap.add_argument(
+        "--compile-cache",
+        metavar="URI",
+        help="store the compiled steps there for the trainer (e.g. the job's <checkpoint.uri>/compile-cache; "
+        "useful with --whole); default: not stored",
+    )
     args = ap.parse_args(argv)
     try:
         namespace, name, spec = load_job(args.file)
     except SpecError as e:
         print(f"tpuforge preflight: {e}", file=sys.stderr)
         return 2
-    config = train_config(namespace, name, spec).model_copy(update={"job": None, "metrics_port": 0})
+    config = train_config(namespace, name, spec).model_copy(
+        update={"job": None, "metrics_port": 0, "compile_cache_uri": args.compile_cache}
+    )
     with tempfile.TemporaryDirectory(prefix="tpuforge-preflight-") as tmp:
         path = Path(tmp) / "train.json"
         path.write_text(json.dumps(config.model_dump(mode="json", by_alias=True)))

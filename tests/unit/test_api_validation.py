@@ -207,6 +207,9 @@ def test_train_and_merge_configs_derive_from_the_spec() -> None:
     assert tc.job == api.JobRef(namespace="ns", name="job") and tc.attempt == 2
     assert tc.mesh == api.MeshSpec(fsdp=1, tp=4) and tc.training.max_steps == 500
     assert tc.checkpoint.uri == "gs://r/job/checkpoints"
+    assert tc.compile_cache_uri == "gs://r/job/checkpoints/compile-cache"  # on by default, beside the checkpoints
+    off = api.validate_finetune(spec(checkpoint__compileCache=False))
+    assert api.train_config("ns", "job", off).compile_cache_uri is None
     assert api.TrainConfig.model_validate_json(tc.model_dump_json(by_alias=True)) == tc
     mc = api.merge_config("ns", "job", s)
     assert (mc.base_model_uri, mc.output_uri, mc.dtype, mc.shard_size_mb) == (

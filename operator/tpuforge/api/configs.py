@@ -8,7 +8,7 @@ from pydantic import Field
 from tpuforge.api.base import ApiModel
 from tpuforge.api.catalog import Dtype, tpu_slice
 from tpuforge.api.code_eval import CodeEvalSpec
-from tpuforge.api.constants import ADAPTER_SUBDIR, CPU_SLICE, EVALUATION_SUBDIR
+from tpuforge.api.constants import ADAPTER_SUBDIR, COMPILE_CACHE_SUBDIR, CPU_SLICE, EVALUATION_SUBDIR
 from tpuforge.api.finetune import (
     CheckpointSpec,
     EvalMetric,
@@ -38,6 +38,11 @@ class TrainConfig(ApiModel):
     training: TrainingSpec
     mesh: MeshSpec
     checkpoint: CheckpointSpec
+    compile_cache_uri: str | None = Field(
+        default=None,
+        description="Where the compiled train step is kept (JAX's compilation cache, one directory per key); "
+        "None compiles every attempt afresh.",
+    )
     metrics_port: int = Field(default=9090, ge=0, description="Prometheus port; 0 disables it.")
     progress_interval_seconds: float = Field(default=5.0, gt=0)
 
@@ -97,6 +102,14 @@ class ServeConfig(ApiModel):
     )
 
 
+def compile_cache_uri(spec: FineTuneJobSpec) -> str | None:
+    """Where the job's compiled steps are kept (the trainer's and its preflight's), or None when
+    spec.checkpoint.compileCache is off."""
+    if not spec.checkpoint.compile_cache:
+        return None
+    return f"{spec.checkpoint.uri.rstrip('/')}/{COMPILE_CACHE_SUBDIR}"
+
+
 def train_config(namespace: str, name: str, spec: FineTuneJobSpec, attempt: int = 0) -> TrainConfig:
     return TrainConfig(
         job=JobRef(namespace=namespace, name=name),
@@ -109,6 +122,7 @@ def train_config(namespace: str, name: str, spec: FineTuneJobSpec, attempt: int 
         training=spec.training,
         mesh=resolved_mesh(spec),
         checkpoint=spec.checkpoint,
+        compile_cache_uri=compile_cache_uri(spec),
     )
 
 

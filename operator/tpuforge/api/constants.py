@@ -86,6 +86,7 @@ TERMINATION_PREEMPTED = "Preempted"
 COMPLETE_MARKER = "_COMPLETE"
 # Where the export puts the PEFT adapter, committed on its own (its own _COMPLETE), under the output URI.
 ADAPTER_SUBDIR = "adapter"
+COMPILE_CACHE_SUBDIR = "compile-cache"  # under spec.checkpoint.uri
 # Where the evaluation puts its report (report.jsonl per example, summary.json), committed, under the output URI.
 EVALUATION_SUBDIR = "evaluation"
 # The CPU pseudo-slice of spec.evaluation.slice: a node without TPUs (the sandbox, or a CPU node pool).

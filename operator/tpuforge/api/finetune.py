@@ -106,6 +106,11 @@ class CheckpointSpec(ApiModel):
     uri: str = Field(description="gs:// directory for Orbax checkpoints; training resumes from the latest.")
     every_steps: int = Field(default=100, ge=1, description="Checkpoint interval in optimizer steps.")
     keep: int = Field(default=3, ge=1, description="Checkpoints to keep.")
+    compile_cache: bool = Field(
+        default=True,
+        description="Keep the compiled train step in <uri>/compile-cache (JAX's compilation cache, one directory "
+        "per program key), so that resumed attempts and the run after a preflight load it instead of compiling.",
+    )
 
 
 class OutputSpec(ApiModel):

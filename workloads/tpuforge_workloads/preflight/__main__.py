@@ -40,10 +40,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--whole", action="store_true", help="compile every layer instead of extrapolating")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--termination-log", help="also write the JSON report (or why the config was refused) here")
+    ap.add_argument(
+        "--compile-cache",
+        metavar="URI",
+        help="store the compiled steps in this gs:// or local directory for the trainer (default: the config's "
+        "compileCacheUri)",
+    )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         config = load_config(args.config)
+        if args.compile_cache:
+            config.compile_cache_uri = args.compile_cache
         if args.model_config:
             raw = json.loads(Path(args.model_config).read_text())
             text = gemma4.parse_config(raw, args.model_config)

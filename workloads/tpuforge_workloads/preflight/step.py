@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuforge.api import TrainConfig
-from tpuforge_workloads import gemma4, lora
+from tpuforge_workloads import compile_cache, gemma4, lora
 from tpuforge_workloads.data.pipeline import BATCH_ARRAYS
 
 GIB = 1024**3
@@ -47,6 +47,7 @@ class CompiledStep:
     compile_seconds: float
     platform: str
     out_of_hbm: bool = False  # libtpu refused to compile it: temp_bytes is what it said was needed, a lower bound
+    cache_hit: bool = False  # loaded from the compile cache instead of compiled
 
     @property
     def hbm_bytes(self) -> int:
@@ -91,7 +92,9 @@ def _with_shardings(tree: Any, mesh: Any) -> Any:
 
 def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, total_steps: int) -> CompiledStep:
     """Compile the trainer's step for `text` (config.json's decoder, possibly cut to fewer layers) on
-    `mesh` (real devices, or a TPU topology's compile-only devices) at the job's micro-batch shape."""
+    `mesh` (real devices, or a TPU topology's compile-only devices) at the job's micro-batch shape.
+    With config.compile_cache_uri set, the compiled step is stored there under the run's key
+    (compile_cache.py), where the trainer looks for it (and loaded from there if already stored)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -132,8 +135,10 @@ def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, 
         batch["loss_denominator"] = jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=batch_sharding)  # type: ignore[no-untyped-call]
         step = nnx.jit(trainers[0].create_train_step_fn(), donate_argnames=("optimizer",))
         lowered = step.lower(model, optimizer, batch)
+        inputs = compile_cache.key_inputs(text, config, total_steps, mesh.devices)
         try:
-            compiled = lowered.compile()
+            with compile_cache.open_cache(config.compile_cache_uri, inputs) as cache:
+                compiled = lowered.compile()
         except jax.errors.JaxRuntimeError as e:
             needed = out_of_hbm_bytes(str(e))
             if needed is None:
@@ -157,4 +162,5 @@ def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, 
         flops=float((cost or {}).get("flops", 0.0)),
         compile_seconds=seconds,
         platform=mesh.devices.flat[0].platform,
+        cache_hit=bool(cache and cache.counts["hits"]),
     )

@@ -128,6 +128,8 @@ def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts
                 f"checkpoints in {c.checkpoint.uri}"
             )
         summary.attempt["end_step"] = outcome.step
+        if outcome.compile_cache is not None:
+            summary.attempt["compile_cache"] = outcome.compile_cache
     except Preempted:
         code = EXIT_PREEMPTED
         step = _latest_checkpoint(c.checkpoint.uri)
@@ -163,6 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tpuforge_workloads.train", description="LoRA SFT of Gemma 4")
     parser.add_argument("--config", required=True, help="TrainConfig JSON written by the operator")
     parser.add_argument("--termination-log", default=TERMINATION_LOG, help=f"default {TERMINATION_LOG}")
+    parser.add_argument(
+        "--compile-cache", metavar="URI", help="gs:// or local directory of compiled steps (default: the config's)"
+    )
     args = parser.parse_args(argv)
     # force: absl (imported by the ML stack) has already put a handler on the root logger.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
@@ -173,7 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     watch.install()
     try:
         hosts = slice_hosts.from_env()
-        plan = make_plan(load_config(args.config), write_manifest=hosts.primary)
+        config = load_config(args.config)
+        if args.compile_cache:
+            config.compile_cache_uri = args.compile_cache
+        plan = make_plan(config, write_manifest=hosts.primary)
     except (BadInput, HostsError) as e:
         log.error("%s", e)
         write_termination(args.termination_log, f"Bad config: {e}")

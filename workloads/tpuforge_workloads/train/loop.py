@@ -27,7 +27,7 @@ from flax import nnx
 from tunix.sft import hooks, peft_trainer
 
 from tpuforge.api import TrainConfig, TrainingSpec
-from tpuforge_workloads import gemma4, lora
+from tpuforge_workloads import compile_cache, gemma4, lora
 from tpuforge_workloads.data.pipeline import (
     batches,
     eval_batches,
@@ -54,6 +54,7 @@ class Outcome:
     start_step: int
     preempted: bool
     loss: float | None
+    compile_cache: dict[str, Any] | None = None  # hits, entries loaded and stored (compile_cache.py)
 
 
 class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
@@ -149,10 +150,11 @@ class ProgressHooks(hooks.TrainingHooks):  # type: ignore[misc]
     """Forwards each finished step's loss to RunProgress. PeftTrainer reports step s once step s+1 has
     been dispatched, so reading the loss never stalls the device."""
 
-    def __init__(self, progress: RunProgress, feed: BatchFeed):
+    def __init__(self, progress: RunProgress, feed: BatchFeed, after_first_step: Any = None):
         self.progress = progress
         self.feed = feed
         self.losses: dict[int, float] = {}
+        self.after_first_step = after_first_step  # e.g. store the step just compiled, before a preemption
 
     def on_train_start(self, train_ctx: Any) -> None:
         self.progress.restart_step_clock()
@@ -166,6 +168,9 @@ class ProgressHooks(hooks.TrainingHooks):  # type: ignore[misc]
     def on_train_step_end(self, train_ctx: Any, train_step: int, train_loss: float) -> None:
         loss = float(train_loss)
         self.losses[train_step] = loss
+        if self.after_first_step is not None:
+            self.after_first_step()
+            self.after_first_step = None
         self.progress.step_done(train_step, loss, self.feed.step_tokens.pop(train_step, 0), self.feed.tokens_total)
 
     def on_eval_step_start(self, train_ctx: Any) -> None:
@@ -248,10 +253,29 @@ def run(
     plan: Plan, watch: PreemptionWatch, progress_factory: Any, timings: dict[str, float], hosts: Hosts = Hosts()
 ) -> Outcome:
     """Train per `plan`. `progress_factory(start_step, committed_step)` -> RunProgress is called once the
-    resume point is known."""
+    resume point is known. With config.compile_cache_uri, compiled programs are loaded from and stored
+    in that cache under this run's key."""
+    c = plan.config
+    mesh = make_mesh(c.mesh.fsdp, c.mesh.tp)
+    inputs = compile_cache.key_inputs(plan.text, c, plan.total_steps, mesh.devices)
+    with compile_cache.open_cache(c.compile_cache_uri, inputs) as cache:
+        outcome = _train(plan, mesh, watch, progress_factory, timings, hosts, cache)
+    if cache is not None:
+        outcome.compile_cache = cache.stats()
+    return outcome
+
+
+def _train(
+    plan: Plan,
+    mesh: jax.sharding.Mesh,
+    watch: PreemptionWatch,
+    progress_factory: Any,
+    timings: dict[str, float],
+    hosts: Hosts,
+    cache: compile_cache.CompileCache | None,
+) -> Outcome:
     c = plan.config
     g = c.training.gradient_accumulation_steps
-    mesh = make_mesh(c.mesh.fsdp, c.mesh.tp)
     with tempfile.TemporaryDirectory(prefix="tpuforge-model-") as staging:
         model = build_model(plan, mesh, Path(staging), timings)
 
@@ -288,7 +312,7 @@ def run(
     feed.tokens_total = int(checkpoints.restored_metadata.get("tokens", 0))
     progress = progress_factory(start_step, checkpoints.committed_step)
     progress_box.append(progress)
-    hook = ProgressHooks(progress, feed)
+    hook = ProgressHooks(progress, feed, cache.push if cache is not None else None)
     trainer.with_data_hooks(feed)
     trainer.with_training_hooks(hook)
 
