@@ -16,7 +16,7 @@ from tests.unit.test_kueue import QUEUE
 from tpuforge import api
 from tpuforge.api.catalog import model_shape, tpu_slice
 from tpuforge.api.constants import COORDINATOR_PORT, LABEL_JOBSET_NAME, TPU_RUNTIME_PORT
-from tpuforge.manifests import finetune, serving
+from tpuforge.manifests import finetune, preflight, serving
 
 Obj = dict[str, Any]
 VALUES = "workloads-on"
@@ -185,6 +185,7 @@ def test_every_pod_the_operator_creates_is_selected_by_its_policy() -> None:
         "tpuforge-jobs": [
             template_pod(finetune.merge_objects(OWNER, spec)[1]["spec"]["template"]),
             template_pod(finetune.eval_job(OWNER, spec)["spec"]["template"]),
+            template_pod(preflight.preflight_objects(OWNER, spec)[-1]["spec"]["template"]),
         ],
         "tpuforge-serving": [vllm_pod()],
     }

@@ -57,10 +57,12 @@ from tpuforge.manifests.common import (
 COMPONENT_TRAINER = "trainer"
 COMPONENT_MERGER = "merger"
 COMPONENT_EVALUATOR = "evaluator"
+COMPONENT_PREFLIGHT = "preflight"
 COMPONENT_RBAC = "rbac"
 APP_TRAINER = "tpuforge-trainer"
 APP_MERGER = "tpuforge-merger"
 APP_EVALUATOR = "tpuforge-evaluator"
+APP_PREFLIGHT = "tpuforge-preflight"
 TRAINER_CONTAINER = "trainer"
 MERGER_CONTAINER = "merger"
 # The evaluation pod: an init container computes the held-out loss with the trainer's own code (JAX), then
@@ -125,7 +127,7 @@ def service_account_name(name: str, spec: FineTuneJobSpec) -> str:
     return spec.service_account_name or child_name(name, "trainer")
 
 
-_APPS = {COMPONENT_MERGER: APP_MERGER, COMPONENT_EVALUATOR: APP_EVALUATOR}
+_APPS = {COMPONENT_MERGER: APP_MERGER, COMPONENT_EVALUATOR: APP_EVALUATOR, COMPONENT_PREFLIGHT: APP_PREFLIGHT}
 
 
 def labels(o: Owner, component: str, attempt: int | None = None) -> dict[str, str]:
@@ -511,9 +513,11 @@ def eval_objects(o: Owner, spec: FineTuneJobSpec) -> list[Obj]:
 __all__ = [
     "APP_EVALUATOR",
     "APP_MERGER",
+    "APP_PREFLIGHT",
     "APP_TRAINER",
     "COMPONENT_EVALUATOR",
     "COMPONENT_MERGER",
+    "COMPONENT_PREFLIGHT",
     "COMPONENT_RBAC",
     "COMPONENT_TRAINER",
     "EVAL_BACKOFF_LIMIT",

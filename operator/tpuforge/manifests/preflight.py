@@ -15,6 +15,7 @@ from tpuforge.api.constants import CONFIG_FILE, EXIT_BAD_CONFIG, EXIT_DOES_NOT_F
 from tpuforge.api.finetune import FineTuneJobSpec
 from tpuforge.manifests.common import Obj, Owner, child_name, config_map, locked_down
 from tpuforge.manifests.finetune import (
+    COMPONENT_PREFLIGHT,
     config_mount,
     config_volume,
     labels,
@@ -24,7 +25,6 @@ from tpuforge.manifests.finetune import (
     service_account_name,
 )
 
-COMPONENT_PREFLIGHT = "preflight"
 PREFLIGHT_CONTAINER = "preflight"
 # A compile fails the same way every time, so only what is not the compile's doing (a node lost, GCS out of
 # reach for config.json) is retried; a refused config or a step that does not fit ends the Job at once.
@@ -87,3 +87,6 @@ def preflight_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
 def preflight_objects(o: Owner, spec: FineTuneJobSpec) -> list[Obj]:
     """In creation order: the pods' ServiceAccount (the attempts' too) and the config before the Job."""
     return [*rbac_objects(o, spec), preflight_config_map(o, spec), preflight_job(o, spec)]
+
+
+__all__ = ["COMPONENT_PREFLIGHT", "PREFLIGHT_BACKOFF_LIMIT", "preflight_job_name", "preflight_objects"]
