@@ -208,6 +208,8 @@ def test_the_preflight_config_is_the_first_attempts_without_the_job_reference() 
     cfg = json.loads(cm["data"]["config.json"])
     assert cfg["modelUri"] == "gs://b/models/gemma4-31b" and cfg["training"]["maxSeqLen"] == 3072
     assert cfg.get("job") is None and cfg["mesh"] == {"fsdp": 1, "tp": 4}
+    # The compile cache the trainer reads: the preflight stores the step it compiled there.
+    assert cfg["compileCacheUri"] == "gs://b/jobs/gemma-verilog/checkpoints/compile-cache"
     pod = job["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"pool": "cpu"}
     assert pod["containers"][0]["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}}
