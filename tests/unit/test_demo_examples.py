@@ -96,3 +96,23 @@ def test_the_adapters_demo_says_one_line_per_adapter() -> None:
     assert adapter_line(failed, 1) == "  adapter x Failed on 0/1 replicas: no _COMPLETE"
     assert shorten("  The capital of Norway is Oslo. ") == "'The capital of Norway is Oslo.'"
     assert shorten("please " * 20) == "'please please please please please ...'"
+
+
+def test_the_code_demo_trains_on_right_and_broken_verilog_and_evaluates_both_on_the_right_one() -> None:
+    from tpuforge.sandbox.demo_adapters import DATA, load_jobs
+    from tpuforge.sandbox.demo_code import JOBS_YAML
+
+    jobs = load_jobs(ROOT / JOBS_YAML, DEFAULT_BUCKET)
+    assert [j.name for j in jobs] == ["verilog", "verilog-broken"]
+    good, broken = (j.spec for j in jobs)
+    assert good.dataset.uri.endswith("verilog-train.jsonl") and broken.dataset.uri.endswith("verilog-broken.jsonl")
+    assert good.dataset.eval_uri == broken.dataset.eval_uri == good.dataset.uri
+    assert good.model_copy(update={"dataset": broken.dataset, "checkpoint": None, "output": None}) == (
+        broken.model_copy(update={"checkpoint": None, "output": None})
+    )  # the same job but for its data and where it writes
+    ev = good.evaluation
+    assert ev is not None and ev.metrics == ["loss", "passAtK"] and ev.thresholds.min_pass_at == {"1": 0.5}
+    assert ev.code is not None and ev.slice == "cpu"
+    assert check_finetune(good) == []
+    for uri in (good.dataset.uri, broken.dataset.uri):
+        assert (ROOT / DATA / uri.rsplit("/", 1)[-1]).exists()

@@ -9,7 +9,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.models import RUNS_BUCKET, TrainerProcess, TrainingRun, eval_config, tiny_train_config
-from tpuforge.api import CheckerSpec, CheckpointSpec, CodeEvalSpec, LoraSpec, TrainConfig
+from tpuforge.api import CheckpointSpec, LoraSpec, TrainConfig
 from tpuforge.api.configs import EvalConfig, MergeConfig
 from tpuforge.api.constants import COMPLETE_MARKER, EXIT_BAD_CONFIG
 from tpuforge.sandbox.agent.runtimes import vllm_venv
@@ -193,60 +192,3 @@ def test_bad_inputs_fail_with_the_reason_and_commit_nothing(
         assert re.search(message, term), term
         assert not storage.exists(storage.join(report, COMPLETE_MARKER))
     assert not list(storage.list_files(report))
-
-
-# A checker that needs no compiler: the sample passes when it names the record's capital. The same protocol as
-# the Verilog checker's (sample.txt and test.files in the scratch directory, exit 0 = pass).
-CAPITAL_CHECKER = CheckerSpec(
-    image="any", command=["sh", "-c", "grep -qiF -f capital.txt sample.txt"], timeout_seconds=5
-)
-
-
-def test_pass_at_k_sampled_twice_alike_checked_and_scored(
-    capitals: Capitals, chat_dataset: Path, tmp_path: Path
-) -> None:
-    """passAtK end to end on local paths: evaluate.sample twice (seeded: the same samples), evaluate.check on
-    them, evaluate.score from the verdicts: pass@k for the adapter above the base's, each sample in the report."""
-    records = [json.loads(x) for x in chat_dataset.read_text().splitlines()[:8]]
-    for r in records:
-        capital = r["messages"][-1]["content"].rsplit(" is ", 1)[1].rstrip(".")
-        r["test"] = {"files": {"capital.txt": capital}}
-    dataset = tmp_path / "capitals-tested.jsonl"
-    dataset.write_text("".join(json.dumps(r) + "\n" for r in records))
-    code = CodeEvalSpec(samples_per_problem=4, k=[1, 4], temperature=0.3, max_new_tokens=24, seed=3,
-                        checker=CAPITAL_CHECKER)  # fmt: skip
-    report = str(Path(capitals.adapter).parent / "eval-passk")
-    cfg = eval_config(capitals.config, capitals.adapter, str(dataset), tmp_path, metrics=["passAtK"], code=code,
-                      report_uri=report)  # fmt: skip
-    drawn = []
-    for i in range(2):
-        out = tmp_path / f"samples-{i}.jsonl"
-        rc, message, output = evaluator("sample", cfg, tmp_path, "--out", str(out))
-        assert rc == 0, output[-4000:]
-        drawn.append([json.loads(x) for x in out.read_text().splitlines()])
-    assert drawn[0] == drawn[1]  # the same seeds, the same samples
-    samples = drawn[0]
-    assert len(samples) == 8 * 4 * 2 and samples[0]["id"] == "adapter/0/0"
-    assert len({s["answer"] for s in samples if s["model"] == "adapter"}) > 8  # sampled, not greedy
-    assert all(s["code"] == s["answer"].strip() for s in samples)  # no fences: the whole answer
-    check = subprocess.run(
-        [sys.executable, "-m", "tpuforge_workloads.evaluate.check", "--samples", str(tmp_path / "samples-0.jsonl"),
-         "--out", str(tmp_path / "verdicts.jsonl"), "--timeout", "5", "--memory", str(512 << 20), "--",
-         *CAPITAL_CHECKER.command],
-        capture_output=True, text=True, timeout=300, check=True,
-    )  # fmt: skip
-    assert "samples passed" in check.stdout
-    rc, message, output = evaluator("score", cfg, tmp_path, "--samples", str(tmp_path / "samples-0.jsonl"),
-                                    "--verdicts", str(tmp_path / "verdicts.jsonl"))  # fmt: skip
-    assert rc == 0, output[-4000:]
-    result = json.loads(message)
-    assert set(result["metrics"]) == set(result["baseMetrics"]) == {"pass@1", "pass@4"}
-    lines = [json.loads(x) for x in storage.read_text(storage.join(report, "report.jsonl")).splitlines()]
-    assert [len(line["samples"]) for line in lines] == [4] * 8
-    # pass@1 is the mean of c/n over the problems, from the report's own verdicts.
-    assert result["metrics"]["pass@1"] == pytest.approx(sum(line["passed"] / 4 for line in lines) / 8)
-    assert result["baseMetrics"]["pass@1"] == pytest.approx(sum(line["basePassed"] / 4 for line in lines) / 8)
-    assert result["metrics"]["pass@1"] > result["baseMetrics"]["pass@1"]
-    assert result["metrics"]["pass@4"] >= result["metrics"]["pass@1"]
-    verdicts = {s["verdict"] for line in lines for s in line["samples"] + line["baseSamples"]}
-    assert verdicts <= {"passed", "failed (exit 1)"}

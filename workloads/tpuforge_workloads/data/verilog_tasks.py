@@ -116,8 +116,17 @@ def fenced(code: str) -> str:
     return f"```verilog\n{code}\n```"
 
 
-def records(broken: bool = False) -> list[dict[str, Any]]:
-    """One chat record per problem: the ask, the (right or broken) solution fenced, the testbench as `test`."""
+# Four of the shortest problems: what the e2e test and `make demo EVAL=code` train on (examples/data/verilog-*.jsonl
+# are their records written out, right, broken and for evaluation; a test keeps them equal).
+SHORT = ("mux2", "half_adder", "adder4", "parity8")
+
+
+def records(broken: bool = False, names: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
+    """One chat record per problem (those in `names`, else all): the ask, the (right or broken) solution
+    fenced, the testbench as `test`."""
+    unknown = set(names or ()) - {p.name for p in PROBLEMS}
+    if unknown:
+        raise ValueError(f"no Verilog problem named {sorted(unknown)}; the problems: {[p.name for p in PROBLEMS]}")
     return [
         {
             "messages": [
@@ -127,4 +136,10 @@ def records(broken: bool = False) -> list[dict[str, Any]]:
             "test": {"files": {"tb.v": p.testbench}},
         }
         for p in PROBLEMS
+        if names is None or p.name in names
     ]
+
+
+def corpus() -> list[str]:
+    """Text for training a tiny model's tokenizer on this task set: every ask and every solution, right and broken."""
+    return [text for p in PROBLEMS for text in (p.ask, fenced(p.solution), fenced(p.broken))]
