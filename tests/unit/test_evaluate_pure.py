@@ -17,7 +17,7 @@ from tpuforge_workloads.data.records import DatasetError
 from tpuforge_workloads.evaluate.answers import AnswerError, max_lora_rank
 from tpuforge_workloads.evaluate.config import EvalInputError
 from tpuforge_workloads.evaluate.records import read_examples
-from tpuforge_workloads.evaluate.score import exact_match, metrics_of, read_checked, report_lines
+from tpuforge_workloads.evaluate.score import exact_match, metrics_of, read_answers, read_checked, report_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -98,6 +98,24 @@ def test_result_has_only_the_metrics_asked_for(tmp_path: Path) -> None:
         "examples": 4,
         "reportUri": "gs://b/r",
     }
+
+
+def test_greedy_answers_drawn_beside_the_samples_are_read_back_one_per_record(tmp_path: Path) -> None:
+    """exactMatch beside passAtK: evaluate.sample writes the greedy answers (--answers) and score reads them
+    instead of loading vLLM again."""
+    uri = _jsonl(tmp_path / "e.jsonl", [[("user", f"q{i}"), ("assistant", f"a{i}")] for i in range(2)])
+    examples = read_examples(uri, 2)
+    path = tmp_path / "answers.json"
+    path.write_text(json.dumps({"base": ["x", "a1"], "adapter": ["a0", "a1"], "seconds": 1.5}))
+    answers = read_answers(str(path), examples)
+    lines = report_lines(examples, answers, None, None)
+    assert metrics_of(_config(), examples, lines, None, None)["metrics"] == {"exactMatch": 1.0}
+    path.write_text(json.dumps({"base": ["x"], "adapter": ["a0"], "seconds": 1.5}))
+    with pytest.raises(EvalInputError, match="1 answers but this config evaluates 2 records"):
+        read_answers(str(path), examples)
+    path.write_text(json.dumps({"base": ["x"]}))
+    with pytest.raises(EvalInputError, match=r"not what evaluate\.sample writes"):
+        read_answers(str(path), examples)
 
 
 def test_vllm_lora_rank_is_the_next_one_vllm_accepts() -> None:

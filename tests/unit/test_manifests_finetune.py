@@ -394,6 +394,15 @@ def test_pass_at_k_samples_then_checks_in_the_checkers_image_with_its_limits_the
     assert score["command"][-4:] == ["--samples", "/work/samples.jsonl", "--verdicts", "/work/verdicts.jsonl"]
 
 
+def test_exact_match_beside_pass_at_k_takes_its_greedy_answers_from_the_samplers_engine() -> None:
+    checker = {"image": "c", "command": ["true"]}
+    p = pod(m.eval_job(OWNER, eval_spec(metrics=["exactMatch", "passAtK"], code={"checker": checker})))
+    sample, _ = p["initContainers"]
+    (score,) = p["containers"]
+    assert sample["command"][-4:-2] == ["--answers", "/work/answers.json"]
+    assert score["command"][-2:] == ["--answers", "/work/answers.json"]  # no second vLLM load
+
+
 def test_on_a_tpu_slice_the_pod_owns_one_host_of_it() -> None:
     p = pod(m.eval_job(OWNER, eval_spec(slice="v6e-8", nodeSelector={"pool": "eval"})))
     assert p["nodeSelector"] == {

@@ -392,6 +392,7 @@ WORK_DIR = "/work"  # shared by the two containers: the loss's result reaches th
 LOSS_FILE = f"{WORK_DIR}/loss.json"
 SAMPLES_FILE = f"{WORK_DIR}/samples.jsonl"
 VERDICTS_FILE = f"{WORK_DIR}/verdicts.jsonl"
+ANSWERS_FILE = f"{WORK_DIR}/answers.json"  # exactMatch's greedy answers, when `sample` draws them too
 
 
 def eval_config_map(o: Owner, spec: FineTuneJobSpec) -> Obj:
@@ -456,8 +457,11 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
             }
         ]
     if PASS_AT_K in ev.metrics and ev.code is not None and ev.code.checker is not None:
-        pod_spec.setdefault("initContainers", []).extend(_code_containers(spec, ev.code.checker, pod_resources, mounts))
-        score["command"] += ["--samples", SAMPLES_FILE, "--verdicts", VERDICTS_FILE]
+        # With exactMatch too, `sample`'s vLLM engine also gives the greedy answers: one model load, not two.
+        greedy = ["--answers", ANSWERS_FILE] if "exactMatch" in ev.metrics else []
+        code = _code_containers(spec, ev.code.checker, pod_resources, mounts, greedy)
+        pod_spec.setdefault("initContainers", []).extend(code)
+        score["command"] += ["--samples", SAMPLES_FILE, "--verdicts", VERDICTS_FILE, *greedy]
     if not on_cpu:
         pod_spec.update(tpu_scheduling(tpu_slice(ev.slice)))
     if ev.node_selector:
@@ -475,7 +479,9 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
     return one_pod_job(o, name, lab, pod_spec, EVAL_BACKOFF_LIMIT, podFailurePolicy=failure_policy)
 
 
-def _code_containers(spec: FineTuneJobSpec, checker: CheckerSpec, resources: Obj, mounts: list[Obj]) -> list[Obj]:
+def _code_containers(
+    spec: FineTuneJobSpec, checker: CheckerSpec, resources: Obj, mounts: list[Obj], sample_args: list[str]
+) -> list[Obj]:
     """passAtK's two steps: draw the samples (vLLM, on the evaluation's accelerator), then check them in the
     checker's image, capped by its CPU and memory, each sample confined by the runner (evaluate.check)."""
     limits = {"cpu": checker.cpu, "memory": checker.memory}
@@ -488,7 +494,7 @@ def _code_containers(spec: FineTuneJobSpec, checker: CheckerSpec, resources: Obj
         {
             "name": EVAL_SAMPLE_CONTAINER,
             "image": spec.images.evaluator,
-            "command": reporting_command("tpuforge_workloads.evaluate.sample", "--out", SAMPLES_FILE),
+            "command": reporting_command("tpuforge_workloads.evaluate.sample", "--out", SAMPLES_FILE, *sample_args),
             "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
             "resources": resources,
             "volumeMounts": mounts,

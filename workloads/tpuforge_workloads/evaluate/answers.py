@@ -97,16 +97,13 @@ def _lora(adapter_dir: Path) -> Any:
     return LoRARequest(ADAPTER_NAME, 1, str(adapter_dir))
 
 
-def generate(
-    base_dir: Path, adapter_dir: Path, rank: int, prompts: list[list[dict[str, str]]], max_new_tokens: int
-) -> Answers:
+def _greedy(llm: Any, adapter_dir: Path, prompts: list[list[dict[str, str]]], max_new_tokens: int) -> Answers:
     from vllm import SamplingParams
 
     started = time.monotonic()
-    with _engine(base_dir, rank, prompts, max_new_tokens) as llm:
-        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, seed=0)
-        base = llm.chat(prompts, params, use_tqdm=False)
-        adapter = llm.chat(prompts, params, use_tqdm=False, lora_request=_lora(adapter_dir))
+    params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, seed=0)
+    base = llm.chat(prompts, params, use_tqdm=False)
+    adapter = llm.chat(prompts, params, use_tqdm=False, lora_request=_lora(adapter_dir))
     return Answers(
         base=[o.outputs[0].text for o in base],
         adapter=[o.outputs[0].text for o in adapter],
@@ -114,20 +111,35 @@ def generate(
     )
 
 
+def generate(
+    base_dir: Path, adapter_dir: Path, rank: int, prompts: list[list[dict[str, str]]], max_new_tokens: int
+) -> Answers:
+    with _engine(base_dir, rank, prompts, max_new_tokens) as llm:
+        return _greedy(llm, adapter_dir, prompts, max_new_tokens)
+
+
 @dataclass(frozen=True)
 class Samples:
-    """n sampled answers per prompt, in sample order, for the base and for base + adapter."""
+    """n sampled answers per prompt, in sample order, for the base and for base + adapter; and the greedy
+    answers when they were asked for too (exactMatch beside passAtK: one engine serves both)."""
 
     base: list[list[str]]
     adapter: list[list[str]]
     seconds: float
+    greedy: Answers | None = None
 
 
 def sample(
-    base_dir: Path, adapter_dir: Path, rank: int, prompts: list[list[dict[str, str]]], code: CodeEvalSpec
+    base_dir: Path,
+    adapter_dir: Path,
+    rank: int,
+    prompts: list[list[dict[str, str]]],
+    code: CodeEvalSpec,
+    greedy_tokens: int | None = None,
 ) -> Samples:
     """`code.samplesPerProblem` answers per prompt at its temperature and topP. Prompt i draws with seed
-    `code.seed + i` for the base and for the adapter alike: a rerun draws the same samples."""
+    `code.seed + i` for the base and for the adapter alike: a rerun draws the same samples. With
+    `greedy_tokens`, the same engine also gives the greedy answers (up to that many tokens)."""
     from vllm import SamplingParams
 
     started = time.monotonic()
@@ -141,11 +153,14 @@ def sample(
         )
         for i in range(len(prompts))
     ]
-    with _engine(base_dir, rank, prompts, code.max_new_tokens) as llm:
+    longest = max(code.max_new_tokens, greedy_tokens or 0)
+    with _engine(base_dir, rank, prompts, longest) as llm:
         base = llm.chat(prompts, params, use_tqdm=False)
         adapter = llm.chat(prompts, params, use_tqdm=False, lora_request=_lora(adapter_dir))
+        greedy = _greedy(llm, adapter_dir, prompts, greedy_tokens) if greedy_tokens else None
     return Samples(
         base=[[c.text for c in o.outputs] for o in base],
         adapter=[[c.text for c in o.outputs] for o in adapter],
         seconds=time.monotonic() - started,
+        greedy=greedy,
     )

@@ -1,10 +1,14 @@
-"""python -m tpuforge_workloads.evaluate.sample --config PATH --out samples.jsonl [--termination-log PATH]
+"""python -m tpuforge_workloads.evaluate.sample --config PATH --out samples.jsonl [--answers answers.json]
+    [--termination-log PATH]
 
 The first step of functional evaluation (the passAtK metric), in the evaluator image: n answers sampled per
 problem from the base and from base + adapter (evaluate.answers.sample), the code taken from each
 (passk.extract_code), written as the checker's input, one line per sample:
     {"id": "adapter/3/0", "model": "adapter", "index": 3, "sample": 0, "answer": ..., "code": ..., "test": {...}}
 The checker (evaluate.check, in the checker image) runs them; evaluate.score turns the verdicts into pass@k.
+With `--answers` (exactMatch asked too), the same vLLM engine also writes the greedy answers there, which
+evaluate.score reads instead of loading the model a second time:
+    {"base": [...], "adapter": [...], "seconds": s}
 Exit codes as evaluate.score's: EXIT_BAD_CONFIG (2) for a config or input that cannot be used, 1 otherwise.
 """
 
@@ -62,15 +66,22 @@ def sample_lines(examples: list[EvalExample], samples: Samples) -> list[dict[str
     return lines
 
 
-def run_sample(cfg: EvalConfig, out: Path) -> int:
+def run_sample(cfg: EvalConfig, out: Path, answers_out: Path | None = None) -> int:
     if cfg.code is None:
         raise EvalInputError("code is unset: passAtK needs spec.evaluation.code")
+    if answers_out is not None and "exactMatch" not in cfg.metrics:
+        raise EvalInputError("--answers writes the greedy answers for exactMatch, which metrics does not ask for")
     info = check_adapter(cfg)
     examples = problems(cfg)
     base_dir, adapter_dir = fetch_models(cfg)
-    drawn = sample(base_dir, adapter_dir, info.rank, [ex.prompt_json() for ex in examples], cfg.code)
+    prompts = [ex.prompt_json() for ex in examples]
+    greedy_tokens = cfg.max_new_tokens if answers_out is not None else None
+    drawn = sample(base_dir, adapter_dir, info.rank, prompts, cfg.code, greedy_tokens)
     lines = sample_lines(examples, drawn)
     out.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+    if answers_out is not None and drawn.greedy is not None:
+        g = drawn.greedy
+        answers_out.write_text(json.dumps({"base": g.base, "adapter": g.adapter, "seconds": g.seconds}))
     log.info("%d samples (%d problems x %d x 2 models) in %.1f s", len(lines), len(examples),
              cfg.code.samples_per_problem, drawn.seconds)  # fmt: skip
     return len(lines)
@@ -82,11 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--config", required=True, help="EvalConfig JSON file")
     parser.add_argument("--out", required=True, help="the samples, JSONL (a local path)")
+    parser.add_argument("--answers", help="also write the greedy answers for exactMatch here (JSON, a local path)")
     parser.add_argument("--termination-log", default=TERMINATION_LOG, help="where the failure reason goes")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        run_sample(load_config(args.config), Path(args.out))
+        run_sample(load_config(args.config), Path(args.out), Path(args.answers) if args.answers else None)
     except (EvalInputError, DatasetError) as e:
         return termination.fail(args.termination_log, e, EXIT_BAD_CONFIG)
     except (AdapterError, FetchError, AnswerError) as e:

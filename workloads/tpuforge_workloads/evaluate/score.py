@@ -1,11 +1,12 @@
 """python -m tpuforge_workloads.evaluate.score --config PATH [--loss loss.json] [--samples S --verdicts V]
-    [--termination-log PATH]
+    [--answers answers.json] [--termination-log PATH]
 
 Runs in the evaluator image (vLLM + tpuforge; no JAX). Copies the base (as uploaded: no marker needed) and
 the committed adapter (its `_COMPLETE` required) to workDir, asks vLLM for greedy answers from the base and
 from base + adapter, scores exact match (the answer equals the record's last assistant turn, surrounding
 whitespace aside), takes the held-out loss from `--loss` (what evaluate.loss wrote) and, for passAtK, the
-checked samples from `--samples` (evaluate.sample) and `--verdicts` (evaluate.check), and commits the report
+checked samples from `--samples` (evaluate.sample) and `--verdicts` (evaluate.check) (with `--answers`, the
+greedy answers evaluate.sample drew in the same engine, so vLLM is not loaded here), and commits the report
 at reportUri: report.jsonl (one line per record) and summary.json, with `_COMPLETE`.
 
 On success the termination log holds exactly the result the operator reads:
@@ -70,6 +71,20 @@ def read_losses(path: str | None, cfg: EvalConfig, examples: list[EvalExample]) 
     return dict(losses)
 
 
+def read_answers(path: str, examples: list[EvalExample]) -> Answers:
+    """evaluate.sample's greedy answers (--answers), checked to be one per record for base and adapter."""
+    try:
+        got = json.loads(storage.read_text(path))
+        answers = Answers(base=list(got["base"]), adapter=list(got["adapter"]), seconds=float(got["seconds"]))
+    except (storage.StorageError, ValueError, KeyError, TypeError) as e:
+        raise EvalInputError(f"--answers {path}: not what evaluate.sample writes ({type(e).__name__}: {e})") from e
+    if not len(answers.base) == len(answers.adapter) == len(examples):
+        raise EvalInputError(
+            f"--answers {path}: {len(answers.adapter)} answers but this config evaluates {len(examples)} records"
+        )
+    return answers
+
+
 def report_lines(
     examples: list[EvalExample], answers: Answers | None, losses: dict[str, Any] | None, checked: Checked | None
 ) -> list[dict[str, Any]]:
@@ -126,7 +141,11 @@ def read_checked(
 
 
 def run_score(
-    cfg: EvalConfig, loss_path: str | None = None, samples: str | None = None, verdicts: str | None = None
+    cfg: EvalConfig,
+    loss_path: str | None = None,
+    samples: str | None = None,
+    verdicts: str | None = None,
+    answers_path: str | None = None,
 ) -> dict[str, Any]:
     """Score, commit the report; returns the result for the termination log."""
     started = time.monotonic()
@@ -138,7 +157,10 @@ def run_score(
     losses = read_losses(loss_path, cfg, examples)
     checked = read_checked(cfg, examples, samples, verdicts)
     answers = None
-    if "exactMatch" in cfg.metrics:
+    if "exactMatch" in cfg.metrics and answers_path is not None:
+        answers = read_answers(answers_path, examples)
+        log.info("%d x 2 greedy answers from evaluate.sample's engine (%s)", len(examples), answers_path)
+    elif "exactMatch" in cfg.metrics:
         base_dir, adapter_dir = fetch_models(cfg)
         prompts = [ex.prompt_json() for ex in examples]
         answers = generate(base_dir, adapter_dir, info.rank, prompts, cfg.max_new_tokens)
@@ -170,11 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loss", help="evaluate.loss's output (needed when metrics include loss)")
     parser.add_argument("--samples", help="evaluate.sample's output (needed when metrics include passAtK)")
     parser.add_argument("--verdicts", help="evaluate.check's output on those samples (with --samples)")
+    parser.add_argument("--answers", help="evaluate.sample's greedy answers (exactMatch without a second vLLM)")
     parser.add_argument("--termination-log", default=TERMINATION_LOG, help="where the result or the reason goes")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        result = run_score(load_config(args.config), args.loss, args.samples, args.verdicts)
+        result = run_score(load_config(args.config), args.loss, args.samples, args.verdicts, args.answers)
     except (EvalInputError, DatasetError) as e:
         return termination.fail(args.termination_log, e, EXIT_BAD_CONFIG)
     except (AdapterError, FetchError, AnswerError, commit.CommitError, storage.StorageError) as e:
