@@ -97,15 +97,13 @@ class AdaptersDemo(Demo):
     def upload_data(self, jobs: list[DemoJob]) -> None:
         """Each job's training and evaluation data from examples/data (named as in its URIs) to GCS."""
         url = self.sb.gcs_url
-        for job in jobs:
-            for uri in (job.spec.dataset.uri, job.spec.dataset.eval_uri):
-                if uri is None:
-                    continue
-                local = self.root / DATA / uri.rsplit("/", 1)[-1]
-                if not local.exists():
-                    raise DemoError(f"{self.jobs_yaml}: {uri} should be {local}, which does not exist")
-                gcs_objects.upload(url, uri, local.read_bytes())
-                self.say(f"{local.relative_to(self.root)} -> {uri}: {len(local.read_bytes().splitlines())} records")
+        uris = [u for job in jobs for u in (job.spec.dataset.uri, job.spec.dataset.eval_uri) if u is not None]
+        for uri in dict.fromkeys(uris):  # each once, in order
+            local = self.root / DATA / uri.rsplit("/", 1)[-1]
+            if not local.exists():
+                raise DemoError(f"{self.jobs_yaml}: {uri} should be {local}, which does not exist")
+            gcs_objects.upload(url, uri, local.read_bytes())
+            self.say(f"{local.relative_to(self.root)} -> {uri}: {len(local.read_bytes().splitlines())} records")
 
     def apply_jobs(self, api: Any, jobs: list[DemoJob]) -> None:
         title = f"Two FineTuneJobs, adapters only, with an evaluation: {self.jobs_yaml}"
