@@ -85,6 +85,8 @@ class CodeDemo(AdaptersDemo):
             for who, key in (("adapter", "samples"), ("base", "baseSamples")):
                 sample: dict[str, Any] = first[key][0]
                 code = sample["code"] if len(sample["code"]) <= 200 else sample["code"][:200] + "..."
+                if not all(c.isprintable() or c == "\n" for c in code):
+                    code = repr(code)  # the random base writes control characters too
                 self.say(f"{job.name}, problem 0, {who}'s first sample -> {sample['verdict']}")
                 self.say("  " + code.replace("\n", "\n  "), style="green" if sample["verdict"] == "passed" else "")
         promoted = [j.name for j in jobs if (statuses[j.name].get("evaluation") or {}).get("passed")]
