@@ -6,6 +6,8 @@ at the same step, and a two-process resume continues at the same data position."
 from __future__ import annotations
 
 import signal
+import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -60,6 +62,18 @@ def _outputs(trainers: list[TrainerProcess]) -> str:
     return "\n".join(f"--- host {i}\n{t.output()}" for i, t in enumerate(trainers))
 
 
+def _codes(trainers: list[TrainerProcess], timeout: float) -> list[int | None]:
+    """Exit codes; None for a process still running after `timeout` (then killed)."""
+    deadline = time.monotonic() + timeout
+    codes: list[int | None] = []
+    for t in trainers:
+        try:
+            codes.append(t.wait(timeout=max(1.0, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            codes.append(None)
+    return codes
+
+
 def _run(trainers: list[TrainerProcess]) -> list[int]:
     for t in trainers:
         t.start()
@@ -97,6 +111,37 @@ def test_two_hosts_train_like_one_process_with_all_their_devices(one_process_run
     names = storage.list_files(storage.join(config.checkpoint.uri, str(STEPS), "data_iterator"))
     assert {"process_0-of-2.json", "process_1-of-2.json"} <= set(names), names
     assert attempt["timings"]["steps_timed"] == STEPS
+
+
+def test_sigterm_on_one_host_while_loading_stops_every_host(
+    gcs: object, tiny_model_gs: str, chat_dataset_gs: str, tmp_path: Path
+) -> None:
+    """Before the first agreement the signalled host stops at once and the other stops too, instead of waiting
+    for it at that agreement; neither is aborted by JAX's coordination client as the other leaves."""
+    create_bucket(gcs.url, RUNS_BUCKET)  # type: ignore[attr-defined]
+    config = _config(tiny_model_gs, chat_dataset_gs, "loading")
+    hosts = slice_trainers(config, tmp_path, hosts=2)
+    for t in hosts:
+        t.start()
+    hosts[1].wait_for_line("joined the slice")
+    assert hosts[1].proc is not None
+    hosts[1].proc.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    assert _codes(hosts, timeout=120) == [EXIT_PREEMPTED, EXIT_PREEMPTED], _outputs(hosts)
+    assert time.monotonic() - started < 60, _outputs(hosts)
+    assert all("before training started" in t.termination_message() for t in hosts), _outputs(hosts)
+    (attempt,) = read_summary(config.checkpoint.uri)["attempts"]
+    assert attempt["exit_code"] == EXIT_PREEMPTED and "before training started" in attempt["message"]
+
+
+def test_a_host_that_never_starts_is_named_when_the_join_times_out(
+    gcs: object, tiny_model_gs: str, chat_dataset_gs: str, tmp_path: Path
+) -> None:
+    config = _config(tiny_model_gs, chat_dataset_gs, "never-joined")
+    (first, _) = slice_trainers(config, tmp_path, hosts=2, env={"TPUFORGE_JOIN_TIMEOUT_SECONDS": "3"})
+    assert first.run(timeout=120) == 1, first.output()  # not aborted by JAX's own join timeout (134)
+    message = first.termination_message()
+    assert message.startswith("Training failed: process 1 of 2 did not join the slice within 3 s"), message
 
 
 def test_sigterm_on_one_host_checkpoints_one_step_on_both_and_a_resume_loses_nothing(

@@ -6,7 +6,8 @@ training; EXIT_PREEMPTED (83) SIGTERM handled, checkpoint saved (message starts 
 
 On a multi-host slice (TPUFORGE_NUM_PROCESSES > 1, see hosts.py) every host runs this; process 0 alone
 reports the job's progress, writes the run summary and serves the job-level metrics, and every process
-serves its own step and checkpoint timings on /metrics.
+serves its own step and checkpoint timings on /metrics. A host that stops before training (SIGTERM while
+loading) stops the others too, and every host leaves the slice only once all are done (hosts.leave).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import platform
 import statistics
 import sys
+import threading
 import time
 from typing import Any
 
@@ -24,7 +26,7 @@ from tpuforge.api.constants import EXIT_BAD_CONFIG, EXIT_PREEMPTED, TERMINATION_
 from tpuforge_workloads import gemma4, termination, tpu_access
 from tpuforge_workloads.progress import METRICS_ADDR_ENV, RunProgress, RunSummary, StatusReporter, TrainMetrics
 from tpuforge_workloads.train import hosts as slice_hosts
-from tpuforge_workloads.train.hosts import Hosts, HostsError
+from tpuforge_workloads.train.hosts import Hosts, HostsError, PeerStopped
 from tpuforge_workloads.train.plan import BadInput, Plan, load_config, make_plan
 from tpuforge_workloads.train.preemption import Preempted, PreemptionWatch
 
@@ -85,6 +87,12 @@ def process_metrics(port: int) -> TrainMetrics:
     return metrics
 
 
+# After a SIGTERM before training (this host's or another's): how long the main thread has to write the
+# outcome by itself before another thread does it for it. It cannot while blocked in a collective that waits
+# for a stopped host, and Preempted raised into it can be swallowed (logging catches every exception).
+STOP_GRACE_S = 10.0
+
+
 def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts = Hosts()) -> int:
     """Run the JAX part with reporting around it; returns the exit code."""
     c = plan.config
@@ -104,10 +112,51 @@ def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts
         summary.attempt["start_step"] = start_step
         return box[0]
 
+    finishing = threading.Lock()
+
+    def finish(code: int, message: str) -> None:
+        """Record the outcome (summary, termination message) and leave the slice (no return on several hosts).
+        Once: a second caller waits for the first to end the process."""
+        if not finishing.acquire(blocking=False):
+            threading.Event().wait()
+        watch.decide()
+        progress = box[0] if box else None
+        timings["total_s"] = time.monotonic() - started
+        summary.attempt.update(
+            {
+                "exit_code": code,
+                "message": message,
+                "timings": {**{k: round(v, 3) for k, v in timings.items()}, **_step_timings(progress)},
+            }
+        )
+        try:
+            summary.write()
+        finally:
+            if reporter is not None:
+                reporter.close()
+            write_termination(termination_log, message)
+            slice_hosts.leave(hosts, code)
+
+    def stop_before_training(who: int | None) -> None:
+        """From a thread of its own: this host (who None) or process `who` stopped before training. Tell the
+        others, or stop this host too; then, unless the main thread has written the outcome meanwhile, write
+        it from here."""
+        if who is None:
+            slice_hosts.announce_stop(hosts)
+        else:
+            watch.peer_stopped(who)
+        time.sleep(STOP_GRACE_S)
+        if not watch.decided:
+            log.warning("the main thread has not stopped %.0f s after the SIGTERM: finishing from here", STOP_GRACE_S)
+            by = "" if who is None else f" (process {who} stopped first)"
+            finish(EXIT_PREEMPTED, f"{TERMINATION_PREEMPTED} before training started{by}")
+
     code, message = 1, "Training failed"
     started = time.monotonic()
+    watch.on_stop_before_loop = lambda: stop_before_training(None)
     try:
         slice_hosts.initialize(hosts)  # before anything else of JAX
+        slice_hosts.on_peer_stop(hosts, stop_before_training)
         import jax
 
         from tpuforge_workloads.train import loop  # JAX starts here, after the input checks
@@ -130,34 +179,28 @@ def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts
         summary.attempt["end_step"] = outcome.step
         if outcome.compile_cache is not None:
             summary.attempt["compile_cache"] = outcome.compile_cache
-    except Preempted:
+    except (Preempted, PeerStopped):
+        watch.decide()
         code = EXIT_PREEMPTED
         step = _latest_checkpoint(c.checkpoint.uri)
         message = f"{TERMINATION_PREEMPTED} before training started; latest checkpoint: step {step or 0}"
     except (BadInput, gemma4.ModelError) as e:
         code, message = EXIT_BAD_CONFIG, f"Bad config: {e}"
+    except HostsError as e:  # a host did not join the slice (named)
+        log.error("%s", e)
+        code, message = 1, f"Training failed: {e}"
     except Exception as e:
         denied = tpu_access.device_denied(e)
-        if denied is not None:
+        if watch.stopped_before_loop:  # Preempted raised into code that turned it into another error
+            log.warning("stopping before training: %s: %s", type(e).__name__, e)
+            code, message = EXIT_PREEMPTED, f"{TERMINATION_PREEMPTED} before training started"
+        elif denied is not None:
             log.error("%s", denied)  # the first thing the log says, before libtpu's own words
             code, message = 1, f"Training failed: {denied}"
         else:
             log.exception("training failed")
             code, message = 1, f"Training failed: {type(e).__name__}: {e}"
-    finally:
-        progress = box[0] if box else None
-        timings["total_s"] = time.monotonic() - started
-        summary.attempt.update(
-            {
-                "exit_code": code,
-                "message": message,
-                "timings": {**{k: round(v, 3) for k, v in timings.items()}, **_step_timings(progress)},
-            }
-        )
-        summary.write()
-        if reporter is not None:
-            reporter.close()
-    write_termination(termination_log, message)
+    finish(code, message)
     return code
 
 

@@ -204,8 +204,13 @@ class TrainCheckpoints:
 
 
 def latest_step(uri: str) -> int | None:
-    """The latest finished step under `uri`, or None."""
-    manager = ocp.CheckpointManager(uri, options=ocp.CheckpointManagerOptions(read_only=True))
+    """The latest finished step under `uri`, or None. A read of this host alone: on a multi-host slice Orbax
+    would otherwise wait for every host at a barrier, and this runs when a host has stopped before training."""
+    me = jax.process_index()
+    local = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+    manager = ocp.CheckpointManager(
+        uri, options=ocp.CheckpointManagerOptions(read_only=True, multiprocessing_options=local)
+    )
     try:
         step = manager.latest_step()
         return None if step is None else int(step)
