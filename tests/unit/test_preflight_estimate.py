@@ -20,6 +20,7 @@ def step(layers: int, args: float, temp: float, flops: float) -> CompiledStep:
         flops=flops,
         compile_seconds=1.0,
         platform="tpu",
+        attention="splash",
     )
 
 

@@ -58,6 +58,8 @@ def test_tpuforge_preflight_compiles_a_job_for_its_slice(tmp_path: Path) -> None
     report = json.loads(done.stdout)
     assert report["slice"] == "v5p-8" and report["fits"] is True
     assert report["compiledLayers"] == [2] and report["extrapolated"] is False
+    # On TPU the step runs splash attention with the rows' segment ids (attention.py), not the dense mask.
+    assert report["attention"] == "splash"
     assert 0 < report["hbmPerChipGiB"] < report["hbmCapacityGiB"] == 95.0
     assert report["tflopsPerStep"] > 0 and report["tokensPerStep"] == 128 * 8  # 1 row x 8 micro-batches
     assert report["estimatedSeconds"] > 0 and report["estimatedUSD"] > 0 and report["totalSteps"] == 50

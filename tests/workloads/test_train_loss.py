@@ -2,7 +2,9 @@
 
 Packing changes nothing but speed: the loss of packed rows equals the loss of the same examples padded one
 per row, because the block-diagonal mask keeps examples apart and positions restart in each. Gradient
-accumulation weights tokens: 4 micro-batches of 1 row give the gradient of 1 batch of the same 4 rows."""
+accumulation weights tokens: 4 micro-batches of 1 row give the gradient of 1 batch of the same 4 rows.
+The TPU attention path (splash attention with segment ids, attention.py) gives the masked path's loss and
+gradient on packed rows."""
 
 from __future__ import annotations
 
@@ -19,10 +21,20 @@ from tokenizers import Tokenizer
 from tunix.sft import peft_trainer
 
 from tpuforge.api import LoraSpec
-from tpuforge_workloads import gemma4, lora
+from tpuforge_workloads import attention, gemma4, lora
 from tpuforge_workloads.data import demo
 from tpuforge_workloads.data.chat import ChatEncoder
-from tpuforge_workloads.data.pipeline import BatchSpec, Example, batches, model_inputs, pad_example, prepare_examples
+from tpuforge_workloads.data.pipeline import (
+    BatchSpec,
+    Example,
+    batches,
+    empty_batch,
+    fill_row,
+    first_fit,
+    model_inputs,
+    pad_example,
+    prepare_examples,
+)
 from tpuforge_workloads.data.records import parse_line
 from tpuforge_workloads.mesh import make_mesh
 from tpuforge_workloads.train import loss
@@ -139,3 +151,37 @@ def test_gradient_accumulation_weights_tokens_not_micro_batches(
     assert scale > 0
     for a, b in zip(jax.tree.leaves(whole), jax.tree.leaves(accumulated), strict=True):
         np.testing.assert_allclose(b, a, atol=1e-5 * scale)
+
+
+def test_splash_attention_with_segment_ids_gives_the_masked_path_s_loss(
+    lora_model: tuple[Any, jax.sharding.Mesh], tiny_model_dir: Path
+) -> None:
+    """On TPU the model gets the segment ids and runs splash attention (causal; within the window on sliding
+    layers); here the same kernels run in Pallas interpret mode, on the same 4-device mesh. (Its backward
+    kernels are splash's own; the TPU compile of the train step through them is test_preflight_tpu's.)"""
+    model, mesh = lora_model
+    examples = _examples(tiny_model_dir, count=10)
+    window = model.config.sliding_window_size
+    # One example longer than the sliding window (three joined), so that the window bites inside a segment.
+    long = {k: np.concatenate([e[k] for e in examples[:3]]) for k in ("tokens", "loss_mask")}
+    assert window < len(long["tokens"]) <= 128
+    members = [long, *examples[3:]]
+    batch = empty_batch(4, 128, 0)
+    for row, indices in enumerate(first_fit([len(e["tokens"]) for e in members], 128, 4)[:4]):
+        fill_row(batch, row, [members[i] for i in indices])
+    assert batch["segment_ids"].max() >= 3 and (batch["segment_ids"] == 0).any()  # packed, and padded
+
+    with jax.set_mesh(mesh):
+        inputs = model_inputs({k: jax.numpy.asarray(v) for k, v in batch.items()})
+        assert not isinstance(inputs["attention_mask"], attention.Segments)  # on CPU: the masked path
+        masked = _jitted_nll(model, inputs)
+        segments = attention.Segments(jax.numpy.asarray(batch["segment_ids"]))
+        splash = _jitted_nll(model, dict(inputs, attention_mask=segments))
+
+    np.testing.assert_allclose(float(splash), float(masked), rtol=1e-5)
+
+
+@nnx.jit
+def _jitted_nll(model: Any, inputs: dict[str, Any]) -> Any:
+    total, count = loss.nll_sum_and_count(model, **inputs)
+    return total / count

@@ -201,8 +201,9 @@ def mesh_errors(text: Gemma4Text, fsdp: int, tp: int) -> list[str]:
 
 
 def tunix_config(text: Gemma4Text) -> gemma4_model.ModelConfig:
-    """Tunix's ModelConfig for this decoder. Flash attention stays off: its TPU kernels build their own
-    causal/local masks and ignore the attention mask the trainer passes, which packing relies on."""
+    """Tunix's ModelConfig for this decoder. Tunix's flash attention stays off: its TPU kernel builds its
+    own causal/local masks and ignores the attention mask the trainer passes, which packing relies on; on
+    TPU the trainer runs splash attention with segment ids instead (attention.py)."""
     import jax.numpy as jnp
     from tunix.models.gemma4 import model as gm
 
@@ -393,9 +394,12 @@ def stage_model_dir(model_uri: str, local_dir: Path, parallel: int = 8) -> Path:
 
 
 def load_model(model_dir: Path, text: Gemma4Text, cfg: gemma4_model.ModelConfig, mesh: jax.sharding.Mesh) -> Any:
-    """The base model with the checkpoint's weights, every parameter placed by the model's sharding rules."""
+    """The base model with the checkpoint's weights, every parameter placed by the model's sharding rules,
+    its attention able to take segment ids (attention.py)."""
     from tunix.models import safetensors_loader
     from tunix.models.gemma4 import model as gm
+
+    from tpuforge_workloads import attention
 
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
@@ -404,7 +408,7 @@ def load_model(model_dir: Path, text: Gemma4Text, cfg: gemma4_model.ModelConfig,
     for f in files:
         names.update(safetensors_names(f))
     check_tensors(names, text, str(model_dir))
-    return safetensors_loader.load_and_create_model(
+    model = safetensors_loader.load_and_create_model(
         file_dir=str(model_dir),
         model_class=gm.Gemma4,
         config=cfg,
@@ -412,3 +416,4 @@ def load_model(model_dir: Path, text: Gemma4Text, cfg: gemma4_model.ModelConfig,
         mesh=mesh,
         preprocess_fn=_combine_qkv(text),
     )
+    return attention.install(model)

@@ -35,6 +35,7 @@ class Report:
     fixes: list[str] = field(default_factory=list)
     lower_bound: bool = False  # a partial compile already exceeds a chip: its figures are a lower bound
     topology: str = ""  # what was compiled for, in libtpu's words (v5p:2x2x1)
+    attention: str = "masked"  # what the compiled step runs: "splash" (segment ids, attention.py) or "masked"
 
     def to_json(self) -> dict[str, Any]:
         e = self.estimate
@@ -60,6 +61,7 @@ class Report:
             "compileSeconds": round(self.compile_seconds, 1),
             "compiledLayers": self.compiled_layers,
             "extrapolated": self.extrapolated,
+            "attention": self.attention,
             "fixes": self.fixes,
         }
 
@@ -86,6 +88,7 @@ class Report:
             f"  whole run      {e.total_steps:,} steps, ~{e.run_seconds / 3600:.1f} h, "
             f"~${e.run_usd:,.0f} at list price",
             f"  compile        {self.compile_seconds:.0f} s ({how})",
+            f"  attention      {self.attention}",
         ]
         if self.fixes:
             lines.append("  to fit: " + "; or ".join(self.fixes))
@@ -140,4 +143,5 @@ def preflight(
         fixes,
         lower_bound=not complete,
         topology=topology_name(slc) if devices is None else f"{len(devices)} {devices[0].platform} devices",
+        attention=steps[0].attention,
     )

@@ -20,6 +20,8 @@ from tpuforge_workloads import compile_cache, gemma4, lora
 from tpuforge_workloads.data.pipeline import BATCH_ARRAYS
 
 GIB = 1024**3
+# Splash attention's forward kernel with segment ids, as named in the lowered program.
+SPLASH_KERNEL = "splash_mha_fwd_segmented"
 # libtpu refuses to compile a step whose buffers cannot fit a chip ("RESOURCE_EXHAUSTED: Ran out of memory on
 # HBM, the total memory required for HLO temporaries (72.16G) exceeds available HBM (31.25G)"): the job does
 # not fit, and the message holds the one figure known, a lower bound of the step's need.
@@ -48,6 +50,7 @@ class CompiledStep:
     platform: str
     out_of_hbm: bool = False  # libtpu refused to compile it: temp_bytes is what it said was needed, a lower bound
     cache_hit: bool = False  # loaded from the compile cache instead of compiled
+    attention: str = "masked"  # "splash": the program runs splash attention with segment ids (attention.py)
 
     @property
     def hbm_bytes(self) -> int:
@@ -100,6 +103,7 @@ def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, 
     from flax import nnx
     from tunix.models.gemma4 import model as gm
 
+    from tpuforge_workloads import attention
     from tpuforge_workloads.train.loop import make_trainer
 
     cfg = gemma4.tunix_config(text)
@@ -107,7 +111,7 @@ def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, 
     trainers: list[Any] = []
 
     def build() -> tuple[Any, Any]:
-        base = gm.Gemma4(cfg, rngs=nnx.Rngs(params=0))
+        base = attention.install(gm.Gemma4(cfg, rngs=nnx.Rngs(params=0)))
         model = lora.add_adapters(base, config.lora, mesh.shape["fsdp"], t.seed)
         if config.lora.dropout > 0:
             lora.attach_dropout_stream(model, t.seed)
@@ -135,6 +139,7 @@ def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, 
         batch["loss_denominator"] = jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=batch_sharding)  # type: ignore[no-untyped-call]
         step = nnx.jit(trainers[0].create_train_step_fn(), donate_argnames=("optimizer",))
         lowered = step.lower(model, optimizer, batch)
+        attention_kind = "splash" if SPLASH_KERNEL in lowered.as_text() else "masked"
         inputs = compile_cache.key_inputs(text, config, total_steps, mesh.devices)
         try:
             with compile_cache.open_cache(config.compile_cache_uri, inputs) as cache:
@@ -144,7 +149,10 @@ def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, 
             if needed is None:
                 raise
             platform = mesh.devices.flat[0].platform
-            return CompiledStep(text.num_layers, 0, 0, 0, needed, 0, 0.0, time.monotonic() - started, platform, True)
+            seconds = time.monotonic() - started
+            return CompiledStep(
+                text.num_layers, 0, 0, 0, needed, 0, 0.0, seconds, platform, True, attention=attention_kind
+            )
     seconds = time.monotonic() - started
     mem = compiled.memory_analysis()
     if mem is None:
@@ -163,4 +171,5 @@ def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, 
         compile_seconds=seconds,
         platform=mesh.devices.flat[0].platform,
         cache_hit=bool(cache and cache.counts["hits"]),
+        attention=attention_kind,
     )
