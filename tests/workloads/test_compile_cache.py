@@ -1,9 +1,7 @@
-"""The compiled train step kept in fake GCS (compile_cache.py): stored by one compile, loaded by the next
-with the same key (JAX's own cache-hit event, not timing), compiled again under a changed key; a damaged
-entry is compiled and replaced instead of breaking the compile.
-
-The step is the trainer's (`compile_train_step` jits `make_trainer(...).create_train_step_fn()`), on the 4
-virtual CPU devices, cut to one layer to keep the compiles short."""
+"""The compiled train step kept in fake GCS (compile_cache.py): the preflight's compile of the trainer's step
+(`compile_train_step` jits `make_trainer(...).create_train_step_fn()`, here on the 4 virtual CPU devices)
+is stored under its key, the trainer with the same key loads it (JAX's own cache-hit event, not timing),
+a changed key compiles; a damaged entry is compiled and replaced instead of breaking the compile."""
 
 from __future__ import annotations
 
@@ -13,11 +11,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from tests.fixtures.models import tiny_train_config
-from tpuforge.api.catalog import model_shape
-from tpuforge_workloads import compile_cache, gemma4, storage, tiny_model
+from tests.fixtures.models import TrainerProcess, read_summary, tiny_train_config
+from tpuforge_workloads import compile_cache, gemma4, storage
 from tpuforge_workloads.mesh import make_mesh
-from tpuforge_workloads.preflight.step import compile_train_step, with_layers
+from tpuforge_workloads.preflight.step import compile_train_step
 
 
 def _step_entries(uri: str) -> dict[str, list[str]]:
@@ -32,41 +29,37 @@ def _step_entries(uri: str) -> dict[str, list[str]]:
 
 
 @pytest.mark.slow
-def test_the_train_step_is_stored_and_loaded_by_key(
-    bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_the_trainer_loads_the_step_the_preflight_stored(
+    bucket: str, tiny_model_gs: str, chat_dataset_gs: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A local cache of this test's own, so that nothing compiled by other tests on this machine is hit.
-    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "local"))
-    root = f"{bucket}/checkpoints/compile-cache"
-    text = with_layers(gemma4.parse_config(tiny_model.hf_config(model_shape("gemma4-tiny"))), ("sliding_attention",))
-    config = tiny_train_config("gs://m/gemma4-tiny", "gs://d/train.jsonl", f"{bucket}/checkpoints", max_seq_len=32)
-    config.compile_cache_uri = root
+    # Empty: each compile gets a local cache of its own, so nothing compiled by other tests is hit.
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "")
+    config = tiny_train_config(tiny_model_gs, chat_dataset_gs, f"{bucket}/checkpoints", max_steps=4)
+    root = config.compile_cache_uri = f"{bucket}/checkpoints/compile-cache"
+    text = gemma4.parse_config(gemma4.read_config(tiny_model_gs), tiny_model_gs)
     mesh = make_mesh(1, 4, jax.devices())
 
-    first = compile_train_step(text, config, mesh, total_steps=16)
+    preflight = compile_train_step(text, config, mesh, total_steps=4)
     stored = _step_entries(root)
-    assert not first.cache_hit
+    assert not preflight.cache_hit
     assert len(stored) == 1 and len(next(iter(stored.values()))) == 1, stored
-    key = next(iter(stored))
-    assert key == compile_cache.key_name(compile_cache.key_inputs(text, config, 16, mesh.devices))
-    assert '"maxSeqLen": 32' in storage.read_text(f"{root}/{key}/{compile_cache.KEY_FILE}")
+    key, [entry] = next(iter(stored.items()))
+    assert key == compile_cache.key_name(compile_cache.key_inputs(text, config, 4, mesh.devices))
+    assert '"maxSeqLen": 64' in storage.read_text(f"{root}/{key}/{compile_cache.KEY_FILE}")
 
-    # A new process's view: an empty local cache, the entry only in GCS.
-    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "local-2"))
-    again = compile_train_step(text, config, mesh, total_steps=16)
-    assert again.cache_hit
-    assert _step_entries(root) == stored  # loaded, not compiled and stored again
+    trainer = TrainerProcess(config, tmp_path / "run")
+    assert trainer.run() == 0, trainer.output()
+    cache = read_summary(config.checkpoint.uri)["attempts"][-1]["compile_cache"]
+    # The preflight's step was the one entry there, and JAX loaded it: the trainer did not compile it. (It
+    # compiles and stores the step's second program, whose inputs are the first step's outputs.)
+    assert cache["pulled"] == 1 and cache["hits"] >= 1 and entry not in cache["stored"], cache
 
     # Another maxSeqLen is another key: compiled and stored beside the first.
     longer = config.model_copy(deep=True)
-    longer.training.max_seq_len = 48
-    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "local-3"))
-    other = compile_train_step(text, longer, mesh, total_steps=16)
+    longer.training.max_seq_len = 96
+    other = compile_train_step(text, longer, mesh, total_steps=4)
     assert not other.cache_hit
-    assert set(_step_entries(root)) == {
-        key,
-        compile_cache.key_name(compile_cache.key_inputs(text, longer, 16, mesh.devices)),
-    }
+    assert compile_cache.key_name(compile_cache.key_inputs(text, longer, 4, mesh.devices)) in _step_entries(root)
 
 
 def test_a_damaged_entry_is_compiled_again_and_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -76,7 +69,7 @@ def test_a_damaged_entry_is_compiled_again_and_replaced(tmp_path: Path, monkeypa
         monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / local))
         with compile_cache.open_cache(root, inputs) as cache:
             assert cache is not None
-            jax.jit(lambda x: 3 * x + 1).lower(jax.ShapeDtypeStruct((8,), jnp.float32)).compile()
+            jax.jit(lambda x: 3 * x + 1).lower(jax.ShapeDtypeStruct((8,), jnp.float32)).compile()  # type: ignore[no-untyped-call]
         return cache
 
     first = compile_in("a")

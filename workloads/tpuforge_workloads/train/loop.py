@@ -245,8 +245,31 @@ def build_model(
     model = lora.apply_lora(base, plan.config.lora, mesh, seed=plan.config.training.seed, adapter_dtype=adapter_dtype)
     gemma4.check_sharding(nnx.state(model, nnx.LoRAParam), mesh)
     gemma4.set_remat(model, plan.config.training.remat)
+    place_by_specs(model, mesh)
     timings["lora_s"] = time.monotonic() - started
     return model
+
+
+def place_by_specs(model: Any, mesh: jax.sharding.Mesh) -> None:
+    """Give every array of `model` the sharding its partition spec names, where that is the layout it
+    already has. LoRA insertion runs under jit and leaves the shardings XLA chose (a size-1 fsdp axis
+    dropped, for one): the same layout, but another program to compile than the one the preflight compiles
+    from the specs (compile_cache.py). Nothing is copied: each array is re-labelled from its own shards (on
+    every host); an array laid out otherwise keeps its sharding."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    state = nnx.state(model)
+    specs = nnx.get_partition_spec(state)
+
+    def place(x: Any, spec: Any) -> Any:
+        if not isinstance(x, jax.Array):
+            return x
+        target = NamedSharding(mesh, spec if isinstance(spec, PartitionSpec) else PartitionSpec())  # type: ignore[no-untyped-call]
+        if x.sharding == target or not x.sharding.is_equivalent_to(target, x.ndim):
+            return x
+        return jax.make_array_from_single_device_arrays(x.shape, target, [s.data for s in x.addressable_shards])
+
+    nnx.update(model, jax.tree.map(place, state, specs))
 
 
 def run(
