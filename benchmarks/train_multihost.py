@@ -128,9 +128,10 @@ def probe(process_id: int, hosts: int, coordinator: str) -> None:
     import numpy as np
 
     from tpuforge_workloads.train import hosts as slice_hosts
+    from tpuforge_workloads.train import rollcall
 
     h = slice_hosts.Hosts(process_id, hosts, coordinator if hosts > 1 else None)
-    slice_hosts.initialize(h)
+    rollcall.initialize(h)
     mesh = jax.make_mesh((2, 4), ("fsdp", "tp"), devices=jax.devices())
     rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))  # type: ignore[no-untyped-call]
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())  # type: ignore[no-untyped-call]

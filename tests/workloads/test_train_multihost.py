@@ -137,6 +137,7 @@ def test_sigterm_on_one_host_while_loading_stops_every_host(
 def test_a_host_that_never_starts_is_named_when_the_join_times_out(
     gcs: object, tiny_model_gs: str, chat_dataset_gs: str, tmp_path: Path
 ) -> None:
+    create_bucket(gcs.url, RUNS_BUCKET)  # type: ignore[attr-defined]
     config = _config(tiny_model_gs, chat_dataset_gs, "never-joined")
     (first, _) = slice_trainers(config, tmp_path, hosts=2, env={"TPUFORGE_JOIN_TIMEOUT_SECONDS": "3"})
     assert first.run(timeout=120) == 1, first.output()  # not aborted by JAX's own join timeout (134)

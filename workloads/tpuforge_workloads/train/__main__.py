@@ -26,6 +26,7 @@ from tpuforge.api.constants import EXIT_BAD_CONFIG, EXIT_PREEMPTED, TERMINATION_
 from tpuforge_workloads import gemma4, termination, tpu_access
 from tpuforge_workloads.progress import METRICS_ADDR_ENV, RunProgress, RunSummary, StatusReporter, TrainMetrics
 from tpuforge_workloads.train import hosts as slice_hosts
+from tpuforge_workloads.train import rollcall
 from tpuforge_workloads.train.hosts import Hosts, HostsError, PeerStopped
 from tpuforge_workloads.train.plan import BadInput, Plan, load_config, make_plan
 from tpuforge_workloads.train.preemption import Preempted, PreemptionWatch
@@ -155,7 +156,7 @@ def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts
     started = time.monotonic()
     watch.on_stop_before_loop = lambda: stop_before_training(None)
     try:
-        slice_hosts.initialize(hosts)  # before anything else of JAX
+        rollcall.initialize(hosts)  # before anything else of JAX
         slice_hosts.on_peer_stop(hosts, stop_before_training)
         import jax
 

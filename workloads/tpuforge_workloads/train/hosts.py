@@ -11,7 +11,7 @@ a local answer, so the trainer has one code path for 1 and N processes.
 
 `TPUFORGE_JOIN_TIMEOUT_SECONDS` (default 1800) bounds the wait for every host to come up: on a big slice
 hosts start minutes apart, each pulling the trainer image. Past it every host fails naming the missing ones
-(rollcall.py).
+(rollcall.py, which also joins the slice: `rollcall.initialize`).
 
 `TPUFORGE_METRICS_PORT`, when set, overrides the config's metrics port for this pod: on GKE every pod has its
 own address (the sandbox gives each host's pod its own loopback address), but trainer processes started by
@@ -119,25 +119,6 @@ def from_env(env: Mapping[str, str] = os.environ) -> Hosts:
 def metrics_port(config_port: int, env: Mapping[str, str] = os.environ) -> int:
     port = _int(env, ENV_METRICS_PORT)
     return config_port if port is None else port
-
-
-def initialize(hosts: Hosts) -> None:
-    """Join the slice's processes; must run before anything else touches JAX's backends."""
-    if not hosts.multi:
-        return
-    import jax
-
-    # Cross-process collectives on CPU (the sandbox and the tests); TPUs have their own interconnect.
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # type: ignore[no-untyped-call]
-    # JAX's own preemption service would take SIGTERM from our handler (preemption.py); Agreement does its job.
-    jax.config.update("jax_enable_preemption_service", False)  # type: ignore[no-untyped-call]
-    from tpuforge_workloads.train.rollcall import roll_call
-
-    roll_call(hosts, hosts.join_timeout_s)  # names the missing hosts; JAX's own timeout just aborts
-    jax.distributed.initialize(
-        hosts.coordinator, hosts.num_processes, hosts.process_id, initialization_timeout=hosts.join_timeout_s
-    )
-    log.info("joined the slice as %s (coordinator %s): %d devices", hosts, hosts.coordinator, jax.device_count())
 
 
 def announce_stop(hosts: Hosts) -> None:

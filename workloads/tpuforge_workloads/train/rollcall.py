@@ -1,5 +1,5 @@
-"""The roll call before `jax.distributed.initialize`, over the coordinator's own port: it names the hosts
-that did not come.
+"""Joining the slice (`initialize`): a roll call over the coordinator's own port, which names the hosts that
+did not come, then `jax.distributed.initialize`.
 
 JAX's join has a timeout, but when it expires it aborts the process (SIGABRT, exit 134) with
 "DEADLINE_EXCEEDED ... RegisterTask" and no word of which host was missing. On a big slice hosts start
@@ -119,3 +119,20 @@ def _answer(hosts: Hosts, deadline: float, timeout_s: float) -> None:
         f"(TPUFORGE_JOIN_TIMEOUT_SECONDS): see why that pod did not start (kubectl describe pod: image pull, "
         f"scheduling)"
     )
+
+
+def initialize(hosts: Hosts) -> None:
+    """Join the slice's processes; must run before anything else touches JAX's backends."""
+    if not hosts.multi:
+        return
+    import jax
+
+    # Cross-process collectives on CPU (the sandbox and the tests); TPUs have their own interconnect.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")  # type: ignore[no-untyped-call]
+    # JAX's own preemption service would take SIGTERM from our handler (preemption.py); Agreement does its job.
+    jax.config.update("jax_enable_preemption_service", False)  # type: ignore[no-untyped-call]
+    roll_call(hosts, hosts.join_timeout_s)  # names the missing hosts; JAX's own timeout just aborts
+    jax.distributed.initialize(
+        hosts.coordinator, hosts.num_processes, hosts.process_id, initialization_timeout=hosts.join_timeout_s
+    )
+    log.info("joined the slice as %s (coordinator %s): %d devices", hosts, hosts.coordinator, jax.device_count())
