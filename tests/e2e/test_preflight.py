@@ -3,9 +3,11 @@ tpuforge_workloads.preflight` as a CPU Job on the sandbox's CPU node, which comp
 step for the job's real TPU topology with libtpu (no TPU). A job that fits goes through it in
 test_pipeline.py's first test.
 
-The job here is a real compile that really exceeds the chip: gemma4-tiny at maxSeqLen 65536 on a v6e-4
+The job here is a real compile that really exceeds the chip: gemma4-tiny at maxSeqLen 65000 on a v6e-4
 (32 GiB per chip) needs about 72 GiB of temporaries per chip (its [T, T] attention scores), which libtpu
-refuses to compile; the compile takes the same time as any tiny one.
+refuses to compile; the compile takes the same time as any tiny one. 65000 is not a multiple of splash
+attention's blocks, so the step takes the masked path (attention.use_splash); at 65536 splash would need
+0.7 GiB and the job would fit.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 def test_a_job_that_cannot_fit_fails_without_a_tpu_pod(cluster: Cluster, sandbox: Sandbox, job_spec: Any) -> None:
     spec = job_spec("preflight-too-big", every=50, preflight={"enabled": True})
-    spec["training"] = {**spec["training"], "maxSeqLen": 65536, "microBatchSize": 1, "packing": False}
+    spec["training"] = {**spec["training"], "maxSeqLen": 65000, "microBatchSize": 1, "packing": False}
     spec["tpu"] = {"slice": "v6e-4"}
     name = cluster.create("preflight-too-big", **spec)
     status = finish(cluster, sandbox, name)
