@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.test_finetunejob_support import (
+    GC_WAIT,
     Cluster,
     Operator,
     eventually,
@@ -194,7 +195,7 @@ def test_deleting_the_job_garbage_collects_every_child(cluster: Cluster, operato
     eventually(lambda: _assert(operator.metric("tpuforge_finetunejob_info", **info) == 1), "its series exist")
     cluster.delete(name)
     kinds = ("ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Job", "Pod")
-    eventually(lambda: _assert(all(cluster.children(k, name) == [] for k in kinds)), "every child is gone")
+    eventually(lambda: _assert(all(cluster.children(k, name) == [] for k in kinds)), "every child is gone", GC_WAIT)
     eventually(lambda: _assert(operator.metric("tpuforge_finetunejob_info", **info) is None), "its series are gone")
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_finetunejob_support import NO_NODE_POOL, Cluster, Operator, eventually
+from tests.integration.test_finetunejob_support import GC_WAIT, NO_NODE_POOL, Cluster, Operator, eventually
 from tpuforge.api import EvalConfig
 from tpuforge.api.constants import CONFIG_FILE, EXIT_BAD_CONFIG
 from tpuforge.manifests import finetune as m
@@ -69,6 +69,7 @@ def test_adapter_only_then_evaluated_to_succeeded(cluster: Cluster, operator: Op
         "examples": 4,
         "passed": True,
         "result": "Passed",
+        "resultDisplay": "Passed",
         "message": "exactMatch 0.75 >= minExactMatch 0.50",
         "reportUri": f"{out}/evaluation",
     }
@@ -88,6 +89,7 @@ def test_adapter_only_then_evaluated_to_succeeded(cluster: Cluster, operator: Op
     eventually(
         lambda: _assert(all(cluster.children(k, name) == [] for k in ("Job", "Pod", "ConfigMap"))),
         "the evaluation Job, its pod and config are gone",
+        GC_WAIT,
     )
 
 

@@ -29,6 +29,10 @@ from tpuforge.sandbox.procs import free_port
 
 T = TypeVar("T")
 WAIT = 30.0
+# Owner-reference garbage collection of a FineTuneJob's children: kube-controller-manager's garbage collector
+# watches a CRD's kind only after its discovery resync (every 30 s) has seen the CRD, so a test that runs
+# just after the CRDs were installed waits up to a resync longer.
+GC_WAIT = 90.0
 NO_NODE_POOL = {"cloud.google.com/gke-nodepool": "no-such-pool"}
 
 
