@@ -74,6 +74,23 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
         self.with_loss_fn(loss.loss_fn, has_aux=True)
         self._eval_sums: list[tuple[Any, Any]] = []
 
+    def create_train_step_fn(self) -> Any:
+        """Tunix's step, whose model and optimizer state leave it laid out as they came in: by their partition
+        specs (`place_by_specs`, `_shard_optimizer`). Left to XLA, the adapters and their optimizer moments
+        come back laid out otherwise (a replicated LoRA matrix returns split over tp and fsdp), so the second
+        step would be a second program: another full compile on every fresh attempt, and one the preflight's
+        cache entry (compiled from the specs) does not cover."""
+        step = super().create_train_step_fn()
+
+        def train_step(model: nnx.Module, optimizer: Any, inputs: Any) -> Any:
+            out = step(model, optimizer, inputs)
+            for module in (model, optimizer):
+                state = nnx.state(module)
+                nnx.update(module, jax.lax.with_sharding_constraint(state, nnx.get_partition_spec(state)))  # type: ignore[no-untyped-call]
+            return out
+
+        return train_step
+
     def _post_process_eval_step(self, aux: dict[str, Any]) -> None:
         self._eval_sums.append((aux["nll_sum"], aux["tokens"]))
 
