@@ -216,6 +216,11 @@ def test_the_preflight_config_is_the_first_attempts_without_the_job_reference() 
     assert job["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert rules[0] == {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2, 3]}}
+    # By default the preflight compiles small decoders and extrapolates; wholeStep compiles the run's step.
+    assert "--whole" not in pod["containers"][0]["command"]
+    whole = api.validate_finetune(raw_spec(preflight={"enabled": True, "wholeStep": True}))
+    command = mp.preflight_objects(o, whole)[-1]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:3] == ["python", "-m", "tpuforge_workloads.preflight"] and "--whole" in command
 
 
 def test_reconciling_a_running_preflight_again_changes_nothing() -> None:

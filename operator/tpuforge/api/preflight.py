@@ -19,6 +19,14 @@ class PreflightSpec(ApiModel):
         description="Compile the train step for the slice on a CPU node before the first TPU attempt: a job that "
         "does not fit the chips' HBM fails (DoesNotFit) without renting a TPU. false skips it.",
     )
+    whole_step: bool = Field(
+        default=False,
+        description="Compile the run's whole train step instead of one- and two-layer decoders whose figures "
+        "are extrapolated to the model (the default; a model of two layers is compiled whole anyway). Slower "
+        "and needs more memory (raise resources), but its figures are XLA's own for the run, and the compiled "
+        "step is the run's: stored in the compile cache (spec.checkpoint.compileCache), the first TPU attempt "
+        "can load it instead of compiling.",
+    )
     node_selector: dict[str, str] = Field(
         default_factory=dict, description="Node selector for the preflight pod (a CPU node pool)."
     )

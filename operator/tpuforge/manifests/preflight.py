@@ -53,7 +53,12 @@ def preflight_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
     container: Obj = {
         "name": PREFLIGHT_CONTAINER,
         "image": spec.images.trainer,
-        "command": reporting_command("tpuforge_workloads.preflight", "--slice", spec.tpu.slice),
+        "command": reporting_command(
+            "tpuforge_workloads.preflight",
+            "--slice",
+            spec.tpu.slice,
+            *(["--whole"] if spec.preflight.whole_step else []),
+        ),
         "env": [
             {"name": "PYTHONUNBUFFERED", "value": "1"},
             # A compile-only host: JAX runs on the CPU, and libtpu asks no metadata server for a TPU.
