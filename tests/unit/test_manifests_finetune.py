@@ -264,8 +264,17 @@ def test_each_host_learns_its_process_id_count_and_coordinator() -> None:
     assert env["TPUFORGE_COORDINATOR_ADDRESS"]["value"] == (
         "gemma-verilog-train-1-trainer-0-0.gemma-verilog-train-1:8476"
     )
+    assert env["TPUFORGE_JOIN_TIMEOUT_SECONDS"]["value"] == "1800"  # the default, for uneven image pulls
+    slow = m.train_workload(OWNER, spec(tpu={"slice": "v5p-32", "joinTimeoutSeconds": 3600}), 1)
+    slow_env = {e["name"]: e for e in trainer_job(slow)["template"]["spec"]["containers"][0]["env"]}
+    assert slow_env["TPUFORGE_JOIN_TIMEOUT_SECONDS"]["value"] == "3600"
     single = pod(m.train_job(OWNER, spec(), 1))["containers"][0]["env"]
-    multi_only = {"TPUFORGE_NUM_PROCESSES", "TPUFORGE_PROCESS_ID", "TPUFORGE_COORDINATOR_ADDRESS"}
+    multi_only = {
+        "TPUFORGE_NUM_PROCESSES",
+        "TPUFORGE_PROCESS_ID",
+        "TPUFORGE_COORDINATOR_ADDRESS",
+        "TPUFORGE_JOIN_TIMEOUT_SECONDS",
+    }
     assert not {e["name"] for e in single} & multi_only
 
 

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from tpuforge.sandbox.gcs import free_port
-from tpuforge_workloads.train.hosts import JOIN_TIMEOUT_S, Agreement, Hosts, HostsError, from_env, metrics_port
+from tpuforge_workloads.train.hosts import JOIN_TIMEOUT_SECONDS, Agreement, Hosts, HostsError, from_env, metrics_port
 from tpuforge_workloads.train.rollcall import roll_call
 
 SLICE = {
@@ -32,7 +32,7 @@ def test_a_host_of_a_slice_knows_its_place() -> None:
     assert (hosts.process_id, hosts.num_processes, hosts.coordinator) == (2, 4, SLICE["TPUFORGE_COORDINATOR_ADDRESS"])
     assert hosts.multi and not hosts.primary
     assert str(hosts) == "process 2 of 4"
-    assert hosts.join_timeout_s == JOIN_TIMEOUT_S == 1800
+    assert hosts.join_timeout_s == JOIN_TIMEOUT_SECONDS == 1800
     assert from_env({**SLICE, "TPUFORGE_JOIN_TIMEOUT_SECONDS": "90"}).join_timeout_s == 90
 
 

@@ -70,6 +70,10 @@ ENV_NUM_PROCESSES = "TPUFORGE_NUM_PROCESSES"
 ENV_PROCESS_ID = "TPUFORGE_PROCESS_ID"
 ENV_COORDINATOR_ADDRESS = "TPUFORGE_COORDINATOR_ADDRESS"
 COORDINATOR_PORT = 8476  # JAX's usual coordinator port, on process 0's pod
+# How long the hosts wait for each other to join the slice (spec.tpu.joinTimeoutSeconds): long enough for
+# uneven image pulls and node start-ups on a big slice.
+ENV_JOIN_TIMEOUT = "TPUFORGE_JOIN_TIMEOUT_SECONDS"
+JOIN_TIMEOUT_SECONDS = 1800
 
 # The trainer exits with this code after it has checkpointed on SIGTERM, so the operator counts a
 # preemption and not a failure. 143 (128+SIGTERM) is what a process killed by SIGTERM reports, so the

@@ -12,7 +12,12 @@ from tpuforge.api.base import ApiModel, PodResources, StatusModel
 from tpuforge.api.catalog import GEMMA4_LORA_TARGETS, Dtype
 from tpuforge.api.code_eval import CodeEvalSpec
 from tpuforge.api.conditions import Condition
-from tpuforge.api.constants import DEFAULT_EVALUATOR_IMAGE, DEFAULT_MERGER_IMAGE, DEFAULT_TRAINER_IMAGE
+from tpuforge.api.constants import (
+    DEFAULT_EVALUATOR_IMAGE,
+    DEFAULT_MERGER_IMAGE,
+    DEFAULT_TRAINER_IMAGE,
+    JOIN_TIMEOUT_SECONDS,
+)
 from tpuforge.api.preflight import PreflightSpec, PreflightStatus
 
 
@@ -85,6 +90,13 @@ class TpuSpec(ApiModel):
         default_factory=PodResources,
         description="CPU and memory the training pod requests on each host; unset: 8 CPUs and memory for the "
         "model's copy in /dev/shm plus the JAX runtime.",
+    )
+    join_timeout_seconds: int = Field(
+        default=JOIN_TIMEOUT_SECONDS,
+        ge=10,
+        le=86400,
+        description="Multi-host slices: how long each host waits for all the others to join the slice (image "
+        "pulls and node start-ups differ between hosts); then the pods fail, naming the hosts that never came.",
     )
     spot_grace_seconds: int | None = Field(
         default=None,

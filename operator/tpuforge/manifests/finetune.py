@@ -21,6 +21,7 @@ from tpuforge.api.constants import (
     COORDINATOR_PORT,
     CPU_SLICE,
     ENV_COORDINATOR_ADDRESS,
+    ENV_JOIN_TIMEOUT,
     ENV_NUM_PROCESSES,
     ENV_PROCESS_ID,
     EXIT_BAD_CONFIG,
@@ -184,7 +185,7 @@ def reporting_command(module: str, *extra: str) -> list[str]:
     return _command(module, *extra, "--termination-log", TERMINATION_LOG)
 
 
-def _multi_host_env(jobset: str, hosts: int) -> list[Obj]:
+def _multi_host_env(jobset: str, hosts: int, join_timeout_seconds: int) -> list[Obj]:
     """What each host's trainer needs for jax.distributed.initialize: the process count, its own index (the
     Indexed Job's completion index) and process 0's address (its hostname in the JobSet's subdomain)."""
     coordinator = f"{jobset}-{TRAINER_REPLICATED_JOB}-0-0.{jobset}:{COORDINATOR_PORT}"
@@ -195,6 +196,7 @@ def _multi_host_env(jobset: str, hosts: int) -> list[Obj]:
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{JOB_COMPLETION_INDEX}']"}},
         },
         {"name": ENV_COORDINATOR_ADDRESS, "value": coordinator},
+        {"name": ENV_JOIN_TIMEOUT, "value": str(join_timeout_seconds)},
     ]
 
 
@@ -209,7 +211,7 @@ def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
     if slc.hosts > 1:
-        env += _multi_host_env(name, slc.hosts)
+        env += _multi_host_env(name, slc.hosts, spec.tpu.join_timeout_seconds)
     container: Obj = {
         "name": TRAINER_CONTAINER,
         "image": spec.images.trainer,

@@ -9,8 +9,9 @@ On a multi-host slice the operator runs one pod per TPU VM host (a JobSet) and s
 Without them the run is one process, exactly as on a single host; every function here is then a no-op or
 a local answer, so the trainer has one code path for 1 and N processes.
 
-`TPUFORGE_JOIN_TIMEOUT_SECONDS` (default 1800) bounds the wait for every host to come up: on a big slice
-hosts start minutes apart, each pulling the trainer image. Past it every host fails naming the missing ones
+`TPUFORGE_JOIN_TIMEOUT_SECONDS` (the operator sets it from spec.tpu.joinTimeoutSeconds; default 1800) bounds
+the wait for every host to come up: on a big slice hosts start minutes apart, each pulling the trainer image.
+Past it every host fails naming the missing ones
 (rollcall.py, which also joins the slice: `rollcall.initialize`).
 
 `TPUFORGE_METRICS_PORT`, when set, overrides the config's metrics port for this pod: on GKE every pod has its
@@ -29,14 +30,18 @@ from dataclasses import dataclass
 from typing import Any
 
 # The pod environment the operator sets on every host of a JobSet (one definition, in the contract).
-from tpuforge.api.constants import ENV_COORDINATOR_ADDRESS, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+from tpuforge.api.constants import (
+    ENV_COORDINATOR_ADDRESS,
+    ENV_JOIN_TIMEOUT,
+    ENV_NUM_PROCESSES,
+    ENV_PROCESS_ID,
+    JOIN_TIMEOUT_SECONDS,
+)
 from tpuforge_workloads import termination
 
 log = logging.getLogger(__name__)
 
 ENV_METRICS_PORT = "TPUFORGE_METRICS_PORT"
-ENV_JOIN_TIMEOUT = "TPUFORGE_JOIN_TIMEOUT_SECONDS"
-JOIN_TIMEOUT_S = 1800
 # A host waits this long at an agreement for the slowest one; the first comes after model load, which
 # differs between hosts by their download time. A host that dies fails the others' wait sooner: the
 # coordination service reports it.
@@ -69,7 +74,7 @@ class Hosts:
     process_id: int = 0
     num_processes: int = 1
     coordinator: str | None = None
-    join_timeout_s: int = JOIN_TIMEOUT_S
+    join_timeout_s: int = JOIN_TIMEOUT_SECONDS
 
     @property
     def primary(self) -> bool:
@@ -113,7 +118,7 @@ def from_env(env: Mapping[str, str] = os.environ) -> Hosts:
     timeout = _int(env, ENV_JOIN_TIMEOUT)
     if timeout is not None and timeout < 1:
         raise HostsError(f"{ENV_JOIN_TIMEOUT}={timeout} must be at least 1 (seconds)")
-    return Hosts(pid, count, coordinator, JOIN_TIMEOUT_S if timeout is None else timeout)
+    return Hosts(pid, count, coordinator, JOIN_TIMEOUT_SECONDS if timeout is None else timeout)
 
 
 def metrics_port(config_port: int, env: Mapping[str, str] = os.environ) -> int:

@@ -17,6 +17,7 @@ import logging
 import socket
 import time
 
+from tpuforge.api.constants import ENV_JOIN_TIMEOUT
 from tpuforge_workloads.train.hosts import Hosts, HostsError
 
 log = logging.getLogger(__name__)
@@ -42,12 +43,16 @@ def roll_call(hosts: Hosts, timeout_s: float) -> None:
     log.info("every host is up (roll call: %.1f s)", time.monotonic() - started)
 
 
+# Where the join timeout comes from, as the messages name it.
+_SETTING = f"spec.tpu.joinTimeoutSeconds, pod env {ENV_JOIN_TIMEOUT}"
+
+
 def _missing_message(missing: list[int], hosts: Hosts, timeout_s: float) -> str:
     names = ", ".join(str(i) for i in missing)
     return (
         f"process{'es' if len(missing) > 1 else ''} {names} of {hosts.num_processes} did not join the slice within "
-        f"{timeout_s:.0f} s (TPUFORGE_JOIN_TIMEOUT_SECONDS): see why those pods did not start (kubectl describe "
-        f"pod: image pull, scheduling)"
+        f"{timeout_s:.0f} s ({_SETTING}): see why those pods did not start (kubectl describe pod: image pull, "
+        "scheduling)"
     )
 
 
@@ -116,8 +121,7 @@ def _answer(hosts: Hosts, deadline: float, timeout_s: float) -> None:
     where = "answered but did not finish the roll call" if reached else "could not be reached"
     raise HostsError(
         f"process 0 of {hosts.num_processes} (coordinator {hosts.coordinator}) {where} within {timeout_s:.0f} s "
-        f"(TPUFORGE_JOIN_TIMEOUT_SECONDS): see why that pod did not start (kubectl describe pod: image pull, "
-        f"scheduling)"
+        f"({_SETTING}): see why that pod did not start (kubectl describe pod: image pull, scheduling)"
     )
 
 
