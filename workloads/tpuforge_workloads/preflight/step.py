@@ -2,9 +2,9 @@
 
 Nothing here has its own step: the model is the trainer's (Tunix Gemma 4 with Qwix adapters, remat as
 configured), the trainer is `train.loop.make_trainer` (optimizer, gradient accumulation, model inputs), and
-the compiled function is that trainer's `create_train_step_fn()`, jitted as PeftTrainer jits it (optimizer
-donated). The model and optimizer are built inside nnx.eval_shape, so no weight is read or allocated:
-only shapes, dtypes and the shardings the run would give them.
+the compiled function is that trainer's `create_train_step_fn()`, jitted as the trainer jits it
+(`jit_train_step`: model and optimizer donated). The model and optimizer are built inside nnx.eval_shape, so
+no weight is read or allocated: only shapes, dtypes and the shardings the run would give them.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, 
     from tunix.models.gemma4 import model as gm
 
     from tpuforge_workloads import attention
-    from tpuforge_workloads.train.loop import make_trainer
+    from tpuforge_workloads.train.loop import jit_train_step, make_trainer
 
     cfg = gemma4.tunix_config(text)
     t = config.training
@@ -137,7 +137,7 @@ def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, 
         }
         # The data feed adds each row's loss denominator (train/loss.py) before a batch reaches the step.
         batch["loss_denominator"] = jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=batch_sharding)  # type: ignore[no-untyped-call]
-        step = nnx.jit(trainers[0].create_train_step_fn(), donate_argnames=("optimizer",))
+        step = jit_train_step(trainers[0].create_train_step_fn())
         lowered = step.lower(model, optimizer, batch)
         attention_kind = "splash" if SPLASH_KERNEL in lowered.as_text() else "masked"
         inputs = compile_cache.key_inputs(text, config, total_steps, mesh.devices)

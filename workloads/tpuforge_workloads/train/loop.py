@@ -13,6 +13,7 @@ to stop, so a SIGTERM on any host checkpoints the same step everywhere.
 
 from __future__ import annotations
 
+import functools
 import logging
 import tempfile
 import time
@@ -57,6 +58,18 @@ class Outcome:
     compile_cache: dict[str, Any] | None = None  # hits, entries loaded and stored (compile_cache.py)
 
 
+# What the jitted train step takes over from its caller. PeftTrainer donates the optimizer only; the step's
+# outputs are all of the model's state as well (nnx.jit returns every argument's state), so without the
+# model donated XLA writes a second copy of the unchanged base weights on every chip: for the 31B on a v5p-8,
+# 15.6 GB per chip. Donated, the outputs alias the inputs and the weights stay where they are.
+DONATED = ("model", "optimizer")
+
+
+def jit_train_step(step: Any) -> Any:
+    """The train step as the trainer jits it (and the preflight compiles it)."""
+    return nnx.jit(step, donate_argnames=DONATED)
+
+
 class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
     """PeftTrainer with our loss and checkpoint manager. The base class restores from its own manager in
     __init__; given no checkpoint directory that is a no-op, so the restore is redone here with ours. The
@@ -73,6 +86,22 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
         self._iter_steps = self._train_steps * config.get_with_default("gradient_accumulation_steps", 1)
         self.with_loss_fn(loss.loss_fn, has_aux=True)
         self._eval_sums: list[tuple[Any, Any]] = []
+
+    def jit_train_and_eval_step(self, skip_jit: bool = False, cache_nnx_graph: bool = False) -> Any:
+        """PeftTrainer's, but the train step is jitted by `jit_train_step` (the model donated too), and the
+        evaluation step donates the model (it too returns the model's state)."""
+        if skip_jit or self._jitted_train_step_fn is not None:  # type: ignore[has-type]
+            return super().jit_train_and_eval_step(skip_jit, cache_nnx_graph)
+        from jax.interpreters import pxla
+
+        self._shard_optimizer(pxla.thread_resources.env.physical_mesh)
+        train_step = jit_train_step(self.create_train_step_fn())
+        eval_step = nnx.jit(self.create_eval_step_fn(), donate_argnames=("model",))
+        # As PeftTrainer binds them: the outer partial is how it reaches the jitted function (`.func`).
+        bind = nnx.cached_partial if cache_nnx_graph else functools.partial
+        self._jitted_train_step_fn = functools.partial(bind(train_step, self.model, self.optimizer))
+        self._jitted_eval_step_fn = functools.partial(bind(eval_step, self.model))
+        return self._jitted_train_step_fn, self._jitted_eval_step_fn
 
     def create_train_step_fn(self) -> Any:
         """Tunix's step, whose model and optimizer state leave it laid out as they came in: by their partition
