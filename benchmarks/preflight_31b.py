@@ -10,7 +10,7 @@ holds. Everything is compiled in this run by libtpu for the real TPU topology, o
    that the report's measured 763 tokens/s on a v5p-8 corresponds to.
 
     .venv/bin/python benchmarks/preflight_31b.py [--slices v5p-8,v5p-16] [--seq 1024,2048,4096,8192]
-        [--batch 1,2,4] [--check-layers 12] [--json out.json]
+        [--batch 1,2,4] [--check-layers 12] [--check-seq 4096] [--skip-mfu] [--skip-table] [--json out.json]
 
 Compiles are single-threaded for much of their time: on a 2-core machine each probe of 1-2 layers takes
 about a minute, a 12-layer compile several.
@@ -87,12 +87,13 @@ def table(slices: list[str], seqs: list[int], batches: list[int]) -> list[dict[s
     return rows
 
 
-def check_extrapolation(slice_id: str, layers: int) -> dict[str, Any]:
-    """The first `layers` layers of the 31B: compiled whole, and extrapolated from the probes."""
+def check_extrapolation(slice_id: str, layers: int, seq: int = 4096) -> dict[str, Any]:
+    """The first `layers` layers of the 31B at maxSeqLen `seq`: compiled whole, and extrapolated from the
+    probes."""
     slc = TPU_SLICES[slice_id]
     text = text_31b()
     cut = with_layers(text, text.layer_types[:layers])
-    config = config_31b(slice_id, 4096, 1)
+    config = config_31b(slice_id, seq, 1)
     mesh = make_mesh(config.mesh.fsdp, config.mesh.tp, slice_devices(slc))
     t0 = time.monotonic()
     probes = [compile_train_step(with_layers(text, p), config, mesh, STEPS) for p in PROBES]
@@ -103,6 +104,7 @@ def check_extrapolation(slice_id: str, layers: int) -> dict[str, Any]:
     return {
         "slice": slice_id,
         "layers": layers,
+        "maxSeqLen": seq,
         "whole": {"hbmGiB": w.total_bytes / GIB, "tempGiB": w.temp_bytes / GIB, "tflops": w.flops / 1e12},
         "extrapolated": {
             "hbmGiB": extrapolated.total_bytes / GIB,
@@ -136,15 +138,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", default="1024,2048,4096,8192")
     ap.add_argument("--batch", default="1,2,4")
     ap.add_argument("--check-layers", type=int, default=12, help="0 skips the whole-compile check")
+    ap.add_argument("--check-seq", type=int, default=4096, help="maxSeqLen of the whole-compile check")
+    ap.add_argument("--skip-mfu", action="store_true", help="skip the report's MFU (three probes at 3072)")
     ap.add_argument("--skip-table", action="store_true")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     out: dict[str, Any] = {}
-    out["mfu"] = report_mfu()
-    print(json.dumps(out["mfu"]), flush=True)
+    if not args.skip_mfu:
+        out["mfu"] = report_mfu()
+        print(json.dumps(out["mfu"]), flush=True)
     if args.check_layers:
-        out["extrapolation"] = check_extrapolation("v5p-8", args.check_layers)
+        out["extrapolation"] = check_extrapolation("v5p-8", args.check_layers, args.check_seq)
         print(json.dumps(out["extrapolation"]), flush=True)
     if not args.skip_table:
         slices = args.slices.split(",")
