@@ -80,8 +80,10 @@ def test_a_bad_job_is_refused_before_any_compile(tmp_path: Path) -> None:
     assert "spec.tpu.mesh" in done.stderr
 
 
-def test_31b_layer_compiles_for_v5p_8_with_its_weights_sharded_over_the_chips() -> None:
-    slc = TPU_SLICES["v5p-8"]
+@pytest.mark.parametrize("slice_id", ["v5p-8", "v5p-16"])
+def test_31b_layer_compiles_for_the_slice_with_its_weights_sharded_over_the_chips(slice_id: str) -> None:
+    """v5p-8: one host, fsdp=1 x tp=4; v5p-16: two hosts' chips in one compile (v5p:2x2x2), fsdp=2 x tp=4."""
+    slc = TPU_SLICES[slice_id]
     text = gemma4.parse_config(tiny_model.hf_config(model_shape("gemma4-31b")))
     one = with_layers(text, ("sliding_attention",))
     config = TrainConfig(
@@ -90,18 +92,21 @@ def test_31b_layer_compiles_for_v5p_8_with_its_weights_sharded_over_the_chips() 
         dataset_uri="gs://data/train.jsonl",
         lora=LoraSpec(rank=64, alpha=64),
         training=TrainingSpec(max_seq_len=256, warmup_steps=1),
-        mesh=MeshSpec(fsdp=1, tp=4),
+        mesh=MeshSpec(fsdp=slc.default_fsdp, tp=slc.default_tp),
         checkpoint=CheckpointSpec(uri="gs://runs/checkpoints"),
     )
 
-    step = compile_train_step(one, config, make_mesh(1, 4, slice_devices(slc)), total_steps=10)
+    mesh = make_mesh(slc.default_fsdp, slc.default_tp, slice_devices(slc))
+    step = compile_train_step(one, config, mesh, total_steps=10)
 
     assert step.platform == "tpu" and step.layers == 1
     # The bfloat16 base: the embedding (tied to the output layer) and one sliding layer's attention and MLP.
     d, f, v = text.embed_dim, text.hidden_dim, text.vocab_size
     attn = d * text.num_heads * text.head_dim * 2 + d * text.num_kv_heads * text.head_dim * 2
     base_bytes = 2 * (v * d + attn + 3 * d * f)
-    # Spread over the 4 chips, plus the replicated LoRA adapters and their AdamW moments (float32):
-    # well under one chip's share of twice the base.
-    assert base_bytes / 4 <= step.argument_bytes <= base_bytes / 2, (step.argument_bytes / GIB, base_bytes / GIB)
-    assert step.flops > 0 and step.hbm_bytes < slc.hbm_gib_per_chip * GIB
+    # Spread over the chips, plus the replicated LoRA adapters and their AdamW moments (float32): well under
+    # one chip's share of twice the base.
+    share = base_bytes / slc.chips
+    assert share <= step.argument_bytes <= 2 * share, (step.argument_bytes / GIB, base_bytes / GIB)
+    assert step.flops > 0
+    assert step.hbm_bytes < slc.hbm_gib_per_chip * GIB, f"{step.hbm_bytes / GIB:.2f} GiB per chip"
