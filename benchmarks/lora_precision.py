@@ -37,6 +37,7 @@ from tpuforge_workloads.data.pipeline import batches, eval_batches, model_inputs
 from tpuforge_workloads.mesh import make_mesh
 from tpuforge_workloads.train import loop, loss, plan
 from tpuforge_workloads.train.preemption import PreemptionWatch
+from tpuforge_workloads.train.trainer import optimizer as run_optimizer
 
 SEQ = 128
 
@@ -88,7 +89,9 @@ def train(p: plan.Plan, mesh: jax.sharding.Mesh, adapter_dtype: str) -> dict[str
     recorder = Losses()
     feed = loop.BatchFeed(iter(batches(p.examples, p.batch)), g, p.total_steps, PreemptionWatch(), [])
     with jax.set_mesh(mesh):
-        trainer = peft_trainer.PeftTrainer(model, loop.optimizer(p), config).with_loss_fn(loss.loss_fn, has_aux=True)
+        trainer = peft_trainer.PeftTrainer(model, run_optimizer(p.config.training, p.total_steps), config).with_loss_fn(
+            loss.loss_fn, has_aux=True
+        )
         trainer.with_gen_model_input_fn(model_inputs)
         trainer.with_data_hooks(feed)
         trainer.with_training_hooks(recorder)

@@ -45,6 +45,7 @@ from tpuforge_workloads.mesh import make_mesh
 from tpuforge_workloads.progress import RunProgress, RunSummary, TrainMetrics
 from tpuforge_workloads.train import loop, plan
 from tpuforge_workloads.train.preemption import PreemptionWatch
+from tpuforge_workloads.train.trainer import optimizer as run_optimizer
 
 SEQ = 128
 MICRO_BATCH = 4
@@ -106,7 +107,7 @@ def bare_tunix(p: plan.Plan, mesh: jax.sharding.Mesh, batch_list: list[dict[str,
         eval_every_n_steps=10_000, max_steps=p.total_steps, gradient_accumulation_steps=g, pbar_description=None
     )
     with jax.set_mesh(mesh):
-        trainer = peft_trainer.PeftTrainer(model, loop.optimizer(p.config.training, p.total_steps), config)
+        trainer = peft_trainer.PeftTrainer(model, run_optimizer(p.config.training, p.total_steps), config)
     trainer.with_gen_model_input_fn(model_inputs)
     clock = StepClock()
     trainer.with_training_hooks(clock)

@@ -1,7 +1,7 @@
 """The trainer's train step, compiled for a mesh of compile-only devices, from the model's config alone.
 
 Nothing here has its own step: the model is the trainer's (Tunix Gemma 4 with Qwix adapters, remat as
-configured), the trainer is `train.loop.make_trainer` (optimizer, gradient accumulation, model inputs), and
+configured), the trainer is `train.trainer.make_trainer` (optimizer, gradient accumulation, model inputs), and
 the compiled function is that trainer's `create_train_step_fn()`, jitted as the trainer jits it
 (`jit_train_step`: model and optimizer donated). The model and optimizer are built inside nnx.eval_shape, so
 no weight is read or allocated: only shapes, dtypes and the shardings the run would give them.
@@ -104,7 +104,7 @@ def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, 
     from tunix.models.gemma4 import model as gm
 
     from tpuforge_workloads import attention
-    from tpuforge_workloads.train.loop import jit_train_step, make_trainer
+    from tpuforge_workloads.train.trainer import jit_train_step, make_trainer
 
     cfg = gemma4.tunix_config(text)
     t = config.training

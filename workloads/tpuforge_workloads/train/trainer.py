@@ -1,0 +1,124 @@
+"""The trainer of a run, and of its preflight: Tunix's PeftTrainer with our loss, checkpoints and jitting.
+
+The preflight compiles this trainer's own train step for the TPU slice (preflight/step.py), so whatever
+shapes the step (optimizer, gradient accumulation, model inputs, loss, donation, output layout) is set here,
+once; train/loop.py runs it.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import optax
+from flax import nnx
+from tunix.sft import peft_trainer
+
+from tpuforge.api import TrainConfig, TrainingSpec
+from tpuforge_workloads.data.pipeline import model_inputs
+from tpuforge_workloads.train import loss
+from tpuforge_workloads.train.checkpoints import TrainCheckpoints
+
+# What the jitted train step takes over from its caller. PeftTrainer donates the optimizer only; the step's
+# outputs are all of the model's state as well (nnx.jit returns every argument's state), so without the
+# model donated XLA writes a second copy of the unchanged base weights on every chip: for the 31B on a v5p-8,
+# 15.6 GB per chip. Donated, the outputs alias the inputs and the weights stay where they are.
+DONATED = ("model", "optimizer")
+
+
+def jit_train_step(step: Any) -> Any:
+    """The train step as the trainer jits it (and the preflight compiles it)."""
+    return nnx.jit(step, donate_argnames=DONATED)
+
+
+class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
+    """PeftTrainer with our loss and checkpoint manager. The base class restores from its own manager in
+    __init__; given no checkpoint directory that is a no-op, so the restore is redone here with ours. The
+    evaluation's loss is the token-weighted mean of its batches (`take_eval_loss`)."""
+
+    def __init__(
+        self, model: nnx.Module, optimizer: Any, config: peft_trainer.TrainingConfig, checkpoints: TrainCheckpoints
+    ):
+        super().__init__(model, optimizer, config)
+        self.checkpoint_manager = checkpoints
+        self._train_steps, self._restored_custom_metadata = checkpoints.maybe_restore(
+            self.model, self.optimizer, restore_only_lora_params=self._lora_enabled
+        )
+        self._iter_steps = self._train_steps * config.get_with_default("gradient_accumulation_steps", 1)
+        self.with_loss_fn(loss.loss_fn, has_aux=True)
+        self._eval_sums: list[tuple[Any, Any]] = []
+
+    def jit_train_and_eval_step(self, skip_jit: bool = False, cache_nnx_graph: bool = False) -> Any:
+        """PeftTrainer's, but the train step is jitted by `jit_train_step` (the model donated too), and the
+        evaluation step donates the model (it too returns the model's state)."""
+        if skip_jit or self._jitted_train_step_fn is not None:  # type: ignore[has-type]
+            return super().jit_train_and_eval_step(skip_jit, cache_nnx_graph)
+        from jax.interpreters import pxla
+
+        self._shard_optimizer(pxla.thread_resources.env.physical_mesh)
+        train_step = jit_train_step(self.create_train_step_fn())
+        eval_step = nnx.jit(self.create_eval_step_fn(), donate_argnames=("model",))
+        # As PeftTrainer binds them: the outer partial is how it reaches the jitted function (`.func`).
+        bind = nnx.cached_partial if cache_nnx_graph else functools.partial
+        self._jitted_train_step_fn = functools.partial(bind(train_step, self.model, self.optimizer))
+        self._jitted_eval_step_fn = functools.partial(bind(eval_step, self.model))
+        return self._jitted_train_step_fn, self._jitted_eval_step_fn
+
+    def create_train_step_fn(self) -> Any:
+        """Tunix's step, whose model and optimizer state leave it laid out as they came in: by their partition
+        specs (`place_by_specs`, `_shard_optimizer`). Left to XLA, the adapters and their optimizer moments
+        come back laid out otherwise (a replicated LoRA matrix returns split over tp and fsdp), so the second
+        step would be a second program: another full compile on every fresh attempt, and one the preflight's
+        cache entry (compiled from the specs) does not cover."""
+        step = super().create_train_step_fn()
+
+        def train_step(model: nnx.Module, optimizer: Any, inputs: Any) -> Any:
+            out = step(model, optimizer, inputs)
+            for module in (model, optimizer):
+                state = nnx.state(module)
+                nnx.update(module, jax.lax.with_sharding_constraint(state, nnx.get_partition_spec(state)))  # type: ignore[no-untyped-call]
+            return out
+
+        return train_step
+
+    def _post_process_eval_step(self, aux: dict[str, Any]) -> None:
+        self._eval_sums.append((aux["nll_sum"], aux["tokens"]))
+
+    def take_eval_loss(self) -> float:
+        """The last evaluation's loss: summed NLL over summed loss targets of all its batches."""
+        total = sum(float(s) for s, _ in self._eval_sums)
+        count = sum(float(n) for _, n in self._eval_sums)
+        self._eval_sums.clear()
+        return total / max(count, 1.0)
+
+
+def optimizer(training: TrainingSpec, total_steps: int) -> optax.GradientTransformation:
+    """AdamW on a warmup-cosine schedule over the optimizer steps (gradient accumulation is PeftTrainer's
+    optax.MultiSteps around this, so the schedule advances once per optimizer step)."""
+    schedule = optax.warmup_cosine_decay_schedule(
+        init_value=0.0,
+        peak_value=training.learning_rate,
+        warmup_steps=training.warmup_steps,
+        decay_steps=total_steps,
+        end_value=0.0,
+    )
+    return optax.inject_hyperparams(optax.adamw)(learning_rate=schedule, weight_decay=training.weight_decay)
+
+
+def make_trainer(model: Any, c: TrainConfig, total_steps: int, checkpoints: Any) -> SftTrainer:
+    """The trainer of a run, and of its preflight: the preflight compiles this trainer's own train step
+    (`create_train_step_fn`) for the TPU slice, so whatever shapes the step (optimizer, gradient
+    accumulation, model inputs, loss) is set here, once. Call under the run's mesh."""
+    g = c.training.gradient_accumulation_steps
+    config = peft_trainer.TrainingConfig(
+        eval_every_n_steps=c.checkpoint.every_steps,
+        max_steps=total_steps,
+        gradient_accumulation_steps=g if g > 1 else None,
+        checkpoint_root_directory=None,
+        data_sharding_axis=("fsdp",),
+        pbar_description=None,
+    )
+    trainer = SftTrainer(model, optimizer(c.training, total_steps), config, checkpoints)
+    trainer.with_gen_model_input_fn(model_inputs)
+    return trainer
