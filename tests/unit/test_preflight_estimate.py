@@ -48,8 +48,10 @@ def test_estimate_of_a_v5p_8_run() -> None:
     assert e.run_seconds == pytest.approx(8000)
     assert e.run_usd == pytest.approx(8000 / 3600 * v5p8.usd_per_hour)
     assert e.headline() == "fits: 31.0 of 95 GiB per chip; ~4,096 tok/s at 35% MFU"
-    # A measured throughput maps back to the MFU by the same FLOP count.
-    assert est.mfu_of(4096, e.flops_per_token, v5p8) == pytest.approx(0.35 / v5p8.chips)
+    # A measured throughput maps back to the MFU by the same FLOP count: the estimate's own throughput is its
+    # MFU, half of it half.
+    assert est.mfu_of(4096, e.flops_per_token, v5p8) == pytest.approx(0.35)
+    assert est.mfu_of(2048, e.flops_per_token, v5p8) == pytest.approx(0.175)
 
 
 def test_a_job_that_does_not_fit_is_told_what_to_change() -> None:

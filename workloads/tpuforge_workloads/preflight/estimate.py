@@ -88,6 +88,7 @@ class Estimate:
 
     @property
     def flops_per_token(self) -> float:
+        """One chip's FLOPs per token of the whole slice's step (times the chips: the slice's)."""
         return self.tflops_per_step * 1e12 / self.tokens_per_step if self.tokens_per_step else 0.0
 
     def headline(self) -> str:
@@ -132,8 +133,10 @@ def estimate(
 
 
 def mfu_of(tokens_per_second: float, flops_per_token: float, slc: TpuSlice) -> float:
-    """The MFU a measured throughput corresponds to, by the same FLOP count."""
-    return tokens_per_second * flops_per_token / (slc.chips * slc.peak_tflops_per_chip * 1e12)
+    """The MFU a measured throughput (tokens/s of the whole slice) corresponds to, by the same FLOP count:
+    `flops_per_token` is one chip's FLOPs per token of the slice's batch (`Estimate.flops_per_token`), and
+    every chip runs its share at once, so the chips' peak does not add up here."""
+    return tokens_per_second * flops_per_token / (slc.peak_tflops_per_chip * 1e12)
 
 
 def fixes(e: Estimate, micro_batch_size: int, max_seq_len: int, remat: bool, rank: int) -> list[str]:
