@@ -75,8 +75,7 @@ def held_out_loss(model: Any, p: plan.Plan, mesh: jax.sharding.Mesh) -> float:
 
 
 def train(p: plan.Plan, mesh: jax.sharding.Mesh, adapter_dtype: str) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as staging:
-        model = loop.build_model(p, mesh, Path(staging), {}, adapter_dtype=adapter_dtype)
+    model = loop.build_model(p, mesh, {}, adapter_dtype=adapter_dtype)
     initial = jax.tree.map(lambda x: np.asarray(x, np.float32), nnx.state(model, nnx.LoRAParam))
     g = p.config.training.gradient_accumulation_steps
     config = peft_trainer.TrainingConfig(

@@ -100,8 +100,7 @@ def make_config(model_dir: Path, data: Path, ckpt: Path, steps: int, packing: bo
 
 def bare_tunix(p: plan.Plan, mesh: jax.sharding.Mesh, batch_list: list[dict[str, Any]]) -> dict[str, float]:
     """PeftTrainer as Tunix ships it, fed a list of the same batches."""
-    with tempfile.TemporaryDirectory() as staging:
-        model = loop.build_model(p, mesh, Path(staging), {})
+    model = loop.build_model(p, mesh, {})
     g = p.config.training.gradient_accumulation_steps
     config = peft_trainer.TrainingConfig(
         eval_every_n_steps=10_000, max_steps=p.total_steps, gradient_accumulation_steps=g, pbar_description=None

@@ -15,7 +15,7 @@ from flax import nnx
 from tpuforge.api import LoraSpec
 from tpuforge.api.configs import MergeConfig
 from tpuforge.api.constants import ADAPTER_SUBDIR
-from tpuforge_workloads import commit, gemma4, lora, tiny_model
+from tpuforge_workloads import checkpoint_read, commit, gemma4, lora, tiny_model
 from tpuforge_workloads.adapters import read_adapter_manifest
 from tpuforge_workloads.merge import synthetic, verify
 from tpuforge_workloads.merge.lora_checkpoint import LoraCheckpoint
@@ -69,7 +69,7 @@ def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     text = gemma4.parse_config(gemma4.read_config(str(root / "base")))
     mesh = jax.make_mesh((1, 1), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
     with jax.set_mesh(mesh):
-        base = gemma4.load_model(root / "base", text, gemma4.tunix_config(text), mesh)
+        base = checkpoint_read.load_model(root / "base", text, gemma4.tunix_config(text), mesh)
     model = lora.apply_lora(base, SPEC, mesh, seed=0)
     rng = np.random.default_rng(0)
     state = nnx.state(model, nnx.LoRAParam)
@@ -130,7 +130,7 @@ def test_tunix_loader_reads_the_output_back_exactly(trained: Trained, merged: Pa
     mesh = jax.make_mesh((1, 1), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
     cfg = gemma4.tunix_config(trained.text)
     with jax.set_mesh(mesh):
-        loaded = _flat(nnx.state(gemma4.load_model(merged, trained.text, cfg, mesh)))
+        loaded = _flat(nnx.state(checkpoint_read.load_model(merged, trained.text, cfg, mesh)))
     params = _flat(nnx.state(trained.model, nnx.Param))
     scale = SPEC.alpha / SPEC.rank
     base = {k: v for k, v in params.items() if "_lora_" not in k}

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 from tunix.sft import peft_trainer
 
 from tpuforge.api import LoraSpec
-from tpuforge_workloads import attention, gemma4, lora
+from tpuforge_workloads import attention, checkpoint_read, gemma4, lora
 from tpuforge_workloads.data import demo
 from tpuforge_workloads.data.chat import ChatEncoder
 from tpuforge_workloads.data.pipeline import (
@@ -51,7 +51,7 @@ def lora_model(tiny_model_dir: Path, jax_devices: Any) -> tuple[Any, jax.shardin
     text = gemma4.parse_config(gemma4.read_config(str(tiny_model_dir)))
     mesh = make_mesh(1, 4)
     with jax.set_mesh(mesh):
-        base = gemma4.load_model(tiny_model_dir, text, gemma4.tunix_config(text), mesh)
+        base = checkpoint_read.load_model(tiny_model_dir, text, gemma4.tunix_config(text), mesh)
     model = lora.apply_lora(base, LoraSpec(rank=4, alpha=8.0, dropout=0.0), mesh, seed=0)
     state = nnx.state(model, nnx.LoRAParam)
     rng = np.random.default_rng(0)

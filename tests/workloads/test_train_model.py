@@ -14,7 +14,7 @@ from flax import nnx
 
 from tpuforge.api import LoraSpec
 from tpuforge.api.catalog import model_shape
-from tpuforge_workloads import gemma4, lora, tiny_model
+from tpuforge_workloads import checkpoint_read, gemma4, lora, tiny_model
 from tpuforge_workloads.mesh import make_mesh
 
 pytestmark = pytest.mark.slow
@@ -58,7 +58,7 @@ def test_transformers_and_tunix_compute_the_same_logits(
         want = hf(torch.tensor(tokens)).logits.numpy()
     mesh = make_mesh(1, 4)
     with jax.set_mesh(mesh):
-        model = gemma4.load_model(tiny_model_dir, text, gemma4.tunix_config(text), mesh)
+        model = checkpoint_read.load_model(tiny_model_dir, text, gemma4.tunix_config(text), mesh)
         got = lora.logits(model, tokens)
     np.testing.assert_allclose(got, want, atol=2e-4)
 
@@ -122,7 +122,7 @@ def test_lora_adapters_are_sharded_by_their_weights_and_never_on_the_rank(
 ) -> None:
     mesh = make_mesh(1, 4)
     with jax.set_mesh(mesh):
-        base = gemma4.load_model(tiny_model_dir, text, gemma4.tunix_config(text), mesh)
+        base = checkpoint_read.load_model(tiny_model_dir, text, gemma4.tunix_config(text), mesh)
     model = lora.apply_lora(base, LoraSpec(rank=8, alpha=16.0, dropout=0.1), mesh, seed=0)
     specs = {
         "/".join(map(str, path)): (v.value.shape, v.value.sharding.spec)

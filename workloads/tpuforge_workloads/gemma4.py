@@ -1,5 +1,5 @@
 """Gemma 4 for the trainer: HF config.json -> Tunix ModelConfig, checks against the model catalog, the device
-mesh, and loading HF safetensors with Tunix's Gemma 4 loader onto that mesh.
+mesh, and the HF -> Tunix key mapping the checkpoint reader (checkpoint_read.py) lays tensors out by.
 
 The checkpoint's config.json is the authority for the model's shape; the catalog entry named by the job must
 agree with it (a wrong `model.name` or `model.uri` is caught here, before any weight is read).
@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tpuforge.api.catalog import ModelShape
@@ -277,14 +275,6 @@ def check_sharding(state: Any, mesh: jax.sharding.Mesh) -> None:
 # ---- loading -------------------------------------------------------------------------------------------
 
 
-def safetensors_names(path: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor names and shapes from a safetensors header (8-byte length + JSON), without reading data."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-    return {k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"}
-
-
 # Tunix's Gemma 4 key mapping (a private function of the pinned google-tunix: no public API takes a key
 # mapping for Gemma 4 with our own preprocessing) starts every pattern with this optional group. It is widened
 # to accept text-only checkpoints (`model.`) too; if a Tunix release changes the patterns, loading stops here
@@ -311,12 +301,28 @@ def _key_mapping(cfg: gemma4_model.ModelConfig) -> dict[str, Any]:
 _TMP_QKV = re.compile(r"tmp\.layers\.(\d+)\.attn\.([qkv])$")
 
 
+def combine_layer_qkv(qkv: Mapping[str, Any], keys_are_values: bool, xp: Any) -> dict[str, Any]:
+    """One layer's attention tensors as Tunix's einsum weights. The key mapping has already laid each out
+    as (D, heads, head_dim); q -> q_einsum (N, D, h), k and v -> kv_einsum (2, K, D, h), or k alone ->
+    k_einsum on global layers where keys = values. Tunix's own preprocessing guesses axes by size, which
+    fails when the hidden size equals a head dim (the tiny model); the layout is known, so nothing is
+    guessed here. `xp` is numpy or jax.numpy."""
+    out = {"q_einsum.w": xp.transpose(qkv["q"], (1, 0, 2))}
+    k = xp.transpose(qkv["k"], (1, 0, 2))
+    if keys_are_values:
+        out["k_einsum.w"] = k
+    else:
+        out["kv_einsum.w"] = xp.stack([k, xp.transpose(qkv["v"], (1, 0, 2))])
+    return out
+
+
+def keys_are_values(text: Gemma4Text, layer: int) -> bool:
+    return text.layer_types[layer] == "full_attention" and text.k_eq_v
+
+
 def _combine_qkv(text: Gemma4Text) -> Any:
-    """Turns the loader's per-projection attention tensors into Tunix's einsum weights. The key mapping has
-    already laid each out as (D, heads, head_dim); here q -> (N, D, h), k and v -> (K, D, h) stacked as
-    kv_einsum (2, K, D, h), or k alone as k_einsum on global layers where keys = values. Tunix's own
-    preprocessing guesses axes by size, which fails when the hidden size equals a head dim (the tiny
-    model); the layout is known, so nothing is guessed here. Works on host numpy arrays."""
+    """Tunix's safetensors loader's preprocess_fn: its per-projection attention tensors (tmp.layers.N.attn.q
+    etc.) -> Tunix's einsum weights (combine_layer_qkv), on host numpy arrays."""
     import numpy as np
 
     def preprocess(tensors: dict[str, Any]) -> dict[str, Any]:
@@ -329,13 +335,8 @@ def _combine_qkv(text: Gemma4Text) -> Any:
             else:
                 out[key] = value
         for i, qkv in per_layer.items():
-            w = f"layers.{i}.attn."
-            out[w + "q_einsum.w"] = np.transpose(qkv["q"], (1, 0, 2))
-            k = np.transpose(qkv["k"], (1, 0, 2))
-            if text.layer_types[i] == "full_attention" and text.k_eq_v:
-                out[w + "k_einsum.w"] = k
-            else:
-                out[w + "kv_einsum.w"] = np.stack([k, np.transpose(qkv["v"], (1, 0, 2))])
+            for name, w in combine_layer_qkv(qkv, keys_are_values(text, i), np).items():
+                out[f"layers.{i}.attn.{name}"] = w
         return out
 
     return preprocess
@@ -377,43 +378,3 @@ def check_tensors(names: Iterable[str], text: Gemma4Text, where: str) -> None:
         if any(n.startswith(other + "layers.") for n in have):
             hint = f" (the tensors are under {other!r}: config.json and the weights disagree on the layout)"
         raise ModelError(f"{where}: {len(missing)} decoder tensors missing, e.g. {', '.join(missing[:3])}{hint}")
-
-
-def stage_model_dir(model_uri: str, local_dir: Path, parallel: int = 8) -> Path:
-    """A local directory with the model's files (safetensors, config, tokenizer): `model_uri` itself when it
-    is local, else a copy under `local_dir` (Tunix's loader memory-maps local files). Shards download in
-    parallel: one stream does not fill a TPU host's network."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    if not storage.is_gcs(model_uri):
-        return Path(model_uri)
-    names = [n for n in storage.list_files(model_uri) if "/" not in n]
-    with ThreadPoolExecutor(parallel) as pool:
-        list(pool.map(lambda n: storage.download_file(storage.join(model_uri, n), local_dir / n), names))
-    return local_dir
-
-
-def load_model(model_dir: Path, text: Gemma4Text, cfg: gemma4_model.ModelConfig, mesh: jax.sharding.Mesh) -> Any:
-    """The base model with the checkpoint's weights, every parameter placed by the model's sharding rules,
-    its attention able to take segment ids (attention.py)."""
-    from tunix.models import safetensors_loader
-    from tunix.models.gemma4 import model as gm
-
-    from tpuforge_workloads import attention
-
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise ModelError(f"{model_dir}: no *.safetensors files")
-    names: dict[str, tuple[int, ...]] = {}
-    for f in files:
-        names.update(safetensors_names(f))
-    check_tensors(names, text, str(model_dir))
-    model = safetensors_loader.load_and_create_model(
-        file_dir=str(model_dir),
-        model_class=gm.Gemma4,
-        config=cfg,
-        key_mapping=_key_mapping,
-        mesh=mesh,
-        preprocess_fn=_combine_qkv(text),
-    )
-    return attention.install(model)

@@ -17,7 +17,6 @@ import contextlib
 import functools
 import re
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
@@ -232,12 +231,11 @@ def load_lora_model(
     step: int | None = None,
     *,
     mesh: jax.sharding.Mesh | None = None,
-    staging_dir: str | Path | None = None,
 ) -> tuple[Any, int]:
     """The trained JAX LoRA model: the base from `base_model_uri` (HF safetensors, gs:// or local), adapters
     from `checkpoint_uri` at `step` (default: the latest). LoRA settings come from the manifest beside the
     checkpoints; dropout is off. Returns (model, step). `mesh` defaults to one device."""
-    model = untrained_lora_model(base_model_uri, checkpoint_uri, mesh=mesh, staging_dir=staging_dir)
+    model = untrained_lora_model(base_model_uri, checkpoint_uri, mesh=mesh)
     restored = restore_lora_params(checkpoint_uri, model, step)
     return model, restored
 
@@ -247,15 +245,13 @@ def untrained_lora_model(
     checkpoint_uri: str,
     *,
     mesh: jax.sharding.Mesh | None = None,
-    staging_dir: str | Path | None = None,
 ) -> Any:
     """The base with the adapters that `checkpoint_uri`'s manifest describes, as training creates them (B is
     zero: the model computes exactly what the base does) and without dropout; restore a step into it."""
-    import tempfile
 
     import jax
 
-    from tpuforge_workloads import gemma4
+    from tpuforge_workloads import checkpoint_read, gemma4
     from tpuforge_workloads.mesh import make_mesh
 
     m = read_manifest(checkpoint_uri)
@@ -264,7 +260,6 @@ def untrained_lora_model(
     text = gemma4.parse_config(gemma4.read_config(base_model_uri), storage.join(base_model_uri, "config.json"))
     mesh = mesh or make_mesh(1, 1, jax.local_devices()[:1])
     lora = LoraSpec(rank=m.rank, alpha=m.alpha, dropout=0.0, target_modules=m.target_modules)
-    with tempfile.TemporaryDirectory(dir=staging_dir) as tmp, jax.set_mesh(mesh):
-        model_dir = gemma4.stage_model_dir(base_model_uri, Path(tmp))
-        base = gemma4.load_model(model_dir, text, gemma4.tunix_config(text), mesh)
+    with jax.set_mesh(mesh):
+        base = checkpoint_read.load_model(base_model_uri, text, gemma4.tunix_config(text), mesh)
     return apply_lora(base, lora, mesh, seed=0)

@@ -23,7 +23,7 @@ _MIB = 1 << 20
 # A TPU program's host side beside the model's bytes: the Python process, JAX/libtpu's host runtime and the XLA
 # compiler, which runs on the host and for a 31B model holds tens of GB while it compiles.
 TPU_RUNTIME_BYTES = 32 * GIB
-# The trainer starts with 8 parallel shard downloads (tpuforge_workloads.gemma4.stage_model_dir), then runs the
+# The trainer starts with 8 ranged checkpoint reads in flight (tpuforge_workloads.checkpoint_read), then runs the
 # input pipeline and checkpoint writes beside the TPU steps.
 TRAINER_CPU = "8"
 # The trainer stages the whole base model in /dev/shm (TMPDIR, memory-backed: a TPU VM's boot disk is small),

@@ -23,7 +23,6 @@ import argparse
 import json
 import logging
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +38,6 @@ from tpuforge_workloads.evaluate.config import (
     EvalInputError,
     check_adapter,
     load_config,
-    scratch_dir,
 )
 from tpuforge_workloads.evaluate.records import EvalExample, read_examples
 from tpuforge_workloads.mesh import make_mesh
@@ -127,8 +125,7 @@ def run_loss(cfg: EvalConfig) -> dict[str, Any]:
     step, prepared, pad_id = check_inputs(cfg)
     scored = [p for p in prepared if p.tokens is not None]
     mesh = make_mesh(cfg.mesh.fsdp, cfg.mesh.tp)
-    with tempfile.TemporaryDirectory(prefix="tpuforge-eval-", dir=scratch_dir(cfg)) as staging:
-        model = lora.untrained_lora_model(cfg.base_model_uri, cfg.checkpoint_uri, mesh=mesh, staging_dir=staging)
+    model = lora.untrained_lora_model(cfg.base_model_uri, cfg.checkpoint_uri, mesh=mesh)
     seconds["load"] = time.monotonic() - started
     scorer = Scorer(cfg, mesh, pad_id)
     losses: dict[str, list[tuple[float, float]]] = {}

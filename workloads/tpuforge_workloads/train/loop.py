@@ -15,10 +15,8 @@ to stop, so a SIGTERM on any host checkpoints the same step everywhere.
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -26,7 +24,7 @@ import numpy as np
 from flax import nnx
 from tunix.sft import hooks
 
-from tpuforge_workloads import compile_cache, gemma4, lora
+from tpuforge_workloads import checkpoint_read, compile_cache, gemma4, lora
 from tpuforge_workloads.data.pipeline import (
     batches,
     eval_batches,
@@ -163,22 +161,19 @@ def set_loss_denominator(group: list[dict[str, Any]], loss_targets: list[int] | 
 def build_model(
     plan: Plan,
     mesh: jax.sharding.Mesh,
-    staging: Path,
     timings: dict[str, float],
     adapter_dtype: str = lora.ADAPTER_DTYPE,
 ) -> Any:
-    """Base model from model.uri on the mesh, with LoRA adapters stored in `adapter_dtype`."""
+    """Base model from model.uri on the mesh, with LoRA adapters stored in `adapter_dtype`. Each process
+    reads only its share of the checkpoint (checkpoint_read.py); `timings` gets the bytes it read."""
     cfg = gemma4.tunix_config(plan.text)
     from tunix.models.gemma4 import model as gm
 
     abstract = nnx.eval_shape(lambda: gm.Gemma4(cfg, rngs=nnx.Rngs(params=0)))
     gemma4.check_sharding(nnx.state(abstract), mesh)
     started = time.monotonic()
-    model_dir = gemma4.stage_model_dir(plan.config.model_uri, staging)
-    timings["model_download_s"] = time.monotonic() - started
-    started = time.monotonic()
     with jax.set_mesh(mesh):
-        base = gemma4.load_model(model_dir, plan.text, cfg, mesh)
+        base = checkpoint_read.load_model(plan.config.model_uri, plan.text, cfg, mesh, timings)
     timings["model_load_s"] = time.monotonic() - started
     started = time.monotonic()
     model = lora.apply_lora(base, plan.config.lora, mesh, seed=plan.config.training.seed, adapter_dtype=adapter_dtype)
@@ -238,8 +233,7 @@ def _train(
 ) -> Outcome:
     c = plan.config
     g = c.training.gradient_accumulation_steps
-    with tempfile.TemporaryDirectory(prefix="tpuforge-model-") as staging:
-        model = build_model(plan, mesh, Path(staging), timings)
+    model = build_model(plan, mesh, timings)
 
     # Batches are split over fsdp (replicated over tp); this process makes only the rows its devices hold.
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))  # type: ignore[no-untyped-call]
