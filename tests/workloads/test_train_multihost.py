@@ -111,7 +111,7 @@ def test_two_hosts_train_like_one_process_with_all_their_devices(one_process_run
     names = storage.list_files(storage.join(config.checkpoint.uri, str(STEPS), "data_iterator"))
     assert {"process_0-of-2.json", "process_1-of-2.json"} <= set(names), names
     assert attempt["timings"]["steps_timed"] == STEPS
-    # Each host read only its rows of each tensor: half of the checkpoint (plus the two 2-byte layer scalars,
+    # Each host read only its rows of each tensor: half of the checkpoint (plus the two 4-byte layer scalars,
     # which every host reads whole), not all of it.
     total = attempt["timings"]["model_bytes"]
     assert 0.5 * total <= attempt["timings"]["model_bytes_read"] < 0.51 * total
