@@ -125,6 +125,11 @@ def report_mfu() -> dict[str, Any]:
     fpt = r.estimate.flops_per_token * slc.chips  # the whole slice's FLOPs per token
     limit = slc.chips * slc.peak_tflops_per_chip * 1e12 / fpt
     return {
+        "maxSeqLen": REPORT_SEQ,
+        "hbmPerChipGiB": round(r.estimate.hbm_per_chip_gib, 2),
+        "fits": r.estimate.fits,
+        "tflopsPerMicroBatch": round(r.estimate.tflops_per_step / 8, 2),
+        "compileSeconds": round(r.compile_seconds, 1),
         "flopsPerTokenSlice": fpt,
         "tokensPerSecondAt100PercentPeak": limit,
         "reportTokensPerSecond": REPORT_TOKENS_PER_SECOND,
