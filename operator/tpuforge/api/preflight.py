@@ -23,7 +23,8 @@ class PreflightSpec(ApiModel):
         default=False,
         description="Compile the run's whole train step instead of one- and two-layer decoders whose figures "
         "are extrapolated to the model (the default; a model of two layers is compiled whole anyway). Slower "
-        "and needs far more memory (raise resources: the 31B's 60 layers took over 22 GB of host memory), but its figures are XLA's own for the run, and the compiled "
+        "and needs far more memory (raise resources: the 31B's 60 layers took over 22 GB of host memory), "
+        "but its figures are XLA's own for the run, and the compiled "
         "step is the run's: stored in the compile cache (spec.checkpoint.compileCache), the first TPU attempt "
         "can load it instead of compiling.",
     )
