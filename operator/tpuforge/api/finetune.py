@@ -89,7 +89,7 @@ class TpuSpec(ApiModel):
     resources: PodResources = Field(
         default_factory=PodResources,
         description="CPU and memory the training pod requests on each host; unset: 8 CPUs and memory for the "
-        "model's copy in /dev/shm plus the JAX runtime.",
+        "host's share of the model while it loads, its /dev/shm and the JAX runtime.",
     )
     join_timeout_seconds: int = Field(
         default=JOIN_TIMEOUT_SECONDS,

@@ -26,9 +26,13 @@ TPU_RUNTIME_BYTES = 32 * GIB
 # The trainer starts with 8 ranged checkpoint reads in flight (tpuforge_workloads.checkpoint_read), then runs the
 # input pipeline and checkpoint writes beside the TPU steps.
 TRAINER_CPU = "8"
-# The trainer stages the whole base model in /dev/shm (TMPDIR, memory-backed: a TPU VM's boot disk is small),
-# every host a full copy; the config, tokenizer and index sit beside the weights.
-STAGING_MARGIN_BYTES = 1 * GIB
+# The trainer reads the base model straight from GCS, each host only its rows of each tensor
+# (tpuforge_workloads.checkpoint_read): at most the model over the hosts passes through a host's memory on its
+# way to the chips, plus the reads in flight.
+LOAD_MARGIN_BYTES = 1 * GIB
+# Its TMPDIR (/dev/shm, memory-backed: a TPU VM's boot disk is small) holds the local layer of the compile
+# cache: the step's compiled programs, for the 31B a fraction of this (not measured on TPU).
+TRAINER_TMPDIR_BYTES = 8 * GIB
 # vLLM's API server, engine core and tokenisers.
 VLLM_CPU = "8"
 # The streamed merge's peak RSS does not grow with the model (it holds a few 32 MiB chunks and one layer's LoRA
@@ -104,15 +108,15 @@ def _requests(own: PodResources, cpu: str, memory: str) -> dict[str, str]:
     return {"cpu": own.cpu or cpu, "memory": own.memory or memory}
 
 
-def staging_bytes(model: ModelShape) -> int:
-    """The trainer's /dev/shm: one full copy of the base model and its small files."""
-    return model.weight_bytes + STAGING_MARGIN_BYTES
+def load_bytes(model: ModelShape, hosts: int) -> int:
+    """What one host of `hosts` holds of the base model while it loads: its share of the checkpoint."""
+    return math.ceil(model.weight_bytes / hosts) + LOAD_MARGIN_BYTES
 
 
-def trainer_requests(own: PodResources, model: ModelShape) -> dict[str, str]:
-    """The training pod's requests on each host: the model's copy in /dev/shm (memory-backed, so it counts
-    against the pod's memory) plus the runtime."""
-    return _requests(own, TRAINER_CPU, gib(staging_bytes(model) + TPU_RUNTIME_BYTES))
+def trainer_requests(own: PodResources, model: ModelShape, hosts: int = 1) -> dict[str, str]:
+    """The training pod's requests on each host: its share of the model on the way to the chips, its TMPDIR
+    (memory-backed, so it counts against the pod's memory) and the runtime."""
+    return _requests(own, TRAINER_CPU, gib(load_bytes(model, hosts) + TRAINER_TMPDIR_BYTES + TPU_RUNTIME_BYTES))
 
 
 def tpu_server_requests(own: PodResources, model: ModelShape) -> dict[str, str]:

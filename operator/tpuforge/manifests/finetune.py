@@ -92,8 +92,8 @@ TRAINER_TERMINATION_GRACE_SECONDS = 300
 # a GCS hiccup is retried by the Job controller; the operator reads the outcome from the Job.
 MERGE_BACKOFF_LIMIT = 2
 
-# Staging files (the base model's copy) go to /dev/shm, memory-backed, rather than the small boot disk of a
-# TPU VM; its sizeLimit is that copy, which the pod's memory request covers.
+# The trainer's TMPDIR (the compile cache's local layer) is /dev/shm, memory-backed, rather than the small boot
+# disk of a TPU VM; its sizeLimit is counted in the pod's memory request.
 SHM_DIR = "/dev/shm"
 PROGRESS_VERBS = ("get", "patch")
 
@@ -217,7 +217,7 @@ def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
         "image": spec.images.trainer,
         "command": reporting_command("tpuforge_workloads.train"),
         "env": env,
-        "resources": tpu_resources(slc, resources.trainer_requests(spec.tpu.resources, model)),
+        "resources": tpu_resources(slc, resources.trainer_requests(spec.tpu.resources, model, slc.hosts)),
         "volumeMounts": [config_mount(), {"name": "dshm", "mountPath": SHM_DIR}],
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -225,7 +225,7 @@ def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
     ports = train_ports(metrics_port, slc.hosts)
     if ports:
         container["ports"] = ports
-    shm = {"medium": "Memory", "sizeLimit": resources.gib(resources.staging_bytes(model))}
+    shm = {"medium": "Memory", "sizeLimit": resources.gib(resources.TRAINER_TMPDIR_BYTES)}
     pod_spec: Obj = {
         "restartPolicy": "Never",
         "serviceAccountName": service_account_name(o.name, spec),
