@@ -15,6 +15,27 @@ from tpuforge_workloads import checkpoint_read, gemma4
 from tpuforge_workloads.mesh import make_mesh
 
 
+def tunix_preprocess(text: gemma4.Gemma4Text) -> Any:
+    """Tunix's loader's preprocess_fn: its per-projection attention tensors (tmp.layers.N.attn.q etc.) ->
+    Tunix's einsum weights, by the same combination the reader applies on the devices."""
+
+    def preprocess(tensors: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        per_layer: dict[int, dict[str, Any]] = {}
+        for key, value in tensors.items():
+            m = gemma4._TMP_QKV.match(key)
+            if m:
+                per_layer.setdefault(int(m.group(1)), {})[m.group(2)] = value
+            else:
+                out[key] = value
+        for i, qkv in per_layer.items():
+            for name, w in gemma4.combine_layer_qkv(qkv, gemma4.keys_are_values(text, i), np).items():
+                out[f"layers.{i}.attn.{name}"] = w
+        return out
+
+    return preprocess
+
+
 @pytest.mark.parametrize("layout", ["text-only", "multimodal"])
 def test_the_reader_loads_what_tunix_loads_bit_for_bit(
     layout: str, tiny_model_dir: Path, tiny_mm_model_dir: Path, jax_devices: Any
@@ -36,7 +57,7 @@ def test_the_reader_loads_what_tunix_loads_bit_for_bit(
                 config=cfg,
                 key_mapping=gemma4._key_mapping,
                 mesh=mesh,
-                preprocess_fn=gemma4._combine_qkv(text),
+                preprocess_fn=tunix_preprocess(text),
             )
         )
     got_flat, want_flat = dict(nnx.to_flat_state(got)), dict(nnx.to_flat_state(want))

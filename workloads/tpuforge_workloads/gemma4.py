@@ -320,28 +320,6 @@ def keys_are_values(text: Gemma4Text, layer: int) -> bool:
     return text.layer_types[layer] == "full_attention" and text.k_eq_v
 
 
-def _combine_qkv(text: Gemma4Text) -> Any:
-    """Tunix's safetensors loader's preprocess_fn: its per-projection attention tensors (tmp.layers.N.attn.q
-    etc.) -> Tunix's einsum weights (combine_layer_qkv), on host numpy arrays."""
-    import numpy as np
-
-    def preprocess(tensors: dict[str, Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        per_layer: dict[int, dict[str, Any]] = {}
-        for key, value in tensors.items():
-            m = _TMP_QKV.match(key)
-            if m:
-                per_layer.setdefault(int(m.group(1)), {})[m.group(2)] = value
-            else:
-                out[key] = value
-        for i, qkv in per_layer.items():
-            for name, w in combine_layer_qkv(qkv, keys_are_values(text, i), np).items():
-                out[f"layers.{i}.attn.{name}"] = w
-        return out
-
-    return preprocess
-
-
 def expected_hf_tensors(text: Gemma4Text) -> list[str]:
     """The HF tensors the text decoder is made of (lm_head is tied to the embedding and absent)."""
     p = text.hf_prefix
