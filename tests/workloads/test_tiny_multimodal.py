@@ -37,6 +37,19 @@ def test_the_layout_is_the_31b_checkpoints(tiny_mm_model_dir: Path) -> None:
     assert "model.embed_vision.embedding_projection.weight" in names
     for name in ("chat_template.jinja", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
         assert (tiny_mm_model_dir / name).is_file(), name
+    # The processor (loaded by vLLM and AutoProcessor: test_vllm_lora) and vLLM agree on tokens per image.
+    processor = json.loads((tiny_mm_model_dir / "processor_config.json").read_text())
+    assert processor["processor_class"] == "Gemma4Processor"
+    soft = config["vision_config"]["default_output_length"]
+    assert processor["image_seq_length"] == processor["image_processor"]["max_soft_tokens"] == soft
+    # Every token Gemma4Processor looks up by name is in the vocabulary, with the ids config.json gives.
+    vocab = json.loads((tiny_mm_model_dir / "tokenizer.json").read_text())["added_tokens"]
+    ids = {t["content"]: t["id"] for t in vocab}
+    named = json.loads((tiny_mm_model_dir / "tokenizer_config.json").read_text())
+    for attr in ("boi_token", "eoi_token", "image_token", "boa_token", "eoa_token", "audio_token"):
+        assert ids[named[attr]] < text.vocab_size, attr
+    assert (ids[named["boi_token"]], ids[named["eoi_token"]]) == (config["boi_token_id"], config["eoi_token_id"])
+    assert ids[named["image_token"]] == config["image_token_id"] and ids["<|video|>"] == config["video_token_id"]
 
 
 def test_transformers_multimodal_class_and_the_tunix_load_agree(tiny_mm_model_dir: Path, jax_devices: Any) -> None:

@@ -167,7 +167,8 @@ def train_tokenizer(vocab_size: int, extra_special: tuple[str, ...] = (), corpus
     return tok
 
 
-def tokenizer_config() -> dict[str, Any]:
+def tokenizer_config(named: dict[str, str] | None = None) -> dict[str, Any]:
+    """tokenizer_config.json; `named`: model-specific tokens by attribute name (the multimodal ones)."""
     return {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": "<bos>",
@@ -177,6 +178,7 @@ def tokenizer_config() -> dict[str, Any]:
         "model_max_length": MAX_POSITIONS,
         "padding_side": "left",
         "chat_template": CHAT_TEMPLATE,
+        **(named or {}),
     }
 
 
@@ -189,11 +191,12 @@ def write(out: str, seed: int = 0, model_name: str = MODEL_NAME, tokenizer: str 
     from tpuforge_workloads import tiny_multimodal as mm
 
     shape = model_shape(model_name)
-    tok = train_tokenizer(shape.vocab_size, mm.IMAGE_TOKENS if shape.multimodal else (), tokenizer)
+    tok = train_tokenizer(shape.vocab_size, mm.MM_TOKENS if shape.multimodal else (), tokenizer)
     weights = random_weights(shape, seed)
     if shape.multimodal:
         mm.write_weights(out, {**weights, **mm.vision_weights(shape, seed)})
         storage.write_text(storage.join(out, "chat_template.jinja"), CHAT_TEMPLATE)
+        storage.write_text(storage.join(out, "processor_config.json"), json.dumps(mm.processor_config(), indent=2))
         config = mm.hf_config(shape, hf_config(shape), first_special=len(SPECIAL_TOKENS))
     else:
         with tempfile.TemporaryDirectory() as tmp:
@@ -202,7 +205,8 @@ def write(out: str, seed: int = 0, model_name: str = MODEL_NAME, tokenizer: str 
             storage.upload_file(path, storage.join(out, "model.safetensors"))
         config = hf_config(shape)
     storage.write_text(storage.join(out, "tokenizer.json"), tok.to_str())
-    storage.write_text(storage.join(out, "tokenizer_config.json"), json.dumps(tokenizer_config(), indent=2))
+    named = mm.NAMED_TOKENS if shape.multimodal else None
+    storage.write_text(storage.join(out, "tokenizer_config.json"), json.dumps(tokenizer_config(named), indent=2))
     generation = {"bos_token_id": BOS, "eos_token_id": [EOS, TURN_END], "pad_token_id": PAD}
     storage.write_text(storage.join(out, "generation_config.json"), json.dumps(generation, indent=2))
     storage.write_text(storage.join(out, "config.json"), json.dumps(config, indent=2))

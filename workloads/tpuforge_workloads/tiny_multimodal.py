@@ -5,7 +5,9 @@ Against `gemma4-tiny` it differs only where the 31B differs: config.json nests t
 `text_config` beside a `vision_config`; the decoder's tensors are under `model.language_model.`; a small vision
 tower (`model.vision_tower.*`, one encoder layer) and its projector (`model.embed_vision.*`) sit beside it; every
 tensor is bfloat16; the weights are two safetensors shards with `model.safetensors.index.json`; the tokenizer
-has Gemma 4's image tokens, and the chat template is also shipped as `chat_template.jinja`. The decoder's
+has Gemma 4's image, audio and video tokens, named in tokenizer_config.json as the processor looks them up; the
+chat template is also shipped as `chat_template.jinja`; `processor_config.json` configures transformers'
+`Gemma4Processor` (image, video and audio sub-processors), which vLLM and `AutoProcessor` load. The decoder's
 weights are gemma4-tiny's for the same seed, rounded to bfloat16.
 """
 
@@ -22,6 +24,21 @@ from tpuforge.api.catalog import ModelShape
 from tpuforge_workloads import storage
 
 IMAGE_TOKENS = ("<|image>", "<image|>", "<|image|>")  # begin, end, soft-token placeholder
+AUDIO_TOKENS = ("<|audio>", "<audio|>", "<|audio|>")
+VIDEO_TOKEN = "<|video|>"
+# Gemma 4's tokenizer has these whatever the size: Gemma4Processor refuses a tokenizer without the audio
+# markers (even for images) and adds the video token when it is missing, past the model's vocabulary.
+MM_TOKENS = (*IMAGE_TOKENS, *AUDIO_TOKENS, VIDEO_TOKEN)
+# The attribute names Gemma4Processor reads each token under (tokenizer_config.json keys ending in _token).
+NAMED_TOKENS = {
+    **dict(zip(("boi_token", "eoi_token", "image_token"), IMAGE_TOKENS, strict=True)),
+    **dict(zip(("boa_token", "eoa_token", "audio_token"), AUDIO_TOKENS, strict=True)),
+}
+# Soft tokens per image: the smallest budget Gemma4ImageProcessor accepts (70, 140, 280, 560, 1120; the 31B
+# ships 280). The vision config's default_output_length (vLLM's budget) and the processor's max_soft_tokens
+# (transformers') must agree, as they do in the real checkpoint.
+SOFT_TOKENS = 70
+PATCH, POOL = 4, 2
 # A vision tower as small as transformers' Gemma 4 vision encoder allows: 1 layer, width 32, 2 heads of 16.
 VISION: dict[str, Any] = {
     "model_type": "gemma4_vision",
@@ -31,12 +48,14 @@ VISION: dict[str, Any] = {
     "num_attention_heads": 2,
     "num_key_value_heads": 2,
     "head_dim": 16,
-    "patch_size": 4,
-    "pooling_kernel_size": 2,
-    "position_embedding_size": 64,
-    # Soft tokens per image (the 31B's is 280): vLLM's Gemma 4 sizes its multimodal budget from it and
-    # transformers' config has no default for it, so a checkpoint without it does not load in vLLM.
-    "default_output_length": 9,
+    "patch_size": PATCH,
+    "pooling_kernel_size": POOL,
+    # Patch positions per axis: the longest side the processor may produce is SOFT_TOKENS x POOL patches
+    # (an extreme aspect ratio keeps POOL patches across).
+    "position_embedding_size": SOFT_TOKENS * POOL,
+    # Soft tokens per image: vLLM's Gemma 4 sizes its multimodal budget from it and transformers' config has
+    # no default for it, so a checkpoint without it does not load in vLLM.
+    "default_output_length": SOFT_TOKENS,
     "hidden_activation": "gelu_pytorch_tanh",
     "rms_norm_eps": 1e-6,
     "rope_parameters": {"rope_type": "default", "rope_theta": 100.0},
@@ -46,7 +65,8 @@ SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
 
 def hf_config(shape: ModelShape, text: dict[str, Any], first_special: int) -> dict[str, Any]:
     """config.json of a Gemma4ForConditionalGeneration around the text decoder's config `text`."""
-    boi, eoi, image = (first_special + i for i in range(len(IMAGE_TOKENS)))
+    ids = {t: first_special + i for i, t in enumerate(MM_TOKENS)}
+    boi, eoi, image = (ids[t] for t in IMAGE_TOKENS)
     inner = {k: v for k, v in text.items() if k != "architectures"}
     return {
         "architectures": ["Gemma4ForConditionalGeneration"],
@@ -58,11 +78,58 @@ def hf_config(shape: ModelShape, text: dict[str, Any], first_special: int) -> di
         "boi_token_id": boi,
         "eoi_token_id": eoi,
         "image_token_id": image,
-        "video_token_id": None,
+        "video_token_id": ids[VIDEO_TOKEN],
         "audio_token_id": None,
         "boa_token_id": None,
         "eoa_token_index": None,
         "tie_word_embeddings": True,
+    }
+
+
+def processor_config() -> dict[str, Any]:
+    """processor_config.json: Gemma4Processor with its image, video and audio sub-processors, each with the
+    values transformers' classes default to except the vision tower's patch and pooling sizes and the soft-token
+    budget (as the real checkpoint's differ from the class defaults only where its vision tower does)."""
+    rgb = {
+        "do_convert_rgb": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_resize": True,
+        "resample": 3,  # bicubic
+        "image_mean": [0.0, 0.0, 0.0],
+        "image_std": [1.0, 1.0, 1.0],
+        "patch_size": PATCH,
+        "pooling_kernel_size": POOL,
+        "max_soft_tokens": SOFT_TOKENS,
+    }
+    return {
+        "processor_class": "Gemma4Processor",
+        "image_seq_length": SOFT_TOKENS,
+        "audio_seq_length": 750,
+        "audio_ms_per_token": 40,
+        "image_processor": {"image_processor_type": "Gemma4ImageProcessor", **rgb, "do_normalize": False},
+        "video_processor": {
+            "video_processor_type": "Gemma4VideoProcessor",
+            **rgb,
+            "do_normalize": True,
+            "do_sample_frames": True,
+            "num_frames": 32,
+            "return_metadata": False,
+        },
+        "feature_extractor": {
+            "feature_extractor_type": "Gemma4AudioFeatureExtractor",
+            "sampling_rate": 16000,
+            "feature_size": 128,
+            "frame_length": 320,
+            "hop_length": 160,
+            "fft_length": 512,
+            "min_frequency": 0.0,
+            "max_frequency": 8000.0,
+            "mel_floor": 0.001,
+            "padding_side": "right",
+            "padding_value": 0.0,
+            "return_attention_mask": True,
+        },
     }
 
 
