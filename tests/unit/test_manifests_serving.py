@@ -62,6 +62,18 @@ def test_multimodal_gemma4_disables_chunked_mm_input_and_text_models_do_not() ->
     assert "--disable_chunked_mm_input" not in tiny
 
 
+def test_a_multimodal_server_batches_a_whole_video_by_default() -> None:
+    """Each image or video is then batched whole, and vLLM refuses to start when its largest (2496 tokens for
+    Gemma 4) exceeds --max-num-batched-tokens, whose own default is lower."""
+    assert flag(serving.vllm_args(inputs("gemma4-31b")), "--max-num-batched-tokens") == "4096"
+    mm = serving.vllm_args(inputs("gemma4-31b", vllm={"maxNumBatchedTokens": 8192}))
+    assert flag(mm, "--max-num-batched-tokens") == "8192"
+    tiny = inputs("gemma4-tiny", vllm={"tensorParallelSize": 1})
+    assert "--max-num-batched-tokens" not in serving.vllm_args(tiny)
+    tiny = inputs("gemma4-tiny", vllm={"tensorParallelSize": 1, "maxNumBatchedTokens": 1024})
+    assert flag(serving.vllm_args(tiny), "--max-num-batched-tokens") == "1024"
+
+
 def test_defaults_serve_under_the_objects_name_with_tp8_and_no_max_num_seqs() -> None:
     args = serving.vllm_args(inputs(name="chat"))
     assert flag(args, "--served-model-name") == "chat"

@@ -96,6 +96,43 @@ def test_the_tiny_models_template_renders_as_the_published_one(name: str, hf_tok
         assert _render(hf_tokenizer, messages, None, generation) == want
 
 
+# Messages whose content is a list of parts, as OpenAI-style chat requests arrive (vLLM hands them to the
+# template so, images included, when the template loops over the parts).
+PART_CONVERSATIONS = {
+    "an image then a question": [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": " What is this? "}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "<|channel>thought\nlook<channel|>A cat."}]},
+    ],
+    "text, two images, text; system as a string": [
+        {"role": "system", "content": "Describe images."},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Compare"},
+                {"type": "image"},
+                {"type": "text", "text": "and"},
+                {"type": "image"},
+            ],
+        },
+        {"role": "assistant", "content": "They differ."},
+    ],
+}
+
+
+@pytest.mark.parametrize("name", PART_CONVERSATIONS)
+def test_the_tiny_models_template_renders_content_parts_and_images_as_the_published_one(
+    name: str, hf_tokenizer: Any
+) -> None:
+    official = TEMPLATE.read_text()
+    conversation = PART_CONVERSATIONS[name]
+    for messages, generation in ((conversation, False), (conversation[:-1], True)):
+        want = hf_tokenizer.apply_chat_template(
+            messages, add_generation_prompt=generation, tokenize=False, chat_template=official
+        )
+        assert "<|image|>" in want
+        assert hf_tokenizer.apply_chat_template(messages, add_generation_prompt=generation, tokenize=False) == want
+
+
 def test_a_prompt_must_not_end_with_an_answer(encoder: ChatEncoder) -> None:
     with pytest.raises(ValueError, match="already ends with an assistant turn"):
         encoder.prompt(CONVERSATIONS["one exchange, untrimmed"])

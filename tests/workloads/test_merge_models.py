@@ -88,7 +88,7 @@ def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     checkpoints.save(STEP, model, force=True)
     checkpoints.close()
     lora.write_manifest(str(root / "ckpt"), lora.manifest(name, str(root / "base"), SPEC))
-    tokens = verify.fixed_tokens(text.vocab_size)
+    tokens = verify.fixed_tokens(gemma4.read_config(str(root / "base")))
     return Trained(name, root / "base", root / "ckpt", text, model, tokens, lora.logits(model, tokens))
 
 

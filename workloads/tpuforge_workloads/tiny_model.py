@@ -32,19 +32,31 @@ SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<|turn>", "<tur
 PAD, EOS, BOS, UNK = 0, 1, 2, 3
 TURN_END = SPECIAL_TOKENS.index("<turn|>")
 MAX_POSITIONS = 4096
-# Gemma 4's chat template cut to text conversations (no tools, images or thinking), rendering them as the
-# published template does with thinking off: system turn, contents trimmed, thinking dropped from model
-# turns, and a generation prompt that closes an empty thought channel. Serving renders prompts with it; the
-# data pipeline's format equals it (tests/workloads/test_chat_template.py checks both against the original).
+# Gemma 4's chat template cut to conversations of text and images (no tools, audio, video or thinking),
+# rendering them as the published template does with thinking off: system turn, contents trimmed, thinking
+# dropped from model turns, an image part as its placeholder between blank lines, and a generation prompt
+# that closes an empty thought channel. A message's content is a string or a list of parts, as in the
+# published template, so vLLM hands it OpenAI-style parts (images included). Serving renders prompts with it;
+# the data pipeline's format equals it (tests/workloads/test_chat_template.py checks both against the
+# original).
 CHAT_TEMPLATE = (
+    "{%- macro text(role, t) -%}"
+    "{%- set ns = namespace(text=t) -%}"
+    "{%- if role == 'model' -%}{%- set ns.text = '' -%}"
+    "{%- for part in t.split('<channel|>') -%}{%- set ns.text = ns.text + part.split('<|channel>')[0] -%}"
+    "{%- endfor -%}{%- endif -%}"
+    "{{- ns.text | trim -}}"
+    "{%- endmacro -%}"
     "{{ bos_token }}"
     "{%- for m in messages -%}"
     "{%- set role = 'model' if m['role'] == 'assistant' else m['role'] -%}"
-    "{%- set ns = namespace(text=m['content']) -%}"
-    "{%- if role == 'model' -%}{%- set ns.text = '' -%}"
-    "{%- for part in m['content'].split('<channel|>') -%}{%- set ns.text = ns.text + part.split('<|channel>')[0] -%}"
+    "{{- '<|turn>' + role + '\\n' -}}"
+    "{%- if m['content'] is string -%}{{- text(role, m['content']) -}}"
+    "{%- else -%}{%- for item in m['content'] -%}"
+    "{%- if item['type'] == 'text' -%}{{- text(role, item['text']) -}}"
+    "{%- elif item['type'] == 'image' -%}{{- '\\n\\n<|image|>\\n\\n' -}}{%- endif -%}"
     "{%- endfor -%}{%- endif -%}"
-    "{{- '<|turn>' + role + '\\n' + (ns.text | trim) + '<turn|>\\n' -}}"
+    "{{- '<turn|>\\n' -}}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- '<|turn>model\\n<|channel>thought\\n<channel|>' -}}{%- endif -%}"
 )

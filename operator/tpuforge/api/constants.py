@@ -22,6 +22,13 @@ DEFAULT_OPERATOR_IMAGE = f"tpuforge/operator:{PROJECT_VERSION}"
 # The first tpu-inference release with runtime LoRA loading (/v1/load_lora_adapter) on TPU is v0.25.0
 # (vllm-project/tpu-inference#2707); v0.27.0 is the newest release, and serves Gemma 4. docs/serving.md says more.
 DEFAULT_VLLM_IMAGE = "vllm/vllm-tpu:v0.27.0"
+# A multimodal model's server batches each image or video whole (--disable_chunked_mm_input, which vLLM-TPU
+# requires for them), so --max-num-batched-tokens must hold Gemma 4's largest item: a 32-frame video at 70
+# soft tokens a frame with its markers and timestamps, 2496 tokens (vLLM's own budget, refused at start-up
+# below it: "max_tokens_per_mm_item (2496) is larger than max_num_batched_tokens (2048)"). vLLM's defaults are
+# below it (2048 on CPU, less on TPU); 4096 is what vLLM's Gemma 4 31B benchmark on a v6e-8 runs with.
+MULTIMODAL_ITEM_TOKENS = 2496
+MULTIMODAL_MAX_NUM_BATCHED_TOKENS = 4096
 
 # Labels on every child object.
 LABEL_FINETUNEJOB = f"{GROUP}/finetunejob"

@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from tpuforge.api.base import ApiModel, PodResources, StatusModel
 from tpuforge.api.conditions import Condition
-from tpuforge.api.constants import DEFAULT_VLLM_IMAGE
+from tpuforge.api.constants import DEFAULT_VLLM_IMAGE, MULTIMODAL_MAX_NUM_BATCHED_TOKENS
 
 
 class FineTuneJobRef(ApiModel):
@@ -108,6 +108,12 @@ class VllmSpec(ApiModel):
     max_model_len: int = Field(default=16384, ge=1, description="vLLM --max-model-len.")
     kv_cache_dtype: str = Field(default="auto", description="vLLM --kv-cache-dtype (auto, fp8, ...).")
     max_num_seqs: int | None = Field(default=None, ge=1, description="vLLM --max-num-seqs.")
+    max_num_batched_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="vLLM --max-num-batched-tokens. Unset: vLLM's default, except for a multimodal model "
+        f"(gemma4-31b), whose server must batch a whole video: {MULTIMODAL_MAX_NUM_BATCHED_TOKENS}.",
+    )
     served_model_name: str | None = Field(
         default=None, description="Name clients put in requests; defaults to the ServingDeployment's name."
     )

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 from tpuforge.api.base import PodResources
 from tpuforge.api.catalog import MODELS, TPU_SLICES, ModelShape, TpuSlice, model_shape, tpu_slice
 from tpuforge.api.code_eval import PASS_AT_K
-from tpuforge.api.constants import CPU_SLICE
+from tpuforge.api.constants import CPU_SLICE, MULTIMODAL_ITEM_TOKENS, MULTIMODAL_MAX_NUM_BATCHED_TOKENS
 from tpuforge.api.finetune import EvaluationSpec, FineTuneJobSpec, MeshSpec
 from tpuforge.api.resources import quantity, resource_errors
 from tpuforge.api.serving import ServingDeploymentSpec
@@ -455,6 +455,16 @@ def check_serving(
                     f"({shape.num_kv_heads}, {shape.num_global_kv_heads}) must divide tp or be multiples",
                 )
             )
+    batched = spec.vllm.max_num_batched_tokens
+    if shape is not None and shape.multimodal and batched is not None and batched < MULTIMODAL_ITEM_TOKENS:
+        errors.append(
+            FieldError(
+                "spec.vllm.maxNumBatchedTokens",
+                f"{batched} is below the {MULTIMODAL_ITEM_TOKENS} tokens of {shape.id}'s largest image or video "
+                "(a 32-frame video), which vLLM batches whole for a multimodal model (--disable_chunked_mm_input): "
+                f"use at least {MULTIMODAL_ITEM_TOKENS}, or leave it unset ({MULTIMODAL_MAX_NUM_BATCHED_TOKENS})",
+            )
+        )
     _check_resources(errors, "spec.tpu.resources", spec.tpu.resources, slc)
     return errors
 

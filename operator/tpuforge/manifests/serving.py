@@ -20,6 +20,7 @@ from tpuforge.api.constants import (
     DEFAULT_MERGER_IMAGE,
     LABEL_COMPONENT,
     LABEL_SERVING,
+    MULTIMODAL_MAX_NUM_BATCHED_TOKENS,
     SERVING_KIND,
     TERMINATION_LOG,
 )
@@ -207,9 +208,13 @@ def vllm_args(inp: ServingInputs) -> list[str]:
     ]
     if v.max_num_seqs is not None:
         args += ["--max-num-seqs", str(v.max_num_seqs)]
+    batched = v.max_num_batched_tokens
     if inp.model.multimodal:
-        # vLLM-TPU requires it for multimodal models (Gemma 4's vision tower).
+        # vLLM-TPU requires it for multimodal models (Gemma 4's vision tower); each item is then batched whole.
         args.append("--disable_chunked_mm_input")
+        batched = batched or MULTIMODAL_MAX_NUM_BATCHED_TOKENS
+    if batched is not None:
+        args += ["--max-num-batched-tokens", str(batched)]
     args += lora_args(inp)
     args += ["--host", "0.0.0.0", "--port", str(VLLM_PORT)]
     return args + list(v.extra_args)

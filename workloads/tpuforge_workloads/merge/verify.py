@@ -17,20 +17,27 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tpuforge_workloads import storage
+from tpuforge_workloads import gemma4, storage
 from tpuforge_workloads.merge.mapping import LoraTarget, peft_factors
 from tpuforge_workloads.merge.plan import MergePlan
 from tpuforge_workloads.merge.safetensors_io import FLOAT_DTYPES, ITEM_SIZES
 
 log = logging.getLogger(__name__)
-LOGIT_TOLERANCE = 1e-4  # float32: absolute
-BF16_RELATIVE_TOLERANCE = 0.08  # bfloat16: of the largest |logit|
-BF16_SAME_ARGMAX = 0.95
+LOGIT_TOLERANCE = 1e-4  # float32: absolute, every logit; and the same argmax everywhere
+# bfloat16: the JAX model computes in bfloat16 and transformers here in float32, and the merge rounds base +
+# delta to bfloat16, which the unmerged model never does; the error grows along the sequence, so one logit
+# of 16k may be far off while the rest agree. The check is statistical, over 256 positions (4 rows of 64):
+# the RMS of the difference within 15% of the logits' RMS (a correct gemma4-tiny-mm merge: 5.2%; the base
+# without its adapters: 94%), and the same argmax on 85% of positions (after 100 steps on gemma4-tiny-mm
+# rounding swapped close top-two logits at 2 of 32 positions).
+BF16_RELATIVE_RMS = 0.15
+BF16_SAME_ARGMAX = 0.85
 _COPY_PROBE_BYTES = 1 << 16
 
 
@@ -103,9 +110,24 @@ def local_copy(output: str, names: list[str], tmp: Path) -> Path:
     return tmp
 
 
-def fixed_tokens(vocab_size: int, batch: int = 2, length: int = 16) -> np.ndarray:
-    rng = np.random.default_rng(1234)
-    return rng.integers(1, vocab_size, size=(batch, length), dtype=np.int64)
+def special_ids(config: Mapping[str, Any]) -> set[int]:
+    """The token ids config.json names (`*_token_id`, `*_token_index`, at the top and in text_config): bos, eos
+    and pad, and on the multimodal checkpoint the image, video and audio markers, which transformers' multimodal
+    class treats otherwise than text (an image token's position attends both ways) and training data never
+    holds."""
+    out: set[int] = set()
+    for section in (config, config.get("text_config") or {}):
+        for key, value in section.items():
+            if key.endswith(("_token_id", "_token_index")):
+                out.update(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, int))
+    return out
+
+
+def fixed_tokens(config: Mapping[str, Any], batch: int = 4, length: int = 64) -> np.ndarray:
+    """The same rows of ordinary tokens for every check of a model (none of its special_ids)."""
+    text = gemma4.parse_config(config)
+    ordinary = np.setdiff1d(np.arange(text.vocab_size), sorted(special_ids(config)))
+    return np.random.default_rng(1234).choice(ordinary, size=(batch, length)).astype(np.int64)
 
 
 def hf_model_class(model_dir: Path) -> Any:
@@ -131,17 +153,23 @@ def hf_logits(model_dir: Path, tokens: np.ndarray) -> np.ndarray:
 
 
 def compare_logits(got: np.ndarray, want: np.ndarray, what: str, dtype: str = "float32") -> float:
-    """Max |difference|; raises VerifyError past the model dtype's tolerance or when argmaxes differ."""
+    """Max |difference|; raises VerifyError past the model dtype's tolerance (see LOGIT_TOLERANCE)."""
     diff = float(np.max(np.abs(got - want)))
     same_argmax = float(np.mean(np.argmax(got, -1) == np.argmax(want, -1)))
     if dtype == "float32":
-        limit, min_same = LOGIT_TOLERANCE, 1.0
-    else:
-        limit, min_same = BF16_RELATIVE_TOLERANCE * float(np.max(np.abs(want))), BF16_SAME_ARGMAX
-    if diff > limit or same_argmax < min_same:
+        if diff > LOGIT_TOLERANCE or same_argmax < 1.0:
+            raise VerifyError(
+                f"{what}: max |logit diff| {diff:.3g} (limit {LOGIT_TOLERANCE:.3g} for float32), same argmax on "
+                f"{same_argmax:.0%} of positions (needs all): the merged model does not compute what the LoRA "
+                "model does"
+            )
+        return diff
+    rms = float(np.sqrt(np.mean((got - want) ** 2)) / np.sqrt(np.mean(want**2)))
+    if rms > BF16_RELATIVE_RMS or same_argmax < BF16_SAME_ARGMAX:
         raise VerifyError(
-            f"{what}: max |logit diff| {diff:.3g} (limit {limit:.3g} for {dtype}), same argmax on {same_argmax:.0%} "
-            "of positions: the merged model does not compute what the LoRA model does"
+            f"{what}: logit difference {rms:.1%} of the logits' RMS (limit {BF16_RELATIVE_RMS:.0%} for {dtype}; max "
+            f"|diff| {diff:.3g}), same argmax on {same_argmax:.0%} of positions (needs {BF16_SAME_ARGMAX:.0%}): "
+            "the merged model does not compute what the LoRA model does"
         )
     return diff
 
@@ -155,7 +183,7 @@ def lora_model_logits(plan: MergePlan, tokens: np.ndarray) -> np.ndarray:
 
 
 def verify_logits(plan: MergePlan, output: str, names: list[str]) -> float:
-    tokens = fixed_tokens(plan.text.vocab_size)
+    tokens = fixed_tokens(gemma4.read_config(plan.config.base_model_uri))
     want = lora_model_logits(plan, tokens)
     with tempfile.TemporaryDirectory(prefix="merge-verify-") as tmp:
         got = hf_logits(local_copy(output, names, Path(tmp)), tokens)
