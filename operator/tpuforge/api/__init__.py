@@ -59,15 +59,14 @@ from tpuforge.api.serving import (
     VllmSpec,
     XlaCacheSpec,
 )
+from tpuforge.api.serving_validation import check_serving, validate_serving
 from tpuforge.api.validation import (
     FieldError,
     SpecError,
     check_finetune,
-    check_serving,
     parse,
     resolved_mesh,
     validate_finetune,
-    validate_serving,
 )
 
 __all__ = [

@@ -27,7 +27,8 @@ from tpuforge.api.constants import (
 from tpuforge.api.serving import ServingDeploymentSpec
 
 # ADAPTERS_DIR lives with validation, which keeps spec.vllm.modelPath out of it.
-from tpuforge.api.validation import ADAPTERS_DIR, FieldError
+from tpuforge.api.serving_validation import ADAPTERS_DIR
+from tpuforge.api.validation import FieldError
 from tpuforge.manifests.common import (
     MAX_NAME,
     Obj,
