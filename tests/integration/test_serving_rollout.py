@@ -15,7 +15,7 @@ from kubernetes import client
 
 from tpuforge import api
 from tpuforge.api.catalog import model_shape, tpu_slice
-from tpuforge.manifests import serving
+from tpuforge.manifests import serving, serving_inputs
 from tpuforge.sandbox import Sandbox, wait_for
 
 pytestmark = pytest.mark.cluster
@@ -48,8 +48,8 @@ def built(ns: str, uri: str, port: int) -> list[dict[str, Any]]:
             "vllm": {"tensorParallelSize": 1},
         }
     )
-    inp = serving.ServingInputs(
-        owner=serving.owner(ns, "chat", "no-owner"),
+    inp = serving_inputs.ServingInputs(
+        owner=serving_inputs.owner(ns, "chat", "no-owner"),
         spec=spec,
         model_uri=uri,
         model=model_shape("gemma4-tiny"),
@@ -74,7 +74,7 @@ def built(ns: str, uri: str, port: int) -> list[dict[str, Any]]:
 
 
 def pods(core: client.CoreV1Api, ns: str) -> list[client.V1Pod]:
-    selector = ",".join(f"{k}={v}" for k, v in serving.selector_labels("chat").items())
+    selector = ",".join(f"{k}={v}" for k, v in serving_inputs.selector_labels("chat").items())
     return [p for p in core.list_namespaced_pod(ns, label_selector=selector).items if not p.metadata.deletion_timestamp]
 
 

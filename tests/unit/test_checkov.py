@@ -21,7 +21,7 @@ import yaml
 from tests.unit.test_helm_chart import CHART, NAMESPACE, RELEASE, helm
 from tpuforge.api import FineTuneJobSpec, ServingDeploymentSpec, parse
 from tpuforge.api.catalog import model_shape, tpu_slice
-from tpuforge.manifests import finetune, serving
+from tpuforge.manifests import finetune, serving, serving_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 SKIPS = ROOT / "security" / "checkov-skips.yaml"
@@ -71,8 +71,8 @@ def operator_objects() -> list[dict[str, Any]]:
 
     sdep_name, sdep = example_spec("serving.yaml", ServingDeploymentSpec)
     assert isinstance(sdep, ServingDeploymentSpec)
-    inp = serving.ServingInputs(
-        owner=serving.owner(EXAMPLES_NAMESPACE, sdep_name, OWNER_UID),
+    inp = serving_inputs.ServingInputs(
+        owner=serving_inputs.owner(EXAMPLES_NAMESPACE, sdep_name, OWNER_UID),
         spec=sdep,
         model_uri=job.output.uri,
         model=model_shape(job.model.name),

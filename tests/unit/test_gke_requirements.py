@@ -15,7 +15,7 @@ from tpuforge import api
 from tpuforge.api import resources
 from tpuforge.api.catalog import MODELS, TPU_SLICES, model_shape, tpu_slice
 from tpuforge.api.constants import COORDINATOR_PORT, GKE_SPOT_GRACE_SECONDS, TPU_RESOURCE, TPU_RUNTIME_PORT
-from tpuforge.manifests import finetune, serving
+from tpuforge.manifests import finetune, serving, serving_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 Obj = dict[str, Any]
@@ -33,13 +33,13 @@ def job_spec(**overrides: Any) -> api.FineTuneJobSpec:
     return api.validate_finetune(raw)
 
 
-def serving_inputs(**overrides: Any) -> serving.ServingInputs:
+def chat_inputs(**overrides: Any) -> serving_inputs.ServingInputs:
     raw = example("serving-adapters.yaml")["spec"]
     for key, value in overrides.items():
         raw[key] = {**raw.get(key, {}), **value}
     spec = api.validate_serving(raw, "gemma4-31b")
-    return serving.ServingInputs(
-        owner=serving.owner("ml", "chat", "uid-2"),
+    return serving_inputs.ServingInputs(
+        owner=serving_inputs.owner("ml", "chat", "uid-2"),
         spec=spec,
         model_uri="gs://b/merged",
         model=model_shape("gemma4-31b"),
@@ -51,7 +51,9 @@ def serving_inputs(**overrides: Any) -> serving.ServingInputs:
 OWNER = finetune.owner("ml", "gemma-sft", "uid-1")
 
 
-def pod_specs(spec: api.FineTuneJobSpec | None = None, sdep: serving.ServingInputs | None = None) -> dict[str, Obj]:
+def pod_specs(
+    spec: api.FineTuneJobSpec | None = None, sdep: serving_inputs.ServingInputs | None = None
+) -> dict[str, Obj]:
     """Every pod the operator creates for a job and a ServingDeployment, by what it is."""
     spec = spec or job_spec()
     adapter = api.validate_finetune(example("finetune-adapter.yaml")["spec"])
@@ -66,7 +68,7 @@ def pod_specs(spec: api.FineTuneJobSpec | None = None, sdep: serving.ServingInpu
         "merge": finetune.merge_objects(OWNER, spec)[1]["spec"]["template"]["spec"],
         "evaluation (TPU)": finetune.eval_job(OWNER, adapter)["spec"]["template"]["spec"],
         "evaluation (CPU)": finetune.eval_job(OWNER, cpu_eval)["spec"]["template"]["spec"],
-        "vLLM": serving.pod_template(sdep or serving_inputs())["spec"],
+        "vLLM": serving.pod_template(sdep or chat_inputs())["spec"],
     }
 
 
@@ -131,7 +133,7 @@ def test_requests_are_configurable_and_bad_ones_name_the_field() -> None:
     with pytest.raises(api.SpecError) as e:
         job_spec(merge={"resources": {"cpu": "lots"}})
     assert e.value.fields == ["spec.merge.resources.cpu"]
-    sdep = serving_inputs(tpu={"resources": {"cpu": "16", "memory": "200Gi"}})
+    sdep = chat_inputs(tpu={"resources": {"cpu": "16", "memory": "200Gi"}})
     vllm = serving.pod_template(sdep)["spec"]["containers"][0]
     assert vllm["resources"]["requests"] == {"cpu": "16", "memory": "200Gi", TPU_RESOURCE: "8"}
 
@@ -139,7 +141,7 @@ def test_requests_are_configurable_and_bad_ones_name_the_field() -> None:
 def test_on_spot_every_tpu_pod_asks_for_the_15_s_a_reclaim_gives() -> None:
     # GKE Spot VMs: graceful node shutdown gives non-system pods 15 s; a longer grace has no effect.
     assert GKE_SPOT_GRACE_SECONDS == 15
-    spot = pod_specs(job_spec(tpu={"spot": True}), serving_inputs(tpu={"spot": True}))
+    spot = pod_specs(job_spec(tpu={"spot": True}), chat_inputs(tpu={"spot": True}))
     assert spot["trainer"]["terminationGracePeriodSeconds"] == 15
     assert spot["vLLM"]["terminationGracePeriodSeconds"] == 15
     # Off Spot a drain or an upgrade honours the pod's own grace: time for a checkpoint over a slow link.
@@ -162,7 +164,7 @@ def test_tpu_containers_run_as_root_only_when_asked_and_never_privileged() -> No
     default = pod_specs()
     for what, pod in default.items():
         assert all(c["securityContext"]["runAsNonRoot"] for c in containers(pod)), what
-    root = pod_specs(job_spec(tpu={"runAsRoot": True}), serving_inputs(tpu={"runAsRoot": True}))
+    root = pod_specs(job_spec(tpu={"runAsRoot": True}), chat_inputs(tpu={"runAsRoot": True}))
     ran_as_root = {
         (what, c["name"])
         for what, pod in root.items()
@@ -212,4 +214,4 @@ def test_the_operators_default_runs_tpu_containers_as_root_where_a_spec_leaves_i
     assert trainer["securityContext"]["runAsUser"] == 0
     assert root.apply(job_spec(tpu={"runAsRoot": False})).tpu.run_as_root is False
     assert OperatorDefaults().apply(job_spec()).tpu.run_as_root is False
-    assert root.apply(serving_inputs().spec).tpu.run_as_root is True
+    assert root.apply(chat_inputs().spec).tpu.run_as_root is True

@@ -12,16 +12,16 @@ import yaml
 from tpuforge import api
 from tpuforge.api.catalog import model_shape, tpu_slice
 from tpuforge.api.constants import DEFAULT_VLLM_IMAGE
-from tpuforge.manifests import serving
+from tpuforge.manifests import serving, serving_inputs, vllm_server
 
 URI = "gs://bucket/jobs/demo/merged"
 
 
-def inputs(model: str = "gemma4-31b", name: str = "chat", **spec: Any) -> serving.ServingInputs:
+def inputs(model: str = "gemma4-31b", name: str = "chat", **spec: Any) -> serving_inputs.ServingInputs:
     raw: dict[str, Any] = {"model": {"uri": URI}, "serviceAccountName": "vllm", **spec}
     s = api.validate_serving(raw, model)
-    return serving.ServingInputs(
-        owner=serving.owner("team-a", name, "0000-1111"),
+    return serving_inputs.ServingInputs(
+        owner=serving_inputs.owner("team-a", name, "0000-1111"),
         spec=s,
         model_uri=URI,
         model=model_shape(model),
@@ -44,7 +44,7 @@ def test_vllm_args_follow_the_spec_with_extra_args_last() -> None:
             "extraArgs": ["--max-num-batched-tokens", "4096", "--data-parallel-size", "2"],
         }
     )
-    args = serving.vllm_args(inp)
+    args = vllm_server.vllm_args(inp)
     assert args[0] == "/models/model"
     assert flag(args, "--tensor-parallel-size") == "4"
     assert flag(args, "--max-model-len") == "8192"
@@ -57,25 +57,25 @@ def test_vllm_args_follow_the_spec_with_extra_args_last() -> None:
 
 
 def test_multimodal_gemma4_disables_chunked_mm_input_and_text_models_do_not() -> None:
-    assert "--disable_chunked_mm_input" in serving.vllm_args(inputs("gemma4-31b"))
-    tiny = serving.vllm_args(inputs("gemma4-tiny", vllm={"tensorParallelSize": 1}))
+    assert "--disable_chunked_mm_input" in vllm_server.vllm_args(inputs("gemma4-31b"))
+    tiny = vllm_server.vllm_args(inputs("gemma4-tiny", vllm={"tensorParallelSize": 1}))
     assert "--disable_chunked_mm_input" not in tiny
 
 
 def test_a_multimodal_server_batches_a_whole_video_by_default() -> None:
     """Each image or video is then batched whole, and vLLM refuses to start when its largest (2496 tokens for
     Gemma 4) exceeds --max-num-batched-tokens, whose own default is lower."""
-    assert flag(serving.vllm_args(inputs("gemma4-31b")), "--max-num-batched-tokens") == "4096"
-    mm = serving.vllm_args(inputs("gemma4-31b", vllm={"maxNumBatchedTokens": 8192}))
+    assert flag(vllm_server.vllm_args(inputs("gemma4-31b")), "--max-num-batched-tokens") == "4096"
+    mm = vllm_server.vllm_args(inputs("gemma4-31b", vllm={"maxNumBatchedTokens": 8192}))
     assert flag(mm, "--max-num-batched-tokens") == "8192"
     tiny = inputs("gemma4-tiny", vllm={"tensorParallelSize": 1})
-    assert "--max-num-batched-tokens" not in serving.vllm_args(tiny)
+    assert "--max-num-batched-tokens" not in vllm_server.vllm_args(tiny)
     tiny = inputs("gemma4-tiny", vllm={"tensorParallelSize": 1, "maxNumBatchedTokens": 1024})
-    assert flag(serving.vllm_args(tiny), "--max-num-batched-tokens") == "1024"
+    assert flag(vllm_server.vllm_args(tiny), "--max-num-batched-tokens") == "1024"
 
 
 def test_defaults_serve_under_the_objects_name_with_tp8_and_no_max_num_seqs() -> None:
-    args = serving.vllm_args(inputs(name="chat"))
+    args = vllm_server.vllm_args(inputs(name="chat"))
     assert flag(args, "--served-model-name") == "chat"
     assert flag(args, "--tensor-parallel-size") == "8"
     assert flag(args, "--max-model-len") == "16384"
@@ -93,14 +93,14 @@ def test_model_path_is_configurable_for_both_containers() -> None:
 
 
 def test_startup_probe_allows_the_compile_budget_and_the_engine_waits_as_long() -> None:
-    p = serving.probes()
+    p = vllm_server.probes()
     startup = p["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 3600
     for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         assert p[kind]["httpGet"] == {"path": "/health", "port": 8000}
-    env = {e["name"]: e["value"] for e in serving.vllm_env()}
+    env = {e["name"]: e["value"] for e in vllm_server.vllm_env()}
     assert int(env["VLLM_ENGINE_READY_TIMEOUT_S"]) == startup["periodSeconds"] * startup["failureThreshold"]
-    assert env["VLLM_XLA_CACHE_PATH"] == serving.XLA_CACHE_MOUNT
+    assert env["VLLM_XLA_CACHE_PATH"] == vllm_server.XLA_CACHE_MOUNT
 
 
 def test_pod_runs_on_the_v6e8_pool_with_all_its_chips() -> None:
@@ -160,13 +160,13 @@ def test_claims_use_the_operators_hyperdisk_class_unless_the_spec_names_one() ->
     """GKE (TPU v6e): v6e VMs attach Hyperdisk (Balanced, ML) only, not the pd-balanced of GKE's default
     StorageClass; the chart's class (TPUFORGE_STORAGE_CLASS) is used wherever the spec names none."""
     base = inputs(name="chat")
-    inp = serving.ServingInputs(**{**base.__dict__, "storage_class": "tpuforge-hyperdisk-balanced"})
+    inp = serving_inputs.ServingInputs(**{**base.__dict__, "storage_class": "tpuforge-hyperdisk-balanced"})
     model = serving.model_pvc(inp)
     assert model is not None and model["spec"]["storageClassName"] == "tpuforge-hyperdisk-balanced"
     assert serving.xla_cache_pvc(inp)["spec"]["storageClassName"] == "tpuforge-hyperdisk-balanced"
     assert "storageClassName" not in serving.xla_cache_pvc(base)["spec"]
     own = inputs(name="chat", xlaCache={"storageClassName": "mine"})
-    own = serving.ServingInputs(**{**own.__dict__, "storage_class": "tpuforge-hyperdisk-balanced"})
+    own = serving_inputs.ServingInputs(**{**own.__dict__, "storage_class": "tpuforge-hyperdisk-balanced"})
     assert serving.xla_cache_pvc(own)["spec"]["storageClassName"] == "mine"
 
 
@@ -183,7 +183,7 @@ def test_a_rollout_replaces_the_pod_while_it_holds_a_read_write_once_disk() -> N
 
 def test_a_new_model_uri_changes_the_pod_template_so_the_deployment_rolls() -> None:
     a = inputs()
-    b = serving.ServingInputs(**{**a.__dict__, "model_uri": "gs://bucket/jobs/demo/merged-v2"})
+    b = serving_inputs.ServingInputs(**{**a.__dict__, "model_uri": "gs://bucket/jobs/demo/merged-v2"})
     ta, tb = serving.pod_template(a), serving.pod_template(b)
     assert ta != tb
     assert tb["metadata"]["annotations"][serving.ANNOTATION_MODEL_URI] == "gs://bucket/jobs/demo/merged-v2"
@@ -228,7 +228,7 @@ def test_service_and_endpoint() -> None:
     svc = serving.service(inputs(name="chat"))
     assert svc["metadata"]["name"] == "chat"
     assert svc["spec"]["ports"][0]["port"] == 8000
-    assert svc["spec"]["selector"] == serving.selector_labels("chat")
+    assert svc["spec"]["selector"] == serving_inputs.selector_labels("chat")
     assert svc["metadata"]["annotations"]["prometheus.io/path"] == "/metrics"
     assert serving.endpoint("chat", "team-a") == "http://chat.team-a.svc:8000/v1"
 
@@ -238,7 +238,7 @@ def test_monitors_select_the_serving_pods_metrics() -> None:
     for kind in serving.MONITOR_KINDS:
         obj = kind.build(inp)
         assert obj["apiVersion"] == f"{kind.group}/{kind.version}"
-        assert obj["spec"]["selector"]["matchLabels"] == serving.selector_labels("chat")
+        assert obj["spec"]["selector"]["matchLabels"] == serving_inputs.selector_labels("chat")
         assert obj["spec"]["endpoints"][0]["path"] == "/metrics"
 
 
@@ -271,22 +271,22 @@ def test_tensor_parallelism_must_fit_the_slice_and_the_heads(model: str, tp: int
 
 def test_model_revision_rolls_the_pods_when_the_uri_stays() -> None:
     a = inputs()
-    b = serving.ServingInputs(**{**a.__dict__, "model_revision": "uid:2026-01-01T00:00:00Z"})
+    b = serving_inputs.ServingInputs(**{**a.__dict__, "model_revision": "uid:2026-01-01T00:00:00Z"})
     assert serving.pod_template(a) != serving.pod_template(b)
     assert serving.ANNOTATION_MODEL_REVISION not in serving.pod_template(a)["metadata"]["annotations"]
 
 
 @pytest.mark.parametrize("name", ["1chat", "chat.v2", "Chat", "chat-", "c" * 64])
 def test_names_that_cannot_name_a_service_are_rejected(name: str) -> None:
-    (err,) = serving.name_errors(name)
+    (err,) = serving_inputs.name_errors(name)
     assert err.field == "metadata.name"
 
 
 def test_a_dns_label_name_is_accepted_and_long_ones_get_short_children() -> None:
-    assert serving.name_errors("gemma4-31b-verilog") == []
+    assert serving_inputs.name_errors("gemma4-31b-verilog") == []
     long = "g" * 63
-    assert serving.name_errors(long) == []
-    n = serving.names(long)
+    assert serving_inputs.name_errors(long) == []
+    n = serving_inputs.names(long)
     assert n.service == long
     assert all(len(x) <= 63 for x in (n.deployment, n.xla_cache, n.monitor))
     assert n.deployment != n.xla_cache
@@ -318,25 +318,27 @@ def test_the_model_path_must_be_a_directory_of_its_own(path: str) -> None:
 ADAPTERS = [{"name": "support", "fineTuneJobRef": {"name": "ft"}}, {"name": "sql", "uri": "gs://b/sql/adapter"}]
 
 
-def adapter_inputs(adapters: list[dict[str, Any]], job_rank: int | None = None, **spec: Any) -> serving.ServingInputs:
+def adapter_inputs(
+    adapters: list[dict[str, Any]], job_rank: int | None = None, **spec: Any
+) -> serving_inputs.ServingInputs:
     inp = inputs(adapters=adapters, **spec)
-    return serving.ServingInputs(**{**inp.__dict__, "adapter_job_rank": job_rank})
+    return serving_inputs.ServingInputs(**{**inp.__dict__, "adapter_job_rank": job_rank})
 
 
 def test_adapters_enable_runtime_lora_with_a_rank_vllm_accepts() -> None:
     inp = adapter_inputs(ADAPTERS[:1], job_rank=12, vllm={"lora": {"maxLoras": 2, "maxCpuLoras": 6}})
-    args = serving.vllm_args(inp)
+    args = vllm_server.vllm_args(inp)
     assert "--enable-lora" in args
     assert (flag(args, "--max-loras"), flag(args, "--max-lora-rank"), flag(args, "--max-cpu-loras")) == ("2", "16", "6")
     assert args.index("--enable-lora") < args.index("--host")  # extra args still come last
     vllm = serving.pod_template(inp)["spec"]["containers"][0]
     assert {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"} in vllm["env"]
     # A URI adapter's rank is unknown ahead: 64 covers the usual ones; an explicit rank wins over both.
-    assert flag(serving.vllm_args(adapter_inputs(ADAPTERS, job_rank=8)), "--max-lora-rank") == "64"
-    assert flag(serving.vllm_args(adapter_inputs(ADAPTERS, job_rank=128)), "--max-lora-rank") == "128"
+    assert flag(vllm_server.vllm_args(adapter_inputs(ADAPTERS, job_rank=8)), "--max-lora-rank") == "64"
+    assert flag(vllm_server.vllm_args(adapter_inputs(ADAPTERS, job_rank=128)), "--max-lora-rank") == "128"
     explicit = adapter_inputs(ADAPTERS, job_rank=128, vllm={"lora": {"maxLoraRank": 200}})
-    assert flag(serving.vllm_args(explicit), "--max-lora-rank") == "256"
-    assert [serving.vllm_lora_rank(r) for r in (1, 2, 8, 300, 512)] == [1, 8, 8, 320, 512]
+    assert flag(vllm_server.vllm_args(explicit), "--max-lora-rank") == "256"
+    assert [vllm_server.vllm_lora_rank(r) for r in (1, 2, 8, 300, 512)] == [1, 8, 8, 320, 512]
 
 
 def test_without_adapters_the_pod_is_what_it_was() -> None:
@@ -400,14 +402,14 @@ def test_adapter_objects_validate_against_the_gke_kubernetes_schema() -> None:
 def test_the_adapters_example_is_valid_and_pins_its_rank() -> None:
     raw = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "serving-adapters.yaml").read_text())
     spec = api.validate_serving(raw["spec"])
-    assert api.check_serving(spec, None, serving.served_model_name(raw["metadata"]["name"], spec)) == []
-    inp = serving.ServingInputs(
-        owner=serving.owner("ml", raw["metadata"]["name"], "u"),
+    assert api.check_serving(spec, None, serving_inputs.served_model_name(raw["metadata"]["name"], spec)) == []
+    inp = serving_inputs.ServingInputs(
+        owner=serving_inputs.owner("ml", raw["metadata"]["name"], "u"),
         spec=spec,
         model_uri=spec.model.uri or "",
         model=model_shape("gemma4-31b"),
         slice=tpu_slice("v6e-8"),
         adapter_job_rank=16,
     )
-    assert flag(serving.vllm_args(inp), "--max-lora-rank") == "64"
+    assert flag(vllm_server.vllm_args(inp), "--max-lora-rank") == "64"
     assert serving.uncommitted_base(spec)

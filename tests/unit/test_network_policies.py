@@ -16,7 +16,7 @@ from tests.unit.test_kueue import QUEUE
 from tpuforge import api
 from tpuforge.api.catalog import model_shape, tpu_slice
 from tpuforge.api.constants import COORDINATOR_PORT, LABEL_JOBSET_NAME, TPU_RUNTIME_PORT
-from tpuforge.manifests import finetune, preflight, serving
+from tpuforge.manifests import finetune, preflight, serving, serving_inputs, vllm_server
 
 Obj = dict[str, Any]
 VALUES = "workloads-on"
@@ -150,8 +150,8 @@ def vllm_pod() -> Pod:
     spec = api.validate_serving(
         {"model": {"uri": "gs://b/out"}, "adapters": [{"name": "a", "uri": "gs://b/a"}], "serviceAccountName": "sa"}
     )
-    inp = serving.ServingInputs(
-        owner=serving.owner(WORKLOADS, "chat", "uid-2"),
+    inp = serving_inputs.ServingInputs(
+        owner=serving_inputs.owner(WORKLOADS, "chat", "uid-2"),
         spec=spec,
         model_uri="gs://b/out",
         model=model_shape("gemma4-31b"),
@@ -210,7 +210,7 @@ def test_the_hosts_of_a_jobset_reach_each_other_on_the_coordinator_and_tpu_runti
 
 def test_the_operator_reaches_vllm_and_the_adapters_sidecar() -> None:
     pod, op = vllm_pod(), operator_pod()
-    for port in (serving.VLLM_PORT, serving.ADAPTERS_PORT):
+    for port in (vllm_server.VLLM_PORT, serving.ADAPTERS_PORT):
         assert pod.port(port) == port
         assert admits_ingress(pod, op, port), port
     # The sidecar takes requests from the operator only.

@@ -13,7 +13,7 @@ import pytest
 from tests.unit.test_manifests_finetune import spec as job_spec
 from tpuforge import api
 from tpuforge.api.catalog import model_shape, tpu_slice
-from tpuforge.manifests import common, finetune, serving
+from tpuforge.manifests import common, finetune, serving, serving_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNER = finetune.owner("team-a", "gemma-verilog", "uid-1")
@@ -21,8 +21,8 @@ OWNER = finetune.owner("team-a", "gemma-verilog", "uid-1")
 
 def serving_pod() -> dict[str, Any]:
     s = api.validate_serving({"model": {"uri": "gs://r/merged"}, "serviceAccountName": "vllm"}, "gemma4-31b")
-    inp = serving.ServingInputs(
-        owner=serving.owner("team-a", "chat", "uid-2"),
+    inp = serving_inputs.ServingInputs(
+        owner=serving_inputs.owner("team-a", "chat", "uid-2"),
         spec=s,
         model_uri="gs://r/merged",
         model=model_shape("gemma4-31b"),

@@ -29,6 +29,7 @@ from tpuforge.controllers.serving_adapter_sources import max_job_rank as max_job
 from tpuforge.controllers.serving_adapter_sources import resolve_adapter as resolve_adapter
 from tpuforge.controllers.serving_adapter_sources import resolve_adapters as resolve_adapters
 from tpuforge.manifests import serving as manifests
+from tpuforge.manifests import vllm_server
 
 Obj = dict[str, Any]
 
@@ -161,7 +162,7 @@ def unsupported_message(image: str, answer: str) -> str:
 class PodClient:
     """HTTP to one serving pod: its sidecar and its vLLM server."""
 
-    def __init__(self, ip: str, vllm_port: int = manifests.VLLM_PORT, sidecar_port: int = manifests.ADAPTERS_PORT):
+    def __init__(self, ip: str, vllm_port: int = vllm_server.VLLM_PORT, sidecar_port: int = manifests.ADAPTERS_PORT):
         self.vllm = f"http://{ip}:{vllm_port}"
         self.sidecar = f"http://{ip}:{sidecar_port}"
 

@@ -13,9 +13,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from tpuforge import kube
-from tpuforge.api.constants import LABEL_COMPONENT, SERVING_KIND
+from tpuforge.api.constants import SERVING_KIND
 from tpuforge.manifests import serving as manifests
-from tpuforge.manifests.common import LABEL_OWNER_UID
 
 Obj = dict[str, Any]
 
@@ -87,5 +86,4 @@ class Children:
 
     def serving_pods(self, namespace: str, owner_uid: str) -> list[Obj]:
         """This object's pods (not a same-named predecessor's, which may still be going away)."""
-        selector = f"{LABEL_OWNER_UID}={owner_uid},{LABEL_COMPONENT}={manifests.COMPONENT}"
-        return kube.list_objects(self.api_client, "v1", "Pod", namespace, selector)
+        return kube.list_objects(self.api_client, "v1", "Pod", namespace, manifests.pods_selector(owner_uid))

@@ -19,6 +19,7 @@ from tpuforge.controllers import defaults
 from tpuforge.controllers import serving_adapters as adapters
 from tpuforge.controllers.serving_rollout import ModelSource, current_model, observe_rollout, resolve_model
 from tpuforge.manifests import serving as manifests
+from tpuforge.manifests import serving_inputs, vllm_server
 
 Obj = dict[str, Any]
 
@@ -70,7 +71,7 @@ class Target:
     """What the children are built from, and the adapters each ready replica should serve."""
 
     spec: api.ServingDeploymentSpec
-    inputs: manifests.ServingInputs
+    inputs: serving_inputs.ServingInputs
     adapters: list[adapters.DesiredAdapter]
     # The objects to apply, in order; the Deployment last. Monitors: (group/version, plural, object), applied
     # where the cluster serves their kind.
@@ -112,8 +113,8 @@ def plan_children(o: Observed) -> Plan:
     except api.SpecError as e:
         return finish(p, o.status, api.ServingPhase.FAILED, INVALID_SPEC, str(e))
     source = resolve_model(spec, o.job)
-    errors = manifests.name_errors(o.name) + api.check_serving(
-        spec, source.model_id, manifests.served_model_name(o.name, spec)
+    errors = serving_inputs.name_errors(o.name) + api.check_serving(
+        spec, source.model_id, serving_inputs.served_model_name(o.name, spec)
     )
     if errors:
         return finish(p, o.status, api.ServingPhase.FAILED, INVALID_SPEC, str(api.SpecError(errors)))
@@ -131,7 +132,7 @@ def plan_children(o: Observed) -> Plan:
             return finish(p, o.status, phase, source.reason, source.message)
     inp = _inputs(o, spec, source, uri, revision)
     if o.existing is not None and current_model(o.existing) != (uri, revision):
-        dep_name = manifests.names(o.name).deployment
+        dep_name = serving_inputs.names(o.name).deployment
         p.events.append(("Normal", ROLLING_MODEL, f"rolling the Deployment {dep_name} to model {uri}"))
     explicit_rank = spec.vllm.lora.max_lora_rank
     p.target = Target(
@@ -142,7 +143,7 @@ def plan_children(o: Observed) -> Plan:
             inp.model.id,
             o.adapter_jobs,
             o.status.adapters,
-            manifests.vllm_lora_rank(explicit_rank) if explicit_rank else None,
+            vllm_server.vllm_lora_rank(explicit_rank) if explicit_rank else None,
         ),
         objects=[
             manifests.xla_cache_pvc(inp),
@@ -157,9 +158,9 @@ def plan_children(o: Observed) -> Plan:
 
 def _inputs(
     o: Observed, spec: api.ServingDeploymentSpec, source: ModelSource, uri: str, revision: str
-) -> manifests.ServingInputs:
-    return manifests.ServingInputs(
-        owner=manifests.owner(o.namespace, o.name, o.uid),
+) -> serving_inputs.ServingInputs:
+    return serving_inputs.ServingInputs(
+        owner=serving_inputs.owner(o.namespace, o.name, o.uid),
         spec=spec,
         model_uri=uri,
         model=api.model_shape(source.model_id or DEFAULT_MODEL),

@@ -44,7 +44,7 @@ from tpuforge.controllers.informer import Informer
 from tpuforge.controllers.serving_children import Children
 from tpuforge.controllers.serving_rollout import observe_rollout, pod_problem, pod_ready, resolve_model
 from tpuforge.controllers.workqueue import KeyedQueue
-from tpuforge.manifests import serving as manifests
+from tpuforge.manifests import serving_inputs, vllm_server
 from tpuforge.manifests.common import LABEL_OWNER_UID
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ def observe(children: Children, body: Obj) -> plan.Observed:
         for a in spec.adapters
         if a.fine_tune_job_ref is not None and (r := a.fine_tune_job_ref.name)
     }
-    existing = kube.get(api_client, "apps/v1", "Deployment", namespace, manifests.names(o.name).deployment)
+    existing = kube.get(api_client, "apps/v1", "Deployment", namespace, serving_inputs.names(o.name).deployment)
     storage_class = os.environ.get(ENV_STORAGE_CLASS) or None
     return dataclasses.replace(o, job=job, adapter_jobs=adapter_jobs, existing=existing, storage_class=storage_class)
 
@@ -134,7 +134,7 @@ def replicas(children: Children, o: plan.Observed, t: plan.Target, deployment: O
     """The serving pods, and each ready replica's adapters brought to the plan's (over HTTP to the pod)."""
     pods = children.serving_pods(o.namespace, o.uid)
     results: dict[str, adapters.PodResult] = {}
-    if manifests.lora_enabled(t.spec):
+    if vllm_server.lora_enabled(t.spec):
         for pod in pods:
             ip = (pod.get("status") or {}).get("podIP")
             if ip and pod_ready(pod) and not pod["metadata"].get("deletionTimestamp"):

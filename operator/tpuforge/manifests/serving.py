@@ -1,6 +1,7 @@
 """ServingDeployment -> the Kubernetes objects that serve it: a vLLM-TPU Deployment (with a model-fetch init
 container and, when it serves LoRA adapters, an adapter-fetch sidecar), a Service, the XLA compilation cache
-PVC and the model's PVC, and PodMonitoring / ServiceMonitor objects.
+PVC and the model's PVC, and PodMonitoring / ServiceMonitor objects. The vLLM process itself (arguments,
+environment, probes) is vllm_server's; the inputs, names and labels are serving_inputs'.
 
 Pure: the same inputs give the same objects. The caller resolves what needs the API (the model URI, the
 owner's uid) and passes it in `ServingInputs`.
@@ -9,127 +10,47 @@ owner's uid) and passes it in `ServingInputs`.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from tpuforge.api import resources
-from tpuforge.api.catalog import ModelShape, TpuSlice
-from tpuforge.api.constants import (
-    API_VERSION,
-    DEFAULT_MERGER_IMAGE,
-    LABEL_COMPONENT,
-    LABEL_SERVING,
-    MULTIMODAL_MAX_NUM_BATCHED_TOKENS,
-    SERVING_KIND,
-    TERMINATION_LOG,
-)
+from tpuforge.api.constants import DEFAULT_MERGER_IMAGE, LABEL_COMPONENT, TERMINATION_LOG
 from tpuforge.api.serving import ServingDeploymentSpec
 
 # ADAPTERS_DIR lives with validation, which keeps spec.vllm.modelPath out of it.
 from tpuforge.api.serving_validation import ADAPTERS_DIR
-from tpuforge.api.validation import FieldError
-from tpuforge.manifests.common import (
-    MAX_NAME,
-    Obj,
-    Owner,
-    child_name,
-    label_value,
-    locked_down,
-    metadata,
-    standard_labels,
-    tpu_resources,
-    tpu_scheduling,
+from tpuforge.manifests.common import LABEL_OWNER_UID, Obj, locked_down, tpu_resources, tpu_scheduling
+from tpuforge.manifests.serving_inputs import (
+    COMPONENT,
+    ServingInputs,
+    labels,
+    names,
+    object_metadata,
+    selector_labels,
+)
+from tpuforge.manifests.vllm_server import (
+    HEALTH_PATH,
+    METRICS_PATH,
+    STARTUP_BUDGET_SECONDS,
+    VLLM_PORT,
+    XLA_CACHE_MOUNT,
+    lora_enabled,
+    max_lora_rank,
+    probes,
+    vllm_args,
+    vllm_env,
 )
 
-VLLM_PORT = 8000
-HEALTH_PATH = "/health"
-METRICS_PATH = "/metrics"
-XLA_CACHE_MOUNT = "/xla-cache"
-# vLLM-TPU compiles for 8-10 minutes on a cold cache; its own v6e-8 benchmark allows an hour. The engine
-# timeout and the startup probe share this budget so that neither gives up before the other.
-STARTUP_BUDGET_SECONDS = 3600
-STARTUP_PROBE_PERIOD_SECONDS = 10
 # The init container reuses the merger image: it holds tpuforge_workloads and the GCS client.
 FETCH_IMAGE = DEFAULT_MERGER_IMAGE
 # Pod template annotations naming the model: a new merged model changes the template, which rolls the pods,
 # and each pod says which model it serves.
 ANNOTATION_MODEL_URI = "tpuforge.dev/model-uri"
 ANNOTATION_MODEL_REVISION = "tpuforge.dev/model-revision"
-APP = "vllm"
-COMPONENT = "serving"
-_DNS_1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 MONITOR_INTERVAL = "30s"
 # The adapters sidecar: fetches LoRA adapters on the operator's request into a volume vLLM reads them from.
 ADAPTERS_PORT = 8001
 ADAPTERS_CONTAINER = "adapters"
-# The ranks vLLM's --max-lora-rank accepts (vllm.config.lora.MaxLoRARanks).
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-# --max-lora-rank when an adapter's rank is not known ahead (a URI adapter): covers the usual LoRA ranks.
-DEFAULT_URI_LORA_RANK = 64
-
-
-def owner(namespace: str, name: str, uid: str) -> Owner:
-    return Owner(API_VERSION, SERVING_KIND, namespace, name, uid)
-
-
-@dataclass(frozen=True)
-class ServingInputs:
-    """Everything the objects depend on, resolved by the controller."""
-
-    owner: Owner
-    spec: ServingDeploymentSpec
-    model_uri: str
-    model: ModelShape
-    slice: TpuSlice
-    # Changes when the same URI holds a new model (a FineTuneJob that ran again): it rolls the pods.
-    model_revision: str = ""
-    # The largest spec.lora.rank of the FineTuneJobs spec.adapters references (None when none is known).
-    adapter_job_rank: int | None = None
-    # The operator's default StorageClass for the volumes a spec does not give one (the chart's Hyperdisk class).
-    storage_class: str | None = None
-
-    @property
-    def name(self) -> str:
-        return self.owner.name
-
-    @property
-    def namespace(self) -> str:
-        return self.owner.namespace
-
-
-@dataclass(frozen=True)
-class ServingNames:
-    deployment: str
-    service: str
-    xla_cache: str
-    model: str
-    monitor: str
-
-
-def names(name: str) -> ServingNames:
-    """Deterministic child names. The Service takes the plain name so that the endpoint reads naturally."""
-    vllm = child_name(name, "vllm")
-    return ServingNames(
-        deployment=vllm,
-        service=name,
-        xla_cache=child_name(name, "xla-cache"),
-        model=child_name(name, "model"),
-        monitor=vllm,
-    )
-
-
-def name_errors(name: str) -> list[FieldError]:
-    """The Service takes the object's name, so it must be a DNS-1035 label."""
-    if len(name) > MAX_NAME or not _DNS_1035.fullmatch(name):
-        return [
-            FieldError(
-                "metadata.name",
-                f"{name!r} names the Service too, so it must be a DNS label: at most {MAX_NAME} lowercase "
-                "letters, digits and '-', starting with a letter and ending with a letter or digit",
-            )
-        ]
-    return []
 
 
 def endpoint(name: str, namespace: str) -> str:
@@ -137,132 +58,10 @@ def endpoint(name: str, namespace: str) -> str:
     return f"http://{names(name).service}.{namespace}.svc:{VLLM_PORT}/v1"
 
 
-def served_model_name(name: str, spec: ServingDeploymentSpec) -> str:
-    return spec.vllm.served_model_name or name
-
-
-def selector_labels(name: str) -> dict[str, str]:
-    """The Deployment's selector: immutable once created, so only labels that never change for a name."""
-    return {LABEL_SERVING: label_value(name), LABEL_COMPONENT: COMPONENT}
-
-
-def labels(o: Owner) -> dict[str, str]:
-    return standard_labels(o, LABEL_SERVING, APP, COMPONENT)
-
-
-def _metadata(inp: ServingInputs, name: str, owned: bool = True) -> Obj:
-    meta = metadata(inp.owner, name, labels(inp.owner))
-    if not owned:
-        del meta["ownerReferences"]
-    return meta
-
-
-def lora_enabled(spec: ServingDeploymentSpec) -> bool:
-    """vLLM serves LoRA adapters when the spec lists some, or names a maxLoraRank (which keeps the flags, and
-    so the pods, the same when the first adapter is added later)."""
-    return bool(spec.adapters) or spec.vllm.lora.max_lora_rank is not None
-
-
-def vllm_lora_rank(rank: int) -> int:
-    """The smallest rank vLLM accepts for --max-lora-rank that holds `rank`."""
-    for r in VLLM_LORA_RANKS:
-        if r >= rank:
-            return r
-    raise ValueError(f"LoRA rank {rank} exceeds vLLM's largest --max-lora-rank {VLLM_LORA_RANKS[-1]}")
-
-
-def max_lora_rank(inp: ServingInputs) -> int:
-    """spec.vllm.lora.maxLoraRank, else the largest referenced job's rank, and 64 for URI adapters (whose
-    rank nothing records ahead), rounded up to a rank vLLM accepts."""
-    explicit = inp.spec.vllm.lora.max_lora_rank
-    if explicit is not None:
-        return vllm_lora_rank(explicit)
-    ranks = [inp.adapter_job_rank] if inp.adapter_job_rank else []
-    if any(a.uri is not None for a in inp.spec.adapters) or not ranks:
-        ranks.append(DEFAULT_URI_LORA_RANK)
-    return vllm_lora_rank(max(ranks))
-
-
-def lora_args(inp: ServingInputs) -> list[str]:
-    if not lora_enabled(inp.spec):
-        return []
-    lora = inp.spec.vllm.lora
-    args = ["--enable-lora", "--max-loras", str(lora.max_loras), "--max-lora-rank", str(max_lora_rank(inp))]
-    if lora.max_cpu_loras is not None:
-        args += ["--max-cpu-loras", str(lora.max_cpu_loras)]
-    return args
-
-
-def vllm_args(inp: ServingInputs) -> list[str]:
-    """`vllm serve` arguments after the subcommand: the model path first, extra args last (so they win)."""
-    v = inp.spec.vllm
-    args = [
-        v.model_path,
-        "--served-model-name",
-        served_model_name(inp.name, inp.spec),
-        "--tensor-parallel-size",
-        str(v.tensor_parallel_size),
-        "--max-model-len",
-        str(v.max_model_len),
-        "--kv-cache-dtype",
-        v.kv_cache_dtype,
-    ]
-    if v.max_num_seqs is not None:
-        args += ["--max-num-seqs", str(v.max_num_seqs)]
-    batched = v.max_num_batched_tokens
-    if inp.model.multimodal:
-        # vLLM-TPU requires it for multimodal models (Gemma 4's vision tower); each item is then batched whole.
-        args.append("--disable_chunked_mm_input")
-        batched = batched or MULTIMODAL_MAX_NUM_BATCHED_TOKENS
-    if batched is not None:
-        args += ["--max-num-batched-tokens", str(batched)]
-    args += lora_args(inp)
-    args += ["--host", "0.0.0.0", "--port", str(VLLM_PORT)]
-    return args + list(v.extra_args)
-
-
-def _http_get(path: str) -> Obj:
-    return {"path": path, "port": VLLM_PORT}
-
-
-def probes() -> dict[str, Obj]:
-    """Startup allows the whole compile budget; after that readiness gates traffic and liveness restarts a
-    wedged server."""
-    return {
-        "startupProbe": {
-            "httpGet": _http_get(HEALTH_PATH),
-            "periodSeconds": STARTUP_PROBE_PERIOD_SECONDS,
-            "timeoutSeconds": 5,
-            "failureThreshold": math.ceil(STARTUP_BUDGET_SECONDS / STARTUP_PROBE_PERIOD_SECONDS),
-        },
-        "readinessProbe": {
-            "httpGet": _http_get(HEALTH_PATH),
-            "periodSeconds": 10,
-            "timeoutSeconds": 5,
-            "failureThreshold": 3,
-        },
-        "livenessProbe": {
-            "httpGet": _http_get(HEALTH_PATH),
-            "periodSeconds": 30,
-            "timeoutSeconds": 10,
-            "failureThreshold": 5,
-        },
-    }
-
-
-def vllm_env(lora: bool = False) -> list[Obj]:
-    env = [
-        {"name": "VLLM_XLA_CACHE_PATH", "value": XLA_CACHE_MOUNT},
-        {"name": "VLLM_ENGINE_READY_TIMEOUT_S", "value": str(STARTUP_BUDGET_SECONDS)},
-        # The model is a local directory: nothing should reach out to the Hugging Face Hub.
-        {"name": "HF_HUB_OFFLINE", "value": "1"},
-        # vLLM otherwise reports usage statistics to its authors (and writes them under HOME).
-        {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
-    ]
-    if lora:
-        # The operator loads and unloads adapters through /v1/load_lora_adapter while the server runs.
-        env.append({"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"})
-    return env
+def pods_selector(owner_uid: str) -> str:
+    """The label selector of the serving pods of one ServingDeployment object (by uid: not a same-named
+    predecessor's pods, which may still be going away)."""
+    return f"{LABEL_OWNER_UID}={owner_uid},{LABEL_COMPONENT}={COMPONENT}"
 
 
 def uncommitted_base(spec: ServingDeploymentSpec) -> bool:
@@ -416,7 +215,7 @@ def deployment(inp: ServingInputs) -> Obj:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(inp, names(inp.name).deployment),
+        "metadata": object_metadata(inp, names(inp.name).deployment),
         "spec": {
             "replicas": inp.spec.replicas,
             "selector": {"matchLabels": selector_labels(inp.name)},
@@ -429,7 +228,7 @@ def deployment(inp: ServingInputs) -> Obj:
 
 
 def service(inp: ServingInputs) -> Obj:
-    meta = _metadata(inp, names(inp.name).service)
+    meta = object_metadata(inp, names(inp.name).service)
     meta["annotations"] = scrape_annotations()
     return {
         "apiVersion": "v1",
@@ -455,7 +254,7 @@ def _claim(inp: ServingInputs, name: str, size: str, mode: str, storage_class: s
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _metadata(inp, name, owned=owned),
+        "metadata": object_metadata(inp, name, owned=owned),
         "spec": spec,
     }
 
@@ -511,7 +310,7 @@ def pod_monitoring(inp: ServingInputs) -> Obj:
     return {
         "apiVersion": "monitoring.googleapis.com/v1",
         "kind": "PodMonitoring",
-        "metadata": _metadata(inp, names(inp.name).monitor),
+        "metadata": object_metadata(inp, names(inp.name).monitor),
         "spec": {"selector": {"matchLabels": selector_labels(inp.name)}, "endpoints": [_monitor_endpoint()]},
     }
 
@@ -521,7 +320,7 @@ def service_monitor(inp: ServingInputs) -> Obj:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": _metadata(inp, names(inp.name).monitor),
+        "metadata": object_metadata(inp, names(inp.name).monitor),
         "spec": {
             "selector": {"matchLabels": selector_labels(inp.name)},
             "namespaceSelector": {"matchNames": [inp.namespace]},
