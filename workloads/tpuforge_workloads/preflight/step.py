@@ -67,7 +67,7 @@ def with_layers(text: gemma4.Gemma4Text, layer_types: tuple[str, ...]) -> gemma4
     return dataclasses.replace(text, num_layers=len(layer_types), layer_types=tuple(layer_types))
 
 
-class _NoCheckpoints:
+class NoCheckpoints:
     """A trainer with nothing to restore (the preflight's)."""
 
     restored_metadata: dict[str, Any] = {}
@@ -93,11 +93,10 @@ def _with_shardings(tree: Any, mesh: Any) -> Any:
     return jax.tree.map(place, tree, specs, is_leaf=lambda v: isinstance(v, jax.ShapeDtypeStruct))
 
 
-def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, total_steps: int) -> CompiledStep:
-    """Compile the trainer's step for `text` (config.json's decoder, possibly cut to fewer layers) on
-    `mesh` (real devices, or a TPU topology's compile-only devices) at the job's micro-batch shape.
-    With config.compile_cache_uri set, the compiled step is stored there under the run's key
-    (compile_cache.py), where the trainer looks for it (and loaded from there if already stored)."""
+def lower_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, total_steps: int) -> Any:
+    """The trainer's step for `text` (config.json's decoder, possibly cut to fewer layers), traced and
+    lowered for `mesh` (real devices, or a TPU topology's compile-only devices) at the job's micro-batch
+    shape, from shapes alone. Call under `jax.set_mesh(mesh)` and `mesh` (compile_train_step does)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -116,29 +115,45 @@ def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, 
         if config.lora.dropout > 0:
             lora.attach_dropout_stream(model, t.seed)
         gemma4.set_remat(model, t.remat)
-        trainer = make_trainer(model, config, total_steps, _NoCheckpoints())
+        trainer = make_trainer(model, config, total_steps, NoCheckpoints())
         trainers.append(trainer)
         return model, trainer.optimizer
 
+    model, optimizer = nnx.eval_shape(build)
+    gemma4.check_sharding(nnx.state(model), mesh)
+    graph_m, state_m = nnx.split(model)
+    graph_o, state_o = nnx.split(optimizer)
+    model = nnx.merge(graph_m, _with_shardings(state_m, mesh))
+    optimizer = nnx.merge(graph_o, _with_shardings(state_o, mesh))
+    rows = t.micro_batch_size * mesh.shape["fsdp"]
+    batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))  # type: ignore[no-untyped-call]
+    dtypes = {"input_mask": jnp.bool_}
+    batch = {
+        k: jax.ShapeDtypeStruct((rows, t.max_seq_len), dtypes.get(k, jnp.int32), sharding=batch_sharding)  # type: ignore[no-untyped-call]
+        for k in BATCH_ARRAYS
+    }
+    # The data feed adds each row's loss denominator (train/loss.py) before a batch reaches the step.
+    batch["loss_denominator"] = jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=batch_sharding)  # type: ignore[no-untyped-call]
+    return jit_train_step(trainers[0].create_train_step_fn()).lower(model, optimizer, batch)
+
+
+def lowered_flops(lowered: Any) -> float:
+    """XLA's FLOP count of a lowered (or compiled) step; 0 where the backend gives none."""
+    cost = lowered.cost_analysis()
+    if isinstance(cost, list):
+        cost = cost[0] if cost else {}
+    return float((cost or {}).get("flops", 0.0))
+
+
+def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, total_steps: int) -> CompiledStep:
+    """Compile the trainer's step (`lower_train_step`) for `mesh`, and say what XLA says of it per chip.
+    With config.compile_cache_uri set, the compiled step is stored there under the run's key
+    (compile_cache.py), where the trainer looks for it (and loaded from there if already stored)."""
+    import jax
+
     started = time.monotonic()
     with jax.set_mesh(mesh), mesh:  # Tunix's kernels read the legacy mesh context, the model the new one
-        model, optimizer = nnx.eval_shape(build)
-        gemma4.check_sharding(nnx.state(model), mesh)
-        graph_m, state_m = nnx.split(model)
-        graph_o, state_o = nnx.split(optimizer)
-        model = nnx.merge(graph_m, _with_shardings(state_m, mesh))
-        optimizer = nnx.merge(graph_o, _with_shardings(state_o, mesh))
-        rows = t.micro_batch_size * mesh.shape["fsdp"]
-        batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))  # type: ignore[no-untyped-call]
-        dtypes = {"input_mask": jnp.bool_}
-        batch = {
-            k: jax.ShapeDtypeStruct((rows, t.max_seq_len), dtypes.get(k, jnp.int32), sharding=batch_sharding)  # type: ignore[no-untyped-call]
-            for k in BATCH_ARRAYS
-        }
-        # The data feed adds each row's loss denominator (train/loss.py) before a batch reaches the step.
-        batch["loss_denominator"] = jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=batch_sharding)  # type: ignore[no-untyped-call]
-        step = jit_train_step(trainers[0].create_train_step_fn())
-        lowered = step.lower(model, optimizer, batch)
+        lowered = lower_train_step(text, config, mesh, total_steps)
         attention_kind = "splash" if SPLASH_KERNEL in lowered.as_text() else "masked"
         inputs = compile_cache.key_inputs(text, config, total_steps, mesh.devices)
         try:
@@ -157,9 +172,6 @@ def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, 
     mem = compiled.memory_analysis()
     if mem is None:
         raise RuntimeError(f"XLA gave no memory analysis for the {mesh.devices.flat[0].platform} step")
-    cost = compiled.cost_analysis()
-    if isinstance(cost, list):
-        cost = cost[0] if cost else {}
     return CompiledStep(
         layers=text.num_layers,
         argument_bytes=int(mem.argument_size_in_bytes),
@@ -167,7 +179,7 @@ def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, 
         alias_bytes=int(mem.alias_size_in_bytes),
         temp_bytes=int(mem.temp_size_in_bytes),
         code_bytes=int(mem.generated_code_size_in_bytes),
-        flops=float((cost or {}).get("flops", 0.0)),
+        flops=lowered_flops(compiled),
         compile_seconds=seconds,
         platform=mesh.devices.flat[0].platform,
         cache_hit=bool(cache and cache.counts["hits"]),
