@@ -19,9 +19,10 @@ from tpuforge.api.catalog import TpuSlice
 from tpuforge_workloads.preflight.step import GIB, CompiledStep
 
 # The share of the chips' peak FLOP/s assumed for estimates. The report's Gemma 4 31B run on a v5p-8 (763
-# tokens/s) is about 7.6% by the 6N rule (6 x 30.7 B FLOPs per token over 4 x 459 TFLOP/s); XLA's count of
-# the step (remat's recomputation and attention included) puts it a little higher. A measured figure from
-# benchmarks/preflight_31b.py is still to come, so the default is the report's, not an aspiration.
+# tokens/s) is about 7.6% by the 6N rule (6 x 30.7 B FLOPs per token over 4 x 459 TFLOP/s), and 7.8% by
+# XLA's count of the trainer's step compiled for the v5p-8 (benchmarks/preflight_31b.py). The same step ran
+# at 39% on one H200 (benchmarks/train_throughput.py), but nothing has run on a TPU yet, so the default is
+# the report's measured figure, not an aspiration.
 DEFAULT_MFU = 0.08
 
 
