@@ -55,7 +55,7 @@ sys.path[:0] = [str(REPO / "operator")]
 import psutil  # noqa: E402
 from kubernetes import client  # noqa: E402
 
-from tpuforge import crds, kube  # noqa: E402
+from tpuforge import crds, kube_client, kube_events, kube_objects  # noqa: E402
 from tpuforge.api import FineTuneJobStatus  # noqa: E402
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND  # noqa: E402
 from tpuforge.controllers.finetune_attempts import UNSCHEDULABLE_REPORT_SECONDS  # noqa: E402
@@ -99,7 +99,7 @@ def finetunejob(namespace: str, name: str) -> dict[str, Any]:
 
 
 def namespace(api: client.ApiClient, name: str) -> str:
-    kube.create(api, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    kube_objects.create(api, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
     return name
 
 
@@ -111,14 +111,16 @@ class JobWatch:
         self.seen: dict[str, float] = {}
         self._stop = threading.Event()
         self._api, self._ns = api, ns
-        _, version = kube.list_collection(api, "batch/v1", "Job", ns)
+        _, version = kube_objects.list_collection(api, "batch/v1", "Job", ns)
         self._thread = threading.Thread(target=self._run, args=(version,), daemon=True)
         self._thread.start()
 
     def _run(self, version: str) -> None:
         while not self._stop.is_set():
             try:
-                for event in kube.WatchStream(self._api, "batch/v1", "Job", self._ns, version, timeout_seconds=60):
+                for event in kube_client.WatchStream(
+                    self._api, "batch/v1", "Job", self._ns, version, timeout_seconds=60
+                ):
                     obj = event["object"]
                     if event["type"] == "ERROR":
                         raise RuntimeError(f"watch error: {obj}")
@@ -161,16 +163,16 @@ def run_baseline(api: client.ApiClient, n: int, ns_name: str) -> tuple[float, in
     CPU seconds of the writes (see cpu_by_process)."""
     ns = namespace(api, ns_name)
     with ThreadPoolExecutor(API_CONCURRENCY) as pool:
-        ftjs = list(pool.map(lambda i: kube.create(api, finetunejob(ns, f"base-{i:05d}")), range(n)))
+        ftjs = list(pool.map(lambda i: kube_objects.create(api, finetunejob(ns, f"base-{i:05d}")), range(n)))
     work = [(ftj, *operator_writes(ftj)) for ftj in ftjs]
 
     def write(ftj: dict[str, Any], children: list[dict[str, Any]], status: dict[str, Any], events: list[Event]) -> None:
         for group in creation_groups(children):
             for obj in group:
-                kube.create(api, obj)
-        kube.patch_status(api, ftj, status, ftj["metadata"]["resourceVersion"])
+                kube_objects.create(api, obj)
+        kube_objects.patch_status(api, ftj, status, ftj["metadata"]["resourceVersion"])
         for e in events:
-            kube.post_event(api, ftj, e.type, e.reason, e.message)
+            kube_events.post_event(api, ftj, e.type, e.reason, e.message)
 
     start, cpu = time.monotonic(), cpu_by_process()
     with ThreadPoolExecutor(API_CONCURRENCY) as pool:
@@ -267,10 +269,10 @@ def settle(api: client.ApiClient, ns: str, n: int, operator: OperatorProcess) ->
     """Wait for the burst's aftermath so that the steady phase measures the operator alone: the Job
     controller's pods, the node agent marking them unschedulable (the sandbox has no nodes), and, once they
     have waited UNSCHEDULABLE_REPORT_SECONDS, the operator reporting so in every job's status."""
-    wait_for(lambda: len(kube.list_objects(api, "v1", "Pod", ns)) >= n, 600, f"{n} pods", interval=1.0)
+    wait_for(lambda: len(kube_objects.list_objects(api, "v1", "Pod", ns)) >= n, 600, f"{n} pods", interval=1.0)
 
     def reported() -> bool:
-        ftjs = kube.list_objects(api, API_VERSION, FINETUNEJOB_KIND, ns)
+        ftjs = kube_objects.list_objects(api, API_VERSION, FINETUNEJOB_KIND, ns)
         return sum(_unschedulable(f) for f in ftjs) >= n
 
     wait_for(reported, UNSCHEDULABLE_REPORT_SECONDS + 300, "every job to report its pod unschedulable", interval=2.0)
@@ -293,7 +295,7 @@ def create_all(api: client.ApiClient, ns: str, names: list[str]) -> dict[str, fl
 
     def one(name: str) -> None:
         sent[name] = time.monotonic()
-        kube.create(api, finetunejob(ns, name))
+        kube_objects.create(api, finetunejob(ns, name))
 
     with ThreadPoolExecutor(API_CONCURRENCY) as pool:
         list(pool.map(one, names))
@@ -310,7 +312,7 @@ def run_steady(api: client.ApiClient, jobs: JobWatch, ns: str, rate: float, dura
             if delay > 0:
                 time.sleep(delay)
             sent[name] = time.monotonic()
-            pool.submit(kube.create, api, finetunejob(ns, name))
+            pool.submit(kube_objects.create, api, finetunejob(ns, name))
     wanted = {m.train_job_name(n, 0) for n in names}
     jobs.wait(wanted, 120)
     return sorted(jobs.seen[m.train_job_name(n, 0)] - sent[n] for n in names)
@@ -321,7 +323,7 @@ def duplicates(api: client.ApiClient, ns: str, names: list[str]) -> int:
     extra = 0
     for kind, api_version in CHILD_KINDS.items():
         counts: dict[str, int] = {}
-        for obj in kube.list_objects(api, api_version, kind, ns, "tpuforge.dev/finetunejob"):
+        for obj in kube_objects.list_objects(api, api_version, kind, ns, "tpuforge.dev/finetunejob"):
             owner = obj["metadata"]["labels"]["tpuforge.dev/finetunejob"]
             counts[owner] = counts.get(owner, 0) + 1
         extra += sum(c - 1 for c in counts.values() if c > 1)
@@ -410,8 +412,8 @@ def main() -> int:
         sandbox.up(timeout=180)
         load = CpuLoad(args.load)
         try:
-            kube.configure(sandbox.kubeconfig)
-            api = kube.api_client()
+            kube_client.configure(sandbox.kubeconfig)
+            api = kube_client.api_client()
             results = {"load_processes": args.load, **measure(api, sandbox, tmp, args)}
         finally:
             load.stop()

@@ -14,7 +14,7 @@ from tests.e2e.conftest import STEPS
 from tests.e2e.test_pipeline import JOB_TIMEOUT, TRAINER, finish, pod_logs, steps_logged, wait_for_log
 from tests.fixtures.models import read_summary
 from tests.integration.test_finetunejob_support import Cluster
-from tpuforge import kube
+from tpuforge import kube_objects
 from tpuforge.manifests import finetune as m
 from tpuforge.sandbox import Sandbox, wait_for
 from tpuforge.sandbox.agent.jobsets import COMPLETION_INDEX
@@ -34,7 +34,7 @@ def host_pods(cluster: Cluster, name: str, attempt: int) -> list[dict[str, Any]]
         names = attempts[attempt].get("pods") if len(attempts) > attempt else None
         if not names or len(names) < len(HOSTS):
             return None
-        pods = [kube.get(cluster.api, "v1", "Pod", cluster.ns, n) for n in names]
+        pods = [kube_objects.get(cluster.api, "v1", "Pod", cluster.ns, n) for n in names]
         return pods if all(p and p["status"].get("phase") == "Running" for p in pods) else None
 
     pods: list[dict[str, Any]] = wait_for(running, JOB_TIMEOUT, f"both hosts of attempt {attempt} of {name}")

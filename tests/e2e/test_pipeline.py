@@ -21,7 +21,7 @@ import pytest
 from tests.e2e.conftest import STEPS
 from tests.fixtures.models import read_summary
 from tests.integration.test_finetunejob_support import Cluster
-from tpuforge import kube
+from tpuforge import kube_objects
 from tpuforge.api.constants import LABEL_COMPONENT
 from tpuforge.manifests import finetune as m
 from tpuforge.manifests.preflight import COMPONENT_PREFLIGHT
@@ -66,7 +66,9 @@ def trainer_pod(cluster: Cluster, name: str, attempt: int) -> dict[str, Any]:
     """The attempt's training pod once it runs on a node."""
 
     def running() -> dict[str, Any] | None:
-        pods = kube.list_objects(cluster.api, "v1", "Pod", cluster.ns, f"job-name={cluster.train(name, attempt)}")
+        pods = kube_objects.list_objects(
+            cluster.api, "v1", "Pod", cluster.ns, f"job-name={cluster.train(name, attempt)}"
+        )
         return next((p for p in pods if (p.get("status") or {}).get("phase") == "Running"), None)
 
     pod: dict[str, Any] = wait_for(
@@ -187,7 +189,7 @@ def test_two_jobs_on_one_v5p8_node_run_one_after_the_other(cluster: Cluster, san
     assert {p["spec"]["nodeName"] for p in pods} == {"v5p-8-spot-0"}
     earlier, later = sorted(pods, key=lambda p: terminated(p)["startedAt"])
     assert terminated(later)["startedAt"] >= terminated(earlier)["finishedAt"]
-    events = kube.list_objects(cluster.api, "v1", "Event", cluster.ns)
+    events = kube_objects.list_objects(cluster.api, "v1", "Event", cluster.ns)
     waited = [
         e["message"]
         for e in events

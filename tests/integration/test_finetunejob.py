@@ -11,7 +11,7 @@ from tests.integration.test_finetunejob_support import (
     Operator,
     eventually,
 )
-from tpuforge import kube
+from tpuforge import kube_objects
 from tpuforge.api import TrainConfig
 from tpuforge.api.constants import CONFIG_FILE, EXIT_PREEMPTED
 
@@ -30,7 +30,7 @@ def test_happy_path_to_succeeded(cluster: Cluster, operator: Operator) -> None:
     cluster.set_pod(cluster.train(name, 0), "Running")
     cluster.wait_phase(name, "Training")
     # The trainer's report: the operator derives percent and keeps the trainer's keys.
-    kube.patch(
+    kube_objects.patch(
         cluster.api,
         "tpuforge.dev/v1alpha1",
         "FineTuneJob",
@@ -86,7 +86,7 @@ def test_preemption_starts_a_new_attempt_that_resumes(cluster: Cluster, operator
     st = cluster.wait_phase(name, "Pending")
     assert st["restarts"] == {"failures": 0, "preemptions": 1} and st["attempt"] == 1
     assert st["attempts"][0]["outcome"] == "Preempted"
-    cm = kube.get(cluster.api, "v1", "ConfigMap", cluster.ns, cluster.train(name, 1))
+    cm = kube_objects.get(cluster.api, "v1", "ConfigMap", cluster.ns, cluster.train(name, 1))
     assert cm is not None and TrainConfig.model_validate_json(cm["data"][CONFIG_FILE]).attempt == 1
     kind, _, message = cluster.wait_event(name, "Preempted")
     assert kind == "Warning" and message.startswith("attempt 0 preempted")
@@ -157,7 +157,7 @@ def test_suspend_removes_the_job_and_resume_starts_a_new_attempt(cluster: Cluste
     cluster.edit(name, {"runPolicy": {"suspend": True}})
     cluster.wait_phase(name, "Suspended")
     eventually(
-        lambda: _assert(kube.get(cluster.api, "batch/v1", "Job", cluster.ns, cluster.train(name, 0)) is None),
+        lambda: _assert(kube_objects.get(cluster.api, "batch/v1", "Job", cluster.ns, cluster.train(name, 0)) is None),
         "the training Job is removed",
     )
     assert cluster.condition(name, "Suspended")["status"] == "True"
@@ -214,7 +214,7 @@ def test_spec_changes_to_training_fields_are_not_applied(cluster: Cluster) -> No
     # A retry keeps the maths the run started with.
     cluster.set_pod(cluster.train(name, 0), "Failed", exit_code=1, message="transient")
     cluster.wait_job(cluster.train(name, 1))
-    cm = kube.get(cluster.api, "v1", "ConfigMap", cluster.ns, cluster.train(name, 1))
+    cm = kube_objects.get(cluster.api, "v1", "ConfigMap", cluster.ns, cluster.train(name, 1))
     assert cm is not None
     cfg = TrainConfig.model_validate_json(cm["data"][CONFIG_FILE])
     assert cfg.lora.rank == 64 and cfg.training.learning_rate == 1e-4

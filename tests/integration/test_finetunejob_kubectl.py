@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 
 from tests.unit.test_finetune_status_events import NODE, flow_events, worst_cases
-from tpuforge import api, kube
+from tpuforge import api, kube_events
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND, FINETUNEJOB_PLURAL, GROUP, VERSION
 
 pytestmark = pytest.mark.cluster
@@ -132,7 +132,7 @@ def test_kubectl_get_and_describe_read_well(
     for type_, reason, message in messages:
         if (reason, message) not in seen:
             seen.add((reason, message))
-            kube.post_event(api_client, obj, type_, reason, message)
+            kube_events.post_event(api_client, obj, type_, reason, message)
     out = kubectl(sandbox_env, "describe", "finetunejob", "gemma-verilog", "-n", namespace)
     events = out[out.index("Events:") :].splitlines()[1:]
     print("\n".join(events))

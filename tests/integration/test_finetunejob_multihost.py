@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client
 
 from tests.integration.test_finetunejob_support import Cluster, Operator, eventually, running_operator, until
-from tpuforge import kube
+from tpuforge import kube_client, kube_objects
 from tpuforge.api.constants import (
     EXIT_PREEMPTED,
     JOB_COMPLETION_INDEX,
@@ -68,7 +68,9 @@ def train(name: str, attempt: int) -> str:
 
 
 def wait_jobset(cluster: Cluster, name: str) -> dict[str, Any]:
-    return until(lambda: kube.get(cluster.api, JOBSET_API_VERSION, JOBSET_KIND, cluster.ns, name), f"JobSet {name}")
+    return until(
+        lambda: kube_objects.get(cluster.api, JOBSET_API_VERSION, JOBSET_KIND, cluster.ns, name), f"JobSet {name}"
+    )
 
 
 def host_pods(cluster: Cluster, jobset: dict[str, Any]) -> list[str]:
@@ -109,7 +111,7 @@ def host_pods(cluster: Cluster, jobset: dict[str, Any]) -> list[str]:
                 "schedulerName": "played-by-the-test",  # not the node agent's to run
             },
         }
-        kube.create(cluster.api, pod)
+        kube_objects.create(cluster.api, pod)
         names.append(pod_name)
     return names
 
@@ -124,7 +126,7 @@ def set_pod(cluster: Cluster, pod: str, phase: str, exit_code: int | None = None
         term = {"exitCode": exit_code, "reason": "Error", "message": status.pop("message", "")}
         cs["state"] = {"terminated": {**term, "startedAt": now, "finishedAt": now}}
     body = {"phase": phase, "startTime": now, "containerStatuses": [cs], **status}
-    kube.patch(cluster.api, "v1", "Pod", cluster.ns, pod, {"status": body}, subresource="status")
+    kube_objects.patch(cluster.api, "v1", "Pod", cluster.ns, pod, {"status": body}, subresource="status")
 
 
 def _assert(ok: bool) -> None:
@@ -188,7 +190,9 @@ def test_a_preempted_host_starts_the_next_attempt_and_a_failed_host_counts_one_f
     cluster.wait_phase(name, "Training")
     set_pod(cluster, pods[0], "Failed", 1, message="FloatingPointError: loss is NaN at step 41")
     eventually(
-        lambda: _assert(kube.get(cluster.api, JOBSET_API_VERSION, JOBSET_KIND, cluster.ns, train(name, 1)) is None),
+        lambda: _assert(
+            kube_objects.get(cluster.api, JOBSET_API_VERSION, JOBSET_KIND, cluster.ns, train(name, 1)) is None
+        ),
         "the failed attempt's JobSet is deleted",
     )
     wait_jobset(cluster, train(name, 2))  # once host 1's pod is gone (garbage-collected with its JobSet)
@@ -204,7 +208,7 @@ def test_an_informer_of_a_kind_the_cluster_does_not_serve_is_ready_and_empty(
 ) -> None:
     """Without JobSet's CRD the operator still starts (its JobSet informer lists nothing and says the kind is
     not served); with it, the same informer is served."""
-    kube.configure(sandbox.kubeconfig)
+    kube_client.configure(sandbox.kubeconfig)
     monkeypatch.setattr(informer, "UNSERVED_RETRY_SECONDS", 0.2)
 
     async def start(api_version: str) -> tuple[bool, int]:

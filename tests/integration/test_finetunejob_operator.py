@@ -14,7 +14,7 @@ from tests.integration.test_finetunejob_support import (
     Operator,
     eventually,
 )
-from tpuforge import kube
+from tpuforge import kube_client, kube_objects
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
 
 pytestmark = pytest.mark.cluster
@@ -35,7 +35,7 @@ def sa_client(admin: client.ApiClient, namespace: str, service_account: str) -> 
     """A client that authenticates with a fresh token of `service_account` (TokenRequest)."""
     path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token"
     body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 600}}
-    token = kube.request(admin, "POST", path, body=body)["status"]["token"]
+    token = kube_client.request(admin, "POST", path, body=body)["status"]["token"]
     cfg = client.Configuration()
     cfg.host = admin.configuration.host
     cfg.ssl_ca_cert = admin.configuration.ssl_ca_cert
@@ -48,7 +48,7 @@ def report_progress(api: client.ApiClient, namespace: str, name: str, step: int)
     """What the trainer writes: a JSON merge patch of status.progress."""
     ref = {"apiVersion": API_VERSION, "kind": FINETUNEJOB_KIND, "metadata": {"namespace": namespace, "name": name}}
     progress = {"step": step, "totalSteps": 10_000, "loss": 2.0 - step / 10_000, "tokensPerSecond": 760.0}
-    return kube.patch_status(api, ref, {"progress": progress})
+    return kube_objects.patch_status(api, ref, {"progress": progress})
 
 
 def test_a_restarted_operator_duplicates_nothing_and_catches_up(cluster: Cluster, operator: Operator) -> None:
@@ -123,13 +123,13 @@ def test_the_trainer_account_reports_its_own_progress_and_nothing_else(cluster: 
     cluster.wait_job(cluster.train(other, 0))
     trainer = sa_client(cluster.api, cluster.ns, f"{mine}-trainer")
     assert report_progress(trainer, cluster.ns, mine, 7)["status"]["progress"]["step"] == 7
-    with pytest.raises(kube.ApiException) as denied:
+    with pytest.raises(kube_client.ApiException) as denied:
         report_progress(trainer, cluster.ns, other, 7)
     assert denied.value.status == 403
     # Nor can it touch the spec of its own job.
-    with pytest.raises(kube.ApiException) as spec_denied:
+    with pytest.raises(kube_client.ApiException) as spec_denied:
         cluster_edit = {"spec": {"runPolicy": {"maxRestarts": 99}}}
-        kube.patch(trainer, API_VERSION, FINETUNEJOB_KIND, cluster.ns, mine, cluster_edit)
+        kube_objects.patch(trainer, API_VERSION, FINETUNEJOB_KIND, cluster.ns, mine, cluster_edit)
     assert spec_denied.value.status == 403
     # Nor read the namespace's Secrets, listed or by name.
     core = client.CoreV1Api(cluster.api)
@@ -139,13 +139,13 @@ def test_the_trainer_account_reports_its_own_progress_and_nothing_else(cluster: 
         lambda: as_trainer.list_namespaced_secret(cluster.ns),
         lambda: as_trainer.read_namespaced_secret("hf-token", cluster.ns),
     ):
-        with pytest.raises(kube.ApiException) as secret_denied:
+        with pytest.raises(kube_client.ApiException) as secret_denied:
             read()
         assert secret_denied.value.status == 403
 
 
 def test_a_platform_service_account_is_used_and_bound(cluster: Cluster) -> None:
-    kube.create(
+    kube_objects.create(
         cluster.api,
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "gcs-reader", "namespace": cluster.ns}},
     )

@@ -21,7 +21,7 @@ from typing import Any, TypeVar, cast
 
 from kubernetes import client
 
-from tpuforge import kube
+from tpuforge import kube_objects
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
 from tpuforge.manifests import finetune as m
 from tpuforge.sandbox import Sandbox, wait_for
@@ -146,11 +146,11 @@ class Cluster:
             "metadata": {"name": name, "namespace": self.ns},
             "spec": spec(name, **overrides),
         }
-        kube.create(self.api, body)
+        kube_objects.create(self.api, body)
         return name
 
     def get(self, name: str) -> dict[str, Any] | None:
-        return kube.get(self.api, API_VERSION, FINETUNEJOB_KIND, self.ns, name)
+        return kube_objects.get(self.api, API_VERSION, FINETUNEJOB_KIND, self.ns, name)
 
     def status(self, name: str) -> dict[str, Any]:
         obj = self.get(name)
@@ -158,10 +158,10 @@ class Cluster:
         return dict(obj.get("status") or {})
 
     def edit(self, name: str, spec_patch: dict[str, Any]) -> None:
-        kube.patch(self.api, API_VERSION, FINETUNEJOB_KIND, self.ns, name, {"spec": spec_patch})
+        kube_objects.patch(self.api, API_VERSION, FINETUNEJOB_KIND, self.ns, name, {"spec": spec_patch})
 
     def delete(self, name: str) -> None:
-        kube.delete(self.api, API_VERSION, FINETUNEJOB_KIND, self.ns, name)
+        kube_objects.delete(self.api, API_VERSION, FINETUNEJOB_KIND, self.ns, name)
 
     def wait_phase(self, name: str, phase: str, timeout: float = WAIT) -> dict[str, Any]:
         last: dict[str, Any] = {}
@@ -180,7 +180,7 @@ class Cluster:
         return next(c for c in self.status(name).get("conditions", []) if c["type"] == type_)
 
     def events(self, name: str) -> list[tuple[str, str, str]]:
-        items = kube.list_objects(self.api, "v1", "Event", self.ns)
+        items = kube_objects.list_objects(self.api, "v1", "Event", self.ns)
         mine = [
             e for e in items if e["involvedObject"].get("name") == name and e["involvedObject"]["kind"] == "FineTuneJob"
         ]
@@ -209,14 +209,14 @@ class Cluster:
             "Role": "rbac.authorization.k8s.io/v1",
             "RoleBinding": "rbac.authorization.k8s.io/v1",
         }.get(kind, "v1")
-        return kube.list_objects(self.api, api_version, kind, self.ns, f"tpuforge.dev/finetunejob={name}")
+        return kube_objects.list_objects(self.api, api_version, kind, self.ns, f"tpuforge.dev/finetunejob={name}")
 
     def wait_job(self, job: str) -> dict[str, Any]:
-        return until(lambda: kube.get(self.api, "batch/v1", "Job", self.ns, job), f"Job {job}")
+        return until(lambda: kube_objects.get(self.api, "batch/v1", "Job", self.ns, job), f"Job {job}")
 
     def pod_of(self, job: str) -> dict[str, Any]:
         def one() -> dict[str, Any] | None:
-            pods = kube.list_objects(self.api, "v1", "Pod", self.ns, f"job-name={job}")
+            pods = kube_objects.list_objects(self.api, "v1", "Pod", self.ns, f"job-name={job}")
             return pods[0] if pods else None
 
         return until(one, f"a pod of Job {job}")
@@ -250,7 +250,9 @@ class Cluster:
             }
         body = {"phase": phase, "startTime": pod["status"].get("startTime") or now, "containerStatuses": [cs]}
         body.update(status)
-        kube.patch(self.api, "v1", "Pod", self.ns, pod["metadata"]["name"], {"status": body}, subresource="status")
+        kube_objects.patch(
+            self.api, "v1", "Pod", self.ns, pod["metadata"]["name"], {"status": body}, subresource="status"
+        )
         return str(pod["metadata"]["name"])
 
     def train(self, name: str, attempt: int) -> str:

@@ -1,6 +1,6 @@
-"""kube.AsyncApi, the FineTuneJob controller's writes on the event loop, against the sandbox's apiserver: the
-same outcomes as the synchronous calls, conditional status writes, and credentials read once, and again
-after a 401."""
+"""kube_async.AsyncApi, the FineTuneJob controller's writes on the event loop, against the sandbox's
+apiserver: the same outcomes as the synchronous calls, conditional status writes, and credentials read once,
+and again after a 401."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tpuforge import kube
+from tpuforge import kube_async, kube_client, kube_objects
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
 from tpuforge.sandbox import Sandbox
 
@@ -38,29 +38,29 @@ def finetunejob(ns: str) -> dict[str, Any]:
 
 
 def test_writes_match_the_synchronous_calls(sandbox: Sandbox, api_client: client.ApiClient, namespace: str) -> None:
-    kube.configure(sandbox.kubeconfig)
+    kube_client.configure(sandbox.kubeconfig)
     ns = namespace
-    sync = kube.api_client()
-    ftj = kube.create(sync, finetunejob(ns))
+    sync = kube_client.api_client()
+    ftj = kube_objects.create(sync, finetunejob(ns))
 
     async def scenario() -> None:
-        api = kube.AsyncApi(8)
+        api = kube_async.AsyncApi(8)
         try:
             assert await api.create_if_absent(config_map(ns, "a")) is True
             assert await api.create_if_absent(config_map(ns, "a")) is False  # exists: not an error
-            assert kube.get(sync, "v1", "ConfigMap", ns, "a") is not None
+            assert kube_objects.get(sync, "v1", "ConfigMap", ns, "a") is not None
 
             version = ftj["metadata"]["resourceVersion"]
             new = await api.patch_status(ftj, {"phase": "Pending"}, version)
             assert new["status"]["phase"] == "Pending"
-            with pytest.raises(kube.ApiException) as stale:  # written on a version that is no longer current
+            with pytest.raises(kube_client.ApiException) as stale:  # written on a version that is no longer current
                 await api.patch_status(ftj, {"phase": "Training"}, version)
-            assert kube.is_conflict(stale.value)
-            got = kube.get(sync, API_VERSION, FINETUNEJOB_KIND, ns, ftj["metadata"]["name"])
+            assert kube_client.is_conflict(stale.value)
+            got = kube_objects.get(sync, API_VERSION, FINETUNEJOB_KIND, ns, ftj["metadata"]["name"])
             assert got is not None and got["status"]["phase"] == "Pending"
 
             await api.post_event(ftj, "Normal", "Testing", "an event from the event loop")
-            reasons = [e["reason"] for e in kube.list_objects(sync, "v1", "Event", ns)]
+            reasons = [e["reason"] for e in kube_objects.list_objects(sync, "v1", "Event", ns)]
             assert "Testing" in reasons
 
             assert await api.delete("v1", "ConfigMap", ns, "a") is True
@@ -72,7 +72,7 @@ def test_writes_match_the_synchronous_calls(sandbox: Sandbox, api_client: client
 
 
 def test_credentials_are_read_once_and_again_after_a_401(sandbox: Sandbox, namespace: str) -> None:
-    good = kube.configure(sandbox.kubeconfig)
+    good = kube_client.configure(sandbox.kubeconfig)
     cfg = copy.deepcopy(good)
     real = dict(cfg.api_key)
     reads: list[int] = []
@@ -85,7 +85,7 @@ def test_credentials_are_read_once_and_again_after_a_401(sandbox: Sandbox, names
     cfg.refresh_api_key_hook = refresh
 
     async def scenario() -> None:
-        api = kube.AsyncApi(2, cfg)
+        api = kube_async.AsyncApi(2, cfg)
         try:
             assert await api.create_if_absent(config_map(namespace, "b")) is True  # 401, read again, created
             assert len(reads) == 2

@@ -21,7 +21,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY, generate_latest
 
-from tpuforge import kube
+from tpuforge import kube_client
 from tpuforge.api.constants import API_VERSION, GROUP, SERVING_PLURAL, VERSION
 from tpuforge.manifests import serving as manifests
 from tpuforge.sandbox import Sandbox, wait_for
@@ -48,7 +48,7 @@ def serving_only_registry() -> kopf.OperatorRegistry:
 
 @pytest.fixture(scope="module")
 def operator(sandbox: Sandbox) -> Iterator[KopfRunner]:
-    kube.configure(sandbox.kubeconfig)
+    kube_client.configure(sandbox.kubeconfig)
     args = ["run", "--standalone", "--all-namespaces"]
     with KopfRunner(args, registry=serving_only_registry(), timeout=60) as runner:
         yield runner
@@ -413,7 +413,7 @@ def test_deletion_collects_the_children_and_keeps_the_cache_unless_asked(
 
 def served(api: client.ApiClient, path: str) -> bool:
     try:
-        return bool(kube.request(api, "GET", path).get("resources"))
+        return bool(kube_client.request(api, "GET", path).get("resources"))
     except ApiException:
         return False
 

@@ -1,12 +1,12 @@
 """The Kubernetes API permissions the operator needs, read from its code with `ast` (nothing is imported but
 the constants the code names).
 
-Every API call of the controllers goes through `tpuforge.kube`; the scan reads each call of it in
-operator/tpuforge/controllers/:
+Every API call of the controllers goes through the `tpuforge.kube_*` modules (`kube_objects`, `kube_client`,
+`kube_events`); the scan reads each call of them in operator/tpuforge/controllers/:
 - `get`, `list_objects`, `delete`, `patch` name (apiVersion, kind) as arguments: constants are resolved;
   `x.api_version` / `x.kind` of a value object are the kinds the controllers construct such objects with
   (e.g. `ChildRef("batch/v1", "Job", name)`); anything else is a child built by the manifests;
-- the same calls of a `kube.AsyncApi`, made through a name `kube_api` (they have no client argument);
+- the same calls of a `kube_async.AsyncApi`, made through a name `kube_api` (they have no client argument);
 - `create`, `create_if_absent`, and `request` with a `resource_path(...)` act on a child object, i.e. on the
   kinds the manifests modules the controller imports build (dict literals with apiVersion, kind, metadata);
 - `patch_status` writes the status of the kind the module reconciles (its kopf handlers' own-group
@@ -53,20 +53,22 @@ class Use:
 ApiKind = tuple[str, str]  # (apiVersion, kind)
 
 _HTTP = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
-# tpuforge.kube function -> (verb, index of the apiVersion argument) for the calls that name their kind.
+# The names the calls are made through: the modules, and an AsyncApi.
+_RECEIVERS = ("kube_objects", "kube_client", "kube_events", "kube_api")
+# kube_objects function -> (verb, index of the apiVersion argument) for the calls that name their kind.
 _NAMED = {"get": ("get", 1), "list_objects": ("list", 1), "delete": ("delete", 1), "patch": ("patch", 1)}
 _OBJECT = {"create": "create", "create_if_absent": "create"}
 _KOPF_STATEFUL = {"create", "update", "delete", "resume", "field", "timer", "daemon"}
 _KOPF_WATCHING = _KOPF_STATEFUL | {"event", "index"}
 # A typed-client call (`read_namespaced_pod`, `patch_namespaced_custom_object_status`, ...) would bypass the
-# scan: the controllers must use tpuforge.kube.
+# scan: the controllers must use the tpuforge.kube_* modules.
 _TYPED_CLIENT = re.compile(
     r"^(read|list|create|replace|patch|delete|connect)_\w*(namespaced_|custom_object|for_all_namespaces|custom_resource)"
 )
 
 
-def _kube() -> Any:
-    return importlib.import_module("tpuforge.kube")
+def _kube_client() -> Any:
+    return importlib.import_module("tpuforge.kube_client")
 
 
 def group_of(api_version: str) -> str:
@@ -74,9 +76,9 @@ def group_of(api_version: str) -> str:
 
 
 def plural_of(kind: str) -> str:
-    plurals: dict[str, str] = _kube().PLURALS
+    plurals: dict[str, str] = _kube_client().PLURALS
     if kind not in plurals:
-        raise AssertionError(f"tpuforge.kube.PLURALS lacks kind {kind!r}")
+        raise AssertionError(f"tpuforge.kube_client.PLURALS lacks kind {kind!r}")
     return plurals[kind]
 
 
@@ -301,9 +303,9 @@ class Scan:
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
                 continue
             fn, receiver = node.func.attr, _dotted(node.func.value)
-            if receiver not in ("kube", "kube_api"):
+            if receiver not in _RECEIVERS:
                 if _TYPED_CLIENT.match(fn):
-                    raise AssertionError(f"{mod.where(node)}: call the API through tpuforge.kube ({receiver}.{fn})")
+                    raise AssertionError(f"{mod.where(node)}: call the API through tpuforge.kube_* ({receiver}.{fn})")
                 continue
             where = mod.where(node)
             if fn in _NAMED:
@@ -341,7 +343,7 @@ class Scan:
 
 
 def _resource_path_call(mod: Module, node: ast.AST | None) -> ast.Call | None:
-    """The `kube.resource_path(...)` call a request's path comes from, directly or through a local name."""
+    """The `kube_client.resource_path(...)` call a request's path comes from, directly or through a local name."""
     if isinstance(node, ast.Call) and _dotted(node.func).endswith("resource_path"):
         return node
     if isinstance(node, ast.Name):

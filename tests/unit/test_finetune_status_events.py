@@ -17,7 +17,7 @@ from tests.unit import test_finetune_status_evaluation as evaluation_flows
 from tests.unit import test_finetune_status_multihost as multihost_flows
 from tests.unit import test_finetune_status_plan as flows
 from tests.unit import test_finetune_status_preflight as preflight_flows
-from tpuforge import kube
+from tpuforge import kube_events
 from tpuforge.api.evaluation import Check
 from tpuforge.controllers import finetune_events as ev
 from tpuforge.controllers.finetune_plan import Event
@@ -109,7 +109,7 @@ def worst_cases() -> Iterator[str]:
 
 def test_the_room_is_what_describe_leaves() -> None:
     widest = max(ev.REASONS, key=len)
-    line = describe_events([("Warning", widest, "9m59s", kube.COMPONENT, "x" * ev.MESSAGE_ROOM)])[-1]
+    line = describe_events([("Warning", widest, "9m59s", kube_events.COMPONENT, "x" * ev.MESSAGE_ROOM)])[-1]
     assert len(line) == 80
     assert ev.MESSAGE_ROOM >= 40  # short reasons and a short component leave room for a node name
 
@@ -119,8 +119,8 @@ def test_every_event_fits_one_line_of_an_80_column_terminal(monkeypatch: pytest.
     assert {e.reason for e in events} == set(ev.REASONS), "a reason is never exercised, or is not in REASONS"
     messages = [(e.type, e.message) for e in events] + [("Warning", m) for m in worst_cases()]
     # Every reason in the table at once: the Reason column at its widest.
-    rows = [("Normal", r, "9m59s", kube.COMPONENT, "") for r in ev.REASONS]
-    rows += [(t, "Failed", "1s", kube.COMPONENT, m) for t, m in messages]
+    rows = [("Normal", r, "9m59s", kube_events.COMPONENT, "") for r in ev.REASONS]
+    rows += [(t, "Failed", "1s", kube_events.COMPONENT, m) for t, m in messages]
     too_long = [line for line in describe_events(rows) if len(line) > 80]
     assert not too_long, "\n".join(too_long)
     assert all(m.strip() == m and m.split()[-1] not in ("of", "on", "in", "invalid") for _, m in messages)

@@ -375,14 +375,14 @@ def test_scan_reads_kube_calls_and_kopf_handlers(tmp_path: Path) -> None:
     src = tmp_path / "controller.py"
     src.write_text(
         "import kopf\n"
-        "from tpuforge import kube\n"
+        "from tpuforge import kube_events, kube_objects\n"
         "from tpuforge.api.constants import GROUP, VERSION, FINETUNEJOB_PLURAL\n"
         "@kopf.on.create(GROUP, VERSION, FINETUNEJOB_PLURAL)\n"
         "def h(**_):\n"
-        "    kube.get(api, 'apps/v1', 'Deployment', 'ns', 'x')\n"
-        "    kube.patch(api, 'v1', 'Pod', 'ns', 'x', {}, subresource='status')\n"
-        "    kube.post_event(api, obj, 'Normal', 'R', 'm')\n"
-        "    kube.patch_status(api, obj, {})\n"
+        "    kube_objects.get(api, 'apps/v1', 'Deployment', 'ns', 'x')\n"
+        "    kube_objects.patch(api, 'v1', 'Pod', 'ns', 'x', {}, subresource='status')\n"
+        "    kube_events.post_event(api, obj, 'Normal', 'R', 'm')\n"
+        "    kube_objects.patch_status(api, obj, {})\n"
     )
     got = {str(u.permission) for u in rbac_scan.Scan([src]).uses()}
     assert got == {

@@ -1,4 +1,4 @@
-"""The operator: kopf settings, login with the credentials `tpuforge.kube` loaded, and `main(argv)` for
+"""The operator: kopf settings, login with the credentials `tpuforge.kube_client` loaded, and `main(argv)` for
 `tpuforge operator`. Importing this package registers every kind's handlers (one module per kind)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import kopf
 
-from tpuforge import kube, metrics
+from tpuforge import kube_client, kube_events, metrics
 from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS, LABEL_SERVING
 from tpuforge.controllers import defaults, finetunejob, servingdeployment
 
@@ -29,7 +29,7 @@ def configure_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix=PREFIX, key="last-handled-configuration"
     )
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
-    settings.posting.reporting_component = kube.COMPONENT
+    settings.posting.reporting_component = kube_events.COMPONENT
     # Server-side label selectors for the child kinds kopf watches (the ServingDeployment controller's), so
     # that the rest of the cluster's pods never reach the operator. The FineTuneJob controller watches its
     # children with informers of its own (controllers/informer.py), with their own selectors.
@@ -39,8 +39,8 @@ def configure_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 @kopf.on.login()
 def login(**_: Any) -> kopf.ConnectionInfo:
-    """The credentials `kube.configure()` loaded (so kopf and the controllers' client are the same user)."""
-    cfg = kube.configuration()
+    """The credentials `kube_client.configure()` loaded (so kopf and the controllers' client are the same user)."""
+    cfg = kube_client.configuration()
     header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization") or ""
     scheme, _sep, token = header.partition(" ") if " " in header else ("", "", header)
     return kopf.ConnectionInfo(
@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # kopf logs every handled watch event at INFO: thousands a minute on a busy cluster.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     try:
-        kube.configure(args.kubeconfig, args.context)
+        kube_client.configure(args.kubeconfig, args.context)
     except Exception as exc:
         log.error("cannot load Kubernetes credentials: %s", exc)
         return 2

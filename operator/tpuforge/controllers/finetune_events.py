@@ -16,7 +16,7 @@ which is the part that tells nodes and pods apart; the full names are in status.
 
 from __future__ import annotations
 
-from tpuforge import kube
+from tpuforge import kube_events
 from tpuforge.api.evaluation import Check, score
 
 DESCRIBE_WIDTH = 80
@@ -61,7 +61,7 @@ REASONS = (
 )
 
 
-def room(reasons: tuple[str, ...] = REASONS, component: str = kube.COMPONENT) -> int:
+def room(reasons: tuple[str, ...] = REASONS, component: str = kube_events.COMPONENT) -> int:
     """Characters left for an Event message on one `kubectl describe` line."""
     type_col = INDENT + len("Warning") + PADDING
     reason_col = max(len("Reason"), *map(len, reasons)) + PADDING

@@ -29,7 +29,7 @@ class Snapshot:
 
     @property
     def ref(self) -> dict[str, Any]:
-        """The object as kube.patch_status and kube.post_event address it."""
+        """The object as kube_objects.patch_status and kube_events.post_event address it."""
         return {
             "apiVersion": API_VERSION,
             "kind": FINETUNEJOB_KIND,

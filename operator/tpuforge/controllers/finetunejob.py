@@ -27,7 +27,7 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from tpuforge import kube, metrics
+from tpuforge import kube_async, kube_client, metrics
 from tpuforge.api import FineTuneJobStatus
 from tpuforge.api.constants import (
     API_VERSION,
@@ -145,7 +145,7 @@ class FineTuneJobController:
             owner=owner_key,
             on_change=self.child_changed,
         )
-        self._api: kube.AsyncApi | None = None  # made on the event loop, in start()
+        self._api: kube_async.AsyncApi | None = None  # made on the event loop, in start()
         self._created: dict[tuple[str, str, str], float] = {}  # (owner uid, kind, name) -> when
         # Our last status write per object: (resourceVersion it was based on, the new one, the new status).
         # Until the watch brings the new version, the last event holds the old one; reading ours instead
@@ -154,7 +154,7 @@ class FineTuneJobController:
 
     async def start(self) -> None:
         """Start the informers; return once each has its first LIST in memory, the children's first."""
-        self._api = kube.AsyncApi(API_CONCURRENCY)
+        self._api = kube_async.AsyncApi(API_CONCURRENCY)
         await asyncio.gather(self.jobs.start(), self.jobsets.start(), self.pods.start(), self.configs.start())
         await self.finetunejobs.start()
 
@@ -233,8 +233,8 @@ class FineTuneJobController:
         if patch:
             try:
                 new = await kube_api.patch_status(snap.ref, patch, snap.resource_version)
-            except kube.ApiException as exc:
-                if not kube.is_conflict(exc):
+            except kube_client.ApiException as exc:
+                if not kube_client.is_conflict(exc):
                     raise
                 metrics.RECONCILE_CONFLICTS.labels(FINETUNEJOB_KIND).inc()
                 log.debug("%s/%s: status changed meanwhile; reconciling the newer one", snap.namespace, snap.name)
@@ -258,12 +258,12 @@ class FineTuneJobController:
         return p.requeue_after
 
     @property
-    def api(self) -> kube.AsyncApi:
+    def api(self) -> kube_async.AsyncApi:
         if self._api is None:
             raise RuntimeError("FineTuneJobController.start() has not been called")
         return self._api
 
-    async def create_child(self, kube_api: kube.AsyncApi, owner_uid: str, obj: Mapping[str, Any]) -> None:
+    async def create_child(self, kube_api: kube_async.AsyncApi, owner_uid: str, obj: Mapping[str, Any]) -> None:
         key = (owner_uid, obj["kind"], obj["metadata"]["name"])
         now = time.monotonic()
         when = self._created.get(key)
@@ -275,10 +275,10 @@ class FineTuneJobController:
         if len(self._created) > 10_000:
             self._created = {k: t for k, t in self._created.items() if now - t < CREATED_MEMORY_SECONDS}
 
-    async def delete_child(self, kube_api: kube.AsyncApi, namespace: str, child: ChildRef) -> None:
+    async def delete_child(self, kube_api: kube_async.AsyncApi, namespace: str, child: ChildRef) -> None:
         await kube_api.delete(child.api_version, child.kind, namespace, child.name)
 
-    async def post_event(self, kube_api: kube.AsyncApi, snap: Snapshot, event: Event) -> None:
+    async def post_event(self, kube_api: kube_async.AsyncApi, snap: Snapshot, event: Event) -> None:
         await kube_api.post_event(snap.ref, event.type, event.reason, event.message)
 
     def forget(self, key: Key) -> None:

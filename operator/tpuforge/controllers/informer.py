@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Generic, TypeVar
 
-from tpuforge import kube
+from tpuforge import kube_client, kube_objects
 
 log = logging.getLogger(__name__)
 
@@ -137,23 +137,23 @@ class Informer(Generic[K, V]):
         return meta.get("uid", ""), self._owner(obj), self._view(obj), meta.get("namespace", "")
 
     def _run(self, namespace: str | None) -> None:
-        api = kube.api_client()
+        api = kube_client.api_client()
         version = ""
         while not self._stopping.is_set():
             try:
                 if not version:
                     try:
-                        items, version = kube.list_collection(
+                        items, version = kube_objects.list_collection(
                             api, self.api_version, self.kind, namespace, self.selector
                         )
-                    except kube.ApiException as exc:
-                        if not kube.is_not_found(exc):
+                    except kube_client.ApiException as exc:
+                        if not kube_client.is_not_found(exc):
                             raise
                         self._post(self._replace, namespace, [], False)
                         time.sleep(UNSERVED_RETRY_SECONDS)
                         continue
                     self._post(self._replace, namespace, [self._digest(o) for o in items])
-                stream = kube.WatchStream(
+                stream = kube_client.WatchStream(
                     api, self.api_version, self.kind, namespace, version, self.selector, WATCH_SECONDS
                 )
                 for event in stream:
@@ -173,7 +173,7 @@ class Informer(Generic[K, V]):
             except Exception as exc:
                 if self._stopping.is_set():
                     return
-                if isinstance(exc, kube.ApiException) and exc.status == 410:
+                if isinstance(exc, kube_client.ApiException) and exc.status == 410:
                     version = ""
                 log.warning("watching %s (%s): %s; again in %.0fs", self.kind, namespace or "all", exc, RETRY_SECONDS)
                 time.sleep(RETRY_SECONDS)

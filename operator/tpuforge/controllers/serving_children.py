@@ -1,6 +1,6 @@
-"""The ServingDeployment's children, read and written as plain dicts through tpuforge.kube: create or bring
-an object to what the pure manifests say (one read when unchanged), whether a monitoring kind is served, and
-the serving pods."""
+"""The ServingDeployment's children, read and written as plain dicts through tpuforge.kube_objects and
+kube_client: create or bring an object to what the pure manifests say (one read when unchanged), whether a
+monitoring kind is served, and the serving pods."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tpuforge import kube
+from tpuforge import kube_client, kube_objects
 from tpuforge.api.constants import SERVING_KIND
 from tpuforge.manifests import serving as manifests
 
@@ -26,14 +26,14 @@ def spec_hash(obj: Obj) -> str:
 
 
 class Children:
-    """Reads and writes the children as plain dicts, through tpuforge.kube."""
+    """Reads and writes the children as plain dicts, through tpuforge.kube_objects and kube_client."""
 
     def __init__(self, api_client: client.ApiClient):
         self.api_client = api_client
 
     def get(self, obj: Obj) -> Obj | None:
         meta = obj["metadata"]
-        return kube.get(self.api_client, obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        return kube_objects.get(self.api_client, obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
 
     def apply(self, desired: Obj) -> Obj:
         """Create `desired`, or bring the existing object to it. The desired object's hash, kept in an
@@ -48,9 +48,9 @@ class Children:
             raise RuntimeError(f"{desired['kind']} {desired['metadata']['name']} is being deleted; retrying")
         if existing is None:
             try:
-                return kube.create(self.api_client, desired)
+                return kube_objects.create(self.api_client, desired)
             except ApiException as e:
-                if not kube.is_already_exists(e):
+                if not kube_client.is_already_exists(e):
                     raise
                 existing = self.get(desired)
                 if existing is None:
@@ -70,20 +70,20 @@ class Children:
         elif kind != "PersistentVolumeClaim":
             existing["spec"] = desired["spec"]
         existing.pop("status", None)
-        path = kube.resource_path(desired["apiVersion"], kind, meta["namespace"], meta["name"])
+        path = kube_client.resource_path(desired["apiVersion"], kind, meta["namespace"], meta["name"])
         # PUT with the resourceVersion just read: a concurrent writer makes this fail (409) and retry.
-        return kube.request(self.api_client, "PUT", path, body=existing)
+        return kube_client.request(self.api_client, "PUT", path, body=existing)
 
     def served(self, group_version: str, plural: str) -> bool:
         """Whether the apiserver serves a resource (a monitoring CRD is installed)."""
         try:
-            resources = kube.request(self.api_client, "GET", f"/apis/{group_version}").get("resources") or []
+            resources = kube_client.request(self.api_client, "GET", f"/apis/{group_version}").get("resources") or []
         except ApiException as e:
-            if kube.is_not_found(e) or e.status == 403:
+            if kube_client.is_not_found(e) or e.status == 403:
                 return False
             raise
         return any(r.get("name") == plural for r in resources)
 
     def serving_pods(self, namespace: str, owner_uid: str) -> list[Obj]:
         """This object's pods (not a same-named predecessor's, which may still be going away)."""
-        return kube.list_objects(self.api_client, "v1", "Pod", namespace, manifests.pods_selector(owner_uid))
+        return kube_objects.list_objects(self.api_client, "v1", "Pod", namespace, manifests.pods_selector(owner_uid))

@@ -27,7 +27,7 @@ import kopf
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tpuforge import api, kube, metrics
+from tpuforge import api, kube_client, kube_events, kube_objects, metrics
 from tpuforge.api.constants import (
     API_VERSION,
     FINETUNEJOB_KIND,
@@ -77,7 +77,7 @@ class Conflict(Exception):
 def reconcile(api_client: client.ApiClient, namespace: str, name: str) -> api.ServingDeploymentStatus | None:
     """Bring one ServingDeployment's children and status to what its spec asks; returns the status written
     (None when the object is gone). Raises Conflict when the object changed meanwhile."""
-    body = kube.get(api_client, API_VERSION, SERVING_KIND, namespace, name)
+    body = kube_objects.get(api_client, API_VERSION, SERVING_KIND, namespace, name)
     if body is None:
         # Also after a run that was in flight when the object went: its series must not outlive it.
         metrics.forget_servingdeployment(namespace, name)
@@ -110,13 +110,13 @@ def observe(children: Children, body: Obj) -> plan.Observed:
     except api.SpecError:
         return o  # the plan says why
     ref = spec.model.fine_tune_job_ref
-    job = kube.get(api_client, API_VERSION, FINETUNEJOB_KIND, namespace, ref.name) if ref is not None else None
+    job = kube_objects.get(api_client, API_VERSION, FINETUNEJOB_KIND, namespace, ref.name) if ref is not None else None
     adapter_jobs = {
-        a.fine_tune_job_ref.name: kube.get(api_client, API_VERSION, FINETUNEJOB_KIND, namespace, r)
+        a.fine_tune_job_ref.name: kube_objects.get(api_client, API_VERSION, FINETUNEJOB_KIND, namespace, r)
         for a in spec.adapters
         if a.fine_tune_job_ref is not None and (r := a.fine_tune_job_ref.name)
     }
-    existing = kube.get(api_client, "apps/v1", "Deployment", namespace, serving_inputs.names(o.name).deployment)
+    existing = kube_objects.get(api_client, "apps/v1", "Deployment", namespace, serving_inputs.names(o.name).deployment)
     storage_class = os.environ.get(ENV_STORAGE_CLASS) or None
     return dataclasses.replace(o, job=job, adapter_jobs=adapter_jobs, existing=existing, storage_class=storage_class)
 
@@ -152,13 +152,13 @@ def write(children: Children, body: Obj, o: plan.Observed, p: plan.Plan) -> api.
         try:
             patch = p.status.model_dump(mode="json", by_alias=True)
             resource_version = body["metadata"]["resourceVersion"]
-            kube.patch_status(children.api_client, body, patch, resource_version=resource_version)
+            kube_objects.patch_status(children.api_client, body, patch, resource_version=resource_version)
         except ApiException as e:
-            if kube.is_conflict(e):
+            if kube_client.is_conflict(e):
                 raise Conflict(f"{o.namespace}/{o.name}") from e
             raise
     for type_, reason, message in p.events:
-        kube.post_event(children.api_client, body, type_, reason, message)
+        kube_events.post_event(children.api_client, body, type_, reason, message)
     metrics.observe_servingdeployment(o.namespace, o.name, o.spec, p.status)
     return p.status
 
@@ -217,7 +217,7 @@ class ServingDeploymentController:
 
     def apply(self, key: Key) -> float | None:
         try:
-            status = reconcile(kube.api_client(), *key)
+            status = reconcile(kube_client.api_client(), *key)
         except Conflict:
             metrics.RECONCILE_CONFLICTS.labels(SERVING_KIND).inc()
             log.debug("%s/%s: changed meanwhile; reconciling the newer one", *key)

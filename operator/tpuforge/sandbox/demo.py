@@ -34,7 +34,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
-from tpuforge import kube
+from tpuforge import kube_client, kube_objects
 from tpuforge.api import FineTuneJobSpec, ServingDeploymentSpec, SpecError, parse
 from tpuforge.api.catalog import TPU_SLICES
 from tpuforge.api.configs import TrainConfig
@@ -332,7 +332,7 @@ class Demo:
         heading(self.console, 3, self.sections, f"FineTuneJob {job.name}: {FINETUNE_YAML}")
         self.remove_previous(api, [job])
         body = {**job.body, "metadata": {**job.body["metadata"], "namespace": NAMESPACE}}
-        kube.create(api, body)
+        kube_objects.create(api, body)
         s = job.spec
         self.say(f"$ kubectl apply -f {FINETUNE_YAML}\nfinetunejob.tpuforge.dev/{job.name} created")
         self.say(
@@ -360,16 +360,16 @@ class Demo:
         servings = [load_yaml(self.root / path, SERVING_KIND)["metadata"]["name"] for path in SERVING_YAMLS]
         gone = []
         for serving in servings:
-            if kube.delete(api, API_VERSION, SERVING_KIND, NAMESPACE, serving):
+            if kube_objects.delete(api, API_VERSION, SERVING_KIND, NAMESPACE, serving):
                 gone.append(f"ServingDeployment {serving}")
         for job in jobs:
-            if kube.delete(api, API_VERSION, FINETUNEJOB_KIND, NAMESPACE, job.name):
+            if kube_objects.delete(api, API_VERSION, FINETUNEJOB_KIND, NAMESPACE, job.name):
                 gone.append(f"FineTuneJob {job.name}")
         selectors = [f"{LABEL_FINETUNEJOB}={j.name}" for j in jobs] + [f"{LABEL_SERVING}={s}" for s in servings]
 
         def quiet() -> bool:
-            return not any(kube.list_objects(api, "v1", "Pod", NAMESPACE, s) for s in selectors) and not any(
-                kube.get(api, API_VERSION, FINETUNEJOB_KIND, NAMESPACE, j.name) for j in jobs
+            return not any(kube_objects.list_objects(api, "v1", "Pod", NAMESPACE, s) for s in selectors) and not any(
+                kube_objects.get(api, API_VERSION, FINETUNEJOB_KIND, NAMESPACE, j.name) for j in jobs
             )
 
         if gone:
@@ -397,7 +397,7 @@ class Demo:
             while True:
                 if operator.pid() is None:
                     raise DemoError(f"the operator has exited; last lines of {operator.log}:\n{operator.log_tail()}")
-                obj = kube.get(api, API_VERSION, FINETUNEJOB_KIND, NAMESPACE, job.name)
+                obj = kube_objects.get(api, API_VERSION, FINETUNEJOB_KIND, NAMESPACE, job.name)
                 if obj is None:
                     raise DemoError(f"FineTuneJob {job.name} disappeared (deleted by someone?)")
                 status = obj.get("status") or {}
@@ -432,7 +432,7 @@ class Demo:
         return status
 
     def new_events(self, api: Any, uid: str, seen: set[str]) -> list[str]:
-        out = kube.request(
+        out = kube_client.request(
             api, "GET", f"/api/v1/namespaces/{NAMESPACE}/events", query={"fieldSelector": f"involvedObject.uid={uid}"}
         )
         # Timestamps have whole seconds; the resourceVersion orders events of the same second.
@@ -518,7 +518,7 @@ class Demo:
         self.show_verification(api, job)
 
     def show_verification(self, api: Any, job: DemoJob) -> None:
-        pods = kube.list_objects(api, "v1", "Pod", NAMESPACE, f"job-name={ftm.merge_job_name(job.name)}")
+        pods = kube_objects.list_objects(api, "v1", "Pod", NAMESPACE, f"job-name={ftm.merge_job_name(job.name)}")
         done = [p for p in pods if (p.get("status") or {}).get("phase") == "Succeeded"]
         if not done:
             self.say("verification: the merge pod's log is gone; nothing to show")
@@ -566,13 +566,13 @@ class Demo:
         body = load_yaml(self.root / SERVING_YAML, SERVING_KIND)
         parse_spec(self.root / SERVING_YAML, ServingDeploymentSpec, body)
         name = body["metadata"]["name"]
-        kube.create(api, {**body, "metadata": {**body["metadata"], "namespace": NAMESPACE}})
+        kube_objects.create(api, {**body, "metadata": {**body["metadata"], "namespace": NAMESPACE}})
         self.say(f"$ kubectl apply -f {SERVING_YAML}\nservingdeployment.tpuforge.dev/{name} created")
         phase, last = "", dict[str, Any]()
         deadline = time.monotonic() + SERVE_TIMEOUT
         with self.console.status("fetching the model from GCS and starting vLLM...") as spinner:
             while phase not in ("Ready", "Failed"):
-                obj = kube.get(api, API_VERSION, SERVING_KIND, NAMESPACE, name) or {}
+                obj = kube_objects.get(api, API_VERSION, SERVING_KIND, NAMESPACE, name) or {}
                 last = obj.get("status") or {}
                 if last.get("phase", "") != phase:
                     phase = last.get("phase", "")
@@ -585,7 +585,7 @@ class Demo:
                     self.say(f"not Ready after {duration(SERVE_TIMEOUT)}; status: {last}")
                     return
                 time.sleep(2)
-        pods = kube.list_objects(api, "v1", "Pod", NAMESPACE, f"{LABEL_SERVING}={name}")
+        pods = kube_objects.list_objects(api, "v1", "Pod", NAMESPACE, f"{LABEL_SERVING}={name}")
         if pods:
             self.pods["serve"] = pods[0]["metadata"]["name"]
         if phase == "Failed":
@@ -676,7 +676,7 @@ class Preemption(threading.Thread):
         attempt = (status.get("attempts") or [{}])[-1]
         hosts = attempt.get("pods") or []
         pod_name = hosts[-1] if hosts else attempt.get("podName")
-        pod = kube.get(api, "v1", "Pod", NAMESPACE, pod_name) if pod_name else None
+        pod = kube_objects.get(api, "v1", "Pod", NAMESPACE, pod_name) if pod_name else None
         self.node = (pod or {}).get("spec", {}).get("nodeName")
         p = status.get("progress") or {}
         if not self.node:

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from tpuforge import kube
+from tpuforge import kube_objects
 from tpuforge.api import FineTuneJobSpec, ServingDeploymentSpec
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND, LABEL_SERVING, SERVING_KIND
 from tpuforge.api.evaluation import checks
@@ -110,7 +110,7 @@ class AdaptersDemo(Demo):
         heading(self.console, 3, self.sections, title)
         self.remove_previous(api, jobs)
         for job in jobs:
-            kube.create(api, {**job.body, "metadata": {**job.body["metadata"], "namespace": NAMESPACE}})
+            kube_objects.create(api, {**job.body, "metadata": {**job.body["metadata"], "namespace": NAMESPACE}})
             self.say(f"finetunejob.tpuforge.dev/{job.name} created")
             s: FineTuneJobSpec = job.spec
             ev = s.evaluation
@@ -136,7 +136,7 @@ class AdaptersDemo(Demo):
                 raise DemoError(f"the operator has exited; last lines of {operator.log}:\n{operator.log_tail()}")
             statuses = {}
             for job in jobs:
-                obj = kube.get(api, API_VERSION, FINETUNEJOB_KIND, NAMESPACE, job.name)
+                obj = kube_objects.get(api, API_VERSION, FINETUNEJOB_KIND, NAMESPACE, job.name)
                 if obj is None:
                     raise DemoError(f"FineTuneJob {job.name} disappeared (deleted by someone?)")
                 statuses[job.name] = obj.get("status") or {}
@@ -185,13 +185,13 @@ class AdaptersDemo(Demo):
         if not port_free(VLLM_PORT):
             raise DemoError(f"port {VLLM_PORT} on 127.0.0.1 is in use, and the vLLM pod needs it")
         name = body["metadata"]["name"]
-        kube.create(api, {**body, "metadata": {**body["metadata"], "namespace": NAMESPACE}})
+        kube_objects.create(api, {**body, "metadata": {**body["metadata"], "namespace": NAMESPACE}})
         self.say(f"$ kubectl apply -f {SERVING_YAML}\nservingdeployment.tpuforge.dev/{name} created")
         shown: dict[str, str] = {}
         deadline = time.monotonic() + SERVE_TIMEOUT
         with self.console.status("fetching the base, starting vLLM, loading the adapters...") as spinner:
             while True:
-                status = (kube.get(api, API_VERSION, SERVING_KIND, NAMESPACE, name) or {}).get("status") or {}
+                status = (kube_objects.get(api, API_VERSION, SERVING_KIND, NAMESPACE, name) or {}).get("status") or {}
                 phase = status.get("phase") or "Pending"
                 lines = {"": f"  {phase:<16} {_condition(status, 'Ready').get('message', '')}"}
                 for a in status.get("adapters") or []:
@@ -212,7 +212,7 @@ class AdaptersDemo(Demo):
                     self.say(f"not Ready after {duration(SERVE_TIMEOUT)}; status: {status}", style="red")
                     return False
                 time.sleep(2)
-        pods = kube.list_objects(api, "v1", "Pod", NAMESPACE, f"{LABEL_SERVING}={name}")
+        pods = kube_objects.list_objects(api, "v1", "Pod", NAMESPACE, f"{LABEL_SERVING}={name}")
         if pods:
             self.pods["serve"] = pods[0]["metadata"]["name"]
         text = self.kubectl_table("get", "servingdeployments")
