@@ -61,7 +61,7 @@ from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND  # noqa: E402
 from tpuforge.controllers.finetune_attempts import UNSCHEDULABLE_REPORT_SECONDS  # noqa: E402
 from tpuforge.controllers.finetune_plan import Event, Observed, plan, status_patch  # noqa: E402
 from tpuforge.controllers.finetunejob import API_CONCURRENCY, creation_groups  # noqa: E402
-from tpuforge.manifests import finetune as m  # noqa: E402
+from tpuforge.manifests.finetune_common import train_job_name  # noqa: E402
 from tpuforge.sandbox import Ports, Sandbox, wait_for  # noqa: E402
 from tpuforge.sandbox.procs import free_port  # noqa: E402
 
@@ -313,9 +313,9 @@ def run_steady(api: client.ApiClient, jobs: JobWatch, ns: str, rate: float, dura
                 time.sleep(delay)
             sent[name] = time.monotonic()
             pool.submit(kube_objects.create, api, finetunejob(ns, name))
-    wanted = {m.train_job_name(n, 0) for n in names}
+    wanted = {train_job_name(n, 0) for n in names}
     jobs.wait(wanted, 120)
-    return sorted(jobs.seen[m.train_job_name(n, 0)] - sent[n] for n in names)
+    return sorted(jobs.seen[train_job_name(n, 0)] - sent[n] for n in names)
 
 
 def duplicates(api: client.ApiClient, ns: str, names: list[str]) -> int:
@@ -447,9 +447,9 @@ def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.N
         start = time.monotonic()
         sent = create_all(api, ns, names)
         created = time.monotonic() - start
-        last = jobs.wait({m.train_job_name(x, 0) for x in names}, 600)
+        last = jobs.wait({train_job_name(x, 0) for x in names}, 600)
         burst = last - start
-        burst_latencies = sorted(jobs.seen[m.train_job_name(x, 0)] - sent[x] for x in names)
+        burst_latencies = sorted(jobs.seen[train_job_name(x, 0)] - sent[x] for x in names)
         burst_cpu = {**cpu_spent(others0), "operator": round(operator.cpu_seconds() - cpu0, 1)}
         closes = {"baseline": dict(closes1 - closes0), "burst": dict(forced_watch_closes(sandbox) - closes1)}
         print(f"  created in {created:.1f} s; every training Job after {burst:.1f} s; CPU seconds {burst_cpu}")

@@ -15,7 +15,7 @@ from tests.e2e.test_pipeline import JOB_TIMEOUT, TRAINER, finish, pod_logs, step
 from tests.fixtures.models import read_summary
 from tests.integration.test_finetunejob_support import Cluster
 from tpuforge import kube_objects
-from tpuforge.manifests import finetune as m
+from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
 from tpuforge.sandbox import Sandbox, wait_for
 from tpuforge.sandbox.agent.jobsets import COMPLETION_INDEX
 from tpuforge_workloads import commit
@@ -89,5 +89,5 @@ def test_a_two_host_job_is_preempted_on_one_host_resumes_with_no_step_lost_and_m
     merge_pod = next(
         p for p in cluster.children("Pod", name) if p["metadata"]["labels"].get("job-name") == cluster.merge(name)
     )
-    merge_log = sandbox.pod_log(cluster.ns, merge_pod["metadata"]["name"], m.MERGER_CONTAINER).read_text()
+    merge_log = sandbox.pod_log(cluster.ns, merge_pod["metadata"]["name"], MERGER_CONTAINER).read_text()
     assert re.search(r"verify passed: max \|logit diff\| \S+", merge_log), merge_log[-2000:]

@@ -23,7 +23,8 @@ from tests.fixtures.models import read_summary
 from tests.integration.test_finetunejob_support import Cluster
 from tpuforge import kube_objects
 from tpuforge.api.constants import LABEL_COMPONENT
-from tpuforge.manifests import finetune as m
+from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
+from tpuforge.manifests.finetune_training import TRAINER_CONTAINER
 from tpuforge.manifests.preflight import COMPONENT_PREFLIGHT
 from tpuforge.sandbox import Sandbox, wait_for
 from tpuforge_workloads import commit
@@ -32,7 +33,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 # A training pod loads JAX and the model and compiles before its first step: minutes on a busy 2-core machine.
 JOB_TIMEOUT = 600.0
-TRAINER = m.TRAINER_CONTAINER
+TRAINER = TRAINER_CONTAINER
 
 
 def finish(cluster: Cluster, sandbox: Sandbox, name: str, timeout: float = JOB_TIMEOUT) -> dict[str, Any]:
@@ -137,7 +138,7 @@ def test_a_finetunejob_trains_merges_and_succeeds_with_a_complete_verified_model
     merge_pods = cluster.children("Pod", name)
     merge_pod = next(p for p in merge_pods if p["metadata"]["labels"].get("job-name") == cluster.merge(name))
     assert merge_pod["status"]["phase"] == "Succeeded"
-    merge_log = sandbox.pod_log(cluster.ns, merge_pod["metadata"]["name"], m.MERGER_CONTAINER).read_text()
+    merge_log = sandbox.pod_log(cluster.ns, merge_pod["metadata"]["name"], MERGER_CONTAINER).read_text()
     assert re.search(r"verify passed: max \|logit diff\| \S+", merge_log), merge_log[-2000:]
     # Event times have whole seconds: Created and Training often share one.
     said = cluster.said(name, "Preflight", "Created", "Training", "Merging", "Succeeded")

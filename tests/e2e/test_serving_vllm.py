@@ -22,7 +22,7 @@ from kubernetes import client
 from tests.e2e.test_pipeline import finish, pod_logs
 from tests.integration.test_finetunejob_support import Cluster, Operator
 from tpuforge.api.constants import API_VERSION, GROUP, LABEL_SERVING, SERVING_PLURAL, VERSION
-from tpuforge.manifests import finetune as m
+from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
 from tpuforge.sandbox import Sandbox, wait_for
 from tpuforge.sandbox.agent.runtimes import vllm_venv
 from tpuforge_workloads import commit, storage
@@ -71,7 +71,7 @@ def check_merged(cluster: Cluster, sandbox: Sandbox, job: str, out: str) -> None
     assert all(n.startswith(("model.language_model.", "model.vision_tower.", "model.embed_vision.")) for n in index)
     merge = cluster.merge(job)
     pod = next(p for p in cluster.children("Pod", job) if p["metadata"]["labels"].get("job-name") == merge)
-    log = sandbox.pod_log(cluster.ns, pod["metadata"]["name"], m.MERGER_CONTAINER).read_text()
+    log = sandbox.pod_log(cluster.ns, pod["metadata"]["name"], MERGER_CONTAINER).read_text()
     assert re.search(r"verify passed: max \|logit diff\| \S+", log), log[-2000:]
     commit.require_complete(f"{out}/adapter", checksums=True)
     adapter = json.loads(storage.read_text(storage.join(out, "adapter/adapter_config.json")))

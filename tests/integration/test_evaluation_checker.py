@@ -13,7 +13,14 @@ from kubernetes import client
 
 from tests.unit.test_manifests_finetune import OWNER, spec
 from tpuforge.api.constants import CPU_SLICE
-from tpuforge.manifests import finetune as m
+from tpuforge.manifests.finetune_evaluation import (
+    EVAL_CHECK_CONTAINER,
+    SAMPLES_FILE,
+    VERDICTS_FILE,
+    WORK_DIR,
+    WORK_VOLUME,
+    eval_job,
+)
 from tpuforge.sandbox import wait_for
 from tpuforge_workloads.data.verilog_tasks import PROBLEMS, VERILOG_CHECK_COMMAND
 
@@ -28,7 +35,7 @@ def evaluation_pod() -> dict[str, Any]:
         merge={"enabled": False, "writeAdapter": True},
         evaluation={"metrics": ["passAtK"], "code": {"checker": checker}, "slice": CPU_SLICE},
     )
-    return dict(m.eval_job(OWNER, s)["spec"]["template"]["spec"])
+    return dict(eval_job(OWNER, s)["spec"]["template"]["spec"])
 
 
 def test_the_check_container_runs_each_sample_confined_in_the_sandbox(
@@ -43,15 +50,15 @@ def test_the_check_container_runs_each_sample_confined_in_the_sandbox(
          "test": test},
     ]  # fmt: skip
     text = "".join(json.dumps(x) + "\n" for x in samples)
-    work = {"name": m.WORK_VOLUME, "mountPath": m.WORK_DIR}
+    work = {"name": WORK_VOLUME, "mountPath": WORK_DIR}
     writer = {"name": "write", "image": "python:3.11", "volumeMounts": [work],
-              "command": ["python", "-c", f"open('{m.SAMPLES_FILE}', 'w').write({text!r})"]}  # fmt: skip
+              "command": ["python", "-c", f"open('{SAMPLES_FILE}', 'w').write({text!r})"]}  # fmt: skip
     reader = {"name": "main", "image": "python:3.11", "volumeMounts": [work],
-              "command": ["python", "-c", f"print(open('{m.VERDICTS_FILE}').read(), end='')"]}  # fmt: skip
+              "command": ["python", "-c", f"print(open('{VERDICTS_FILE}').read(), end='')"]}  # fmt: skip
     # The operator's pod, its containers around `check` replaced: one writes the samples, one prints the
     # verdicts. No config volume (the check container does not mount it) and the namespace's own account.
     pod_spec = evaluation_pod()
-    check = next(c for c in pod_spec["initContainers"] if c["name"] == m.EVAL_CHECK_CONTAINER)
+    check = next(c for c in pod_spec["initContainers"] if c["name"] == EVAL_CHECK_CONTAINER)
     pod_spec["initContainers"] = [writer, check]
     pod_spec["containers"] = [reader]
     pod_spec["volumes"] = [v for v in pod_spec["volumes"] if v["name"] != "config"]
@@ -71,5 +78,5 @@ def test_the_check_container_runs_each_sample_confined_in_the_sandbox(
     assert verdicts["good"]["verdict"] == "passed" and "PASS" in verdicts["good"]["stdout"]
     assert verdicts["broken"]["verdict"] == "failed (exit 1)"
     assert verdicts["loop"]["verdict"] == "timed out after 3 s"
-    checked = core.read_namespaced_pod_log("check", namespace, container=m.EVAL_CHECK_CONTAINER)
+    checked = core.read_namespaced_pod_log("check", namespace, container=EVAL_CHECK_CONTAINER)
     assert "1/3 samples passed" in checked and "no-sockets" in checked

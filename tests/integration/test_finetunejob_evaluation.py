@@ -13,7 +13,7 @@ import pytest
 from tests.integration.test_finetunejob_support import GC_WAIT, NO_NODE_POOL, Cluster, Operator, eventually
 from tpuforge.api import EvalConfig
 from tpuforge.api.constants import CONFIG_FILE, EXIT_BAD_CONFIG
-from tpuforge.manifests import finetune as m
+from tpuforge.manifests.finetune_common import eval_job_name
 
 pytestmark = pytest.mark.cluster
 
@@ -33,7 +33,7 @@ def to_evaluating(cluster: Cluster, name: str) -> dict[str, Any]:
     cluster.wait_job(cluster.merge(name))
     cluster.set_pod(cluster.merge(name), "Succeeded", exit_code=0)
     cluster.wait_phase(name, "Evaluating")
-    return cluster.wait_job(m.eval_job_name(name))
+    return cluster.wait_job(eval_job_name(name))
 
 
 def _assert(ok: bool) -> None:
@@ -49,11 +49,11 @@ def test_adapter_only_then_evaluated_to_succeeded(cluster: Cluster, operator: Op
     assert cluster.condition(name, "Merged")["reason"] == "AdapterExported"
     assert cluster.condition(name, "Evaluated")["reason"] == "Evaluating"
     assert eval_job["metadata"]["ownerReferences"][0]["name"] == name
-    (config_map,) = [c for c in cluster.children("ConfigMap", name) if c["metadata"]["name"] == m.eval_job_name(name)]
+    (config_map,) = [c for c in cluster.children("ConfigMap", name) if c["metadata"]["name"] == eval_job_name(name)]
     config = EvalConfig.model_validate_json(config_map["data"][CONFIG_FILE])
     assert (config.adapter_uri, config.report_uri) == (f"{out}/adapter", f"{out}/evaluation")
 
-    cluster.set_pod(m.eval_job_name(name), "Running")
+    cluster.set_pod(eval_job_name(name), "Running")
     eventually(lambda: _assert("is evaluating" in cluster.condition(name, "Evaluated")["message"]), "the pod is named")
     result = {
         "metrics": {"exactMatch": 0.75, "loss": 0.5},
@@ -61,7 +61,7 @@ def test_adapter_only_then_evaluated_to_succeeded(cluster: Cluster, operator: Op
         "examples": 4,
         "reportUri": f"{out}/evaluation",
     }
-    cluster.set_pod(m.eval_job_name(name), "Succeeded", exit_code=0, message=json.dumps(result))
+    cluster.set_pod(eval_job_name(name), "Succeeded", exit_code=0, message=json.dumps(result))
     st = cluster.wait_phase(name, "Succeeded")
     assert st["evaluation"] == {
         "metrics": {"exactMatch": 0.75, "loss": 0.5},
@@ -97,7 +97,7 @@ def test_a_rejected_evaluation_config_fails_the_job_at_once(cluster: Cluster, op
     name = adapter_job(cluster)
     to_evaluating(cluster, name)
     said = "dataset gs://b/data/eval.jsonl has no records"
-    cluster.set_pod(m.eval_job_name(name), "Failed", exit_code=EXIT_BAD_CONFIG, message=said)
+    cluster.set_pod(eval_job_name(name), "Failed", exit_code=EXIT_BAD_CONFIG, message=said)
     st = cluster.wait_phase(name, "Failed")
     failed = cluster.condition(name, "Failed")
     assert failed["reason"] == "EvaluationFailed" and said in failed["message"]
@@ -110,7 +110,7 @@ def test_a_rejected_evaluation_config_fails_the_job_at_once(cluster: Cluster, op
                 j["metadata"].get("deletionTimestamp")
                 or any(c["type"] == "Failed" for c in j["status"].get("conditions", []))
                 for j in cluster.children("Job", name)
-                if j["metadata"]["name"] == m.eval_job_name(name)
+                if j["metadata"]["name"] == eval_job_name(name)
             )
         ),
         "the evaluation Job is not retried",

@@ -29,7 +29,8 @@ from tpuforge.api.constants import (
     LABEL_JOBSET_NAME,
 )
 from tpuforge.controllers import informer
-from tpuforge.manifests import finetune as m
+from tpuforge.manifests.finetune_common import train_job_name
+from tpuforge.manifests.finetune_training import TRAINER_CONTAINER
 from tpuforge.sandbox import Sandbox
 from tpuforge.sandbox.agent.jobsets import CONTROLLER_SWITCH
 from tpuforge.sandbox.jobset_crd import JOBSET_CRD_NAME
@@ -64,7 +65,7 @@ def cluster(api_client: client.ApiClient, namespace: str, operator: Operator) ->
 
 
 def train(name: str, attempt: int) -> str:
-    return m.train_job_name(name, attempt, HOSTS)
+    return train_job_name(name, attempt, HOSTS)
 
 
 def wait_jobset(cluster: Cluster, name: str) -> dict[str, Any]:
@@ -119,7 +120,7 @@ def host_pods(cluster: Cluster, jobset: dict[str, Any]) -> list[str]:
 def set_pod(cluster: Cluster, pod: str, phase: str, exit_code: int | None = None, **status: Any) -> None:
     """The kubelet's part for one pod (by name)."""
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    cs: dict[str, Any] = {"name": m.TRAINER_CONTAINER, "image": "x", "imageID": "", "ready": False, "restartCount": 0}
+    cs: dict[str, Any] = {"name": TRAINER_CONTAINER, "image": "x", "imageID": "", "ready": False, "restartCount": 0}
     if phase == "Running":
         cs.update(ready=True, state={"running": {"startedAt": now}})
     elif exit_code is not None:

@@ -23,7 +23,7 @@ from kubernetes import client
 
 from tpuforge import kube_objects
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
-from tpuforge.manifests import finetune as m
+from tpuforge.manifests.finetune_common import merge_job_name, train_job_name
 from tpuforge.sandbox import Sandbox, wait_for
 from tpuforge.sandbox.procs import free_port
 
@@ -256,10 +256,10 @@ class Cluster:
         return str(pod["metadata"]["name"])
 
     def train(self, name: str, attempt: int) -> str:
-        return m.train_job_name(name, attempt)
+        return train_job_name(name, attempt)
 
     def merge(self, name: str) -> str:
-        return m.merge_job_name(name)
+        return merge_job_name(name)
 
 
 def until(found: Callable[[], T | None], what: str, timeout: float = WAIT) -> T:

@@ -21,7 +21,11 @@ import yaml
 from tests.unit.test_helm_chart import CHART, NAMESPACE, RELEASE, helm
 from tpuforge.api import FineTuneJobSpec, ServingDeploymentSpec, parse
 from tpuforge.api.catalog import model_shape, tpu_slice
-from tpuforge.manifests import finetune, serving, serving_inputs
+from tpuforge.manifests import serving, serving_inputs
+from tpuforge.manifests.finetune_common import owner
+from tpuforge.manifests.finetune_evaluation import eval_objects
+from tpuforge.manifests.finetune_merge import merge_objects
+from tpuforge.manifests.finetune_training import attempt_objects
 
 ROOT = Path(__file__).resolve().parents[2]
 SKIPS = ROOT / "security" / "checkov-skips.yaml"
@@ -61,13 +65,13 @@ def operator_objects() -> list[dict[str, Any]]:
     export and the evaluation, and the serving children once the job's merged model exists."""
     job_name, job = example_spec("finetune.yaml", FineTuneJobSpec)
     assert isinstance(job, FineTuneJobSpec)
-    o = finetune.owner(EXAMPLES_NAMESPACE, job_name, OWNER_UID)
-    objs = [*finetune.attempt_objects(o, job, 0), *finetune.merge_objects(o, job)]
+    o = owner(EXAMPLES_NAMESPACE, job_name, OWNER_UID)
+    objs = [*attempt_objects(o, job, 0), *merge_objects(o, job)]
     # The adapter-only job with an evaluation: its export and its evaluation Job on a TPU slice.
     adapter_name, adapter_job = example_spec("finetune-adapter.yaml", FineTuneJobSpec)
     assert isinstance(adapter_job, FineTuneJobSpec) and adapter_job.evaluation is not None
-    a = finetune.owner(EXAMPLES_NAMESPACE, adapter_name, OWNER_UID)
-    objs += [*finetune.merge_objects(a, adapter_job), *finetune.eval_objects(a, adapter_job)]
+    a = owner(EXAMPLES_NAMESPACE, adapter_name, OWNER_UID)
+    objs += [*merge_objects(a, adapter_job), *eval_objects(a, adapter_job)]
 
     sdep_name, sdep = example_spec("serving.yaml", ServingDeploymentSpec)
     assert isinstance(sdep, ServingDeploymentSpec)

@@ -25,14 +25,15 @@ from tpuforge.controllers.finetune_plan import (
     plan,
     status_patch,
 )
-from tpuforge.manifests import finetune as m
+from tpuforge.manifests.finetune_common import eval_job_name, merge_job_name
+from tpuforge.manifests.finetune_evaluation import EVAL_BACKOFF_LIMIT
 from tpuforge.metrics import FineTuneJobCollector, finetunejob_sample
 
 OUT = "gs://b/jobs/gemma-verilog/merged"
 ADAPTER = f"{OUT}/adapter"
 REPORT = f"{OUT}/evaluation"
-EVAL = m.eval_job_name(NAME)
-MERGE = m.merge_job_name(NAME)
+EVAL = eval_job_name(NAME)
+MERGE = merge_job_name(NAME)
 
 
 def eval_spec(merged: bool = False, **evaluation: Any) -> dict[str, Any]:
@@ -255,7 +256,7 @@ def test_a_crash_is_left_to_the_jobs_retries_then_fails_with_the_last_message() 
     w.step()
     assert w.phase() == api.FineTunePhase.FAILED
     cond = w.condition(FAILED)
-    assert cond.reason == "EvaluationFailed" and f"after {m.EVAL_BACKOFF_LIMIT + 1} tries" in cond.message
+    assert cond.reason == "EvaluationFailed" and f"after {EVAL_BACKOFF_LIMIT + 1} tries" in cond.message
     assert "RESOURCE_EXHAUSTED" in cond.message  # the init container's message, the pod's last word
     assert "RESOURCE_EXHAUSTED" in w.condition(EVALUATED).message
 

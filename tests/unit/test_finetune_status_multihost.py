@@ -19,13 +19,14 @@ from tpuforge.api.constants import (
 )
 from tpuforge.controllers.finetune_children import JobView, jobset_view
 from tpuforge.controllers.finetune_plan import TRAINING, ChildRef, Plan
-from tpuforge.manifests import finetune as m
+from tpuforge.manifests.finetune_common import owner, train_job_name
+from tpuforge.manifests.finetune_training import train_workload
 
 HOSTS = 2  # v5p-16
 
 
 def train(n: int) -> str:
-    return m.train_job_name(NAME, n, HOSTS)
+    return train_job_name(NAME, n, HOSTS)
 
 
 class Slice(World):
@@ -239,7 +240,7 @@ def test_single_host_jobs_need_no_jobset() -> None:
 
 
 def test_jobset_view_reads_the_jobset_conditions() -> None:
-    js = m.train_workload(m.owner("ns", NAME, "uid-1"), api.validate_finetune(raw_spec(tpu={"slice": "v5p-16"})), 0)
+    js = train_workload(owner("ns", NAME, "uid-1"), api.validate_finetune(raw_spec(tpu={"slice": "v5p-16"})), 0)
     view = jobset_view(js)
     assert view == JobView(train(0), "trainer", 0, False, False, "", False, JOBSET_KIND)
     js["status"] = {"conditions": [{"type": "Failed", "status": "True", "reason": "FailedJobs", "message": "x"}]}

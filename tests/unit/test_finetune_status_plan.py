@@ -19,7 +19,8 @@ from tpuforge.controllers.finetune_plan import (
     plan,
     status_patch,
 )
-from tpuforge.manifests import finetune as m
+from tpuforge.manifests.finetune_common import merge_job_name, train_job_name
+from tpuforge.manifests.finetune_training import SPEC_KEY
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 NAME = "gemma-verilog"
@@ -83,7 +84,7 @@ class World:
                     failure="",
                     deleting=False,
                 )
-            if obj["kind"] == "ConfigMap" and m.SPEC_KEY in obj["data"]:
+            if obj["kind"] == "ConfigMap" and SPEC_KEY in obj["data"]:
                 self.configs[obj["metadata"]["name"]] = config_view(obj)
         for ref in p.delete:
             self.jobs.pop(ref.name, None)
@@ -134,7 +135,7 @@ class World:
 
 
 def train(n: int) -> str:
-    return m.train_job_name(NAME, n)
+    return train_job_name(NAME, n)
 
 
 def test_happy_path_to_succeeded_with_the_merged_uri() -> None:
@@ -154,7 +155,7 @@ def test_happy_path_to_succeeded_with_the_merged_uri() -> None:
     assert w.status.outputs is not None and w.status.outputs.checkpoint_uri == "gs://b/jobs/gemma-verilog/checkpoints"
     w.step()
     assert w.phase() == api.FineTunePhase.MERGING
-    w.job_done(m.merge_job_name(NAME))
+    w.job_done(merge_job_name(NAME))
     w.step()
     assert w.phase() == api.FineTunePhase.SUCCEEDED
     assert w.status.outputs.merged_model_uri == "gs://b/jobs/gemma-verilog/merged"
@@ -227,7 +228,7 @@ def test_preemption_starts_a_new_attempt_that_resumes_and_counts_as_a_preemption
     w.step()
     w.pod(train(1), "Succeeded", exit_code=0)
     w.step()
-    w.job_done(m.merge_job_name(NAME))
+    w.job_done(merge_job_name(NAME))
     w.step()
     assert w.phase() == api.FineTunePhase.SUCCEEDED
     assert w.status.restarts.preemptions == 1
@@ -375,7 +376,7 @@ def test_changes_to_training_fields_are_not_applied_and_said_once() -> None:
     assert api.TrainConfig.model_validate_json(cm["data"][CONFIG_FILE]).training.learning_rate == 1e-4
     job = next(o for o in p.create if o["kind"] == "Job")
     assert job["spec"]["template"]["spec"]["containers"][0]["image"] == "tpuforge/trainer:hotfix"
-    assert json.loads(cm["data"][m.SPEC_KEY])["runPolicy"]["maxRestarts"] == 7
+    assert json.loads(cm["data"][SPEC_KEY])["runPolicy"]["maxRestarts"] == 7
     # Reverting clears the condition.
     w.spec["training"] = {k: v for k, v in w.spec["training"].items() if k != "learningRate"}
     w.step()
@@ -398,7 +399,7 @@ def test_merge_failure_fails_with_the_merge_pods_message() -> None:
     w.step()
     w.pod(train(0), "Succeeded", exit_code=0)
     w.step()
-    merge = m.merge_job_name(NAME)
+    merge = merge_job_name(NAME)
     w.pods["merge-pod"] = {
         "metadata": {"name": "merge-pod", "labels": {"job-name": merge, "app.kubernetes.io/component": "merger"}},
         "spec": {"containers": [{"name": "merger"}]},

@@ -11,8 +11,8 @@ from tests.unit.test_finetune_status_plan import NAME, World, raw_spec, train
 from tpuforge import api
 from tpuforge.api.constants import TPU_RESOURCE
 from tpuforge.controllers.finetune_plan import FAILED, plan, status_patch
-from tpuforge.manifests import finetune as m
 from tpuforge.manifests import preflight as mp
+from tpuforge.manifests.finetune_common import owner
 
 PREFLIGHT = "Preflight"
 JOB = mp.preflight_job_name(NAME)
@@ -203,7 +203,7 @@ def test_switching_the_preflight_off_while_it_runs_stops_it_and_starts_training(
 
 def test_the_preflight_config_is_the_first_attempts_without_the_job_reference() -> None:
     spec = api.validate_finetune(raw_spec(preflight={"enabled": True, "nodeSelector": {"pool": "cpu"}}))
-    o = m.owner("team-a", NAME, "uid-1")
+    o = owner("team-a", NAME, "uid-1")
     cm, job = mp.preflight_objects(o, spec)[-2:]
     cfg = json.loads(cm["data"]["config.json"])
     assert cfg["modelUri"] == "gs://b/models/gemma4-31b" and cfg["training"]["maxSeqLen"] == 3072

@@ -15,7 +15,11 @@ from tpuforge import api
 from tpuforge.api import resources
 from tpuforge.api.catalog import MODELS, TPU_SLICES, model_shape, tpu_slice
 from tpuforge.api.constants import COORDINATOR_PORT, GKE_SPOT_GRACE_SECONDS, TPU_RESOURCE, TPU_RUNTIME_PORT
-from tpuforge.manifests import finetune, serving, serving_inputs
+from tpuforge.manifests import serving, serving_inputs
+from tpuforge.manifests.finetune_common import owner
+from tpuforge.manifests.finetune_evaluation import eval_job
+from tpuforge.manifests.finetune_merge import merge_objects
+from tpuforge.manifests.finetune_training import TRAINER_TERMINATION_GRACE_SECONDS, train_job, train_jobset
 
 ROOT = Path(__file__).resolve().parents[2]
 Obj = dict[str, Any]
@@ -48,7 +52,7 @@ def chat_inputs(**overrides: Any) -> serving_inputs.ServingInputs:
     )
 
 
-OWNER = finetune.owner("ml", "gemma-sft", "uid-1")
+OWNER = owner("ml", "gemma-sft", "uid-1")
 
 
 def pod_specs(
@@ -61,13 +65,13 @@ def pod_specs(
     assert adapter.evaluation is not None and adapter.evaluation.slice != "cpu"
     cpu_eval = adapter.model_copy(update={"evaluation": adapter.evaluation.model_copy(update={"slice": "cpu"})})
     multi = spec.model_copy(update={"tpu": spec.tpu.model_copy(update={"slice": "v5p-16"})})
-    jobset = finetune.train_jobset(OWNER, multi, 0)
+    jobset = train_jobset(OWNER, multi, 0)
     return {
-        "trainer": finetune.train_job(OWNER, spec, 0)["spec"]["template"]["spec"],
+        "trainer": train_job(OWNER, spec, 0)["spec"]["template"]["spec"],
         "trainer (multi-host)": jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"],
-        "merge": finetune.merge_objects(OWNER, spec)[1]["spec"]["template"]["spec"],
-        "evaluation (TPU)": finetune.eval_job(OWNER, adapter)["spec"]["template"]["spec"],
-        "evaluation (CPU)": finetune.eval_job(OWNER, cpu_eval)["spec"]["template"]["spec"],
+        "merge": merge_objects(OWNER, spec)[1]["spec"]["template"]["spec"],
+        "evaluation (TPU)": eval_job(OWNER, adapter)["spec"]["template"]["spec"],
+        "evaluation (CPU)": eval_job(OWNER, cpu_eval)["spec"]["template"]["spec"],
         "vLLM": serving.pod_template(sdep or chat_inputs())["spec"],
     }
 
@@ -146,7 +150,7 @@ def test_on_spot_every_tpu_pod_asks_for_the_15_s_a_reclaim_gives() -> None:
     assert spot["vLLM"]["terminationGracePeriodSeconds"] == 15
     # Off Spot a drain or an upgrade honours the pod's own grace: time for a checkpoint over a slow link.
     on_demand = pod_specs(job_spec(tpu={"spot": False}))["trainer"]
-    assert on_demand["terminationGracePeriodSeconds"] == finetune.TRAINER_TERMINATION_GRACE_SECONDS == 300
+    assert on_demand["terminationGracePeriodSeconds"] == TRAINER_TERMINATION_GRACE_SECONDS == 300
     # Node pools that lengthen their Spot shutdown (GKE 1.35, up to 120 s): the spec or the operator says so.
     longer = pod_specs(job_spec(tpu={"spot": True, "spotGraceSeconds": 120}))["trainer"]
     assert longer["terminationGracePeriodSeconds"] == 120

@@ -316,9 +316,9 @@ def example_finetune_spec() -> FineTuneJobSpec:
 
 
 def test_trainer_monitors_select_the_training_pods_the_operator_creates() -> None:
-    from tpuforge.manifests import finetune
+    from tpuforge.manifests import finetune_common, finetune_training
 
-    job = finetune.train_job(finetune.owner("ml", "gemma-sft", "uid-1"), example_finetune_spec(), 0)
+    job = finetune_training.train_job(finetune_common.owner("ml", "gemma-sft", "uid-1"), example_finetune_spec(), 0)
     pod = job["spec"]["template"]
     ports = [p["name"] for ct in pod["spec"]["containers"] for p in ct.get("ports", [])]
     assert "metrics" in ports
@@ -339,9 +339,9 @@ def test_trainer_monitors_select_the_training_pods_the_operator_creates() -> Non
 
 def trainer_role_rules() -> list[dict[str, Any]]:
     """The operator creates the trainer's Role; Kubernetes lets it grant only what it holds itself."""
-    from tpuforge.manifests import finetune
+    from tpuforge.manifests import finetune_common, finetune_rbac
 
-    objs = finetune.rbac_objects(finetune.owner("ml", "gemma-sft", "uid-1"), example_finetune_spec())
+    objs = finetune_rbac.rbac_objects(finetune_common.owner("ml", "gemma-sft", "uid-1"), example_finetune_spec())
     return [rule for o in objs if o["kind"] == "Role" for rule in o["rules"]]
 
 

@@ -21,7 +21,8 @@ from tpuforge import api
 from tpuforge.api import resources
 from tpuforge.api.catalog import TPU_SLICES
 from tpuforge.api.constants import LABEL_KUEUE_QUEUE
-from tpuforge.manifests import finetune
+from tpuforge.manifests.finetune_common import owner
+from tpuforge.manifests.finetune_training import train_job, train_workload
 
 Obj = dict[str, Any]
 VALUES = "workloads-on"
@@ -99,7 +100,7 @@ def test_a_finetunejobs_queue_label_admits_its_job_or_jobset(flavor_name: str) -
             "queueName": QUEUE,
         }
     )
-    workload = finetune.train_workload(finetune.owner(NAMESPACE, "sft", "uid-1"), spec, 0)
+    workload = train_workload(owner(NAMESPACE, "sft", "uid-1"), spec, 0)
     # The label Kueue's Job and JobSet integrations read, on the object Kueue suspends and admits.
     assert workload["metadata"]["labels"][LABEL_KUEUE_QUEUE] == QUEUE
     assert workload["kind"] == ("Job" if TPU_SLICES[slice_id].hosts == 1 else "JobSet")
@@ -154,10 +155,8 @@ def test_spot_flavors_carry_the_spot_label_and_taint() -> None:
             "output": {"uri": "gs://b/out"},
         }
     )
-    pod = finetune.train_job(finetune.owner(NAMESPACE, "sft", "uid-1"), spec, 0)["spec"]["template"]["spec"]
+    pod = train_job(owner(NAMESPACE, "sft", "uid-1"), spec, 0)["spec"]["template"]["spec"]
     assert flavor_matches(flavor, pod)
     # An on-demand pod does not tolerate the Spot taint: Kueue never places it on the Spot flavor.
     on_demand = spec.model_copy(update={"tpu": spec.tpu.model_copy(update={"spot": False})})
-    assert not flavor_matches(
-        flavor, finetune.train_job(finetune.owner(NAMESPACE, "sft", "u"), on_demand, 0)["spec"]["template"]["spec"]
-    )
+    assert not flavor_matches(flavor, train_job(owner(NAMESPACE, "sft", "u"), on_demand, 0)["spec"]["template"]["spec"])

@@ -27,10 +27,21 @@ from tpuforge.api.constants import (
     TERMINATION_LOG,
     TPU_RESOURCE,
 )
-from tpuforge.manifests import finetune as m
 from tpuforge.manifests.common import LABEL_OWNER_UID
+from tpuforge.manifests.finetune_common import eval_job_name, owner, service_account_name, train_job_name
+from tpuforge.manifests.finetune_evaluation import EVAL_BACKOFF_LIMIT, eval_job, eval_objects
+from tpuforge.manifests.finetune_merge import MERGE_BACKOFF_LIMIT, merge_objects
+from tpuforge.manifests.finetune_rbac import rbac_objects
+from tpuforge.manifests.finetune_training import (
+    SPEC_KEY,
+    attempt_objects,
+    train_config_map,
+    train_job,
+    train_pod_template,
+    train_workload,
+)
 
-OWNER = m.owner("team-a", "gemma-verilog", "uid-1")
+OWNER = owner("team-a", "gemma-verilog", "uid-1")
 
 
 def spec(**overrides: Any) -> api.FineTuneJobSpec:
@@ -52,7 +63,7 @@ def pod(job: dict[str, Any]) -> dict[str, Any]:
 def test_training_job_targets_the_slices_tpu_pool_with_all_its_chips() -> None:
     """GKE (TPUs in GKE): a single-host slice is selected by accelerator, topology and machine type
     (node.kubernetes.io/instance-type), since one topology can come as several machine types."""
-    job = m.train_job(OWNER, spec(), 0)
+    job = train_job(OWNER, spec(), 0)
     p = pod(job)
     assert p["nodeSelector"] == {
         GKE_TPU_ACCELERATOR: "tpu-v5p-slice",
@@ -62,7 +73,7 @@ def test_training_job_targets_the_slices_tpu_pool_with_all_its_chips() -> None:
     assert {"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"} in p["tolerations"]
     res = p["containers"][0]["resources"]
     assert res["limits"] == {TPU_RESOURCE: "4"} and res["requests"][TPU_RESOURCE] == "4"
-    v6e = pod(m.train_job(OWNER, spec(tpu={"slice": "v6e-4"}), 0))
+    v6e = pod(train_job(OWNER, spec(tpu={"slice": "v6e-4"}), 0))
     assert v6e["nodeSelector"] == {
         GKE_TPU_ACCELERATOR: "tpu-v6e-slice",
         GKE_TPU_TOPOLOGY: "2x2",
@@ -71,14 +82,14 @@ def test_training_job_targets_the_slices_tpu_pool_with_all_its_chips() -> None:
 
 
 def test_spot_adds_the_spot_selector_and_toleration() -> None:
-    p = pod(m.train_job(OWNER, spec(tpu={"spot": True}), 0))
+    p = pod(train_job(OWNER, spec(tpu={"spot": True}), 0))
     assert p["nodeSelector"][GKE_SPOT] == "true"
     assert {"key": GKE_SPOT, "operator": "Equal", "value": "true", "effect": "NoSchedule"} in p["tolerations"]
-    assert GKE_SPOT not in pod(m.train_job(OWNER, spec(), 0))["nodeSelector"]
+    assert GKE_SPOT not in pod(train_job(OWNER, spec(), 0))["nodeSelector"]
 
 
 def test_training_pod_runs_the_trainer_with_its_config_mounted_read_only() -> None:
-    job = m.train_job(OWNER, spec(), 2)
+    job = train_job(OWNER, spec(), 2)
     p = pod(job)
     c = p["containers"][0]
     assert c["command"] == [
@@ -104,7 +115,7 @@ def test_training_pod_runs_the_trainer_with_its_config_mounted_read_only() -> No
 
 
 def test_training_job_leaves_retries_to_the_operator_and_gives_time_to_checkpoint() -> None:
-    job = m.train_job(OWNER, spec(), 0)
+    job = train_job(OWNER, spec(), 0)
     assert job["spec"]["backoffLimit"] == 0
     p = pod(job)
     assert p["restartPolicy"] == "Never"
@@ -112,7 +123,7 @@ def test_training_job_leaves_retries_to_the_operator_and_gives_time_to_checkpoin
 
 
 def test_labels_owner_and_optional_queue_and_priority() -> None:
-    plain = m.train_job(OWNER, spec(), 3)
+    plain = train_job(OWNER, spec(), 3)
     assert plain["metadata"]["name"] == "gemma-verilog-train-3"
     assert plain["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     labels = plain["metadata"]["labels"]
@@ -125,42 +136,42 @@ def test_labels_owner_and_optional_queue_and_priority() -> None:
     # The pods carry the labels the operator watches them by.
     tpl = plain["spec"]["template"]["metadata"]["labels"]
     assert tpl[LABEL_OWNER_UID] == "uid-1" and tpl[LABEL_ATTEMPT] == "3"
-    queued = m.train_job(OWNER, spec(queueName="tpu-queue", priorityClassName="training-high"), 0)
+    queued = train_job(OWNER, spec(queueName="tpu-queue", priorityClassName="training-high"), 0)
     assert queued["metadata"]["labels"][LABEL_KUEUE_QUEUE] == "tpu-queue"
     assert pod(queued)["priorityClassName"] == "training-high"
 
 
 def test_config_map_holds_the_train_config_for_the_attempt_and_the_starting_spec() -> None:
     s = spec(lora={"rank": 16})
-    cm = m.train_config_map(OWNER, s, 4)
+    cm = train_config_map(OWNER, s, 4)
     cfg = api.TrainConfig.model_validate_json(cm["data"][CONFIG_FILE])
     assert cfg.attempt == 4
     assert cfg.job == api.JobRef(namespace="team-a", name="gemma-verilog")
     assert cfg.lora.rank == 16
     assert cfg.mesh == api.MeshSpec(fsdp=1, tp=4)
-    assert api.FineTuneJobSpec.model_validate(json.loads(cm["data"][m.SPEC_KEY])) == s
+    assert api.FineTuneJobSpec.model_validate(json.loads(cm["data"][SPEC_KEY])) == s
 
 
 def test_operator_creates_a_service_account_unless_the_spec_names_one() -> None:
-    own = m.rbac_objects(OWNER, spec())
+    own = rbac_objects(OWNER, spec())
     assert [o["kind"] for o in own] == ["ServiceAccount", "Role", "RoleBinding"]
     assert own[2]["subjects"][0]["name"] == own[0]["metadata"]["name"] == "gemma-verilog-trainer"
     assert own[1]["rules"][0]["resourceNames"] == ["gemma-verilog"]
     assert own[1]["rules"][0]["resources"] == ["finetunejobs/status"]
-    given = m.rbac_objects(OWNER, spec(serviceAccountName="gcs-reader"))
+    given = rbac_objects(OWNER, spec(serviceAccountName="gcs-reader"))
     assert [o["kind"] for o in given] == ["Role", "RoleBinding"]
     assert given[1]["subjects"][0]["name"] == "gcs-reader"
-    assert pod(m.train_job(OWNER, spec(serviceAccountName="gcs-reader"), 0))["serviceAccountName"] == "gcs-reader"
+    assert pod(train_job(OWNER, spec(serviceAccountName="gcs-reader"), 0))["serviceAccountName"] == "gcs-reader"
 
 
 def test_attempt_objects_end_with_the_job_so_its_pod_never_waits() -> None:
-    kinds = [o["kind"] for o in m.attempt_objects(OWNER, spec(), 0)]
+    kinds = [o["kind"] for o in attempt_objects(OWNER, spec(), 0)]
     assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Job"]
 
 
 def test_merge_job_runs_on_the_cpu_pool_sized_for_a_streamed_merge() -> None:
     s = spec(merge={"nodeSelector": {"cloud.google.com/gke-nodepool": "cpu-highmem"}})
-    cm, job = m.merge_objects(OWNER, s)
+    cm, job = merge_objects(OWNER, s)
     cfg = api.MergeConfig.model_validate_json(cm["data"][CONFIG_FILE])
     assert cfg.output_uri == "gs://b/jobs/gemma-verilog/merged"
     p = pod(job)
@@ -175,23 +186,23 @@ def test_merge_job_runs_on_the_cpu_pool_sized_for_a_streamed_merge() -> None:
 
 
 def test_merge_resources_follow_the_spec_when_set() -> None:
-    c = pod(m.merge_objects(OWNER, spec(merge={"resources": {"memory": "96Gi", "cpu": "4"}}))[1])["containers"][0]
+    c = pod(merge_objects(OWNER, spec(merge={"resources": {"memory": "96Gi", "cpu": "4"}}))[1])["containers"][0]
     assert c["resources"] == {"requests": {"cpu": "4", "memory": "96Gi"}, "limits": {"memory": "192Gi"}}
     # --verify loads the whole model twice in float32.
-    verify = pod(m.merge_objects(OWNER, spec(merge={"verify": True}))[1])["containers"][0]
+    verify = pod(merge_objects(OWNER, spec(merge={"verify": True}))[1])["containers"][0]
     assert verify["resources"]["requests"]["memory"] == "235Gi"
 
 
 def test_builders_are_pure() -> None:
     s = spec(tpu={"spot": True}, queueName="q")
-    assert m.attempt_objects(OWNER, s, 1) == m.attempt_objects(OWNER, s, 1)
-    assert m.merge_objects(OWNER, s) == m.merge_objects(OWNER, s)
+    assert attempt_objects(OWNER, s, 1) == attempt_objects(OWNER, s, 1)
+    assert merge_objects(OWNER, s) == merge_objects(OWNER, s)
 
 
 @pytest.mark.parametrize("slice_", ["v5p-8", "v6e-4"])
 def test_objects_validate_against_the_gke_kubernetes_schema(slice_: str) -> None:
     s = spec(tpu={"slice": slice_, "spot": True}, queueName="q", priorityClassName="p")
-    for obj in [*m.attempt_objects(OWNER, s, 0), *m.merge_objects(OWNER, s)]:
+    for obj in [*attempt_objects(OWNER, s, 0), *merge_objects(OWNER, s)]:
         kubernetes_validate.validate(obj, "1.30.0", strict=True)
 
 
@@ -211,7 +222,7 @@ def trainer_job(jobset: dict[str, Any]) -> dict[str, Any]:
 
 def test_single_host_slices_keep_a_plain_job() -> None:
     for slice_id in ("v5p-8", "v6e-4", "v6e-8"):
-        assert m.train_workload(OWNER, spec(tpu={"slice": slice_id}), 0) == m.train_job(
+        assert train_workload(OWNER, spec(tpu={"slice": slice_id}), 0) == train_job(
             OWNER, spec(tpu={"slice": slice_id}), 0
         )
 
@@ -220,7 +231,7 @@ def test_single_host_slices_keep_a_plain_job() -> None:
 def test_multi_host_attempt_is_a_jobset_of_one_pod_per_host(slice_id: str) -> None:
     s = spec(tpu={"slice": slice_id, "spot": True}, queueName="tpu-queue", priorityClassName="training-high")
     hosts = api.tpu_slice(slice_id).hosts
-    js = m.train_workload(OWNER, s, 3)
+    js = train_workload(OWNER, s, 3)
     assert (js["apiVersion"], js["kind"]) == (JOBSET_API_VERSION, JOBSET_KIND)
     assert js["metadata"]["name"] == "gemma-verilog-train-3"
     assert js["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
@@ -250,11 +261,11 @@ def test_multi_host_attempt_is_a_jobset_of_one_pod_per_host(slice_id: str) -> No
     assert p["priorityClassName"] == "training-high"
     assert job["template"]["metadata"]["labels"][LABEL_OWNER_UID] == "uid-1"
     assert job["template"]["metadata"]["labels"][LABEL_ATTEMPT] == "3"
-    assert job["template"] == m.train_pod_template(OWNER, s, 3)
+    assert job["template"] == train_pod_template(OWNER, s, 3)
 
 
 def test_each_host_learns_its_process_id_count_and_coordinator() -> None:
-    js = m.train_workload(OWNER, spec(tpu={"slice": "v5p-32"}), 1)
+    js = train_workload(OWNER, spec(tpu={"slice": "v5p-32"}), 1)
     env = {e["name"]: e for e in trainer_job(js)["template"]["spec"]["containers"][0]["env"]}
     assert env["TPUFORGE_NUM_PROCESSES"]["value"] == "4"
     assert env["TPUFORGE_PROCESS_ID"]["valueFrom"] == {
@@ -265,10 +276,10 @@ def test_each_host_learns_its_process_id_count_and_coordinator() -> None:
         "gemma-verilog-train-1-trainer-0-0.gemma-verilog-train-1:8476"
     )
     assert env["TPUFORGE_JOIN_TIMEOUT_SECONDS"]["value"] == "1800"  # the default, for uneven image pulls
-    slow = m.train_workload(OWNER, spec(tpu={"slice": "v5p-32", "joinTimeoutSeconds": 3600}), 1)
+    slow = train_workload(OWNER, spec(tpu={"slice": "v5p-32", "joinTimeoutSeconds": 3600}), 1)
     slow_env = {e["name"]: e for e in trainer_job(slow)["template"]["spec"]["containers"][0]["env"]}
     assert slow_env["TPUFORGE_JOIN_TIMEOUT_SECONDS"]["value"] == "3600"
-    single = pod(m.train_job(OWNER, spec(), 1))["containers"][0]["env"]
+    single = pod(train_job(OWNER, spec(), 1))["containers"][0]["env"]
     multi_only = {
         "TPUFORGE_NUM_PROCESSES",
         "TPUFORGE_PROCESS_ID",
@@ -279,36 +290,36 @@ def test_each_host_learns_its_process_id_count_and_coordinator() -> None:
 
 
 def test_a_long_name_leaves_room_for_every_hosts_hostname() -> None:
-    long_owner = m.owner("team-a", "x" * 60, "uid-1")
-    js = m.train_workload(long_owner, spec(tpu={"slice": "v5p-128"}), 12)
+    long_owner = owner("team-a", "x" * 60, "uid-1")
+    js = train_workload(long_owner, spec(tpu={"slice": "v5p-128"}), 12)
     name = js["metadata"]["name"]
     assert name.endswith("-train-12") and len(f"{name}-trainer-0-15") <= 63
-    assert name == m.train_job_name(long_owner.name, 12, hosts=16)
+    assert name == train_job_name(long_owner.name, 12, hosts=16)
     # Its config map has the same name, and the pods mount it.
-    cm = m.train_config_map(long_owner, spec(tpu={"slice": "v5p-128"}), 12)
+    cm = train_config_map(long_owner, spec(tpu={"slice": "v5p-128"}), 12)
     assert cm["metadata"]["name"] == name
     volume = next(v for v in trainer_job(js)["template"]["spec"]["volumes"] if v["name"] == "config")
     assert volume["configMap"]["name"] == name
     # A single-host Job keeps the name it always had.
-    assert len(m.train_job_name(long_owner.name, 12)) == 63
+    assert len(train_job_name(long_owner.name, 12)) == 63
 
 
 @pytest.mark.parametrize("slice_id", ["v5p-16", "v6e-32"])
 def test_jobsets_validate_against_the_published_jobset_schema(slice_id: str) -> None:
     s = spec(tpu={"slice": slice_id, "spot": True}, queueName="q", priorityClassName="p")
-    js = m.train_workload(OWNER, s, 0)
+    js = train_workload(OWNER, s, 0)
     jobset_validator().validate(js)
     # The upstream schema leaves the Job template open: Kubernetes' own Job schema checks it (Indexed mode).
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x"}, "spec": trainer_job(js)}
     kubernetes_validate.validate(job, "1.30.0", strict=True)
-    kinds = [o["kind"] for o in m.attempt_objects(OWNER, s, 0)]
+    kinds = [o["kind"] for o in attempt_objects(OWNER, s, 0)]
     assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "JobSet"]
-    for obj in m.attempt_objects(OWNER, s, 0)[:-1]:
+    for obj in attempt_objects(OWNER, s, 0)[:-1]:
         kubernetes_validate.validate(obj, "1.30.0", strict=True)
 
 
 def test_the_schema_check_catches_what_the_apiserver_would_drop_or_refuse() -> None:
-    js = m.train_workload(OWNER, spec(tpu={"slice": "v5p-16"}), 0)
+    js = train_workload(OWNER, spec(tpu={"slice": "v5p-16"}), 0)
     misspelt = json.loads(json.dumps(js))
     misspelt["spec"]["network"]["enableDnsHostnames"] = True
     with pytest.raises(jsonschema.ValidationError, match="enableDnsHostnames"):
@@ -332,9 +343,9 @@ def eval_spec(**evaluation: Any) -> api.FineTuneJobSpec:
 
 
 def test_eval_objects_are_a_config_map_and_a_job_named_for_the_job() -> None:
-    cm, job = m.eval_objects(OWNER, eval_spec())
+    cm, job = eval_objects(OWNER, eval_spec())
     assert (cm["kind"], job["kind"]) == ("ConfigMap", "Job")
-    assert cm["metadata"]["name"] == job["metadata"]["name"] == m.eval_job_name("gemma-verilog") == "gemma-verilog-eval"
+    assert cm["metadata"]["name"] == job["metadata"]["name"] == eval_job_name("gemma-verilog") == "gemma-verilog-eval"
     cfg = api.EvalConfig.model_validate_json(cm["data"][CONFIG_FILE])
     assert cfg == api.eval_config("team-a", "gemma-verilog", eval_spec())
     for obj in (cm, job):
@@ -352,7 +363,7 @@ def test_eval_objects_are_a_config_map_and_a_job_named_for_the_job() -> None:
 
 
 def test_the_loss_runs_first_with_the_trainers_image_then_the_scorer_reads_it() -> None:
-    p = pod(m.eval_job(OWNER, eval_spec()))
+    p = pod(eval_job(OWNER, eval_spec()))
     (loss,) = p["initContainers"]
     (score,) = p["containers"]
     config = f"{CONFIG_MOUNT_DIR}/{CONFIG_FILE}"
@@ -377,7 +388,7 @@ def test_the_loss_runs_first_with_the_trainers_image_then_the_scorer_reads_it() 
 
 
 def test_without_the_loss_metric_there_is_no_loss_container() -> None:
-    p = pod(m.eval_job(OWNER, eval_spec(metrics=["exactMatch"])))
+    p = pod(eval_job(OWNER, eval_spec(metrics=["exactMatch"])))
     assert "initContainers" not in p
     assert "--loss" not in p["containers"][0]["command"]
 
@@ -385,7 +396,7 @@ def test_without_the_loss_metric_there_is_no_loss_container() -> None:
 def test_pass_at_k_samples_then_checks_in_the_checkers_image_with_its_limits_then_scores() -> None:
     checker = {"image": "registry/checker-verilog:1", "command": ["sh", "-c", "iverilog sample.txt tb.v"],
                "timeoutSeconds": 7.5, "cpu": "2", "memory": "1Gi"}  # fmt: skip
-    p = pod(m.eval_job(OWNER, eval_spec(metrics=["loss", "passAtK"], code={"checker": checker})))
+    p = pod(eval_job(OWNER, eval_spec(metrics=["loss", "passAtK"], code={"checker": checker})))
     loss, sample, check = p["initContainers"]
     (score,) = p["containers"]
     assert [c["name"] for c in (loss, sample, check, score)] == ["loss", "sample", "check", "score"]
@@ -405,7 +416,7 @@ def test_pass_at_k_samples_then_checks_in_the_checkers_image_with_its_limits_the
 
 def test_exact_match_beside_pass_at_k_takes_its_greedy_answers_from_the_samplers_engine() -> None:
     checker = {"image": "c", "command": ["true"]}
-    p = pod(m.eval_job(OWNER, eval_spec(metrics=["exactMatch", "passAtK"], code={"checker": checker})))
+    p = pod(eval_job(OWNER, eval_spec(metrics=["exactMatch", "passAtK"], code={"checker": checker})))
     sample, _ = p["initContainers"]
     (score,) = p["containers"]
     assert sample["command"][-4:-2] == ["--answers", "/work/answers.json"]
@@ -413,7 +424,7 @@ def test_exact_match_beside_pass_at_k_takes_its_greedy_answers_from_the_samplers
 
 
 def test_on_a_tpu_slice_the_pod_owns_one_host_of_it() -> None:
-    p = pod(m.eval_job(OWNER, eval_spec(slice="v6e-8", nodeSelector={"pool": "eval"})))
+    p = pod(eval_job(OWNER, eval_spec(slice="v6e-8", nodeSelector={"pool": "eval"})))
     assert p["nodeSelector"] == {
         GKE_TPU_ACCELERATOR: "tpu-v6e-slice",
         GKE_TPU_TOPOLOGY: "2x4",
@@ -430,38 +441,38 @@ def test_on_a_tpu_slice_the_pod_owns_one_host_of_it() -> None:
 
 
 def test_on_cpu_the_pod_asks_for_no_tpu() -> None:
-    p = pod(m.eval_job(OWNER, eval_spec(slice="cpu", nodeSelector={"pool": "cpu"})))
+    p = pod(eval_job(OWNER, eval_spec(slice="cpu", nodeSelector={"pool": "cpu"})))
     assert p["nodeSelector"] == {"pool": "cpu"} and "tolerations" not in p
     for c in [*p["initContainers"], *p["containers"]]:
         assert c["resources"] == {"requests": {"cpu": "1", "memory": "4Gi"}}
-    assert "nodeSelector" not in pod(m.eval_job(OWNER, eval_spec(slice="cpu")))
+    assert "nodeSelector" not in pod(eval_job(OWNER, eval_spec(slice="cpu")))
 
 
 def test_the_eval_pod_runs_locked_down_without_an_api_token_as_the_jobs_service_account() -> None:
     s = eval_spec()
-    p = pod(m.eval_job(OWNER, s))
+    p = pod(eval_job(OWNER, s))
     assert p["automountServiceAccountToken"] is False  # the result travels in the termination message
-    assert p["serviceAccountName"] == m.service_account_name("gemma-verilog", s) == "gemma-verilog-trainer"
+    assert p["serviceAccountName"] == service_account_name("gemma-verilog", s) == "gemma-verilog-trainer"
     assert p["securityContext"]["runAsNonRoot"] is True and p["restartPolicy"] == "Never"
-    named = pod(m.eval_job(OWNER, spec(**{**eval_spec().to_wire(), "serviceAccountName": "wi-sa"})))
+    named = pod(eval_job(OWNER, spec(**{**eval_spec().to_wire(), "serviceAccountName": "wi-sa"})))
     assert named["serviceAccountName"] == "wi-sa"
 
 
 def test_the_eval_job_retries_crashes_like_the_merge_but_not_a_rejected_config() -> None:
-    job = m.eval_job(OWNER, eval_spec())
-    assert job["spec"]["backoffLimit"] == m.MERGE_BACKOFF_LIMIT == m.EVAL_BACKOFF_LIMIT
+    job = eval_job(OWNER, eval_spec())
+    assert job["spec"]["backoffLimit"] == MERGE_BACKOFF_LIMIT == EVAL_BACKOFF_LIMIT
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}} in rules
     assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} in rules
 
 
 def test_eval_builders_are_pure_and_need_an_evaluation() -> None:
-    assert m.eval_objects(OWNER, eval_spec()) == m.eval_objects(OWNER, eval_spec())
+    assert eval_objects(OWNER, eval_spec()) == eval_objects(OWNER, eval_spec())
     with pytest.raises(ValueError, match=r"spec\.evaluation is unset"):
-        m.eval_job(OWNER, spec())
+        eval_job(OWNER, spec())
 
 
 @pytest.mark.parametrize("evaluation", [{"slice": "v6e-8"}, {"slice": "cpu", "metrics": ["exactMatch"]}])
 def test_eval_objects_validate_against_the_kubernetes_schema(evaluation: dict[str, Any]) -> None:
-    for obj in m.eval_objects(OWNER, eval_spec(**evaluation)):
+    for obj in eval_objects(OWNER, eval_spec(**evaluation)):
         kubernetes_validate.validate(obj, "1.30.0", strict=True)

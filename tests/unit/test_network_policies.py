@@ -16,7 +16,11 @@ from tests.unit.test_kueue import QUEUE
 from tpuforge import api
 from tpuforge.api.catalog import model_shape, tpu_slice
 from tpuforge.api.constants import COORDINATOR_PORT, LABEL_JOBSET_NAME, TPU_RUNTIME_PORT
-from tpuforge.manifests import finetune, preflight, serving, serving_inputs, vllm_server
+from tpuforge.manifests import preflight, serving, serving_inputs, vllm_server
+from tpuforge.manifests.finetune_common import owner
+from tpuforge.manifests.finetune_evaluation import eval_job
+from tpuforge.manifests.finetune_merge import merge_objects
+from tpuforge.manifests.finetune_training import train_job, train_jobset
 
 Obj = dict[str, Any]
 VALUES = "workloads-on"
@@ -127,7 +131,7 @@ def job_spec(**tpu: Any) -> api.FineTuneJobSpec:
     )
 
 
-OWNER = finetune.owner(WORKLOADS, "sft", "uid-1")
+OWNER = owner(WORKLOADS, "sft", "uid-1")
 
 
 def template_pod(template: Obj, extra_labels: dict[str, str] | None = None) -> Pod:
@@ -136,14 +140,14 @@ def template_pod(template: Obj, extra_labels: dict[str, str] | None = None) -> P
 
 def trainer_hosts() -> list[Pod]:
     """The pods of a v5p-16 JobSet, with the labels JobSet's controller adds to them."""
-    js = finetune.train_jobset(OWNER, job_spec(slice="v5p-16"), 0)
+    js = train_jobset(OWNER, job_spec(slice="v5p-16"), 0)
     (rj,) = js["spec"]["replicatedJobs"]
     template = rj["template"]["spec"]["template"]
     return [template_pod(template, {LABEL_JOBSET_NAME: js["metadata"]["name"]}) for _ in range(2)]
 
 
 def single_host_trainer() -> Pod:
-    return template_pod(finetune.train_job(OWNER, job_spec(), 0)["spec"]["template"])
+    return template_pod(train_job(OWNER, job_spec(), 0)["spec"]["template"])
 
 
 def vllm_pod() -> Pod:
@@ -183,8 +187,8 @@ def test_every_pod_the_operator_creates_is_selected_by_its_policy() -> None:
     pods = {
         "tpuforge-trainers": [single_host_trainer(), *trainer_hosts()],
         "tpuforge-jobs": [
-            template_pod(finetune.merge_objects(OWNER, spec)[1]["spec"]["template"]),
-            template_pod(finetune.eval_job(OWNER, spec)["spec"]["template"]),
+            template_pod(merge_objects(OWNER, spec)[1]["spec"]["template"]),
+            template_pod(eval_job(OWNER, spec)["spec"]["template"]),
             template_pod(preflight.preflight_objects(OWNER, spec)[-1]["spec"]["template"]),
         ],
         "tpuforge-serving": [vllm_pod()],
@@ -231,7 +235,7 @@ def test_pods_reach_dns_the_metadata_server_and_https(which: str) -> None:
     spec = job_spec()
     pod = {
         "trainer": single_host_trainer(),
-        "jobs": template_pod(finetune.merge_objects(OWNER, spec)[1]["spec"]["template"]),
+        "jobs": template_pod(merge_objects(OWNER, spec)[1]["spec"]["template"]),
         "vllm": vllm_pod(),
     }[which]
     assert admits_egress(pod, 443, "142.250.1.207")  # storage.googleapis.com, or the API server
@@ -243,6 +247,6 @@ def test_pods_reach_dns_the_metadata_server_and_https(which: str) -> None:
 
 
 def test_nothing_connects_to_merge_and_evaluation_pods() -> None:
-    merge = template_pod(finetune.merge_objects(OWNER, job_spec())[1]["spec"]["template"])
+    merge = template_pod(merge_objects(OWNER, job_spec())[1]["spec"]["template"])
     for source in (operator_pod(), prometheus(), single_host_trainer()):
         assert not admits_ingress(merge, source, 8080)

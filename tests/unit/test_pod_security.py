@@ -13,10 +13,14 @@ import pytest
 from tests.unit.test_manifests_finetune import spec as job_spec
 from tpuforge import api
 from tpuforge.api.catalog import model_shape, tpu_slice
-from tpuforge.manifests import common, finetune, serving, serving_inputs
+from tpuforge.manifests import common, serving, serving_inputs
+from tpuforge.manifests.finetune_common import owner
+from tpuforge.manifests.finetune_evaluation import eval_job
+from tpuforge.manifests.finetune_merge import merge_job
+from tpuforge.manifests.finetune_training import train_job
 
 ROOT = Path(__file__).resolve().parents[2]
-OWNER = finetune.owner("team-a", "gemma-verilog", "uid-1")
+OWNER = owner("team-a", "gemma-verilog", "uid-1")
 
 
 def serving_pod() -> dict[str, Any]:
@@ -41,9 +45,9 @@ def pods() -> dict[str, dict[str, Any]]:
         evaluation={},
     )
     return {
-        "trainer": finetune.train_job(OWNER, spec, 0)["spec"]["template"]["spec"],
-        "merger": finetune.merge_job(OWNER, spec)["spec"]["template"]["spec"],
-        "evaluator": finetune.eval_job(OWNER, eval_spec)["spec"]["template"]["spec"],
+        "trainer": train_job(OWNER, spec, 0)["spec"]["template"]["spec"],
+        "merger": merge_job(OWNER, spec)["spec"]["template"]["spec"],
+        "evaluator": eval_job(OWNER, eval_spec)["spec"]["template"]["spec"],
         "serving": serving_pod(),
     }
 

@@ -69,7 +69,7 @@ app.kubernetes.io/component: operator
 {{- printf "%s-metrics" (include "tpuforge.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* The training pods the operator creates (tpuforge.manifests.finetune labels them so). */}}
+{{/* The training pods the operator creates (tpuforge.manifests.finetune_training labels them so). */}}
 {{- define "tpuforge.trainerSelectorLabels" -}}
 app.kubernetes.io/name: tpuforge-trainer
 app.kubernetes.io/managed-by: tpuforge

@@ -16,7 +16,8 @@ from tpuforge.controllers import finetune_merge as merge
 from tpuforge.controllers.finetune_children import AttemptEnd, JobView, PodView, attempt_end, host_order
 from tpuforge.controllers.finetune_context import Ctx, attempt_entry, parse_time, rfc3339
 from tpuforge.controllers.finetune_transitions import pending_if_new, to_failed, to_pending, to_training
-from tpuforge.manifests import finetune as m
+from tpuforge.manifests import finetune_training as m
+from tpuforge.manifests.finetune_common import COMPONENT_TRAINER
 
 # Where a multi-host job waits for JobSet to be installed, it looks again this often.
 JOBSET_RECHECK_SECONDS = 60.0
@@ -101,7 +102,7 @@ def create(ctx: Ctx, n: int) -> None:
     """Create attempt `n`'s Job (or JobSet), once no trainer of an earlier attempt runs."""
     if jobset_missing(ctx):
         return
-    busy = [p for p in ctx.o.pods if p.component == m.COMPONENT_TRAINER and not p.terminal]
+    busy = [p for p in ctx.o.pods if p.component == COMPONENT_TRAINER and not p.terminal]
     if busy:
         # Two trainers must never write the same checkpoint directory.
         ctx.condition(c.TRAINING, "False", c.WAITING_FOR_PREVIOUS_ATTEMPT, c.previous_attempt_running(n, busy[0].name))

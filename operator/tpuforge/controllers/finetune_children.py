@@ -27,7 +27,7 @@ from tpuforge.api.constants import (
     TERMINATION_LOG,
     TERMINATION_PREEMPTED,
 )
-from tpuforge.manifests.finetune import SPEC_KEY
+from tpuforge.manifests.finetune_training import SPEC_KEY
 
 Raw = Mapping[str, Any]
 

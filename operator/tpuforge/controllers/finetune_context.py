@@ -14,7 +14,7 @@ from tpuforge.api import AttemptStatus, FineTuneJobSpec, FineTuneJobStatus, set_
 from tpuforge.api.conditions import ConditionStatus
 from tpuforge.api.constants import JOBSET_API_VERSION, JOBSET_KIND
 from tpuforge.controllers.finetune_children import ConfigView, JobView, PodView, clip
-from tpuforge.manifests import finetune as m
+from tpuforge.manifests import finetune_common as m
 
 Obj = dict[str, Any]
 

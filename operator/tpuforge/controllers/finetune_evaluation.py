@@ -14,7 +14,8 @@ from tpuforge.controllers import finetune_events as ev
 from tpuforge.controllers.finetune_children import JobView, PodView, eval_result, pod_ending
 from tpuforge.controllers.finetune_context import Ctx
 from tpuforge.controllers.finetune_transitions import to_evaluating, to_exported, to_failed
-from tpuforge.manifests import finetune as m
+from tpuforge.manifests import finetune_evaluation as m
+from tpuforge.manifests.finetune_common import eval_job_name
 
 
 def begin(ctx: Ctx) -> None:
@@ -27,7 +28,7 @@ def begin(ctx: Ctx) -> None:
 
 def step(ctx: Ctx) -> None:
     """Evaluating: (re)create the evaluation Job and follow it to its result."""
-    job = ctx.job(m.eval_job_name(ctx.o.name))
+    job = ctx.job(eval_job_name(ctx.o.name))
     if ctx.spec.evaluation is None:
         # The evaluation was taken out of the spec while it ran: there is nothing left to wait for.
         if job is not None and ctx.live(job):

@@ -10,7 +10,8 @@ from tpuforge.controllers import finetune_events as ev
 from tpuforge.controllers.finetune_children import pod_ending
 from tpuforge.controllers.finetune_context import Ctx
 from tpuforge.controllers.finetune_transitions import to_exported, to_failed, to_merging, to_succeeded
-from tpuforge.manifests import finetune as m
+from tpuforge.manifests import finetune_merge as m
+from tpuforge.manifests.finetune_common import merge_job_name
 
 
 def begin(ctx: Ctx) -> None:
@@ -28,7 +29,7 @@ def begin(ctx: Ctx) -> None:
 
 def step(ctx: Ctx) -> None:
     """Merging: (re)create the merge Job, and follow it to its end."""
-    job = ctx.job(m.merge_job_name(ctx.o.name))
+    job = ctx.job(merge_job_name(ctx.o.name))
     if job is None:
         ctx.plan.create.extend(m.merge_objects(ctx.owner, ctx.spec))
         return

@@ -25,7 +25,7 @@ from tpuforge.controllers import finetune_conditions as c
 from tpuforge.controllers import finetune_events as ev
 from tpuforge.controllers.finetune_context import Base, Ctx, attempt_entry, parse_time
 from tpuforge.controllers.finetune_transitions import to_failed
-from tpuforge.manifests.finetune import TRAINER_TERMINATION_GRACE_SECONDS
+from tpuforge.manifests.finetune_training import TRAINER_TERMINATION_GRACE_SECONDS
 
 TPU_HOURS_DIGITS = 3
 

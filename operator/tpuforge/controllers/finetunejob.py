@@ -52,7 +52,7 @@ from tpuforge.controllers.finetune_snapshot import Snapshot, finetunejob_informe
 from tpuforge.controllers.informer import Informer
 from tpuforge.controllers.workqueue import KeyedQueue
 from tpuforge.manifests.common import LABEL_OWNER_UID
-from tpuforge.manifests.finetune import COMPONENT_TRAINER
+from tpuforge.manifests.finetune_common import COMPONENT_TRAINER
 
 log = logging.getLogger(__name__)
 

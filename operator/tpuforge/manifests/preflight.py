@@ -14,16 +14,16 @@ from tpuforge.api.configs import train_config
 from tpuforge.api.constants import CONFIG_FILE, EXIT_BAD_CONFIG, EXIT_DOES_NOT_FIT, TERMINATION_LOG
 from tpuforge.api.finetune import FineTuneJobSpec
 from tpuforge.manifests.common import Obj, Owner, child_name, config_map, locked_down
-from tpuforge.manifests.finetune import (
+from tpuforge.manifests.finetune_common import (
     COMPONENT_PREFLIGHT,
     config_mount,
     config_volume,
     labels,
     one_pod_job,
-    rbac_objects,
     reporting_command,
     service_account_name,
 )
+from tpuforge.manifests.finetune_rbac import rbac_objects
 
 PREFLIGHT_CONTAINER = "preflight"
 # A compile fails the same way every time, so only what is not the compile's doing (a node lost, GCS out of

@@ -50,7 +50,9 @@ from tpuforge.api.constants import (
     SERVING_KIND,
     TPU_RESOURCE,
 )
-from tpuforge.manifests import finetune as ftm
+from tpuforge.manifests.finetune_common import merge_job_name
+from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
+from tpuforge.manifests.finetune_training import TRAINER_CONTAINER
 from tpuforge.sandbox import gcs_objects
 from tpuforge.sandbox.agent.runtimes import vllm_venv
 from tpuforge.sandbox.config import cache_dir, repo_root
@@ -463,7 +465,7 @@ class Demo:
         if len(attempts) < 2:
             return False
         for pod in attempts[1].get("pods") or [attempts[1].get("podName")]:
-            log = self.sb.pod_log(NAMESPACE, pod, ftm.TRAINER_CONTAINER) if pod else None
+            log = self.sb.pod_log(NAMESPACE, pod, TRAINER_CONTAINER) if pod else None
             text = log.read_text(errors="replace") if log and log.exists() else ""
             found = re.search(r"restored step \d+.*", text)
             if found is not None:
@@ -518,14 +520,14 @@ class Demo:
         self.show_verification(api, job)
 
     def show_verification(self, api: Any, job: DemoJob) -> None:
-        pods = kube_objects.list_objects(api, "v1", "Pod", NAMESPACE, f"job-name={ftm.merge_job_name(job.name)}")
+        pods = kube_objects.list_objects(api, "v1", "Pod", NAMESPACE, f"job-name={merge_job_name(job.name)}")
         done = [p for p in pods if (p.get("status") or {}).get("phase") == "Succeeded"]
         if not done:
             self.say("verification: the merge pod's log is gone; nothing to show")
             return
         pod = done[-1]["metadata"]["name"]
         self.pods["merge"] = pod
-        text = self.sb.pod_log(NAMESPACE, pod, ftm.MERGER_CONTAINER).read_text(errors="replace")
+        text = self.sb.pod_log(NAMESPACE, pod, MERGER_CONTAINER).read_text(errors="replace")
         spot = re.search(r"spot check passed \(([^)]*)\)", text)
         logits = re.search(r"verify passed: max \|logit diff\| (\S+)", text)
         if spot:

@@ -1,0 +1,231 @@
+"""FineTuneJob -> a training attempt: a ConfigMap (the TrainConfig, and the spec the run started with) and a
+Job on the TPU node pool (on a multi-host slice, a JobSet of one pod per host), created after the pods'
+ServiceAccount and progress Role (finetune_rbac).
+
+Pure: the same inputs give the same objects.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tpuforge.api import resources
+from tpuforge.api.catalog import model_shape, tpu_slice
+from tpuforge.api.configs import train_config
+from tpuforge.api.constants import (
+    CONFIG_FILE,
+    COORDINATOR_PORT,
+    ENV_COORDINATOR_ADDRESS,
+    ENV_JOIN_TIMEOUT,
+    ENV_NUM_PROCESSES,
+    ENV_PROCESS_ID,
+    GKE_NODEPOOL,
+    JOB_COMPLETION_INDEX,
+    JOBSET_API_VERSION,
+    JOBSET_EXCLUSIVE_TOPOLOGY,
+    JOBSET_KIND,
+    LABEL_KUEUE_QUEUE,
+    TERMINATION_LOG,
+    TPU_RUNTIME_PORT,
+)
+from tpuforge.api.finetune import FineTuneJobSpec
+from tpuforge.manifests import finetune_rbac
+from tpuforge.manifests.common import Obj, Owner, config_map, locked_down, metadata, tpu_resources, tpu_scheduling
+from tpuforge.manifests.finetune_common import (
+    COMPONENT_TRAINER,
+    TRAINER_REPLICATED_JOB,
+    config_mount,
+    config_volume,
+    labels,
+    reporting_command,
+    root_containers,
+    service_account_name,
+    train_job_name,
+)
+
+TRAINER_CONTAINER = "trainer"
+
+# The training ConfigMap also keeps the spec the run started with: later attempts take the fields that
+# change the training maths from it, so an edit after the start never changes a run half-way.
+SPEC_KEY = "finetunejob-spec.json"
+
+# On SIGTERM the trainer writes an Orbax checkpoint (LoRA weights + optimizer state: about 1.5 GB for the 31B
+# model at rank 64) straight to GCS before it exits. Off Spot (a drain, a node upgrade, a suspend) five
+# minutes covers a slow link. On Spot a reclaim gives 15 s whatever the pod asks, so the pod asks for that
+# (common.tpu_scheduling): the checkpoint durations the trainer reports say whether one fits, and the trainer
+# also checkpoints every checkpoint.everySteps.
+TRAINER_TERMINATION_GRACE_SECONDS = 300
+
+# The trainer's TMPDIR (the compile cache's local layer) is /dev/shm, memory-backed, rather than the small boot
+# disk of a TPU VM; its sizeLimit is counted in the pod's memory request.
+SHM_DIR = "/dev/shm"
+
+
+def frozen_spec_json(spec: FineTuneJobSpec) -> str:
+    return json.dumps(spec.to_wire(), sort_keys=True, separators=(",", ":"))
+
+
+def train_config_map(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
+    cfg = train_config(o.namespace, o.name, spec, attempt=attempt)
+    return config_map(
+        o,
+        train_job_name(o.name, attempt, tpu_slice(spec.tpu.slice).hosts),
+        labels(o, COMPONENT_TRAINER, attempt),
+        {CONFIG_FILE: cfg.model_dump_json(by_alias=True), SPEC_KEY: frozen_spec_json(spec)},
+    )
+
+
+def _multi_host_env(jobset: str, hosts: int, join_timeout_seconds: int) -> list[Obj]:
+    """What each host's trainer needs for jax.distributed.initialize: the process count, its own index (the
+    Indexed Job's completion index) and process 0's address (its hostname in the JobSet's subdomain)."""
+    coordinator = f"{jobset}-{TRAINER_REPLICATED_JOB}-0-0.{jobset}:{COORDINATOR_PORT}"
+    return [
+        {"name": ENV_NUM_PROCESSES, "value": str(hosts)},
+        {
+            "name": ENV_PROCESS_ID,
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{JOB_COMPLETION_INDEX}']"}},
+        },
+        {"name": ENV_COORDINATOR_ADDRESS, "value": coordinator},
+        {"name": ENV_JOIN_TIMEOUT, "value": str(join_timeout_seconds)},
+    ]
+
+
+def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
+    """The training pod of one host, for a Job (one host) and a JobSet (each host) alike."""
+    slc = tpu_slice(spec.tpu.slice)
+    name = train_job_name(o.name, attempt, slc.hosts)
+    metrics_port = train_config(o.namespace, o.name, spec, attempt).metrics_port
+    model = model_shape(spec.model.name)
+    env: list[Obj] = [
+        {"name": "TMPDIR", "value": SHM_DIR},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    if slc.hosts > 1:
+        env += _multi_host_env(name, slc.hosts, spec.tpu.join_timeout_seconds)
+    container: Obj = {
+        "name": TRAINER_CONTAINER,
+        "image": spec.images.trainer,
+        "command": reporting_command("tpuforge_workloads.train"),
+        "env": env,
+        "resources": tpu_resources(slc, resources.trainer_requests(spec.tpu.resources, model, slc.hosts)),
+        "volumeMounts": [config_mount(), {"name": "dshm", "mountPath": SHM_DIR}],
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    ports = train_ports(metrics_port, slc.hosts)
+    if ports:
+        container["ports"] = ports
+    shm = {"medium": "Memory", "sizeLimit": resources.gib(resources.TRAINER_TMPDIR_BYTES)}
+    pod_spec: Obj = {
+        "restartPolicy": "Never",
+        "serviceAccountName": service_account_name(o.name, spec),
+        "terminationGracePeriodSeconds": TRAINER_TERMINATION_GRACE_SECONDS,
+        **tpu_scheduling(slc, spec.tpu.spot, spec.tpu.spot_grace_seconds),  # on Spot: the grace a reclaim gives
+        "containers": [container],
+        "volumes": [config_volume(name), {"name": "dshm", "emptyDir": shm}],
+    }
+    if spec.priority_class_name:
+        pod_spec["priorityClassName"] = spec.priority_class_name
+    # The trainer patches its FineTuneJob's status with its ServiceAccount token.
+    pod_spec = locked_down(pod_spec, api_access=True, root_containers=root_containers(spec, TRAINER_CONTAINER))
+    return {"metadata": {"labels": labels(o, COMPONENT_TRAINER, attempt)}, "spec": pod_spec}
+
+
+def train_ports(metrics_port: int | None, hosts: int) -> list[Obj]:
+    """The ports a training pod serves: its metrics, and on a multi-host slice the JAX coordinator (process 0
+    listens, every host connects) and the TPU runtime's host-to-host port. Declared so that NetworkPolicies
+    and readers of the pod can name them."""
+    ports: list[Obj] = []
+    if metrics_port:
+        ports.append({"name": "metrics", "containerPort": metrics_port, "protocol": "TCP"})
+    if hosts > 1:
+        ports.append({"name": "coordinator", "containerPort": COORDINATOR_PORT, "protocol": "TCP"})
+        ports.append({"name": "tpu-runtime", "containerPort": TPU_RUNTIME_PORT, "protocol": "TCP"})
+    return ports
+
+
+def _train_labels(o: Owner, spec: FineTuneJobSpec, attempt: int) -> dict[str, str]:
+    out = labels(o, COMPONENT_TRAINER, attempt)
+    if spec.queue_name:
+        out[LABEL_KUEUE_QUEUE] = spec.queue_name
+    return out
+
+
+def train_job(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
+    """A single-host slice's attempt: a Job of one pod."""
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata(o, train_job_name(o.name, attempt), _train_labels(o, spec, attempt)),
+        "spec": {
+            # The operator owns retries: it tells a preemption from a failure and resumes from a checkpoint.
+            "backoffLimit": 0,
+            "completions": 1,
+            "parallelism": 1,
+            "template": train_pod_template(o, spec, attempt),
+        },
+    }
+
+
+def train_jobset(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
+    """A multi-host slice's attempt: a JobSet of one Indexed Job with one pod per host, all on one node pool.
+
+    The operator owns attempts as it does for a Job: no Job retries (backoffLimit 0), no JobSet restarts
+    (maxRestarts 0), so the first host that ends badly ends the attempt and the operator decides (a
+    preemption resumes from the checkpoint as a new JobSet, a failure counts towards maxRestarts)."""
+    hosts = tpu_slice(spec.tpu.slice).hosts
+    name = train_job_name(o.name, attempt, hosts)
+    return {
+        "apiVersion": JOBSET_API_VERSION,
+        "kind": JOBSET_KIND,
+        "metadata": metadata(o, name, _train_labels(o, spec, attempt), {JOBSET_EXCLUSIVE_TOPOLOGY: GKE_NODEPOOL}),
+        "spec": {
+            "failurePolicy": {"maxRestarts": 0},
+            # Each pod gets the hostname <jobset>-trainer-0-<host> in the subdomain <jobset> (a headless
+            # Service JobSet creates): process 0's name is the coordinator address.
+            "network": {"enableDNSHostnames": True},
+            "replicatedJobs": [
+                {
+                    "name": TRAINER_REPLICATED_JOB,
+                    "replicas": 1,
+                    "template": {
+                        "spec": {
+                            "backoffLimit": 0,
+                            "completions": hosts,
+                            "parallelism": hosts,
+                            "completionMode": "Indexed",
+                            "template": train_pod_template(o, spec, attempt),
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def train_workload(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
+    """The attempt's Job on a single-host slice, its JobSet on a multi-host one. Single-host slices keep a
+    plain Job so that they need nothing installed beyond Kubernetes itself."""
+    if tpu_slice(spec.tpu.slice).hosts > 1:
+        return train_jobset(o, spec, attempt)
+    return train_job(o, spec, attempt)
+
+
+def attempt_objects(o: Owner, spec: FineTuneJobSpec, attempt: int) -> list[Obj]:
+    """Everything a training attempt needs, in creation order: the Job (or JobSet) comes last, so its pods
+    never wait for a ServiceAccount or ConfigMap that does not exist yet."""
+    # finetune_rbac is imported whole: tests/unit/rbac_scan.py finds the kinds created here through the module.
+    return [*finetune_rbac.rbac_objects(o, spec), train_config_map(o, spec, attempt), train_workload(o, spec, attempt)]
+
+
+__all__ = [
+    "SPEC_KEY",
+    "TRAINER_CONTAINER",
+    "TRAINER_TERMINATION_GRACE_SECONDS",
+    "attempt_objects",
+    "train_job",
+    "train_jobset",
+    "train_pod_template",
+    "train_ports",
+    "train_workload",
+]
