@@ -79,6 +79,8 @@ def table(slices: list[str], seqs: list[int], batches: list[int]) -> list[dict[s
                     "hbmPerChipGiB": round(e.hbm_per_chip_gib, 2),
                     "argumentsGiB": round(e.argument_gib, 2),
                     "temporariesGiB": round(e.temp_gib, 2),
+                    # outputs not written over donated inputs, and the program (estimate.py)
+                    "otherGiB": round(e.hbm_per_chip_gib - e.argument_gib - e.temp_gib, 2),
                     "tflopsPerMicroBatch": round(e.tflops_per_step / 8, 2),
                     "compileSeconds": round(r.compile_seconds, 1),
                 }

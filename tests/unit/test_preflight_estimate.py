@@ -9,14 +9,14 @@ from tpuforge_workloads.preflight import estimate as est
 from tpuforge_workloads.preflight.step import GIB, CompiledStep, out_of_hbm_bytes
 
 
-def step(layers: int, args: float, temp: float, flops: float) -> CompiledStep:
+def step(layers: int, args: float, temp: float, flops: float, code: float = 0.0) -> CompiledStep:
     return CompiledStep(
         layers=layers,
         argument_bytes=int(args * GIB),
         output_bytes=int(0.5 * GIB),
         alias_bytes=int(0.25 * GIB),
         temp_bytes=int(temp * GIB),
-        code_bytes=0,
+        code_bytes=int(code * GIB),
         flops=flops,
         compile_seconds=1.0,
         platform="tpu",
@@ -34,12 +34,27 @@ def test_extrapolation_adds_each_layer_kind_s_marginal_cost() -> None:
     assert whole.temp_bytes / GIB == pytest.approx(4 + 49 * 0.5 + 10 * 1.0)
     assert whole.flops == pytest.approx(100 + 49 * 10 + 10 * 30)
     # Outputs not written over donated inputs: 0.25 GiB in every probe, so no per-layer growth.
-    assert whole.other_bytes / GIB == pytest.approx(0.25)
+    assert whole.output_bytes / GIB == pytest.approx(0.25)
+
+
+def test_the_program_is_extrapolated_per_layer_up_to_a_cap() -> None:
+    # As XLA's code for the 31B's step on a v5p-8 (GiB): one layer 0.027, two 0.053 and 0.055. Whole
+    # compiles held about the per-layer sum at 6 and 12 layers, and far less at 30 (0.08 against 0.79).
+    probes = [step(1, 10, 4, 100.0, 0.027), step(2, 11, 4.5, 110.0, 0.053), step(2, 12, 5.0, 130.0, 0.055)]
+    layer_types = ("sliding_attention",) * 5 + ("full_attention",)
+    six = est.extrapolate(probes, layer_types)
+    assert six.code_bytes / GIB == pytest.approx(0.027 + 4 * 0.026 + 0.028)  # the per-layer sum
+    for periods in (5, 10):
+        whole = est.extrapolate(probes, layer_types * periods)
+        assert whole.code_bytes / GIB == pytest.approx(est.CODE_PROBES * 0.055)  # the cap
+        assert whole.total_bytes == pytest.approx(
+            whole.argument_bytes + whole.temp_bytes + whole.output_bytes + whole.code_bytes
+        )
 
 
 def test_estimate_of_a_v5p_8_run() -> None:
     v5p8 = TPU_SLICES["v5p-8"]
-    figures = est.PerChip(argument_bytes=20 * GIB, temp_bytes=10 * GIB, other_bytes=1 * GIB, flops=459e12 * 0.35)
+    figures = est.PerChip(argument_bytes=20 * GIB, temp_bytes=10 * GIB, output_bytes=1 * GIB, flops=459e12 * 0.35)
     e = est.estimate(figures, v5p8, tokens_per_micro_batch=4096, accumulation=8, total_steps=1000, mfu=0.35)
 
     assert e.fits and e.hbm_per_chip_gib == pytest.approx(31.0) and e.hbm_capacity_gib == 95.0
@@ -56,7 +71,7 @@ def test_estimate_of_a_v5p_8_run() -> None:
 
 def test_a_job_that_does_not_fit_is_told_what_to_change() -> None:
     v6e8 = TPU_SLICES["v6e-8"]
-    figures = est.PerChip(argument_bytes=30 * GIB, temp_bytes=10 * GIB, other_bytes=0, flops=1e12)
+    figures = est.PerChip(argument_bytes=30 * GIB, temp_bytes=10 * GIB, output_bytes=0, flops=1e12)
     e = est.estimate(figures, v6e8, 8192, 1, 10)
 
     assert not e.fits
