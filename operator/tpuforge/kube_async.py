@@ -18,11 +18,9 @@ from kubernetes.client.exceptions import ApiException
 from tpuforge.kube_client import (
     POOL_SIZE,
     REQUEST_TIMEOUT,
-    RETRY_DELAYS,
-    RETRY_STATUS,
     Obj,
+    Retries,
     configuration,
-    credentials,
     is_already_exists,
     is_not_found,
     request_headers,
@@ -71,7 +69,7 @@ class AsyncApi:
         costs as much as sending it)."""
         data = None if body is None else json.dumps(body).encode()
         url = f"{self.cfg.host}{path}"
-        delays, refreshed = iter(RETRY_DELAYS), False
+        retries = Retries()
         while True:
             headers = request_headers(self.cfg, content_type if data is not None else None)
             try:
@@ -86,15 +84,12 @@ class AsyncApi:
                     raise ApiException(status=resp.status, reason=resp.reason, body=payload.decode(errors="replace"))
                 return json.loads(payload) if payload and answer else {}
             except ApiException as exc:
-                if exc.status == 401 and not refreshed:
-                    credentials.expire()
-                    refreshed = True
-                    continue
-                delay = next(delays, None)
-                if exc.status not in RETRY_STATUS or delay is None:
+                delay = retries.after(exc)
+                if delay is None:
                     raise
-                log.debug("%s %s: %s; retrying in %.1fs", method, path, exc.status, delay)
-                await asyncio.sleep(delay)
+                if delay:
+                    log.debug("%s %s: %s; retrying in %.1fs", method, path, exc.status, delay)
+                    await asyncio.sleep(delay)
 
     async def create_if_absent(self, obj: Mapping[str, Any]) -> bool:
         api_version, kind, namespace, _ = object_ref(obj)

@@ -195,6 +195,26 @@ class _Credentials:
 credentials = _Credentials()  # every request's, kube_async's too
 
 
+class Retries:
+    """One call's retry decisions, for `request` and kube_async's: a 401 re-reads the token once and tries again
+    at once (it may have expired since it was read); the statuses in RETRY_STATUS (and a lost connection, 0)
+    are tried again after each of RETRY_DELAYS in turn; anything else is the caller's to raise."""
+
+    def __init__(self) -> None:
+        self._delays = iter(RETRY_DELAYS)
+        self._refreshed = False
+
+    def after(self, exc: ApiException) -> float | None:
+        """Seconds to wait before trying again (0: at once), or None: give up and raise `exc`."""
+        if exc.status == 401 and not self._refreshed:
+            credentials.expire()
+            self._refreshed = True
+            return 0.0
+        if exc.status not in RETRY_STATUS:
+            return None
+        return next(self._delays, None)
+
+
 def request_headers(cfg: k8s.Configuration, content_type: str | None) -> dict[str, str]:
     """The request's headers with its credentials; `content_type` when it has a body."""
     headers = {"Accept": "application/json", "User-Agent": USER_AGENT, **credentials.header(cfg)}
@@ -239,7 +259,7 @@ def request(
     connection); raises ApiException for the rest."""
     if query:
         path = f"{path}?{urlencode(query)}"
-    delays, refreshed = iter(RETRY_DELAYS), False
+    retries = Retries()
     while True:
         try:
             resp = _send(api, method, path, body, content_type, REQUEST_TIMEOUT, stream=False)
@@ -247,15 +267,12 @@ def request(
                 raise _failure(resp)
             return json.loads(resp.data) if resp.data else {}
         except ApiException as exc:
-            if exc.status == 401 and not refreshed:  # a token that expired since it was read: read it again
-                credentials.expire()
-                refreshed = True
-                continue
-            delay = next(delays, None)
-            if exc.status not in RETRY_STATUS or delay is None:
+            delay = retries.after(exc)
+            if delay is None:
                 raise
-            log.debug("%s %s: %s; retrying in %.1fs", method, path, exc.status, delay)
-            time.sleep(delay)
+            if delay:
+                log.debug("%s %s: %s; retrying in %.1fs", method, path, exc.status, delay)
+                time.sleep(delay)
 
 
 class WatchStream:
