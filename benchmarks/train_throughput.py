@@ -39,11 +39,11 @@ from flax import nnx
 
 from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
 from tpuforge.api.catalog import model_shape
-from tpuforge_workloads import attention, gemma4, lora, tiny_model
+from tpuforge_workloads import attention, gemma4, tiny_model
 from tpuforge_workloads.data.pipeline import BATCH_ARRAYS
 from tpuforge_workloads.mesh import make_mesh
 from tpuforge_workloads.preflight.step import NoCheckpoints, lower_train_step, lowered_flops, with_layers
-from tpuforge_workloads.train.loop import place_by_specs
+from tpuforge_workloads.train.loop import adapt_for_training
 from tpuforge_workloads.train.trainer import make_trainer
 
 # Dense bf16 peak per chip, TFLOP/s, by the vendors' datasheets (no sparsity).
@@ -100,8 +100,8 @@ def spread(seed: Any, shape: tuple[int, ...], dtype: Any) -> Any:
 
 
 def random_model(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any) -> Any:
-    """The trainer's model (train/loop.py build_model) with random base weights made on the devices, each
-    array created where its partition spec puts it (nothing is built on the host or moved)."""
+    """The trainer's model (train/loop.py: adapt_for_training) on random base weights made on the devices,
+    each array created where its partition spec puts it (nothing is built on the host or moved)."""
     from tunix.models.gemma4 import model as gm
 
     cfg = gemma4.tunix_config(text)
@@ -124,11 +124,7 @@ def random_model(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any) -> Any
             )
         values.append(fills[sig](jnp.uint32(i)))
     state = jax.tree.unflatten(tree, values)
-    base = attention.install(nnx.merge(graph_def, state))
-    model = lora.apply_lora(base, config.lora, mesh, seed=config.training.seed)
-    gemma4.set_remat(model, config.training.remat)
-    place_by_specs(model, mesh)
-    return model
+    return adapt_for_training(attention.install(nnx.merge(graph_def, state)), config, mesh)
 
 
 def random_batch(config: TrainConfig, vocab: int, mesh: Any) -> dict[str, Any]:

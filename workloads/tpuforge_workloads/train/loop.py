@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 from tunix.sft import hooks
 
+from tpuforge.api import TrainConfig
 from tpuforge_workloads import checkpoint_read, compile_cache, gemma4, lora
 from tpuforge_workloads.data.pipeline import (
     batches,
@@ -176,11 +177,20 @@ def build_model(
         base = checkpoint_read.load_model(plan.config.model_uri, plan.text, cfg, mesh, timings)
     timings["model_load_s"] = time.monotonic() - started
     started = time.monotonic()
-    model = lora.apply_lora(base, plan.config.lora, mesh, seed=plan.config.training.seed, adapter_dtype=adapter_dtype)
-    gemma4.check_sharding(nnx.state(model, nnx.LoRAParam), mesh)
-    gemma4.set_remat(model, plan.config.training.remat)
-    place_by_specs(model, mesh)
+    model = adapt_for_training(base, plan.config, mesh, adapter_dtype)
     timings["lora_s"] = time.monotonic() - started
+    return model
+
+
+def adapt_for_training(
+    base: Any, config: TrainConfig, mesh: jax.sharding.Mesh, adapter_dtype: str = lora.ADAPTER_DTYPE
+) -> Any:
+    """The base model as the trainer trains it: LoRA adapters on the configured targets (in `adapter_dtype`),
+    remat as configured, every array laid out by its partition spec."""
+    model = lora.apply_lora(base, config.lora, mesh, seed=config.training.seed, adapter_dtype=adapter_dtype)
+    gemma4.check_sharding(nnx.state(model, nnx.LoRAParam), mesh)
+    gemma4.set_remat(model, config.training.remat)
+    place_by_specs(model, mesh)
     return model
 
 
