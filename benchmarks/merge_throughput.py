@@ -96,14 +96,14 @@ def _self(*args: str) -> list[str]:
 def step_copy(src: str, dst: str) -> None:
     """Every safetensors file of `src` to `dst`, streamed through tpuforge_workloads.storage, read into one
     reused buffer as the merge reads (a fresh buffer per read costs more CPU than the read itself)."""
-    from tpuforge_workloads import storage
+    from tpuforge_workloads import staged_write, storage
 
     buf = memoryview(bytearray(COPY_CHUNK))
     for name in storage.list_files(src):
         if not name.endswith(".safetensors"):
             continue
         size = storage.size(storage.join(src, name))
-        with storage.open_staged_write(storage.join(dst, name), storage.join(dst, "_staging", name), size) as w:
+        with staged_write.open_staged_write(storage.join(dst, name), storage.join(dst, "_staging", name), size) as w:
             for offset in range(0, size, COPY_CHUNK):
                 w.write(buf[: storage.read_range_into(storage.join(src, name), offset, buf)])
         w.publish()
@@ -208,13 +208,13 @@ def merge_config(base: str, ckpt: str, out: str, path: Path) -> Path:
 
 
 def upload_dir(local: Path, uri: str) -> None:
-    from tpuforge_workloads import storage
+    from tpuforge_workloads import staged_write, storage
 
     for f in sorted(p for p in local.rglob("*") if p.is_file()):
         rel = f.relative_to(local).as_posix()
         if f.suffix == ".safetensors":  # large: parts + compose, as the merge's own writes
             size = f.stat().st_size
-            staged = storage.open_staged_write(storage.join(uri, rel), storage.join(uri, "_up", rel), size)
+            staged = staged_write.open_staged_write(storage.join(uri, rel), storage.join(uri, "_up", rel), size)
             with staged as w, open(f, "rb") as src:
                 while chunk := src.read(COPY_CHUNK):
                     w.write(chunk)

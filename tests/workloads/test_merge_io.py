@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from tpuforge.api.constants import COMPLETE_MARKER
-from tpuforge_workloads import commit, storage
+from tpuforge_workloads import commit, staged_write, storage
 from tpuforge_workloads.merge.errors import MergeInputError
 from tpuforge_workloads.merge.safetensors_io import (
     OutTensor,
@@ -91,11 +91,11 @@ def out_root(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 def test_staged_write_appears_only_on_publish(out_root: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # Small parts and a small compose fan-in so that a 3 MB file takes 12 parts and a two-level compose.
-    monkeypatch.setattr(storage, "_MIN_PART", 256 << 10)
-    monkeypatch.setattr(storage, "_COMPOSE_MAX", 4)
+    monkeypatch.setattr(staged_write, "_MIN_PART", 256 << 10)
+    monkeypatch.setattr(staged_write, "_COMPOSE_MAX", 4)
     data = np.random.default_rng(0).bytes(3 << 20)
     uri, staging = storage.join(out_root, "model.bin"), storage.join(out_root, "_staging", "model.bin")
-    with storage.open_staged_write(uri, staging, size_hint=1) as w:
+    with staged_write.open_staged_write(uri, staging, size_hint=1) as w:
         for i in range(0, len(data), 100_000):
             w.write(data[i : i + 100_000])
     assert not storage.exists(uri)
@@ -106,7 +106,7 @@ def test_staged_write_appears_only_on_publish(out_root: str, monkeypatch: pytest
 
 def test_failed_staged_write_leaves_nothing(out_root: str) -> None:
     uri, staging = storage.join(out_root, "x.bin"), storage.join(out_root, "_staging", "x.bin")
-    with pytest.raises(RuntimeError, match="boom"), storage.open_staged_write(uri, staging) as w:
+    with pytest.raises(RuntimeError, match="boom"), staged_write.open_staged_write(uri, staging) as w:
         w.write(b"x" * 1000)
         raise RuntimeError("boom")
     assert not storage.exists(uri)

@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from tpuforge_workloads import storage
+from tpuforge_workloads import staged_write, storage
 from tpuforge_workloads.commit import ManifestFile
 from tpuforge_workloads.merge import bf16
 from tpuforge_workloads.merge.mapping import peft_factors
@@ -58,7 +58,7 @@ class StagedFile:
     """An output file written under the staging directory, with the size and sha256 of what was written."""
 
     name: str  # relative to the output directory
-    writer: storage.StagedWriter
+    writer: staged_write.StagedWriter
     size: int = 0
     _hash: Any = field(default_factory=hashlib.sha256)
 
@@ -83,7 +83,7 @@ def as_bytes(array: np.ndarray) -> memoryview:
 
 def open_staged(output: str, staging: str, name: str, size_hint: int | None = None) -> StagedFile:
     return StagedFile(
-        name, storage.open_staged_write(storage.join(output, name), storage.join(staging, name), size_hint)
+        name, staged_write.open_staged_write(storage.join(output, name), storage.join(staging, name), size_hint)
     )
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tpuforge.api.catalog import ModelShape
-from tpuforge_workloads import storage
+from tpuforge_workloads import staged_write, storage
 from tpuforge_workloads.adapter_checkpoint import PARAMS_ITEM
 from tpuforge_workloads.gemma4 import Gemma4Text
 from tpuforge_workloads.lora import LoraManifest, write_manifest
@@ -135,7 +135,7 @@ def write_safetensors(
     for name, group, header in plans:
         path = storage.join(uri, name)
         size = len(header) + sum(t.nbytes for t in group)
-        with storage.open_staged_write(path, path + ".partial", size) as w:
+        with staged_write.open_staged_write(path, path + ".partial", size) as w:
             w.write(header)
             for t in group:
                 for block in blocks(t):
