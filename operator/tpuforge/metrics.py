@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from tpuforge.api import AdapterPhase, FineTuneJobStatus, FineTunePhase, ServingDeploymentStatus, ServingPhase
-from tpuforge.api.finetune import CONDITION_EVALUATED, REASON_EVALUATION_FAILED
+from tpuforge.api.finetune_status import CONDITION_EVALUATED, REASON_EVALUATION_FAILED
 
 # --- Reconciles (every kind) --------------------------------------------------------------------------------
 

@@ -19,29 +19,31 @@ from tpuforge.api.configs import (
 )
 from tpuforge.api.evaluation import evaluation_verdict
 from tpuforge.api.finetune import (
-    AttemptStatus,
-    CheckpointSave,
     CheckpointSpec,
-    Cost,
     DatasetRef,
     EvalThresholds,
     EvaluationSpec,
-    EvaluationStatus,
     FineTuneJobSpec,
-    FineTuneJobStatus,
-    FineTunePhase,
     ImagesSpec,
     LoraSpec,
     MergeSpec,
     MeshSpec,
     ModelRef,
-    Outputs,
     OutputSpec,
-    Progress,
-    Restarts,
     RunPolicy,
     TpuSpec,
     TrainingSpec,
+)
+from tpuforge.api.finetune_status import (
+    AttemptStatus,
+    CheckpointSave,
+    Cost,
+    EvaluationStatus,
+    FineTuneJobStatus,
+    FineTunePhase,
+    Outputs,
+    Progress,
+    Restarts,
 )
 from tpuforge.api.preflight import PreflightSpec, PreflightStatus
 from tpuforge.api.serving import (

@@ -9,14 +9,7 @@ from tpuforge.api.base import ApiModel
 from tpuforge.api.catalog import Dtype, tpu_slice
 from tpuforge.api.code_eval import CodeEvalSpec
 from tpuforge.api.constants import ADAPTER_SUBDIR, COMPILE_CACHE_SUBDIR, CPU_SLICE, EVALUATION_SUBDIR
-from tpuforge.api.finetune import (
-    CheckpointSpec,
-    EvalMetric,
-    FineTuneJobSpec,
-    LoraSpec,
-    MeshSpec,
-    TrainingSpec,
-)
+from tpuforge.api.finetune import CheckpointSpec, EvalMetric, FineTuneJobSpec, LoraSpec, MeshSpec, TrainingSpec
 from tpuforge.api.validation import resolved_mesh
 
 

@@ -1,24 +1,21 @@
-"""FineTuneJob: spec and status."""
+"""FineTuneJob: the spec (what a user writes). Its status is in finetune_status.py."""
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Literal
 
 from pydantic import Field
 
-from tpuforge.api import display
-from tpuforge.api.base import ApiModel, PodResources, StatusModel
+from tpuforge.api.base import ApiModel, PodResources
 from tpuforge.api.catalog import GEMMA4_LORA_TARGETS, Dtype
 from tpuforge.api.code_eval import CodeEvalSpec
-from tpuforge.api.conditions import Condition
 from tpuforge.api.constants import (
     DEFAULT_EVALUATOR_IMAGE,
     DEFAULT_MERGER_IMAGE,
     DEFAULT_TRAINER_IMAGE,
     JOIN_TIMEOUT_SECONDS,
 )
-from tpuforge.api.preflight import PreflightSpec, PreflightStatus
+from tpuforge.api.preflight import PreflightSpec
 
 
 class ModelRef(ApiModel):
@@ -258,151 +255,3 @@ class FineTuneJobSpec(ApiModel):
         description="ServiceAccount of the pods (e.g. bound to a Google service account by Workload "
         "Identity); the operator creates one when unset.",
     )
-
-
-class FineTunePhase(StrEnum):
-    PENDING = "Pending"
-    PREFLIGHT = "Preflight"
-    TRAINING = "Training"
-    MERGING = "Merging"
-    EVALUATING = "Evaluating"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    SUSPENDED = "Suspended"
-
-
-class CheckpointSave(StatusModel):
-    """One checkpoint save, as the trainer measured it."""
-
-    step: int
-    seconds: float = Field(description="From the save's start until the checkpoint was durable.")
-    bytes: int = Field(description="Size of the step's files (adapters, optimizer state, data position).")
-
-
-class Progress(StatusModel):
-    """Training progress. The trainer writes it; the operator derives percent and the ETA when the trainer is
-    silent (between attempts, after training). Each `...Display` field is its number formatted for
-    `kubectl get` (printer columns can only show fields); machines read the numbers."""
-
-    step: int | None = None
-    total_steps: int | None = None
-    percent: float | None = None
-    percent_display: str | None = Field(default=None, description="percent for display, e.g. 45%.")
-    loss: float | None = None
-    loss_display: str | None = Field(default=None, description="loss to 4 significant digits, e.g. 2.346.")
-    tokens_per_second: float | None = Field(
-        default=None,
-        description="Real (non-padding) tokens trained per second over the last 30 s or 20 steps, whichever is longer.",
-    )
-    eta_seconds: int | None = Field(default=None, description="Seconds until training ends, at the same rate.")
-    eta_display: str | None = Field(default=None, description="etaSeconds as a duration, e.g. 1m41s or 3h12m.")
-    last_checkpoint_step: int | None = None
-    last_checkpoint: CheckpointSave | None = Field(
-        default=None, description="The last durable checkpoint's save: step, duration and size."
-    )
-    updated_at: str | None = None
-
-    def displayed(self) -> Progress:
-        """This progress with each display string formatted from its number (unset where the number is)."""
-        return self.model_copy(
-            update={
-                "percent_display": display.percent(self.percent) if self.percent is not None else None,
-                "loss_display": display.significant(self.loss) if self.loss is not None else None,
-                "eta_display": display.duration(self.eta_seconds) if self.eta_seconds is not None else None,
-            }
-        )
-
-
-class Restarts(StatusModel):
-    failures: int = 0
-    preemptions: int = 0
-
-
-class Outputs(StatusModel):
-    checkpoint_uri: str | None = None
-    merged_model_uri: str | None = None
-    adapter_uri: str | None = Field(
-        default=None, description="The committed PEFT adapter (<output.uri>/adapter), when one was written."
-    )
-
-
-# The evaluation's conditions on a FineTuneJob: Evaluated (False while it runs; False with reason
-# EVALUATION_FAILED when its Job failed or its result is unreadable) and EvaluationPassed (the verdict).
-CONDITION_EVALUATED = "Evaluated"
-CONDITION_EVALUATION_PASSED = "EvaluationPassed"
-REASON_EVALUATION_FAILED = "EvaluationFailed"
-
-
-class EvaluationStatus(StatusModel):
-    """The evaluation's result: the adapter's scores beside the base model's on the same records."""
-
-    metrics: dict[str, float] = Field(default_factory=dict, description="The adapter's scores, by metric.")
-    base_metrics: dict[str, float] = Field(default_factory=dict, description="The base model's scores.")
-    examples: int | None = Field(default=None, description="Records evaluated.")
-    passed: bool | None = Field(default=None, description="Whether every threshold was met.")
-    result: str | None = Field(default=None, description="Passed or Failed.")
-    result_display: str | None = Field(
-        default=None, description="result for kubectl get, with pass@1 when code was run: Passed (pass@1 0.83)."
-    )
-    message: str | None = Field(default=None, description="The headline, or why it failed the thresholds.")
-    report_uri: str | None = Field(
-        default=None,
-        description="The report in GCS (<output.uri>/evaluation, committed with _COMPLETE): report.jsonl, one line "
-        "per example, and summary.json.",
-    )
-
-
-class Cost(StatusModel):
-    tpu_hours: float | None = None
-    estimated_usd: float | None = Field(default=None, alias="estimatedUSD")
-    estimated_usd_display: str | None = Field(
-        default=None, alias="estimatedUSDDisplay", description="estimatedUSD for display, e.g. $1.23."
-    )
-
-    @classmethod
-    def estimate(cls, tpu_hours: float, usd_per_hour: float) -> Cost:
-        usd = round(tpu_hours * usd_per_hour, 2)
-        return cls(tpu_hours=tpu_hours, estimated_usd=usd, estimated_usd_display=display.usd(usd))
-
-
-class AttemptStatus(StatusModel):
-    """One training attempt (one training Job, or JobSet on a multi-host slice). A preemption, a retried failure
-    or a resume starts a new one."""
-
-    attempt: int = Field(description="Attempt number (0 first); the training Job (or JobSet) is <job>-train-<attempt>.")
-    job_name: str
-    pod_name: str | None = Field(default=None, description="The trainer pod, once it ran.")
-    node_name: str | None = Field(default=None, description="The node the trainer pod ran on.")
-    pods: list[str] | None = Field(
-        default=None, description="On a multi-host slice: every host's trainer pod, in host order, once they ran."
-    )
-    start_step: int | None = Field(
-        default=None, description="Latest checkpoint step reported when the attempt began (it resumes there)."
-    )
-    start_time: str | None = Field(default=None, description="When the trainer started running (TPU time starts).")
-    end_time: str | None = None
-    outcome: str | None = Field(
-        default=None, description="Succeeded, Preempted, Failed or Suspended; unset while the attempt is live."
-    )
-    reason: str | None = None
-    message: str | None = None
-
-
-class FineTuneJobStatus(StatusModel):
-    phase: FineTunePhase | None = None
-    conditions: list[Condition] = Field(default_factory=list)
-    observed_generation: int | None = None
-    progress: Progress | None = None
-    restarts: Restarts | None = None
-    attempt: int | None = Field(default=None, description="Number of the current training attempt (0 first).")
-    attempts: list[AttemptStatus] = Field(
-        default_factory=list, description="Every training attempt so far, oldest first (TPU time, outcomes)."
-    )
-    start_time: str | None = None
-    completion_time: str | None = None
-    outputs: Outputs | None = None
-    evaluation: EvaluationStatus | None = None
-    preflight: PreflightStatus | None = Field(
-        default=None, description="What the preflight found: HBM per chip against the chip's, speed and cost estimates."
-    )
-    cost: Cost | None = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tpuforge.api import FineTunePhase
 from tpuforge.api.constants import JOBSET_API_VERSION
-from tpuforge.api.finetune import CONDITION_EVALUATED, CONDITION_EVALUATION_PASSED, REASON_EVALUATION_FAILED
+from tpuforge.api.finetune_status import CONDITION_EVALUATED, CONDITION_EVALUATION_PASSED, REASON_EVALUATION_FAILED
 
 TERMINAL = (FineTunePhase.SUCCEEDED, FineTunePhase.FAILED)
 
