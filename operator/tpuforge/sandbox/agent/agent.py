@@ -16,7 +16,8 @@ from kubernetes.client.exceptions import ApiException
 
 from tpuforge.sandbox.agent.jobsets import JOBSET_NAME, JobSetController, exclusive_nodes
 from tpuforge.sandbox.agent.logserver import serve_logs
-from tpuforge.sandbox.agent.runner import AgentContext, PodRunner
+from tpuforge.sandbox.agent.podstatus import AgentContext
+from tpuforge.sandbox.agent.runner import PodRunner
 from tpuforge.sandbox.agent.scheduling import TERMINAL, pick_node, tpu_in_use, tpu_request
 from tpuforge.sandbox.config import GKE_SHUTDOWN_GRACE_SECONDS, SandboxConfig
 from tpuforge.sandbox.gcs import gcs_env

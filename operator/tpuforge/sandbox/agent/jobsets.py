@@ -5,7 +5,7 @@ JobSet's labels and annotations), the headless Service named after its subdomain
 Completed / Failed / Suspended, terminalState, replicatedJobsStatus) under failurePolicy and successPolicy.
 The 1.20 Job controller creates and counts the pods (it has no Indexed completion mode); the agent, as the
 Indexed Job controller would, gives each pod its completion index before it schedules it, and, as kubelet,
-the hostname `<job>-<index>` and JOB_COMPLETION_INDEX (runner.py).
+the hostname `<job>-<index>` and JOB_COMPLETION_INDEX (containers.py).
 
 There is no DNS: a pod name such as `<jobset>-<rjob>-0-0.<subdomain>:8476` in the pods' environment is
 rewritten to `127.0.0.1:<port>`, one free loopback port per JobSet and port, chosen once and kept in the
