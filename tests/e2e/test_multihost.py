@@ -17,7 +17,7 @@ from tests.integration.test_finetunejob_support import Cluster
 from tpuforge import kube_objects
 from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
 from tpuforge.sandbox import Sandbox, wait_for
-from tpuforge.sandbox.agent.jobsets import COMPLETION_INDEX
+from tpuforge.sandbox.agent.jobset_labels import COMPLETION_INDEX
 from tpuforge_workloads import commit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

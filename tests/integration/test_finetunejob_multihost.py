@@ -32,7 +32,7 @@ from tpuforge.controllers import informer
 from tpuforge.manifests.finetune_common import train_job_name
 from tpuforge.manifests.finetune_training import TRAINER_CONTAINER
 from tpuforge.sandbox import Sandbox
-from tpuforge.sandbox.agent.jobsets import CONTROLLER_SWITCH
+from tpuforge.sandbox.agent.jobset_labels import CONTROLLER_SWITCH
 from tpuforge.sandbox.jobset_crd import JOBSET_CRD_NAME
 from tpuforge.sandbox.kubeapi import Kube
 

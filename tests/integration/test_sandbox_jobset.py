@@ -13,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 from tpuforge.api.catalog import TPU_SLICES
 from tpuforge.api.constants import GKE_TPU_ACCELERATOR, GKE_TPU_TOPOLOGY, TPU_RESOURCE
 from tpuforge.sandbox import Sandbox, wait_for
-from tpuforge.sandbox.agent.jobsets import (
+from tpuforge.sandbox.agent.jobset_labels import (
     COMPLETION_INDEX,
     CONTROLLER_SWITCH,
     EXCLUSIVE_TOPOLOGY,

@@ -9,21 +9,15 @@ import pytest
 import yaml
 
 from tests.fixtures import upstream
-from tpuforge.sandbox.agent.jobsets import (
+from tpuforge.sandbox.agent.jobset_labels import (
     COMPLETION_INDEX,
     EXCLUSIVE_TOPOLOGY,
     JOB_KEY,
     JOBSET_NAME,
     LOOPBACK_PORTS,
-    assign_indexes,
-    child_jobs,
-    desired_status,
-    exclusive_nodes,
-    loopback_ip,
-    pod_hostname,
-    ports_in_env,
-    rewrite_addresses,
 )
+from tpuforge.sandbox.agent.jobset_network import loopback_ip, pod_hostname, ports_in_env, rewrite_addresses
+from tpuforge.sandbox.agent.jobsets import assign_indexes, child_jobs, desired_status, exclusive_nodes
 from tpuforge.sandbox.jobset_crd import JOBSET_CRD_FILE, jobset_crd
 from tpuforge.sandbox.nodes import GKE_NODEPOOL
 

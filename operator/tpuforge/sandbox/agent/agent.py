@@ -14,7 +14,8 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from tpuforge.sandbox.agent.jobsets import JOBSET_NAME, JobSetController, exclusive_nodes
+from tpuforge.sandbox.agent.jobset_labels import JOBSET_NAME
+from tpuforge.sandbox.agent.jobsets import JobSetController, exclusive_nodes
 from tpuforge.sandbox.agent.logserver import serve_logs
 from tpuforge.sandbox.agent.podstatus import AgentContext
 from tpuforge.sandbox.agent.runner import PodRunner

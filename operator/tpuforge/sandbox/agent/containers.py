@@ -14,7 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-from tpuforge.sandbox.agent.jobsets import COMPLETION_INDEX, pod_hostname, rewrite_addresses
+from tpuforge.sandbox.agent.jobset_labels import COMPLETION_INDEX
+from tpuforge.sandbox.agent.jobset_network import pod_hostname, rewrite_addresses
 from tpuforge.sandbox.agent.podenv import ConfigError, PathMap, container_env, expand
 from tpuforge.sandbox.agent.podstatus import AgentContext, ContainerRun, Obj, PodStatus, states
 from tpuforge.sandbox.agent.probes import run_probe

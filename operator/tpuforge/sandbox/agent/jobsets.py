@@ -7,9 +7,8 @@ The 1.20 Job controller creates and counts the pods (it has no Indexed completio
 Indexed Job controller would, gives each pod its completion index before it schedules it, and, as kubelet,
 the hostname `<job>-<index>` and JOB_COMPLETION_INDEX (containers.py).
 
-There is no DNS: a pod name such as `<jobset>-<rjob>-0-0.<subdomain>:8476` in the pods' environment is
-rewritten to `127.0.0.1:<port>`, one free loopback port per JobSet and port, chosen once and kept in the
-JobSet's `sandbox.tpuforge.dev/loopback-ports` annotation (copied to its pods).
+There is no DNS: the pods reach each other by loopback addresses and ports (jobset_network.py), which the
+controller chooses once per JobSet and keeps in its `sandbox.tpuforge.dev/loopback-ports` annotation.
 """
 
 from __future__ import annotations
@@ -18,36 +17,34 @@ import copy
 import hashlib
 import json
 import logging
-import re
-import socket
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from tpuforge.sandbox.agent.jobset_labels import (
+    API_VERSION,
+    COMPLETION_INDEX,
+    CONTROLLER_SWITCH,
+    EXCLUSIVE_TOPOLOGY,
+    JOB_GLOBAL_INDEX,
+    JOB_INDEX,
+    JOB_KEY,
+    JOBSET_NAME,
+    JOBSET_UID,
+    LOOPBACK_IP,
+    LOOPBACK_PORTS,
+    REPLICATED_JOB,
+    REPLICATED_JOB_REPLICAS,
+    RESTART_ATTEMPT,
+)
+from tpuforge.sandbox.agent.jobset_network import free_loopback_port, loopback_ip, ports_in_env, subdomain
 from tpuforge.sandbox.agent.scheduling import TERMINAL
 from tpuforge.sandbox.kubeapi import Kube, now
 
 log = logging.getLogger("tpuforge.sandbox.agent")
 Obj = dict[str, Any]
-
-API_VERSION = "jobset.x-k8s.io/v1alpha2"
-JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
-JOBSET_UID = "jobset.sigs.k8s.io/jobset-uid"
-REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
-REPLICATED_JOB_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
-JOB_INDEX = "jobset.sigs.k8s.io/job-index"
-JOB_GLOBAL_INDEX = "jobset.sigs.k8s.io/job-global-index"
-JOB_KEY = "jobset.sigs.k8s.io/job-key"
-RESTART_ATTEMPT = "jobset.sigs.k8s.io/restart-attempt"
-EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
-COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
-LOOPBACK_PORTS = "sandbox.tpuforge.dev/loopback-ports"
-# A namespace with this label set to "off" has no JobSet controller: for tests that play it themselves.
-CONTROLLER_SWITCH = "sandbox.tpuforge.dev/jobset-controller"
-# Each pod of a JobSet listens on its own loopback address, so two hosts' servers on one port never collide.
-LOOPBACK_IP = "sandbox.tpuforge.dev/loopback-ip"
 
 # Reasons and messages as the JobSet controller writes them.
 COMPLETED = ("AllJobsCompleted", "jobset completed successfully")
@@ -71,75 +68,6 @@ def job_finished(job: Mapping[str, Any]) -> str | None:
         if c.get("type") in ("Complete", "Failed") and c.get("status") == "True":
             return str(c["type"])
     return None
-
-
-def subdomain(js: Mapping[str, Any]) -> str | None:
-    """The pods' subdomain (and the headless Service's name); None when DNS hostnames are off."""
-    network = (js.get("spec") or {}).get("network") or {}
-    if network.get("enableDNSHostnames") is False:
-        return None
-    return str(network.get("subdomain") or js["metadata"]["name"])
-
-
-def _address_pattern(js: Mapping[str, Any]) -> re.Pattern[str] | None:
-    """`<jobset>-<rjob>-<j>-<p>.<subdomain>[.more]:<port>`: a pod of this JobSet by its DNS name."""
-    sub = subdomain(js)
-    if sub is None:
-        return None
-    name = re.escape(js["metadata"]["name"])
-    return re.compile(rf"(?<![\w.\-]){name}-[a-z0-9\-]+-\d+-\d+\.{re.escape(sub)}(?:\.[A-Za-z0-9.\-]+)?:(\d+)")
-
-
-def _template_env_values(js: Mapping[str, Any]) -> Iterable[str]:
-    for rjob in (js.get("spec") or {}).get("replicatedJobs") or []:
-        pod_spec = ((rjob.get("template") or {}).get("spec") or {}).get("template", {}).get("spec") or {}
-        for c in (pod_spec.get("initContainers") or []) + (pod_spec.get("containers") or []):
-            for var in c.get("env") or []:
-                if isinstance(var.get("value"), str):
-                    yield var["value"]
-
-
-def ports_in_env(js: Mapping[str, Any]) -> list[int]:
-    """The ports the JobSet's pods name each other by (the JAX coordinator's), from their templates."""
-    pattern = _address_pattern(js)
-    if pattern is None:
-        return []
-    return sorted({int(m.group(1)) for v in _template_env_values(js) for m in pattern.finditer(v)})
-
-
-def rewrite_addresses(value: str, pod: Mapping[str, Any]) -> str:
-    """The sandbox's DNS: a JobSet pod's `<pod hostname>.<subdomain>:<port>` becomes `127.0.0.1:<loopback
-    port>`, by the pod's loopback-ports annotation. Other values are returned unchanged."""
-    meta = pod.get("metadata") or {}
-    ports = json.loads((meta.get("annotations") or {}).get(LOOPBACK_PORTS) or "{}")
-    jobset = (meta.get("labels") or {}).get(JOBSET_NAME)
-    sub = (pod.get("spec") or {}).get("subdomain")
-    if not ports or not jobset or not sub:
-        return value
-    pattern = _address_pattern({"metadata": {"name": jobset}, "spec": {"network": {"subdomain": sub}}})
-    assert pattern is not None
-
-    def sub_port(m: re.Match[str]) -> str:
-        port = ports.get(m.group(1))
-        return f"127.0.0.1:{port}" if port else m.group(0)
-
-    return pattern.sub(sub_port, value)
-
-
-def pod_hostname(pod: Mapping[str, Any]) -> str | None:
-    """An Indexed Job's pod hostname, `<job name>-<completion index>`, unless the spec names one."""
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-    if spec.get("hostname"):
-        return str(spec["hostname"])
-    index = (meta.get("annotations") or {}).get(COMPLETION_INDEX)
-    job = (meta.get("labels") or {}).get("job-name")
-    return f"{job}-{index}" if index is not None and job else None
-
-
-def free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def owner_ref(obj: Mapping[str, Any], api_version: str, kind: str) -> Obj:
@@ -306,12 +234,6 @@ def assign_indexes(job: Mapping[str, Any], pods: Sequence[Obj]) -> dict[str, int
     free = [i for i in range(completions) if i not in held]
     unindexed.sort(key=lambda p: (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"]))
     return {p["metadata"]["uid"]: i for p, i in zip(unindexed, free, strict=False)}
-
-
-def loopback_ip(ordinal: int) -> str:
-    """127.0.0.1 for a JobSet's first pod, then 127.0.0.2, ... (all of 127/8 is loopback on Linux)."""
-    n = ordinal + 1
-    return f"127.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}"
 
 
 def exclusive_nodes(

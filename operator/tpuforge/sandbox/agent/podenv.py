@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tpuforge.sandbox.agent.jobsets import LOOPBACK_IP
+from tpuforge.sandbox.agent.jobset_labels import LOOPBACK_IP
 
 Obj = Mapping[str, Any]
 # (kind "ConfigMap" | "Secret", name) -> key -> bytes, or None when it does not exist

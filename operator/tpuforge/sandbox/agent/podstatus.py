@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from tpuforge.sandbox.agent.attachments import Attachments
-from tpuforge.sandbox.agent.jobsets import LOOPBACK_IP
+from tpuforge.sandbox.agent.jobset_labels import LOOPBACK_IP
 from tpuforge.sandbox.agent.podenv import PathMap
 from tpuforge.sandbox.kubeapi import Kube, now
 from tpuforge.sandbox.nodes import EmulatedNode
