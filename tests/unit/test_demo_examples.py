@@ -10,7 +10,8 @@ import yaml
 from tpuforge.api import ServingDeploymentSpec
 from tpuforge.api.validation import check_finetune
 from tpuforge.sandbox.config import DEFAULT_BUCKET, repo_root
-from tpuforge.sandbox.demo import FINETUNE_YAML, SERVING_YAML, DemoError, for_hosts, halfway, load_job, load_yaml
+from tpuforge.sandbox.demo_follow import halfway
+from tpuforge.sandbox.demo_job import FINETUNE_YAML, SERVING_YAML, DemoError, for_hosts, load_job, load_yaml
 
 ROOT = repo_root()
 

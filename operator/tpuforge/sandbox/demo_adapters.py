@@ -24,19 +24,10 @@ from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND, LABEL_SERVING,
 from tpuforge.api.evaluation import checks
 from tpuforge.sandbox import gcs_objects
 from tpuforge.sandbox.agent.runtimes import vllm_venv
-from tpuforge.sandbox.demo import (
-    JOB_TIMEOUT,
-    NAMESPACE,
-    SERVE_TIMEOUT,
-    SERVING_YAMLS,
-    TABLE_EVERY,
-    VLLM_PORT,
-    Demo,
-    DemoError,
-    DemoJob,
-    job_from_body,
-    parse_spec,
-)
+from tpuforge.sandbox.demo import SERVE_TIMEOUT, VLLM_PORT, Demo
+from tpuforge.sandbox.demo_base import NAMESPACE
+from tpuforge.sandbox.demo_follow import JOB_TIMEOUT, TABLE_EVERY
+from tpuforge.sandbox.demo_job import SERVING_YAMLS, DemoError, DemoJob, job_from_body, parse_spec
 from tpuforge.sandbox.demo_view import duration, heading, table
 from tpuforge.sandbox.procs import port_free
 from tpuforge.sandbox.sandbox import OPERATOR

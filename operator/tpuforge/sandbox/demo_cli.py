@@ -11,9 +11,10 @@ from pathlib import Path
 from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
-from tpuforge.sandbox.demo import Demo, DemoError
+from tpuforge.sandbox.demo import Demo
 from tpuforge.sandbox.demo_adapters import AdaptersDemo
 from tpuforge.sandbox.demo_code import CodeDemo
+from tpuforge.sandbox.demo_job import DemoError
 from tpuforge.sandbox.sandbox import Sandbox, SandboxError
 
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from tpuforge.sandbox import gcs_objects
 from tpuforge.sandbox.agent.runtimes import vllm_venv
-from tpuforge.sandbox.demo import DemoError, DemoJob
 from tpuforge.sandbox.demo_adapters import AdaptersDemo, load_jobs
+from tpuforge.sandbox.demo_job import DemoError, DemoJob
 from tpuforge.sandbox.demo_view import duration, heading
 
 JOBS_YAML = Path("examples/finetune-verilog-demo.yaml")
