@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 
 from tpuforge.sandbox import Sandbox, wait_for
+from tpuforge.sandbox.operator_command import operator_argv, operator_env
 from tpuforge.sandbox.procs import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,22 +24,9 @@ REPO = Path(__file__).resolve().parents[2]
 class OperatorProcess:
     def __init__(self, sandbox: Sandbox, log: Path, namespaces: list[str], cprofile: Path | None = None):
         self.port = free_port()
-        argv = [
-            sys.executable,
-            *(["-m", "cProfile", "-o", str(cprofile)] if cprofile else []),
-            "-m",
-            "tpuforge.cli",
-            "operator",
-            "--kubeconfig",
-            str(sandbox.kubeconfig),
-            "--metrics-address",
-            "127.0.0.1",
-            "--metrics-port",
-            str(self.port),
-            *(arg for ns in namespaces for arg in ("--namespace", ns)),
-        ]
-        env = {**os.environ, "PYTHONPATH": str(REPO / "operator")}
-        env.pop("KUBECONFIG", None)
+        profile = ["-m", "cProfile", "-o", str(cprofile)] if cprofile else []
+        argv = operator_argv(sandbox.kubeconfig, self.port, namespaces, python_options=profile)
+        env = {**operator_env(), "PYTHONPATH": str(REPO / "operator")}
         self.proc = subprocess.Popen(argv, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
         self.ps = psutil.Process(self.proc.pid)
         wait_for(self._ready, 60, "the operator's /metrics")

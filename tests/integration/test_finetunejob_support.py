@@ -8,10 +8,8 @@ outcome (preemption, failure, success) exact and quick.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -25,6 +23,7 @@ from tpuforge import kube_objects
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
 from tpuforge.manifests.finetune_common import merge_job_name, train_job_name
 from tpuforge.sandbox import Sandbox, wait_for
+from tpuforge.sandbox.operator_command import operator_argv, operator_env
 from tpuforge.sandbox.procs import free_port
 
 T = TypeVar("T")
@@ -46,23 +45,9 @@ class Operator:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        argv = [
-            sys.executable,
-            "-m",
-            "tpuforge.cli",
-            "operator",
-            "--kubeconfig",
-            str(self.sandbox.kubeconfig),
-            "--namespace",
-            self.namespace,
-            "--metrics-address",
-            "127.0.0.1",
-            "--metrics-port",
-            str(self.port),
-        ]
-        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}  # the flag is the only source
+        argv = operator_argv(self.sandbox.kubeconfig, self.port, [self.namespace])
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=operator_env())
         wait_for(self.metrics, WAIT, "the operator's /metrics")
 
     def metrics(self) -> str:

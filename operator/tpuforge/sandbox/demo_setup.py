@@ -33,6 +33,7 @@ from tpuforge.sandbox.demo_base import NAMESPACE, DemoBase
 from tpuforge.sandbox.demo_job import FINETUNE_YAML, SERVING_YAMLS, DemoError, DemoJob, load_yaml
 from tpuforge.sandbox.demo_view import heading, size
 from tpuforge.sandbox.kubeapi import Kube
+from tpuforge.sandbox.operator_command import operator_argv, operator_env
 from tpuforge.sandbox.procs import free_port, port_free
 from tpuforge.sandbox.sandbox import OPERATOR, wait_for
 
@@ -85,20 +86,7 @@ class SetupSteps(DemoBase):
         if daemon.stop(timeout=15):
             self.say("stopped the operator of an earlier run")
         port = OPERATOR_METRICS_PORT if port_free(OPERATOR_METRICS_PORT) else free_port()
-        argv = [
-            sys.executable,
-            "-m",
-            "tpuforge.cli",
-            "operator",
-            "--kubeconfig",
-            str(self.sb.kubeconfig),
-            "--metrics-address",
-            "127.0.0.1",
-            "--metrics-port",
-            str(port),
-        ]
-        env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
-        pid = daemon.start(argv, env=env)
+        pid = daemon.start(operator_argv(self.sb.kubeconfig, port), env=operator_env())
 
         def metrics_up() -> bool:
             if daemon.pid() is None:

@@ -1,0 +1,36 @@
+"""The command line that runs `tpuforge operator` beside a sandbox, as `tpuforge demo`, the integration tests and
+the operator-at-scale benchmark start it: this interpreter, the sandbox's kubeconfig as the only source of
+credentials, and /metrics on loopback (which is also how each of them sees that it is up)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def operator_argv(
+    kubeconfig: Path, metrics_port: int, namespaces: Sequence[str] = (), python_options: Sequence[str] = ()
+) -> list[str]:
+    """`tpuforge operator` against `kubeconfig`, watching `namespaces` (all of them where none), with /metrics
+    on 127.0.0.1:`metrics_port`; `python_options` go to the interpreter (e.g. `-m cProfile -o FILE`)."""
+    return [
+        sys.executable,
+        *python_options,
+        "-m",
+        "tpuforge.cli",
+        "operator",
+        "--kubeconfig",
+        str(kubeconfig),
+        *(arg for ns in namespaces for arg in ("--namespace", ns)),
+        "--metrics-address",
+        "127.0.0.1",
+        "--metrics-port",
+        str(metrics_port),
+    ]
+
+
+def operator_env() -> dict[str, str]:
+    """This process's environment without KUBECONFIG: the operator's --kubeconfig is its only source."""
+    return {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
