@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from benchmarks.serving_load import Point, Result, agreement, ratios, summarize
+from benchmarks.serving.adapter_vs_merged import agreement, ratios
+from benchmarks.serving.load import Point, Result, summarize
 
 
 def test_a_point_counts_failures_apart_and_times_tokens_after_the_first() -> None:
