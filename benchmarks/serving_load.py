@@ -44,11 +44,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # run as a script: its own folder is on the path, not the repository
-    sys.path.insert(0, str(REPO))
+# Run as a script, this file's own folder is on the path, not the repository's root, which holds benchmarks/.
+if (root := str(Path(__file__).resolve().parents[1])) not in sys.path:
+    sys.path.insert(0, root)
 
-from benchmarks.serving.adapter_vs_merged import (  # noqa: E402
+from benchmarks.serving.adapter_vs_merged import (
     LORA_RANK,
     Endpoint,
     Prompts,
@@ -59,8 +59,8 @@ from benchmarks.serving.adapter_vs_merged import (  # noqa: E402
     measure,
     report_compare,
 )
-from benchmarks.serving.sweep import report, run_point  # noqa: E402
-from benchmarks.serving.vllm_cpu import tiny_gemma4, vllm_cpu  # noqa: E402
+from benchmarks.serving.sweep import report, run_point
+from benchmarks.serving.vllm_cpu import tiny_gemma4, vllm_cpu
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,7 +30,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
+# Run as a script, this file's own folder is on the path, not the repository's root, which holds benchmarks/.
+if (root := str(Path(__file__).resolve().parents[1])) not in sys.path:
+    sys.path.insert(0, root)
+
+from benchmarks.training.tiny_config import train_config
+
+from tpuforge.api import MeshSpec, TrainConfig
 from tpuforge_workloads import tiny_model
 from tpuforge_workloads.data import demo
 from tpuforge_workloads.progress import SUMMARY_FILE
@@ -46,37 +52,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def make_config(
-    model_dir: Path,
-    data: Path,
-    ckpt: Path,
-    steps: int,
-    seq: int = SEQ,
-    micro_batch: int = MICRO_BATCH,
-    accumulation: int = ACCUMULATION,
-) -> TrainConfig:
-    return TrainConfig(
-        model_name="gemma4-tiny",
-        model_uri=str(model_dir),
-        dataset_uri=str(data),
-        lora=LoraSpec(rank=8, alpha=16.0, dropout=0.0),
-        training=TrainingSpec(
-            max_seq_len=seq,
-            micro_batch_size=micro_batch,
-            gradient_accumulation_steps=accumulation,
-            max_steps=steps,
-            learning_rate=1e-3,
-            warmup_steps=1,
-            packing=True,
-            remat=False,
-        ),
-        mesh=MeshSpec(fsdp=2, tp=4),
-        # Checkpoints only at the end: the comparison is about the step, not checkpoint I/O.
-        checkpoint=CheckpointSpec(uri=str(ckpt), every_steps=10_000, keep=1),
-        metrics_port=0,
-    )
 
 
 def environment(devices: int, cache: Path) -> dict[str, str]:
@@ -193,14 +168,15 @@ def main() -> int:
     for r in range(args.rounds):
         # Alternate which goes first, so that a machine getting busier or quieter favours neither.
         for hosts in (1, 2) if r % 2 == 0 else (2, 1):
-            config = make_config(
+            config = train_config(
                 model_dir,
                 data,
                 work / f"ckpt-{hosts}-{r}",
                 args.steps,
-                args.seq_len,
-                args.micro_batch,
-                args.accumulation,
+                seq=args.seq_len,
+                micro_batch=args.micro_batch,
+                accumulation=args.accumulation,
+                mesh=MeshSpec(fsdp=2, tp=4),
             )
             runs[hosts].append(run(config, work / f"run-{hosts}-{r}", hosts, cache))
             print(f"round {r}: {hosts} process(es): {json.dumps(runs[hosts][-1])}", flush=True)

@@ -29,14 +29,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+# Run as a script, this file's own folder is on the path, not the repository's root, which holds benchmarks/.
+if (root := str(Path(__file__).resolve().parents[1])) not in sys.path:
+    sys.path.insert(0, root)
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4".strip()
 
 import jax
+from benchmarks.training.tiny_config import train_config
 from tunix.sft import hooks, peft_trainer
 
-from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
+from tpuforge.api import MeshSpec, TrainConfig
 from tpuforge_workloads import tiny_model
 from tpuforge_workloads.data import demo
 from tpuforge_workloads.data.pipeline import BatchSpec, batches, model_inputs, prepare_examples, real_tokens
@@ -75,26 +80,16 @@ def steady(intervals: list[float], skip: int = 3) -> dict[str, float]:
     return {"p25": rest[len(rest) // 4], "median": statistics.median(rest)}
 
 
-def make_config(model_dir: Path, data: Path, ckpt: Path, steps: int, packing: bool) -> TrainConfig:
-    return TrainConfig(
-        model_name="gemma4-tiny",
-        model_uri=str(model_dir),
-        dataset_uri=str(data),
-        lora=LoraSpec(rank=8, alpha=16.0, dropout=0.0),
-        training=TrainingSpec(
-            max_seq_len=SEQ,
-            micro_batch_size=MICRO_BATCH,
-            gradient_accumulation_steps=ACCUMULATION,
-            max_steps=steps,
-            learning_rate=1e-3,
-            warmup_steps=1,
-            packing=packing,
-            remat=False,
-        ),
+def make_config(model_dir: Path, data: Path, ckpt: Path, steps: int) -> TrainConfig:
+    return train_config(
+        model_dir,
+        data,
+        ckpt,
+        steps,
+        seq=SEQ,
+        micro_batch=MICRO_BATCH,
+        accumulation=ACCUMULATION,
         mesh=MeshSpec(fsdp=1, tp=4),
-        # Checkpoints only at the end: the step-time comparison is about the loop, not checkpoint I/O.
-        checkpoint=CheckpointSpec(uri=str(ckpt), every_steps=10_000, keep=1),
-        metrics_port=0,
     )
 
 
@@ -150,7 +145,7 @@ def main() -> int:
     results: dict[str, Any] = {"devices": [str(d) for d in jax.devices()], "steps": args.steps}
 
     # 3. Packing efficiency over one epoch of the demo dataset.
-    p_pack = plan.make_plan(make_config(model_dir, data, work / "p", args.steps, packing=True))
+    p_pack = plan.make_plan(make_config(model_dir, data, work / "p", args.steps))
     for name, packing in (("padding", False), ("packing", True)):
         spec = BatchSpec(max_seq_len=SEQ, rows=MICRO_BATCH, packing=packing, seed=0, pad_id=0, epochs=1)
         rows = list(batches(p_pack.examples, spec))
@@ -182,7 +177,7 @@ def main() -> int:
     bare_runs, our_runs = [], []
     tokens_per_step = 0.0
     for r in range(args.rounds):
-        p = plan.make_plan(make_config(model_dir, data, work / f"ours-{r}", args.steps, packing=True))
+        p = plan.make_plan(make_config(model_dir, data, work / f"ours-{r}", args.steps))
         # The run repeats the data endlessly (a step budget ends it): take what the steps use.
         batch_list = list(itertools.islice(batches(p.examples, p.batch), args.steps * ACCUMULATION))
         tokens_per_step = sum(real_tokens(b) for b in batch_list) / args.steps
