@@ -54,8 +54,7 @@ class AdaptersDemo(Demo):
     def run(self) -> int:
         jobs = load_jobs(self.root / self.jobs_yaml, self.sb.bucket)
         self.job = jobs[0]
-        serving = self.load_serving()
-        self.serving_name = serving["metadata"]["name"]
+        self.check_first()
         self.start_sandbox()
         self.check_nodes(jobs[0])
         with self.api() as api:
@@ -68,11 +67,22 @@ class AdaptersDemo(Demo):
                     self.failed(statuses[name])
                 return 1
             self.show_evaluations(jobs, statuses)
-            if self.serve_adapters(api, serving):
-                self.ask(api, serving)
+            self.after_evaluations(api, jobs, statuses)
         self.explore()
         self.say(f"\ndemo finished in {duration(time.monotonic() - self.started)}", style="bold green")
         return 0
+
+    def check_first(self) -> None:
+        """What is read and checked before anything starts (each demo of several jobs its own): here the
+        ServingDeployment of the base and both adapters."""
+        self.serving_body = self.load_serving()
+        self.serving_name = self.serving_body["metadata"]["name"]
+
+    def after_evaluations(self, api: Any, jobs: list[DemoJob], statuses: Mapping[str, Mapping[str, Any]]) -> None:
+        """What follows the evaluation table (each demo of several jobs its own): here both adapters served on
+        one base, and asked one question per task."""
+        if self.serve_adapters(api, self.serving_body):
+            self.ask(api, self.serving_body)
 
     def load_serving(self) -> dict[str, Any]:
         doc = yaml.safe_load((self.root / SERVING_YAML).read_text())

