@@ -69,7 +69,7 @@ class AsyncApi:
         costs as much as sending it)."""
         data = None if body is None else json.dumps(body).encode()
         url = f"{self.cfg.host}{path}"
-        retries = Retries()
+        retries = Retries(method, path)
         while True:
             headers = request_headers(self.cfg, content_type if data is not None else None)
             try:
@@ -88,7 +88,6 @@ class AsyncApi:
                 if delay is None:
                     raise
                 if delay:
-                    log.debug("%s %s: %s; retrying in %.1fs", method, path, exc.status, delay)
                     await asyncio.sleep(delay)
 
     async def create_if_absent(self, obj: Mapping[str, Any]) -> bool:

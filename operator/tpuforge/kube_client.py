@@ -198,9 +198,11 @@ credentials = _Credentials()  # every request's, kube_async's too
 class Retries:
     """One call's retry decisions, for `request` and kube_async's: a 401 re-reads the token once and tries again
     at once (it may have expired since it was read); the statuses in RETRY_STATUS (and a lost connection, 0)
-    are tried again after each of RETRY_DELAYS in turn; anything else is the caller's to raise."""
+    are tried again after each of RETRY_DELAYS in turn, each wait logged (debug) with the call's method and
+    path; anything else is the caller's to raise."""
 
-    def __init__(self) -> None:
+    def __init__(self, method: str, path: str) -> None:
+        self._call = (method, path)
         self._delays = iter(RETRY_DELAYS)
         self._refreshed = False
 
@@ -212,7 +214,10 @@ class Retries:
             return 0.0
         if exc.status not in RETRY_STATUS:
             return None
-        return next(self._delays, None)
+        delay = next(self._delays, None)
+        if delay:
+            log.debug("%s %s: %s; retrying in %.1fs", *self._call, exc.status, delay)
+        return delay
 
 
 def request_headers(cfg: k8s.Configuration, content_type: str | None) -> dict[str, str]:
@@ -259,7 +264,7 @@ def request(
     connection); raises ApiException for the rest."""
     if query:
         path = f"{path}?{urlencode(query)}"
-    retries = Retries()
+    retries = Retries(method, path)
     while True:
         try:
             resp = _send(api, method, path, body, content_type, REQUEST_TIMEOUT, stream=False)
@@ -271,7 +276,6 @@ def request(
             if delay is None:
                 raise
             if delay:
-                log.debug("%s %s: %s; retrying in %.1fs", method, path, exc.status, delay)
                 time.sleep(delay)
 
 
