@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests.workloads.test_merge_synthetic import DELTA_EINSUM  # Qwix's LoRA einsums, in Tunix's layout
 from tpuforge.api import LoraSpec
 from tpuforge.api.configs import MergeConfig
 from tpuforge.api.constants import ADAPTER_SUBDIR
@@ -28,16 +29,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationW
 
 SPEC = LoraSpec(rank=4, alpha=8.0, dropout=0.0)
 STEP = 3
-# Qwix's LoRA einsums with the delta in the Tunix weight's own layout (see test_merge_synthetic).
-DELTA_EINSUM = {
-    "q_einsum": "Dr,rNH->NDH",
-    "kv_einsum": "Dr,rCKH->CKDH",
-    "k_einsum": "Dr,rKH->KDH",
-    "attn_vec_einsum": "NHr,rD->NHD",
-    "gate_proj": "Dr,rF->DF",
-    "up_proj": "Dr,rF->DF",
-    "down_proj": "Fr,rD->FD",
-}
 
 
 @dataclasses.dataclass
