@@ -38,11 +38,14 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "operator")]
+# The repository's root (which holds benchmarks/) as the other benchmarks put it: run as a script, only this
+# file's own folder is on the path.
+sys.path[:0] = [p for p in (str(REPO), str(REPO / "operator")) if p not in sys.path]
 
 # The parts (benchmarks/scale/): workload.py, processes.py, observe.py, phases.py.
-from scale.phases import measure  # noqa: E402
-from scale.processes import CpuLoad  # noqa: E402
+from benchmarks.scale.phases import measure  # noqa: E402
+from benchmarks.scale.processes import CpuLoad  # noqa: E402
+
 from tpuforge import crds, kube_client  # noqa: E402
 from tpuforge.sandbox import Ports, Sandbox  # noqa: E402
 

@@ -13,9 +13,9 @@ from collections import Counter
 from typing import Any
 
 import psutil
+from benchmarks.scale.processes import OperatorProcess
 from kubernetes import client
 
-from scale.processes import OperatorProcess
 from tpuforge import kube_client, kube_objects
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
 from tpuforge.controllers.finetune_attempts import UNSCHEDULABLE_REPORT_SECONDS

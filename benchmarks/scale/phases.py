@@ -8,9 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
-
-from scale.observe import (
+from benchmarks.scale.observe import (
     JobWatch,
     cpu_by_process,
     cpu_spent,
@@ -20,8 +18,10 @@ from scale.observe import (
     percentile,
     settle,
 )
-from scale.processes import OperatorProcess, Profiler
-from scale.workload import create_all, namespace, run_baseline, run_steady
+from benchmarks.scale.processes import OperatorProcess, Profiler
+from benchmarks.scale.workload import create_all, namespace, run_baseline, run_steady
+from kubernetes import client
+
 from tpuforge.controllers.finetune_attempts import UNSCHEDULABLE_REPORT_SECONDS
 from tpuforge.controllers.finetunejob import API_CONCURRENCY
 from tpuforge.manifests.finetune_common import train_job_name

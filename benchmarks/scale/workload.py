@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
+from benchmarks.scale.observe import JobWatch, cpu_by_process, cpu_spent
 from kubernetes import client
 
-from scale.observe import JobWatch, cpu_by_process, cpu_spent
 from tpuforge import kube_events, kube_objects
 from tpuforge.api import FineTuneJobStatus
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
