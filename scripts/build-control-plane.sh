@@ -63,7 +63,8 @@ apt-get "${APT_OPTS[@]}" update >>"$LOG" 2>&1
 
 TREE="$SRC/kubernetes"
 rm -rf "$TREE"
-dsc=$(ls "$SRC"/kubernetes_*.dsc | head -1)
+dscs=("$SRC"/kubernetes_*.dsc)
+dsc=${dscs[0]}
 dpkg-source --no-check -x "$dsc" "$TREE" >>"$LOG" 2>&1
 
 # The vendored reflect2 1.0.1 / json-iterator 1.1.10 fault under Go >= 1.18: use Debian's newer copies.

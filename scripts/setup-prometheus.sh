@@ -4,8 +4,11 @@
 # so the packaged system service is stopped if the install started one.
 set -euo pipefail
 
-if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then
-  echo "prometheus $(prometheus --version 2>&1 | awk 'NR==1{print $3}') installed"
+# awk, not head: head would close the pipe early and fail the pipeline under pipefail (SIGPIPE, 141).
+installed() { echo "prometheus $(prometheus --version 2>&1 | awk 'NR==1{print $3}') installed"; }
+# TPUFORGE_SETUP_FRESH=1 takes the install path even when installed (tests/test_setup_scripts.py).
+if [ -z "${TPUFORGE_SETUP_FRESH:-}" ] && command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; then
+  installed
   exit 0
 fi
 
@@ -15,8 +18,8 @@ mkdir -p "$CACHE"
 echo "installing Debian package prometheus (log: $LOG)"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq >>"$LOG" 2>&1 || true
-apt-get install -y -qq --no-install-recommends prometheus >>"$LOG" 2>&1 \
+apt-get install -y -qq --no-install-recommends ${TPUFORGE_SETUP_FRESH:+--reinstall} prometheus >>"$LOG" 2>&1 \
   || { echo "apt-get install prometheus failed; see $LOG" >&2; exit 1; }
 if command -v systemctl >/dev/null 2>&1; then systemctl stop prometheus >/dev/null 2>&1 || true; fi
 if [ -x /etc/init.d/prometheus ]; then /etc/init.d/prometheus stop >/dev/null 2>&1 || true; fi
-prometheus --version 2>&1 | head -1
+installed
