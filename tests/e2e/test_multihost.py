@@ -15,9 +15,9 @@ from tests.e2e.test_pipeline import JOB_TIMEOUT, TRAINER, finish, pod_logs, step
 from tests.fixtures.models import read_summary
 from tests.integration.test_finetunejob_support import Cluster
 from tpuforge import kube_objects
+from tpuforge.api.constants import JOB_COMPLETION_INDEX
 from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
 from tpuforge.sandbox import Sandbox, wait_for
-from tpuforge.sandbox.agent.jobset_labels import COMPLETION_INDEX
 from tpuforge_workloads import commit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -38,7 +38,7 @@ def host_pods(cluster: Cluster, name: str, attempt: int) -> list[dict[str, Any]]
         return pods if all(p and p["status"].get("phase") == "Running" for p in pods) else None
 
     pods: list[dict[str, Any]] = wait_for(running, JOB_TIMEOUT, f"both hosts of attempt {attempt} of {name}")
-    return sorted(pods, key=lambda p: int(p["metadata"]["annotations"][COMPLETION_INDEX]))
+    return sorted(pods, key=lambda p: int(p["metadata"]["annotations"][JOB_COMPLETION_INDEX]))
 
 
 def test_a_two_host_job_is_preempted_on_one_host_resumes_with_no_step_lost_and_merges_a_verified_model(

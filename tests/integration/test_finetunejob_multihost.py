@@ -1,12 +1,9 @@
 """The FineTuneJob controller on a multi-host slice (v5p-16: two hosts), as `tpuforge operator` on the
-sandbox's kube-apiserver: the attempt's JobSet is created and accepted by the apiserver under the published
-JobSet CRD (v0.12.0 without what Kubernetes 1.20 cannot hold: its CEL rules and `default: ""`), and the test plays the
-JobSet controller and the kubelets (it creates each host's pod from the JobSet's template and moves it
-through its phases), so that every ending is exact: a preemption of one host starts the next attempt, a
-failure of one host is counted.
-
-The test's namespace turns the sandbox's own JobSet emulation off, and its pods name a scheduler of their
-own, so the node agent never runs them (tests/e2e/test_multihost.py runs real ones)."""
+sandbox's kube-apiserver: the attempt's JobSet is created, accepted by the apiserver under JobSet's own CRD
+and webhooks, and run by the real JobSet and Job controllers, whose pods the node agent schedules. The test
+plays the containers (the test's namespace tells the node agent to start none; the test moves each host's
+pod through its phases), so that every ending is exact: a preemption of one host starts the next attempt, a
+failure of one host is counted. tests/e2e/test_multihost.py runs real ones."""
 
 from __future__ import annotations
 
@@ -32,19 +29,19 @@ from tpuforge.controllers import informer
 from tpuforge.manifests.finetune_common import train_job_name
 from tpuforge.manifests.finetune_training import TRAINER_CONTAINER
 from tpuforge.sandbox import Sandbox
-from tpuforge.sandbox.agent.jobset_labels import CONTROLLER_SWITCH
-from tpuforge.sandbox.jobset_crd import JOBSET_CRD_NAME
+from tpuforge.sandbox.agent.agent import CONTAINERS_PLAYED
 from tpuforge.sandbox.kubeapi import Kube
 
 pytestmark = pytest.mark.cluster
 
 HOSTS = 2
 SLICE = {"slice": "v5p-16"}
+JOBSET_CRD_NAME = "jobsets.jobset.x-k8s.io"
 
 
 @pytest.fixture(scope="module")
 def jobset_crd(sandbox: Sandbox, api_client: client.ApiClient) -> str:
-    """The upstream JobSet CRD, as the sandbox installs it (no CEL rules, no empty defaults)."""
+    """JobSet's CRD, as its release installs it."""
     assert Kube(api_client).crd_established(JOBSET_CRD_NAME)
     return JOBSET_CRD_NAME
 
@@ -53,9 +50,8 @@ def jobset_crd(sandbox: Sandbox, api_client: client.ApiClient) -> str:
 def operator(
     jobset_crd: str, sandbox: Sandbox, api_client: client.ApiClient, namespace: str, tmp_path: Path
 ) -> Iterator[Operator]:
-    # This test plays the JobSet controller here, not the sandbox's node agent.
-    client.CoreV1Api(api_client).patch_namespace(namespace, {"metadata": {"labels": {CONTROLLER_SWITCH: "off"}}})
-    # The CRD is served before the operator starts: its JobSet informer lists them from the first moment.
+    key, value = CONTAINERS_PLAYED.split("=")
+    client.CoreV1Api(api_client).patch_namespace(namespace, {"metadata": {"labels": {key: value}}})
     yield from running_operator(sandbox, namespace, tmp_path)
 
 
@@ -75,46 +71,24 @@ def wait_jobset(cluster: Cluster, name: str) -> dict[str, Any]:
 
 
 def host_pods(cluster: Cluster, jobset: dict[str, Any]) -> list[str]:
-    """The JobSet controller's part: one pod per host from the replicated Job's template, with the labels,
-    completion-index annotation, hostname and subdomain that JobSet and Indexed Jobs give them."""
-    (rj,) = jobset["spec"]["replicatedJobs"]
-    template = rj["template"]["spec"]["template"]
+    """The JobSet's pods, one per host in completion-index order, once the Job controller has made them and
+    the node agent has placed them (JobSet's webhook admits the second host's pod only once the first is
+    placed, for exclusive placement)."""
     js = jobset["metadata"]["name"]
-    names = []
-    for host in range(rj["template"]["spec"]["completions"]):
-        labels = {
-            **template["metadata"]["labels"],
-            "job-name": f"{js}-{rj['name']}-0",
-            LABEL_JOBSET_NAME: js,
-        }
-        pod_name = f"{js}-{rj['name']}-0-{host}-abcde"
-        pod: dict[str, Any] = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": pod_name,
-                "namespace": cluster.ns,
-                "labels": labels,
-                "annotations": {JOB_COMPLETION_INDEX: str(host)},
-                "ownerReferences": [
-                    {
-                        "apiVersion": JOBSET_API_VERSION,
-                        "kind": JOBSET_KIND,
-                        "name": js,
-                        "uid": jobset["metadata"]["uid"],
-                    }
-                ],
-            },
-            "spec": {
-                **template["spec"],
-                "hostname": f"{js}-{rj['name']}-0-{host}",
-                "subdomain": js,
-                "schedulerName": "played-by-the-test",  # not the node agent's to run
-            },
-        }
-        kube_objects.create(cluster.api, pod)
-        names.append(pod_name)
-    return names
+    hosts = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"]
+
+    def placed() -> list[str] | None:
+        pods = [
+            p
+            for p in kube_objects.list_objects(cluster.api, "v1", "Pod", cluster.ns, f"{LABEL_JOBSET_NAME}={js}")
+            if not p["metadata"].get("deletionTimestamp")
+        ]
+        if len(pods) != hosts or not all(p["spec"].get("nodeName") for p in pods):
+            return None
+        pods.sort(key=lambda p: int(p["metadata"]["annotations"][JOB_COMPLETION_INDEX]))
+        return [p["metadata"]["name"] for p in pods]
+
+    return until(placed, f"the {hosts} pods of JobSet {js}, placed")
 
 
 def set_pod(cluster: Cluster, pod: str, phase: str, exit_code: int | None = None, **status: Any) -> None:
@@ -142,7 +116,7 @@ def test_a_multi_host_job_runs_as_a_jobset_the_apiserver_accepts(cluster: Cluste
     assert js["metadata"]["annotations"]["alpha.jobset.sigs.k8s.io/exclusive-topology"] == (
         "cloud.google.com/gke-nodepool"
     )
-    assert js["spec"]["network"] == {"enableDNSHostnames": True}
+    assert js["spec"]["network"]["enableDNSHostnames"] is True  # (JobSet's webhook adds its defaults)
     assert js["spec"]["failurePolicy"]["maxRestarts"] == 0  # (the schema adds its default restartStrategy)
     job = js["spec"]["replicatedJobs"][0]["template"]["spec"]
     assert (job["completions"], job["parallelism"], job["completionMode"]) == (HOSTS, HOSTS, "Indexed")

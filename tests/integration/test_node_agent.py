@@ -217,7 +217,6 @@ def test_a_pod_reaches_the_apiserver_with_its_service_account(
             "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
         },
     )
-    wait_for(lambda: core.read_namespaced_service_account("reader", namespace).secrets, 30, "the SA token")
     code = (
         "import os\n"
         "from kubernetes import client, config\n"

@@ -17,12 +17,11 @@ from tpuforge.sandbox import Sandbox
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-KUBECTL = "/usr/bin/kubectl"
 
 
 def kubectl(sandbox: Sandbox, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [KUBECTL, f"--kubeconfig={sandbox.kubeconfig}", *args], capture_output=True, text=True, timeout=60
+        [sandbox.kubectl, f"--kubeconfig={sandbox.kubeconfig}", *args], capture_output=True, text=True, timeout=60
     )
 
 

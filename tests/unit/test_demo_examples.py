@@ -8,10 +8,17 @@ import pytest
 import yaml
 
 from tpuforge.api import ServingDeploymentSpec
+from tpuforge.api.catalog import TPU_SLICES
+from tpuforge.api.constants import TPU_RESOURCE
 from tpuforge.api.validation import check_finetune
 from tpuforge.sandbox.config import DEFAULT_BUCKET, repo_root
+from tpuforge.sandbox.demo_adapters import load_jobs
+from tpuforge.sandbox.demo_base import NAMESPACE
 from tpuforge.sandbox.demo_follow import halfway
 from tpuforge.sandbox.demo_job import FINETUNE_YAML, SERVING_YAML, DemoError, for_hosts, load_job, load_yaml
+from tpuforge.sandbox.demo_queue import JOBS_YAML as QUEUE_JOBS
+from tpuforge.sandbox.demo_queue import VALUES_YAML as QUEUE_VALUES
+from tpuforge.sandbox.demo_queue import kueue_objects
 
 ROOT = repo_root()
 
@@ -117,3 +124,22 @@ def test_the_code_demo_trains_on_right_and_broken_verilog_and_evaluates_both_on_
     assert check_finetune(good) == []
     for uri in (good.dataset.uri, broken.dataset.uri):
         assert (ROOT / DATA / uri.rsplit("/", 1)[-1]).exists()
+
+
+def test_the_queue_demo_puts_two_jobs_in_the_queue_the_charts_objects_make() -> None:
+    jobs = load_jobs(ROOT / QUEUE_JOBS, DEFAULT_BUCKET)
+    assert len(jobs) == 2 and len({j.spec.output.uri for j in jobs}) == 2
+    objs = kueue_objects(ROOT, ROOT / QUEUE_VALUES)
+    queues = [o for o in objs if o["kind"] == "LocalQueue"]
+    assert [(q["metadata"]["namespace"], q["metadata"]["name"]) for q in queues] == [(NAMESPACE, "tpu")]
+    assert {j.spec.queue_name for j in jobs} == {"tpu"}
+    (cq,) = [o for o in objs if o["kind"] == "ClusterQueue"]
+    tpu = [
+        r["nominalQuota"]
+        for g in cq["spec"]["resourceGroups"]
+        for f in g["flavors"]
+        for r in f["resources"]
+        if r["name"] == TPU_RESOURCE and r["nominalQuota"]
+    ]
+    chips = TPU_SLICES[jobs[0].spec.tpu.slice].chips
+    assert tpu == [chips]  # room for one job's slice at a time: the second waits

@@ -1,7 +1,7 @@
 """Every Event the FineTuneJob controller posts fits one line of `kubectl describe` on an 80-column terminal.
 
-The messages come from two places: every lifecycle in test_finetune_status_plan, _multihost and _evaluation
-(the planner's real Events),
+The messages come from two places: every lifecycle in test_finetune_status_plan, _multihost, _evaluation,
+_preflight and _queue (the planner's real Events),
 and each message builder fed the longest inputs it can meet (GKE node names, gs:// URIs, many fields, large
 step numbers). They are laid out as `kubectl describe` lays out its Events table, with every reason present
 (so the Reason column is at its widest) and the widest age."""
@@ -17,6 +17,7 @@ from tests.unit import test_finetune_status_evaluation as evaluation_flows
 from tests.unit import test_finetune_status_multihost as multihost_flows
 from tests.unit import test_finetune_status_plan as flows
 from tests.unit import test_finetune_status_preflight as preflight_flows
+from tests.unit import test_finetune_status_queue as queue_flows
 from tpuforge import kube_events
 from tpuforge.api.evaluation import Check
 from tpuforge.controllers import finetune_events as ev
@@ -47,7 +48,7 @@ def flow_events(monkeypatch: pytest.MonkeyPatch) -> list[Event]:
         return p
 
     monkeypatch.setattr(flows.World, "step", recording)
-    for module in (flows, multihost_flows, evaluation_flows, preflight_flows):
+    for module in (flows, multihost_flows, evaluation_flows, preflight_flows, queue_flows):
         for name, fn in vars(module).items():
             if name.startswith("test_") and inspect.isfunction(fn) and not inspect.signature(fn).parameters:
                 fn()
@@ -75,6 +76,11 @@ def worst_cases() -> Iterator[str]:
     yield ev.merged(URI)
     yield ev.trained_only()
     yield ev.suspended()
+    for role in ("training", "preflight", "merge", "evaluation"):
+        yield ev.queued(role, "team-a-tpu-v5p-spot-high-priority-queue")
+        yield ev.queued(role, "tpu")
+        yield ev.queued(role, "")
+        yield ev.admitted(role)
     yield ev.frozen(FIELDS)
     yield ev.frozen(FIELDS[:1])
     yield ev.invalid_spec(FIELDS)

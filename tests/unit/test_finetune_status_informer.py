@@ -4,11 +4,18 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
-from tpuforge.controllers.finetune_children import JobView, config_view, pod_view
-from tpuforge.controllers.finetunejob import fresh
+from tests.unit.test_finetune_status_plan import raw_spec
+from tests.unit.test_finetune_status_queue import NO_QUOTA, condition, workload
+from tpuforge import api
+from tpuforge.controllers.finetune_children import JobView, config_view, job_view, pod_view, workload_view
+from tpuforge.controllers.finetune_snapshot import snapshot
+from tpuforge.controllers.finetunejob import FineTuneJobController, fresh, owner_key, workload_key
 from tpuforge.controllers.informer import Informer
+from tpuforge.manifests.finetune_common import owner
+from tpuforge.manifests.finetune_training import train_job
 
 
 def make(changed: list[str]) -> Informer[str, int]:
@@ -91,3 +98,34 @@ def test_a_child_as_it_was_just_created_asks_for_no_reconcile() -> None:
     assert not fresh(pod_view({**pod, "status": {"phase": "Pending", "conditions": [unschedulable]}}))
     assert not fresh(pod_view({**pod, "status": {"phase": "Failed"}}))
     assert fresh(config_view({"metadata": {"name": "c"}, "data": {}}))
+
+
+def test_a_job_kueue_created_suspended_asks_for_a_reconcile() -> None:
+    """Its Workload may be in memory before it: the FineTuneJob must look again once the Job is there."""
+    queued = JobView("j-train-0", "trainer", 0, complete=False, failed=False, failure="", deleting=False)
+    assert not fresh(dataclasses.replace(queued, suspended=True))
+
+
+def test_a_workload_reaches_the_finetunejob_that_owns_its_job() -> None:
+    job = train_job(owner("ns", "sft", "ftj-uid"), api.validate_finetune(raw_spec(queueName="tpu")), 0)
+    job["metadata"]["uid"] = "job-uid"
+    job["spec"]["suspend"] = True  # as Kueue's webhook leaves it
+
+    async def scenario() -> tuple[list[Any], Any]:
+        controller = FineTuneJobController(["ns"])
+        requested: list[Any] = []
+        controller.queue.request = lambda key, delay=0.0: requested.append(key)  # type: ignore[method-assign]
+        controller.jobs._put("job-uid", owner_key(job), job_view(job), "ns")
+        mine = workload(job, "job-uid", [condition("QuotaReserved", "False", "Pending", NO_QUOTA)])
+        theirs = workload({**job, "metadata": {**job["metadata"], "name": "other"}}, "other-uid")
+        controller.workloads._put("w1", workload_key(mine), workload_view(mine), "ns")
+        controller.workloads._put("w2", workload_key(theirs), workload_view(theirs), "ns")
+        body = {"metadata": {"namespace": "ns", "name": "sft", "uid": "ftj-uid"}, "spec": {}, "status": {}}
+        controller.objects[("ns", "ftj-uid")] = snapshot(body)
+        seen = controller.observe(("ns", "ftj-uid"))
+        assert seen is not None
+        return requested, seen[1].workloads
+
+    requested, workloads = asyncio.run(scenario())
+    assert requested == [("ns", "ftj-uid"), ("ns", "ftj-uid")]  # the Job's arrival, then its Workload's
+    assert [(w.owner_uid, w.reason) for w in workloads] == [("job-uid", "Pending")]

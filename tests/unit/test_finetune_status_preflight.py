@@ -5,6 +5,7 @@ without a TPU when it does not, and the Job's own failures."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from tests.unit.test_finetune_status_plan import NAME, World, raw_spec, train
@@ -133,6 +134,53 @@ def test_a_job_that_does_not_fit_fails_with_the_fixes_and_uses_no_tpu() -> None:
     assert w.status.attempts == [] and w.status.progress is None
 
 
+# What the Job controller writes when the preflight Job's podFailurePolicy ends it at the pod's exit code.
+POLICY_FAILURE = (
+    f"PodFailurePolicy: Container preflight for pod team-a/{JOB}-pod failed with exit code {{code}} matching "
+    "FailJob rule at index 0"
+)
+
+
+def failed_by_policy(w: World, exit_code: int) -> None:
+    w.jobs[JOB] = replace(w.jobs[JOB], failed=True, failure=POLICY_FAILURE.format(code=exit_code))
+
+
+def test_a_misfit_that_fails_the_job_through_its_pod_failure_policy_still_fails_does_not_fit() -> None:
+    w = preflight_world()
+    w.step()
+    preflight_pod(w, "Failed", exit_code=3, message=report(fits=False))
+    failed_by_policy(w, 3)  # the Job fails with the pod, at once: no second pod
+    w.step()
+    assert w.phase() == api.FineTunePhase.FAILED
+    cond = w.condition(FAILED)
+    assert cond.reason == "DoesNotFit" and "to fit: turn on spec.training.remat" in cond.message
+    assert w.condition(PREFLIGHT).reason == "DoesNotFit"
+    assert w.status.preflight is not None and w.status.preflight.fits is False
+    assert train(0) not in w.jobs
+
+
+def test_a_refused_config_that_fails_the_job_through_its_pod_failure_policy_fails_invalid_config() -> None:
+    w = preflight_world()
+    w.step()
+    preflight_pod(w, "Failed", exit_code=2, message="Bad config: model.uri: no config.json")
+    failed_by_policy(w, 2)
+    w.step()
+    cond = w.condition(FAILED)
+    assert cond.reason == "InvalidConfig" and "no config.json" in cond.message
+
+
+def test_a_disrupted_preflight_pod_is_replaced_by_the_job_and_does_not_fail_the_job() -> None:
+    w = preflight_world()
+    w.step()
+    disrupted = {"type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler"}
+    preflight_pod(w, "Failed", name=f"{JOB}-a", exit_code=143, conditions=[disrupted])
+    w.step()
+    assert w.phase() == api.FineTunePhase.PREFLIGHT  # the Job's policy ignores it and starts another pod
+    preflight_pod(w, "Succeeded", name=f"{JOB}-b", exit_code=0, message=report())
+    w.step()
+    assert w.condition(PREFLIGHT).reason == "Fits" and w.status.attempt == 0
+
+
 def test_an_infrastructure_failure_is_retried_by_the_job_then_fails_the_job_saying_why() -> None:
     w = preflight_world()
     w.step()
@@ -214,8 +262,6 @@ def test_the_preflight_config_is_the_first_attempts_without_the_job_reference() 
     assert pod["nodeSelector"] == {"pool": "cpu"}
     assert pod["containers"][0]["resources"] == {"requests": {"cpu": "2", "memory": "8Gi"}}
     assert job["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
-    rules = job["spec"]["podFailurePolicy"]["rules"]
-    assert rules[0] == {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2, 3]}}
     # By default the preflight compiles small decoders and extrapolates; wholeStep compiles the run's step.
     assert "--whole" not in pod["containers"][0]["command"]
     whole = api.validate_finetune(raw_spec(preflight={"enabled": True, "wholeStep": True}))

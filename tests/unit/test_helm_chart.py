@@ -25,8 +25,9 @@ CHART = ROOT / "helm" / "tpuforge"
 RULES = CHART / "rules" / "tpuforge-alerts.yaml"
 NAMESPACE = "tpuforge-system"
 RELEASE = "tpf"
-# The chart's floor (Chart.yaml kubeVersion) and the newest schema kubernetes-validate ships.
-K8S_VERSIONS = ("1.25.0", kubernetes_validate.latest_version())
+# The chart's floor (Chart.yaml kubeVersion: the CRDs' validation rules name their field and reason, GA in
+# 1.30) and the newest schema kubernetes-validate ships.
+K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 
 VALUES: dict[str, dict[str, Any]] = {
     "default": {},

@@ -22,6 +22,7 @@ from tpuforge.api.constants import (
     JOBSET_EXCLUSIVE_TOPOLOGY,
     JOBSET_KIND,
     LABEL_ATTEMPT,
+    LABEL_COMPONENT,
     LABEL_FINETUNEJOB,
     LABEL_KUEUE_QUEUE,
     TERMINATION_LOG,
@@ -40,6 +41,7 @@ from tpuforge.manifests.finetune_training import (
     train_pod_template,
     train_workload,
 )
+from tpuforge.manifests.preflight import preflight_objects
 
 OWNER = owner("team-a", "gemma-verilog", "uid-1")
 
@@ -139,6 +141,43 @@ def test_labels_owner_and_optional_queue_and_priority() -> None:
     queued = train_job(OWNER, spec(queueName="tpu-queue", priorityClassName="training-high"), 0)
     assert queued["metadata"]["labels"][LABEL_KUEUE_QUEUE] == "tpu-queue"
     assert pod(queued)["priorityClassName"] == "training-high"
+
+
+def every_job_and_jobset(s: api.FineTuneJobSpec) -> list[dict[str, Any]]:
+    """Each Job or JobSet a FineTuneJob with spec `s` can create: preflight, training attempt, merge and
+    evaluation."""
+    objs = [*preflight_objects(OWNER, s), *attempt_objects(OWNER, s, 0), *merge_objects(OWNER, s)]
+    if s.evaluation is not None:
+        objs += eval_objects(OWNER, s)
+    return [o for o in objs if o["kind"] in ("Job", JOBSET_KIND)]
+
+
+def pod_templates(workload: dict[str, Any]) -> list[dict[str, Any]]:
+    if workload["kind"] == "Job":
+        return [workload["spec"]["template"]]
+    return [rj["template"]["spec"]["template"] for rj in workload["spec"]["replicatedJobs"]]
+
+
+@pytest.mark.parametrize(("slice_id", "evaluation_slice"), [("v5p-8", "v6e-8"), ("v5p-16", "cpu"), ("v6e-16", "v6e-8")])
+def test_every_job_and_jobset_carries_the_queue_label_on_itself(slice_id: str, evaluation_slice: str) -> None:
+    """Kueue's Job and JobSet integrations read kueue.x-k8s.io/queue-name on the Job or JobSet, so every one a
+    FineTuneJob runs (the merge, evaluation and preflight too: they take CPU or TPU quota) carries it there.
+    None sets spec.suspend: Kueue's webhook sets it, and admission clears it."""
+    evaluation = {"slice": evaluation_slice, "datasetUri": "gs://b/data/eval.jsonl"}
+    exported = {"writeAdapter": True}
+    queued = spec(tpu={"slice": slice_id}, queueName="tpu-queue", evaluation=evaluation, merge=exported)
+    found = every_job_and_jobset(queued)
+    components = sorted(o["metadata"]["labels"][LABEL_COMPONENT] for o in found)
+    assert components == ["evaluator", "merger", "preflight", "trainer"]
+    assert [o["kind"] for o in found if o["metadata"]["labels"][LABEL_COMPONENT] == "trainer"] == [
+        "Job" if slice_id == "v5p-8" else JOBSET_KIND
+    ]
+    for obj in found:
+        assert obj["metadata"]["labels"][LABEL_KUEUE_QUEUE] == "tpu-queue", obj["metadata"]["name"]
+        assert "suspend" not in obj["spec"]
+        assert all(LABEL_KUEUE_QUEUE not in t["metadata"]["labels"] for t in pod_templates(obj))
+    plain = every_job_and_jobset(spec(tpu={"slice": slice_id}, evaluation=evaluation, merge=exported))
+    assert len(plain) == 4 and all(LABEL_KUEUE_QUEUE not in o["metadata"]["labels"] for o in plain)
 
 
 def test_config_map_holds_the_train_config_for_the_attempt_and_the_starting_spec() -> None:

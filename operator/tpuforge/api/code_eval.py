@@ -9,6 +9,9 @@ from tpuforge.api.base import ApiModel
 
 PASS_AT_K = "passAtK"
 PASS_AT_PREFIX = "pass@"
+# n's upper bound; also the most k there can be (distinct, each at most n), which bounds the apiserver's cost
+# estimate of the rules over k (tpuforge.api.admission).
+MAX_SAMPLES_PER_PROBLEM = 200
 
 
 _UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
@@ -46,11 +49,15 @@ class CheckerSpec(ApiModel):
 
 class CodeEvalSpec(ApiModel):
     samples_per_problem: int = Field(
-        default=5, ge=1, le=200, description="n: answers sampled per problem (pass@k is estimated from them)."
+        default=5,
+        ge=1,
+        le=MAX_SAMPLES_PER_PROBLEM,
+        description="n: answers sampled per problem (pass@k is estimated from them).",
     )
     k: list[int] = Field(
         default_factory=lambda: [1, 5],
         min_length=1,
+        max_length=MAX_SAMPLES_PER_PROBLEM,
         description="The k of each pass@k reported (each at most samplesPerProblem).",
     )
     temperature: float = Field(default=0.8, ge=0, le=2, description="Sampling temperature.")

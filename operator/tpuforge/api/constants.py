@@ -39,7 +39,7 @@ LABEL_INSTANCE = "app.kubernetes.io/instance"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
-LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"  # on a Job or JobSet: the Kueue LocalQueue it waits in
 
 # GKE node labels, taint and extended resource for TPUs.
 GKE_TPU_ACCELERATOR = "cloud.google.com/gke-tpu-accelerator"
@@ -60,6 +60,12 @@ TPU_RUNTIME_PORT = 8471
 
 # GKE node pool label: one multi-host TPU slice is one node pool.
 GKE_NODEPOOL = "cloud.google.com/gke-nodepool"
+
+# Kueue's Workload (kueue.x-k8s.io), one per Job or JobSet it queues, owned by that object: whether Kueue has
+# admitted it, and if not why. v1beta2 is served from Kueue v0.15 and stored from v0.16.
+KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
+KUEUE_WORKLOAD_KIND = "Workload"
+KUEUE_WORKLOAD_PLURAL = "workloads"
 
 # JobSet (jobset.x-k8s.io), which runs a multi-host slice's training pods: one pod per TPU VM host.
 JOBSET_API_VERSION = "jobset.x-k8s.io/v1alpha2"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field
 
@@ -182,6 +182,7 @@ class EvaluationSpec(ApiModel):
     metrics: list[EvalMetric] = Field(
         default_factory=lambda: list(EVAL_METRICS),
         min_length=1,
+        max_length=len(get_args(EvalMetric)),
         description="loss: teacher-forced loss on the assistant tokens; exactMatch: greedy answers equal to the "
         "records' last assistant turn; passAtK: sampled answers run by a checker against each record's test "
         "(spec.evaluation.code).",

@@ -14,6 +14,8 @@ from tpuforge.api.preflight import PreflightStatus
 
 class FineTunePhase(StrEnum):
     PENDING = "Pending"
+    # A Job or JobSet of the job (training, preflight, merge or evaluation) waits for Kueue to admit it.
+    QUEUED = "Queued"
     PREFLIGHT = "Preflight"
     TRAINING = "Training"
     MERGING = "Merging"

@@ -161,12 +161,18 @@ class ModelStorageSpec(ApiModel):
     storage_class_name: str | None = Field(default=None, description=STORAGE_CLASS_HELP)
 
 
+# More adapters than one server keeps in host memory; the bound keeps the apiserver's cost estimate of the rules
+# that compare adapters pairwise low (tpuforge.api.admission).
+MAX_ADAPTERS = 64
+
+
 class ServingDeploymentSpec(ApiModel):
     model: ServingModel = Field(
         description="What to serve: a merged model URI or a FineTuneJob's output; with adapters, their base model."
     )
     adapters: list[AdapterSource] = Field(
         default_factory=list,
+        max_length=MAX_ADAPTERS,
         description="LoRA adapters served next to the base, each under its own name; loaded and unloaded at "
         "runtime (no pod restart).",
     )

@@ -1,5 +1,6 @@
 """Semantic validation beyond the CRD schema, and the FineTuneJob's rules. Every error names the field and the
-fix. The ServingDeployment's rules are in serving_validation."""
+fix. The ServingDeployment's rules are in serving_validation; those the apiserver can check on its own are also
+CEL rules in the CRDs (admission)."""
 
 from __future__ import annotations
 
@@ -290,7 +291,7 @@ def _check_code(errors: list[FieldError], ev: EvaluationSpec) -> None:
         field = f"spec.evaluation.thresholds.minPassAt.{key}"
         if not 0 <= value <= 1:
             errors.append(FieldError(field, f"is a fraction of problems: between 0 and 1 (got {value})"))
-        if not key.isdigit() or int(key) not in asked_k:
+        if key not in {str(k) for k in asked_k}:
             errors.append(
                 FieldError(
                     field,

@@ -13,6 +13,7 @@ from tpuforge.api import Restarts, tpu_slice
 from tpuforge.controllers import finetune_conditions as c
 from tpuforge.controllers import finetune_events as ev
 from tpuforge.controllers import finetune_merge as merge
+from tpuforge.controllers import finetune_queue as queue
 from tpuforge.controllers.finetune_children import AttemptEnd, JobView, PodView, attempt_end, host_order
 from tpuforge.controllers.finetune_context import Ctx, attempt_entry, parse_time, rfc3339
 from tpuforge.controllers.finetune_transitions import pending_if_new, to_failed, to_pending, to_training
@@ -50,6 +51,8 @@ def step(ctx: Ctx) -> None:
     record_start(ctx, n, pods)
     end = attempt_end(job, pods, ctx.hosts, ctx.entry(n))
     if end is None:
+        if queue.waiting(ctx, job):
+            return
         running = [p for p in pods if p.phase == "Running" and not p.deleting]
         if running and len(running) >= ctx.hosts:
             started(ctx, n, running)

@@ -46,9 +46,9 @@ def _attempt(labels: Raw) -> int | None:
         return None
 
 
-def _condition(status: Raw, type_: str) -> Raw | None:
+def _condition(status: Raw, type_: str, value: str = "True") -> Raw | None:
     for cond in status.get("conditions") or []:
-        if cond.get("type") == type_ and cond.get("status") == "True":
+        if cond.get("type") == type_ and cond.get("status") == value:
             return dict(cond)
     return None
 
@@ -75,10 +75,18 @@ class JobView:
     failure: str  # the Failed condition's reason and message
     deleting: bool
     kind: str = "Job"
+    uid: str = ""  # what its Kueue Workload's owner reference names
+    # spec.suspend or the Suspended condition: how Kueue holds a queued Job or JobSet until it admits it.
+    suspended: bool = False
 
     @property
     def finished(self) -> bool:
         return self.complete or self.failed
+
+
+def _suspended(raw: Raw) -> bool:
+    """A Job's or JobSet's spec.suspend (Kueue's webhook sets it on a queued one), or its Suspended condition."""
+    return bool((raw.get("spec") or {}).get("suspend")) or _condition(raw.get("status") or {}, "Suspended") is not None
 
 
 def job_view(raw: Raw) -> JobView:
@@ -93,6 +101,8 @@ def job_view(raw: Raw) -> JobView:
         failed=failed is not None,
         failure=_why(failed.get("reason"), failed.get("message")) if failed else "",
         deleting=bool(meta.get("deletionTimestamp")),
+        uid=meta.get("uid", ""),
+        suspended=_suspended(raw),
     )
 
 
@@ -111,6 +121,42 @@ def jobset_view(raw: Raw) -> JobView:
         failure=_why(failed.get("reason"), failed.get("message")) if failed else "",
         deleting=bool(meta.get("deletionTimestamp")),
         kind=JOBSET_KIND,
+        uid=meta.get("uid", ""),
+        suspended=_suspended(raw),
+    )
+
+
+@dataclass(frozen=True)
+class WorkloadView:
+    """A Kueue Workload: the Job or JobSet it queues (its owner's uid), its LocalQueue, and whether Kueue has
+    admitted it; if not, why, in Kueue's words (its QuotaReserved condition, else its Admitted one)."""
+
+    name: str
+    owner_uid: str
+    queue: str
+    admitted: bool
+    reason: str  # e.g. Pending, Inadmissible
+    message: str  # e.g. couldn't assign flavors to pod set main: insufficient unused quota for google.com/tpu ...
+
+
+def workload_owner_uid(raw: Raw) -> str | None:
+    """The uid of the Job or JobSet a Workload stands for: its controller's, which Kueue sets."""
+    refs = (raw.get("metadata") or {}).get("ownerReferences") or []
+    return next((r.get("uid") for r in refs if r.get("controller") and r.get("kind") in ("Job", JOBSET_KIND)), None)
+
+
+def workload_view(raw: Raw) -> WorkloadView:
+    meta, status = raw.get("metadata") or {}, raw.get("status") or {}
+    admitted = _condition(status, "Admitted") is not None
+    # Why Kueue holds it: no quota reserved yet (or any more), else admission checks not passed yet.
+    held = None if admitted else _condition(status, "QuotaReserved", "False") or _condition(status, "Admitted", "False")
+    return WorkloadView(
+        name=meta.get("name", ""),
+        owner_uid=workload_owner_uid(raw) or "",
+        queue=(raw.get("spec") or {}).get("queueName") or "",
+        admitted=admitted,
+        reason=(held or {}).get("reason") or "",
+        message=((held or {}).get("message") or "").strip(),
     )
 
 

@@ -22,6 +22,7 @@ SUSPENDED = "Suspended"
 SPEC_CHANGE_NOT_APPLIED = "SpecChangeNotApplied"
 PREFLIGHT = "Preflight"
 CHECKPOINT_WITHIN_GRACE = "CheckpointWithinGrace"
+QUEUED = "Queued"
 
 # Reasons of the Training condition.
 PENDING = "Pending"
@@ -38,6 +39,11 @@ FITS = "Fits"
 DOES_NOT_FIT = "DoesNotFit"
 PREFLIGHT_FAILED = "PreflightFailed"
 PREFLIGHT_SKIPPED = "Skipped"
+# Of the Queued condition: while True, Kueue's own reason for holding the Job (Pending, Inadmissible, ...),
+# or WAITING_FOR_ADMISSION where it gave none.
+WAITING_FOR_ADMISSION = "WaitingForAdmission"
+ADMITTED = "Admitted"
+NOT_QUEUED = "NotQueued"
 # Of the Suspended condition (and of Training, while suspended).
 SUSPENDED_REASON = "Suspended"
 RESUMED = "Resumed"
@@ -206,6 +212,28 @@ def preflight_unreadable(job: str, error: object) -> str:
 
 
 PREFLIGHT_SWITCHED_OFF = "spec.preflight.enabled was set to false: the preflight was stopped"
+
+
+# --- Kueue -------------------------------------------------------------------------------------------------------
+
+
+def _in(queue: str) -> str:
+    # None: a Workload without a LocalQueue (Kueue managing Jobs that carry no queue label).
+    return f" (LocalQueue {queue})" if queue else ""
+
+
+def queued(job: str, queue: str, said: str) -> str:
+    """`job` (e.g. "the training Job x") waits in Kueue; `said`: Kueue's message for its Workload."""
+    why = f": {said}" if said else ""
+    return f"{job} waits for Kueue to admit it{_in(queue)}{why}; nothing runs until then"
+
+
+def admitted(job: str, queue: str) -> str:
+    return f"Kueue admitted {job}{_in(queue)}"
+
+
+def not_queued(phase: str) -> str:
+    return f"no Job of this FineTuneJob waits for Kueue (phase {phase})"
 
 
 # --- Suspend ------------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import Any
 from tpuforge.api import AttemptStatus, FineTuneJobSpec, FineTuneJobStatus, set_condition, tpu_slice
 from tpuforge.api.conditions import ConditionStatus
 from tpuforge.api.constants import JOBSET_API_VERSION, JOBSET_KIND
-from tpuforge.controllers.finetune_children import ConfigView, JobView, PodView, clip
+from tpuforge.controllers.finetune_children import ConfigView, JobView, PodView, WorkloadView, clip
 from tpuforge.manifests import finetune_common as m
 
 Obj = dict[str, Any]
@@ -38,6 +38,7 @@ class Observed:
     jobs: tuple[JobView, ...] = ()
     pods: tuple[PodView, ...] = ()
     configs: tuple[ConfigView, ...] = ()
+    workloads: tuple[WorkloadView, ...] = ()  # Kueue's, of the jobs above (none where Kueue is not installed)
     deleting: bool = False
     jobset_served: bool = True  # the cluster serves JobSets (their CRD is installed)
 
@@ -106,6 +107,10 @@ class Base:
     def job(self, name: str) -> JobView | None:
         return next((j for j in self.o.jobs if j.name == name), None)
 
+    def workload_of(self, job: JobView) -> WorkloadView | None:
+        """The Kueue Workload that queues `job`, if Kueue manages it."""
+        return next((w for w in self.o.workloads if job.uid and w.owner_uid == job.uid), None)
+
     def delete_job(self, job: JobView) -> None:
         if job.kind == JOBSET_KIND:
             ref = ChildRef(JOBSET_API_VERSION, JOBSET_KIND, job.name)
@@ -115,10 +120,13 @@ class Base:
             self.plan.delete.append(ref)
 
     def live(self, job: JobView) -> bool:
-        """A Job that runs or may still start a pod. A Job whose pods have all ended is kept, so that its
-        pods' logs stay readable (`kubectl logs`) until the FineTuneJob is deleted."""
+        """A Job that runs or may still start a pod: one Kueue holds suspended starts its pods once admitted
+        (again, after an eviction). A Job whose pods have all ended is kept, so that its pods' logs stay
+        readable (`kubectl logs`) until the FineTuneJob is deleted."""
         if job.finished or job.deleting:
             return False
+        if job.suspended:
+            return True
         pods = self.pods_of(job)
         return not pods or any(not p.terminal for p in pods)
 

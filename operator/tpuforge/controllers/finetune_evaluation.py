@@ -11,6 +11,7 @@ from tpuforge.api.constants import EVALUATION_SUBDIR
 from tpuforge.api.evaluation import checks
 from tpuforge.controllers import finetune_conditions as c
 from tpuforge.controllers import finetune_events as ev
+from tpuforge.controllers import finetune_queue as queue
 from tpuforge.controllers.finetune_children import JobView, PodView, eval_result, pod_ending
 from tpuforge.controllers.finetune_context import Ctx
 from tpuforge.controllers.finetune_transitions import to_evaluating, to_exported, to_failed
@@ -62,7 +63,7 @@ def step(ctx: Ctx) -> None:
         failed(ctx, c.EVALUATION_FAILED, c.evaluation_job_failed(job.name, tries, detail), detail)
     elif job.complete and not any(not p.terminal for p in pods):
         failed(ctx, c.EVALUATION_RESULT_MISSING, c.evaluation_result_missing(job.name), c.EVALUATION_POD_GONE)
-    else:
+    elif not queue.waiting(ctx, job):
         running = next((p for p in pods if p.phase == "Running" and not p.deleting), None)
         if running is not None:
             ctx.condition(c.EVALUATED, "False", c.EVALUATING, c.evaluating_on(running.name, running.node_name))

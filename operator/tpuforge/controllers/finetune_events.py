@@ -38,6 +38,8 @@ EVALUATING = "Evaluating"
 EVALUATED = "Evaluated"
 SUSPENDED = "Suspended"
 RESUMED = "Resumed"
+QUEUED = "Queued"
+ADMITTED = "Admitted"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 SPEC_FROZEN = "SpecFrozen"
@@ -54,6 +56,8 @@ REASONS = (
     EVALUATED,
     SUSPENDED,
     RESUMED,
+    QUEUED,
+    ADMITTED,
     SUCCEEDED,
     FAILED,
     SPEC_FROZEN,
@@ -235,6 +239,17 @@ def eval_unreadable() -> str:
 
 def trained_only() -> str:
     return fit("trained; merge off (spec.merge.enabled)", "trained; merge off")
+
+
+def queued(role: str, queue: str) -> str:
+    """`role` (training, preflight, merge, evaluation) waits in Kueue's LocalQueue `queue`."""
+    if not queue:
+        return fit(f"{role} waits for Kueue")
+    return fit(f"{role} waits in Kueue queue {{name}}", f"{role} waits for Kueue", name=queue)
+
+
+def admitted(role: str) -> str:
+    return fit(f"Kueue admitted the {role}")
 
 
 def suspended() -> str:

@@ -7,6 +7,7 @@ from tpuforge.api import Outputs, adapter_uri
 from tpuforge.controllers import finetune_conditions as c
 from tpuforge.controllers import finetune_evaluation as evaluation
 from tpuforge.controllers import finetune_events as ev
+from tpuforge.controllers import finetune_queue as queue
 from tpuforge.controllers.finetune_children import pod_ending
 from tpuforge.controllers.finetune_context import Ctx
 from tpuforge.controllers.finetune_transitions import to_exported, to_failed, to_merging, to_succeeded
@@ -28,7 +29,7 @@ def begin(ctx: Ctx) -> None:
 
 
 def step(ctx: Ctx) -> None:
-    """Merging: (re)create the merge Job, and follow it to its end."""
+    """Merging: (re)create the merge Job, and follow it to its end (it may wait in Kueue first)."""
     job = ctx.job(merge_job_name(ctx.o.name))
     if job is None:
         ctx.plan.create.extend(m.merge_objects(ctx.owner, ctx.spec))
@@ -40,6 +41,8 @@ def step(ctx: Ctx) -> None:
         detail = ends[-1].message if ends else job.failure
         ctx.condition(c.MERGED, "False", c.MERGE_FAILED, detail)
         to_failed(ctx, c.MERGE_FAILED, c.merge_failed(job.name, m.MERGE_BACKOFF_LIMIT + 1, detail), ev.merge_failed())
+    else:
+        queue.waiting(ctx, job)
 
 
 def merged(ctx: Ctx) -> None:

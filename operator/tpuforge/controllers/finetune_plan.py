@@ -15,6 +15,7 @@ Where each decision lives (one module per phase, each a handful of functions ove
                           resume in `preempted`, a failure a retry (or the end) in `failed`
     finetune_children     what the children say, and how an attempt ended (`attempt_end`, beside `pod_ending`)
     finetune_suspend      Suspended, and back
+    finetune_queue        Queued: a Job that Kueue holds (spec.queueName), and back to its stage
     finetune_merge        Merging
     finetune_evaluation   Evaluating
     finetune_policies     the deadline, the TTL after finishing, and the derived status (percent, ETA, cost)
@@ -32,6 +33,7 @@ from tpuforge.controllers import finetune_evaluation as evaluation
 from tpuforge.controllers import finetune_merge as merge
 from tpuforge.controllers import finetune_policies as policies
 from tpuforge.controllers import finetune_preflight as preflight
+from tpuforge.controllers import finetune_queue as queue
 from tpuforge.controllers import finetune_spec as spec_changes
 from tpuforge.controllers import finetune_suspend as suspend
 from tpuforge.controllers.finetune_conditions import (
@@ -87,6 +89,7 @@ def run(b: Base) -> None:
         if ctx is not None and not policies.deadline_passed(ctx):
             step(ctx)
             policies.wake_at_deadline(ctx)
+    queue.settle(b)
     if b.st.phase in TERMINAL:
         policies.expire(b)
     policies.derive(b, ctx.spec if ctx is not None else None)
@@ -94,8 +97,8 @@ def run(b: Base) -> None:
 
 
 def step(ctx: Ctx) -> None:
-    """The current phase's step."""
-    phase = ctx.st.phase
+    """The current phase's step (while Queued, that of the stage its Job waits in)."""
+    phase = queue.stage(ctx)
     if phase == FineTunePhase.MERGING:
         merge.step(ctx)
     elif phase == FineTunePhase.EVALUATING:

@@ -134,6 +134,8 @@ def derive(b: Base, spec: FineTuneJobSpec | None) -> None:
             eta = eta_seconds(st)
         if st.phase in (FineTunePhase.MERGING, FineTunePhase.EVALUATING, FineTunePhase.SUCCEEDED):
             eta = 0
+        if st.phase == FineTunePhase.QUEUED:
+            eta = None  # nothing runs, and how long Kueue holds the Job nobody knows: no countdown
         st.progress = st.progress.model_copy(update={"percent": round(100 * done, 1), "eta_seconds": eta}).displayed()
     slice_id = spec.tpu.slice if spec is not None else b.o.spec.get("tpu", {}).get("slice")
     if st.attempts and slice_id is not None:
@@ -148,11 +150,12 @@ def derive(b: Base, spec: FineTuneJobSpec | None) -> None:
 
 def preflight_estimates(st: FineTuneJobStatus) -> None:
     """Until a trainer has run, the ETA and Cost columns show the preflight's estimates of the whole run,
-    marked as such (~2h10m (est), ~$41.20 (est)); the numbers stay in status.preflight."""
+    marked as such (~2h10m (est), ~$41.20 (est)), queued in Kueue or not; the numbers stay in status.preflight."""
     pf = st.preflight
     reported = st.progress is not None and st.progress.step is not None
     started = any(a.start_time for a in st.attempts) or reported
-    if pf is None or not pf.fits or started or st.phase not in (FineTunePhase.PREFLIGHT, FineTunePhase.PENDING):
+    before_training = (FineTunePhase.PREFLIGHT, FineTunePhase.PENDING, FineTunePhase.QUEUED)
+    if pf is None or not pf.fits or started or st.phase not in before_training:
         if st.progress is not None and not reported and st.progress.eta_display is not None:
             st.progress = st.progress.model_copy(update={"eta_display": None})  # the estimate's time is over
         return

@@ -21,6 +21,7 @@ from tpuforge.api.constants import EXIT_DOES_NOT_FIT, TERMINATION_LOG
 from tpuforge.controllers import finetune_attempts as attempts
 from tpuforge.controllers import finetune_conditions as c
 from tpuforge.controllers import finetune_events as ev
+from tpuforge.controllers import finetune_queue as queue
 from tpuforge.controllers.finetune_children import JobView, PodView, clip, pod_ending
 from tpuforge.controllers.finetune_context import Ctx
 from tpuforge.controllers.finetune_transitions import to_failed, to_preflight
@@ -87,7 +88,7 @@ def step(ctx: Ctx) -> None:
         failed(ctx, c.PREFLIGHT_FAILED, c.preflight_failed(job.name, tries, detail))
     elif job.complete and not any(not p.terminal for p in pods):
         failed(ctx, c.PREFLIGHT_FAILED, c.preflight_result_missing(job.name))
-    else:
+    elif not queue.waiting(ctx, job):
         running = next((p for p in pods if p.phase == "Running" and not p.deleting), None)
         if running is not None:
             ctx.condition(c.PREFLIGHT, "False", c.COMPILING, c.preflight_on(running.name, running.node_name))

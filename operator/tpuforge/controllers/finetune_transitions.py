@@ -3,6 +3,7 @@ that reports it, together. Nothing else assigns `status.phase`.
 
     (new) -> [Preflight] -> Pending -> Training -> Merging -> [Evaluating] -> Succeeded
     Pending/Training -> Pending (the next attempt: preempted or retried) | Suspended -> Pending | Failed
+    Preflight/Pending/Merging/Evaluating -> Queued (its Job waits for Kueue) -> the same phase, once admitted
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from tpuforge.api import FineTunePhase, Restarts, adapter_uri, tpu_slice
 from tpuforge.controllers import finetune_conditions as c
 from tpuforge.controllers import finetune_events as ev
-from tpuforge.controllers.finetune_children import PodView
+from tpuforge.controllers.finetune_children import PodView, WorkloadView
 from tpuforge.controllers.finetune_context import Base, Ctx
 
 
@@ -69,6 +70,24 @@ def to_evaluating(ctx: Ctx, message: str, slice_id: str) -> None:
     ctx.st.phase = FineTunePhase.EVALUATING
     ctx.condition(c.EVALUATED, "False", c.EVALUATING, message)
     ctx.event("Normal", ev.EVALUATING, ev.evaluating(slice_id))
+
+
+def to_queued(ctx: Ctx, role: str, job: str, workload: WorkloadView) -> None:
+    """`job` (the `role` Job or JobSet) waits for Kueue: the Queued condition carries Kueue's reason and
+    message, kept current while it waits; the phase and the Event change once."""
+    reason = workload.reason or c.WAITING_FOR_ADMISSION
+    ctx.condition(c.QUEUED, "True", reason, c.queued(job, workload.queue, workload.message))
+    if ctx.st.phase == FineTunePhase.QUEUED:
+        return
+    ctx.st.phase = FineTunePhase.QUEUED
+    ctx.event("Normal", ev.QUEUED, ev.queued(role, workload.queue))
+
+
+def to_admitted(ctx: Ctx, role: str, job: str, queue: str, stage: FineTunePhase) -> None:
+    """Kueue let `job` go: the job is back in the `stage` it waited in."""
+    ctx.st.phase = stage
+    ctx.condition(c.QUEUED, "False", c.ADMITTED, c.admitted(job, queue))
+    ctx.event("Normal", ev.ADMITTED, ev.admitted(role))
 
 
 def to_suspended(ctx: Ctx, attempt: int | None) -> None:

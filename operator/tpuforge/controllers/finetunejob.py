@@ -1,10 +1,11 @@
 """FineTuneJob controller: observe -> desired -> apply -> status.
 
 Informers (LIST + WATCH, selected by label on the server for the children) keep the FineTuneJobs and their
-children (Jobs, JobSets, pods, training ConfigMaps) in memory, the children grouped by the owner's uid. Any
-change to an object or to a child asks for a reconcile of the owner. kopf does not watch FineTuneJobs: its
-per-event bookkeeping (a deep copy of each object for the diff base, handler progress, a task per object) cost
-more CPU than the reconciles themselves.
+children (Jobs, JobSets, pods, training ConfigMaps) in memory, the children grouped by the owner's uid, and
+Kueue's Workloads (which carry none of our labels) grouped by the Job or JobSet that owns each. Any change to
+an object, to a child or to a child's Workload asks for a reconcile of the owner. kopf does not watch
+FineTuneJobs: its per-event bookkeeping (a deep copy of each object for the diff base, handler progress, a task
+per object) cost more CPU than the reconciles themselves.
 
 The reconcile reads memory (no API reads), lets the pure `finetune_plan.plan` decide, and applies the plan:
 create missing children, delete the ones to stop, patch the status on the resourceVersion it was computed
@@ -34,6 +35,8 @@ from tpuforge.api.constants import (
     FINETUNEJOB_KIND,
     JOBSET_API_VERSION,
     JOBSET_KIND,
+    KUEUE_API_VERSION,
+    KUEUE_WORKLOAD_KIND,
     LABEL_COMPONENT,
     LABEL_FINETUNEJOB,
     LABEL_JOBSET_NAME,
@@ -42,10 +45,13 @@ from tpuforge.controllers.finetune_children import (
     ConfigView,
     JobView,
     PodView,
+    WorkloadView,
     config_view,
     job_view,
     jobset_view,
     pod_view,
+    workload_owner_uid,
+    workload_view,
 )
 from tpuforge.controllers.finetune_plan import ChildRef, Event, Observed, Plan, plan, status_patch
 from tpuforge.controllers.finetune_snapshot import Snapshot, finetunejob_informer
@@ -85,9 +91,9 @@ def creation_groups(objs: list[Obj]) -> list[list[Obj]]:
 def fresh(view: JobView | PodView | ConfigView) -> bool:
     """A child as it looks just after its creation changes no decision: the reconcile that created the Job
     or ConfigMap (or the Job whose controller made the pod) already counted on it. The next change of it
-    does count."""
+    does count. A Job created suspended (Kueue's) counts: its Workload may be in memory before it is."""
     if isinstance(view, JobView):
-        return not (view.finished or view.deleting)
+        return not (view.finished or view.deleting or view.suspended)
     if isinstance(view, PodView):
         return view.phase == "Pending" and not (view.unschedulable or view.deleting or view.start_time)
     return True
@@ -97,6 +103,12 @@ def owner_key(obj: Mapping[str, Any]) -> Key | None:
     meta = obj.get("metadata") or {}
     uid = (meta.get("labels") or {}).get(LABEL_OWNER_UID)
     return (meta.get("namespace", ""), uid) if uid else None
+
+
+def workload_key(obj: Mapping[str, Any]) -> Key | None:
+    """(namespace, uid of the Job or JobSet it queues): how Workloads are grouped."""
+    uid = workload_owner_uid(obj)
+    return ((obj.get("metadata") or {}).get("namespace", ""), uid) if uid else None
 
 
 class FineTuneJobController:
@@ -145,6 +157,16 @@ class FineTuneJobController:
             owner=owner_key,
             on_change=self.child_changed,
         )
+        # Kueue's Workloads, by the Job or JobSet each queues (where Kueue is not installed: empty, unserved).
+        self.workloads: Informer[Key, WorkloadView] = Informer(
+            api_version=KUEUE_API_VERSION,
+            kind=KUEUE_WORKLOAD_KIND,
+            label_selector="",
+            namespaces=namespaces,
+            view=workload_view,
+            owner=workload_key,
+            on_change=self.workload_changed,
+        )
         self._api: kube_async.AsyncApi | None = None  # made on the event loop, in start()
         self._created: dict[tuple[str, str, str], float] = {}  # (owner uid, kind, name) -> when
         # Our last status write per object: (resourceVersion it was based on, the new one, the new status).
@@ -155,13 +177,22 @@ class FineTuneJobController:
     async def start(self) -> None:
         """Start the informers; return once each has its first LIST in memory, the children's first."""
         self._api = kube_async.AsyncApi(API_CONCURRENCY)
-        await asyncio.gather(self.jobs.start(), self.jobsets.start(), self.pods.start(), self.configs.start())
+        children = (self.jobs, self.jobsets, self.pods, self.configs, self.workloads)
+        await asyncio.gather(*(informer.start() for informer in children))
         await self.finetunejobs.start()
 
     def child_changed(self, owner: Key, before: Any, after: Any) -> None:
         if before is None and after is not None and fresh(after):
             return
         self.queue.request(owner)
+
+    def workload_changed(self, job: Key, before: WorkloadView | None, after: WorkloadView | None) -> None:
+        """A Workload belongs to the FineTuneJob that owns its Job or JobSet, once that is in memory (if it is
+        not yet, the Job's own arrival asks for the reconcile: see `fresh`)."""
+        job_uid = job[1]
+        owner = self.jobs.owner_of(job_uid) or self.jobsets.owner_of(job_uid)
+        if owner is not None:
+            self.queue.request(owner)
 
     def object_changed(self, key: Key, before: Snapshot | None, snap: Snapshot | None) -> None:
         if snap is None:
@@ -191,6 +222,7 @@ class FineTuneJobController:
         except ValidationError as exc:
             log.warning("%s/%s: unreadable status, treated as empty: %s", snap.namespace, snap.name, exc)
             status = FineTuneJobStatus()
+        jobs = self.jobs.get(key) + self.jobsets.get(key)
         observed = Observed(
             namespace=snap.namespace,
             name=snap.name,
@@ -198,9 +230,10 @@ class FineTuneJobController:
             generation=snap.generation,
             spec=snap.spec,
             status=status,
-            jobs=self.jobs.get(key) + self.jobsets.get(key),
+            jobs=jobs,
             pods=self.pods.get(key),
             configs=self.configs.get(key),
+            workloads=tuple(w for j in jobs for w in self.workloads.get((snap.namespace, j.uid))),
             deleting=snap.deleting,
             jobset_served=self.jobsets.served,
         )
@@ -287,7 +320,7 @@ class FineTuneJobController:
         self._created = {k: t for k, t in self._created.items() if k[0] != key[1]}
 
     async def close(self) -> None:
-        for informer in (self.finetunejobs, self.jobs, self.jobsets, self.pods, self.configs):
+        for informer in (self.finetunejobs, self.jobs, self.jobsets, self.pods, self.configs, self.workloads):
             informer.stop()
         await self.queue.close()
         if self._api is not None:

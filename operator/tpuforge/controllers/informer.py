@@ -72,6 +72,11 @@ class Informer(Generic[K, V]):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def owner_of(self, uid: str) -> K | None:
+        """The owner key of the object with `uid`, if it is in the store."""
+        entry = self._entries.get(uid)
+        return entry[0] if entry is not None else None
+
     def listen(self, on_change: Callable[[K, V | None, V | None], None]) -> None:
         """Also call `on_change` for every change, after the owner's callback."""
         self._listeners.append(on_change)

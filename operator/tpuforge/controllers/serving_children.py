@@ -21,6 +21,15 @@ Obj = dict[str, Any]
 ANNOTATION_SPEC_HASH = "tpuforge.dev/spec-hash"
 
 
+class ChildTerminating(Exception):
+    """A child's name is taken by an object on its way out (a same-named predecessor's): ours is made once
+    that one is gone. An expected wait, not an error: the status says so."""
+
+    def __init__(self, kind: str, name: str):
+        super().__init__(f"{kind} {name} is being deleted")
+        self.kind, self.name = kind, name
+
+
 def spec_hash(obj: Obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -44,8 +53,7 @@ class Children:
         desired["metadata"].setdefault("annotations", {})[ANNOTATION_SPEC_HASH] = h
         existing = self.get(desired)
         if existing is not None and existing["metadata"].get("deletionTimestamp"):
-            # A same-named predecessor's child on its way out: create ours once it is gone.
-            raise RuntimeError(f"{desired['kind']} {desired['metadata']['name']} is being deleted; retrying")
+            raise ChildTerminating(desired["kind"], desired["metadata"]["name"])
         if existing is None:
             try:
                 return kube_objects.create(self.api_client, desired)

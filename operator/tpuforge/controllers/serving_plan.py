@@ -34,6 +34,7 @@ ADAPTER_CONDITIONS = (ADAPTERS_READY, ADAPTERS_PROMOTED)
 # Reasons this module decides (the rollout's come from serving_rollout, the model's from resolve_model).
 INVALID_SPEC = "InvalidSpec"
 ROLLING_OUT = "RollingOut"
+WAITING_FOR_DELETION = "WaitingForDeletion"
 ADAPTER_FAILED = "AdapterFailed"
 ADAPTERS_LOADING = "AdaptersLoading"
 PROMOTED = "Promoted"
@@ -101,6 +102,18 @@ def finish(p: Plan, old: api.ServingDeploymentStatus, phase: api.ServingPhase, r
         p.events.append(("Warning" if phase == api.ServingPhase.FAILED else "Normal", phase.value, message))
     p.target = None
     return p
+
+
+def waiting_for_deletion(o: Observed, p: Plan, kind: str, name: str) -> Plan:
+    """A child's name is still held by an object being deleted (a same-named predecessor's): Pending, and
+    the Ready condition says what it waits for."""
+    message = f"waiting for {kind} {name}, still being deleted; it is created again once it is gone"
+    return finish(p, o.status, api.ServingPhase.PENDING, WAITING_FOR_DELETION, message)
+
+
+def waits_for_deletion(status: api.ServingDeploymentStatus) -> bool:
+    ready = next((c for c in status.conditions if c.type == READY), None)
+    return ready is not None and ready.reason == WAITING_FOR_DELETION
 
 
 def plan_children(o: Observed) -> Plan:

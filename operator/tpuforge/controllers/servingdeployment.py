@@ -41,7 +41,7 @@ from tpuforge.controllers import serving_adapters as adapters
 from tpuforge.controllers import serving_plan as plan
 from tpuforge.controllers.finetune_snapshot import Snapshot, finetunejob_informer
 from tpuforge.controllers.informer import Informer
-from tpuforge.controllers.serving_children import Children
+from tpuforge.controllers.serving_children import Children, ChildTerminating
 from tpuforge.controllers.serving_rollout import observe_rollout, pod_problem, pod_ready, resolve_model
 from tpuforge.controllers.workqueue import KeyedQueue
 from tpuforge.manifests import serving_inputs, vllm_server
@@ -88,7 +88,10 @@ def reconcile(api_client: client.ApiClient, namespace: str, name: str) -> api.Se
     o = observe(children, body)
     p = plan.plan_children(o)
     if p.target is not None:
-        deployment = apply(children, p.target)
+        try:
+            deployment = apply(children, p.target)
+        except ChildTerminating as e:
+            return write(children, body, o, plan.waiting_for_deletion(o, p, e.kind, e.name))
         p = plan.plan_status(o, p, p.target, replicas(children, o, p.target, deployment))
     return write(children, body, o, p)
 
@@ -231,6 +234,7 @@ class ServingDeploymentController:
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
+DELETION_POLL_SECONDS = 2.0  # while a child's name is held by an object being deleted
 ADAPTER_POLL_SECONDS = 3.0  # while an adapter loads on a ready replica
 ADAPTER_RETRY_SECONDS = 15.0  # a failed fetch is tried again (the sidecar waits as long between tries)
 # A vLLM process that restarts inside a ready pod may come back before its probes notice: look again anyway.
@@ -238,7 +242,10 @@ ADAPTER_RESYNC_SECONDS = 30.0
 
 
 def adapter_requeue(status: api.ServingDeploymentStatus | None) -> float | None:
-    """When to look at the replicas' adapters again without a watch event asking."""
+    """When to look again without a watch event asking: at a child being deleted (its deletion sends no
+    event of ours), at the replicas' adapters."""
+    if status is not None and plan.waits_for_deletion(status):
+        return DELETION_POLL_SECONDS
     if status is None or not status.adapters:
         return None
     phases = {a.phase for a in status.adapters}

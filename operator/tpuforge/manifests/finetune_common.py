@@ -1,6 +1,6 @@
 """What a FineTuneJob's children share: their names, labels and owner, the pods' ServiceAccount name, the
 config volume and the command that reads it, and the Job of one pod that the merge, the evaluation and the
-preflight run in.
+preflight run in. Every Job and JobSet carries Kueue's queue label when spec.queueName is set.
 
 Pure: the same inputs give the same objects. Names are deterministic, so creating them again is a no-op.
 """
@@ -14,6 +14,7 @@ from tpuforge.api.constants import (
     FINETUNEJOB_KIND,
     LABEL_ATTEMPT,
     LABEL_FINETUNEJOB,
+    LABEL_KUEUE_QUEUE,
     TERMINATION_LOG,
 )
 from tpuforge.api.finetune import FineTuneJobSpec
@@ -69,6 +70,16 @@ def labels(o: Owner, component: str, attempt: int | None = None) -> dict[str, st
     return out
 
 
+def workload_labels(o: Owner, component: str, spec: FineTuneJobSpec, attempt: int | None = None) -> dict[str, str]:
+    """A Job's or JobSet's own labels: its pods' (`labels`) and, when spec.queueName names a Kueue LocalQueue,
+    Kueue's queue label. Kueue's Job and JobSet integrations read it on that object, which Kueue's webhook
+    then creates suspended until Kueue admits it whole; its pods do not carry it."""
+    out = labels(o, component, attempt)
+    if spec.queue_name:
+        out[LABEL_KUEUE_QUEUE] = spec.queue_name
+    return out
+
+
 def config_volume(config_map_name: str) -> Obj:
     return {
         "name": "config",
@@ -94,18 +105,21 @@ def root_containers(spec: FineTuneJobSpec, *containers: str) -> frozenset[str]:
     return frozenset(containers) if spec.tpu.run_as_root else frozenset()
 
 
-def one_pod_job(o: Owner, name: str, lab: dict[str, str], pod_spec: Obj, backoff: int, **spec: Obj) -> Obj:
-    """A Job of one pod that runs to completion (the merge, the evaluation), retried up to `backoff` times."""
+def one_pod_job(
+    o: Owner, name: str, component: str, spec: FineTuneJobSpec, pod_spec: Obj, backoff: int, **job_fields: Obj
+) -> Obj:
+    """A Job of one pod that runs to completion (the preflight, the merge, the evaluation), retried up to
+    `backoff` times; `job_fields` go into its spec."""
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": metadata(o, name, lab),
+        "metadata": metadata(o, name, workload_labels(o, component, spec)),
         "spec": {
             "backoffLimit": backoff,
             "completions": 1,
             "parallelism": 1,
-            **spec,
-            "template": {"metadata": {"labels": lab}, "spec": pod_spec},
+            **job_fields,
+            "template": {"metadata": {"labels": labels(o, component)}, "spec": pod_spec},
         },
     }
 
@@ -126,4 +140,5 @@ __all__ = [
     "owner",
     "service_account_name",
     "train_job_name",
+    "workload_labels",
 ]

@@ -63,7 +63,6 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
     if ev is None:
         raise ValueError("spec.evaluation is unset: there is nothing to evaluate")
     name = eval_job_name(o.name)
-    lab = labels(o, COMPONENT_EVALUATOR)
     on_cpu = ev.slice == CPU_SLICE
     # On a CPU node the pod shares the node (requests only: they place it, they do not cap it); on a TPU slice
     # it requests every chip of the host and what vLLM and the JAX loss hold of the model.
@@ -133,7 +132,9 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
         else root_containers(spec, EVAL_LOSS_CONTAINER, EVAL_SAMPLE_CONTAINER, EVAL_SCORE_CONTAINER)
     )
     pod_spec = locked_down(pod_spec, api_access=False, root_containers=root)
-    return one_pod_job(o, name, lab, pod_spec, EVAL_BACKOFF_LIMIT, podFailurePolicy=failure_policy)
+    return one_pod_job(
+        o, name, COMPONENT_EVALUATOR, spec, pod_spec, EVAL_BACKOFF_LIMIT, podFailurePolicy=failure_policy
+    )
 
 
 def _code_containers(

@@ -38,7 +38,6 @@ def merge_config_map(o: Owner, spec: FineTuneJobSpec) -> Obj:
 
 def merge_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
     name = merge_job_name(o.name)
-    lab = labels(o, COMPONENT_MERGER)
     pod_spec: Obj = {
         "restartPolicy": "Never",
         "serviceAccountName": service_account_name(o.name, spec),
@@ -60,7 +59,7 @@ def merge_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
     }
     if spec.merge.node_selector:
         pod_spec["nodeSelector"] = dict(spec.merge.node_selector)
-    return one_pod_job(o, name, lab, locked_down(pod_spec, api_access=False), MERGE_BACKOFF_LIMIT)
+    return one_pod_job(o, name, COMPONENT_MERGER, spec, locked_down(pod_spec, api_access=False), MERGE_BACKOFF_LIMIT)
 
 
 def merge_objects(o: Owner, spec: FineTuneJobSpec) -> list[Obj]:

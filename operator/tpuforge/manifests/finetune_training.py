@@ -24,7 +24,6 @@ from tpuforge.api.constants import (
     JOBSET_API_VERSION,
     JOBSET_EXCLUSIVE_TOPOLOGY,
     JOBSET_KIND,
-    LABEL_KUEUE_QUEUE,
     TERMINATION_LOG,
     TPU_RUNTIME_PORT,
 )
@@ -41,6 +40,7 @@ from tpuforge.manifests.finetune_common import (
     root_containers,
     service_account_name,
     train_job_name,
+    workload_labels,
 )
 
 TRAINER_CONTAINER = "trainer"
@@ -144,19 +144,12 @@ def train_ports(metrics_port: int | None, hosts: int) -> list[Obj]:
     return ports
 
 
-def _train_labels(o: Owner, spec: FineTuneJobSpec, attempt: int) -> dict[str, str]:
-    out = labels(o, COMPONENT_TRAINER, attempt)
-    if spec.queue_name:
-        out[LABEL_KUEUE_QUEUE] = spec.queue_name
-    return out
-
-
 def train_job(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
     """A single-host slice's attempt: a Job of one pod."""
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": metadata(o, train_job_name(o.name, attempt), _train_labels(o, spec, attempt)),
+        "metadata": metadata(o, train_job_name(o.name, attempt), workload_labels(o, COMPONENT_TRAINER, spec, attempt)),
         "spec": {
             # The operator owns retries: it tells a preemption from a failure and resumes from a checkpoint.
             "backoffLimit": 0,
@@ -175,10 +168,11 @@ def train_jobset(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
     preemption resumes from the checkpoint as a new JobSet, a failure counts towards maxRestarts)."""
     hosts = tpu_slice(spec.tpu.slice).hosts
     name = train_job_name(o.name, attempt, hosts)
+    own_labels = workload_labels(o, COMPONENT_TRAINER, spec, attempt)
     return {
         "apiVersion": JOBSET_API_VERSION,
         "kind": JOBSET_KIND,
-        "metadata": metadata(o, name, _train_labels(o, spec, attempt), {JOBSET_EXCLUSIVE_TOPOLOGY: GKE_NODEPOOL}),
+        "metadata": metadata(o, name, own_labels, {JOBSET_EXCLUSIVE_TOPOLOGY: GKE_NODEPOOL}),
         "spec": {
             "failurePolicy": {"maxRestarts": 0},
             # Each pod gets the hostname <jobset>-trainer-0-<host> in the subdomain <jobset> (a headless

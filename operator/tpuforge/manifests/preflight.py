@@ -49,7 +49,6 @@ def preflight_config_map(o: Owner, spec: FineTuneJobSpec) -> Obj:
 
 def preflight_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
     name = preflight_job_name(o.name)
-    lab = labels(o, COMPONENT_PREFLIGHT)
     container: Obj = {
         "name": PREFLIGHT_CONTAINER,
         "image": spec.images.trainer,
@@ -79,14 +78,28 @@ def preflight_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
     }
     if spec.preflight.node_selector:
         pod_spec["nodeSelector"] = dict(spec.preflight.node_selector)
+    # (podFailurePolicy needs restartPolicy Never, as above.)
     failure_policy: Obj = {
         "rules": [
-            {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [EXIT_BAD_CONFIG, EXIT_DOES_NOT_FIT]}},
+            # A refused config or a step that does not fit ends the Job at once, with no second pod: the Job's
+            # Failed reason is then PodFailurePolicy, and the operator reads why from the pod's exit code.
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": PREFLIGHT_CONTAINER,
+                    "operator": "In",
+                    "values": [EXIT_BAD_CONFIG, EXIT_DOES_NOT_FIT],
+                },
+            },
+            # A pod taken away (preemption, eviction, node drain) is not the compile's failure: not counted
+            # against backoffLimit.
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         ]
     }
     pod_spec = locked_down(pod_spec, api_access=False)
-    return one_pod_job(o, name, lab, pod_spec, PREFLIGHT_BACKOFF_LIMIT, podFailurePolicy=failure_policy)
+    return one_pod_job(
+        o, name, COMPONENT_PREFLIGHT, spec, pod_spec, PREFLIGHT_BACKOFF_LIMIT, podFailurePolicy=failure_policy
+    )
 
 
 def preflight_objects(o: Owner, spec: FineTuneJobSpec) -> list[Obj]:

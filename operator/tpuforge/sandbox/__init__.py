@@ -1,4 +1,5 @@
-"""The sandbox: a local Kubernetes 1.20 control plane, fake GCS and emulated GKE TPU nodes (`Sandbox`)."""
+"""The sandbox: a local Kubernetes control plane with the JobSet and Kueue controllers, fake GCS and emulated GKE
+TPU nodes (`Sandbox`)."""
 
 from tpuforge.sandbox.config import NodePool, Ports, SandboxConfig
 from tpuforge.sandbox.sandbox import ComponentStatus, Sandbox, SandboxError, wait_for

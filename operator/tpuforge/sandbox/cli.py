@@ -23,7 +23,9 @@ from tpuforge.sandbox.sandbox import Sandbox, SandboxError
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tpuforge sandbox",
-        description="A local Kubernetes 1.20 control plane, fake GCS and emulated GKE TPU nodes on loopback.",
+        description=(
+            "A local Kubernetes control plane with JobSet and Kueue, fake GCS and emulated GKE TPU nodes on loopback."
+        ),
     )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -108,7 +110,10 @@ def _run(args: argparse.Namespace) -> int:
         return _status(sb)
     if args.command == "env":
         for k, v in sb.env().items():
-            print(f"export {k}={shlex.quote(v)}")
+            if k == "PATH":  # the sandbox's kubectl first, the shell's own PATH after it
+                print(f'export PATH={shlex.quote(str(sb.bin_dir))}:"$PATH"')
+            else:
+                print(f"export {k}={shlex.quote(v)}")
         return 0
     if args.command == "logs":
         return _logs(sb, args)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,7 +15,6 @@ from pathlib import Path
 from tpuforge.api.catalog import TPU_SLICES, TpuSlice
 from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS
 
-K8S_VERSION = "v1.20.2"
 DEFAULT_BUCKET = "tpuforge"
 # A Spot v5p-8 host for training, a v6e-8 host for serving, a CPU node for merges, and the two hosts of a
 # Spot v5p-16 slice for multi-host training.
@@ -54,6 +52,11 @@ class Ports:
     etcd_peer: int = 2380
     gcs: int = 4443
     node_agent: int = 10250  # the kubelet port: serves pod logs to the apiserver
+    # JobSet's and Kueue's admission webhooks (the apiserver calls them by URL) and health probes.
+    jobset_webhook: int = 9443
+    jobset_health: int = 8081
+    kueue_webhook: int = 9444
+    kueue_health: int = 8082
 
     @classmethod
     def from_env(cls, **overrides: int | None) -> Ports:
@@ -125,28 +128,68 @@ def format_node_pools(pools: list[NodePool]) -> str:
     return ",".join(f"{p.kind}{':spot' if p.spot else ''}={p.count}" for p in pools)
 
 
+def control_plane_versions() -> dict[str, str]:
+    """KUBE_VERSION, ETCD_VERSION, JOBSET_VERSION and KUEUE_VERSION, from the file the build script reads."""
+    text = (repo_root() / "scripts" / "control-plane-versions.env").read_text()
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+K8S_VERSION = control_plane_versions()["KUBE_VERSION"]
+
+
 @dataclass(frozen=True)
 class Binaries:
-    etcd: str
-    kube_apiserver: str
-    kube_controller_manager: str
+    """The control plane's binaries and the JobSet and Kueue releases' manifests, as
+    scripts/build-control-plane.sh leaves them in the cache (or in TPUFORGE_K8S_BIN_DIR)."""
+
+    dir: Path
+
+    NAMES = ("etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "jobset-controller", "kueue-controller")
+
+    @staticmethod
+    def default_dir() -> Path:
+        v = control_plane_versions()
+        name = (
+            f"controlplane-k8s-{v['KUBE_VERSION']}-etcd-{v['ETCD_VERSION']}-jobset-{v['JOBSET_VERSION']}"
+            f"-kueue-{v['KUEUE_VERSION']}"
+        )
+        return cache_dir() / name
 
     @classmethod
     def locate(cls) -> Binaries:
         """Find the control-plane binaries or say how to get them."""
-        bin_dir = Path(os.environ.get("TPUFORGE_K8S_BIN_DIR") or cache_dir() / f"k8s-{K8S_VERSION}")
-        missing = [n for n in ("kube-apiserver", "kube-controller-manager") if not (bin_dir / n).is_file()]
+        bin_dir = Path(os.environ.get("TPUFORGE_K8S_BIN_DIR") or cls.default_dir())
+        missing = [n for n in cls.NAMES if not (bin_dir / n).is_file()]
         if missing:
             raise FileNotFoundError(
-                f"{' and '.join(missing)} {K8S_VERSION} not found in {bin_dir}: run `make setup` (or "
+                f"{', '.join(missing)} not found in {bin_dir}: run `make setup` (or "
                 "`bash scripts/build-control-plane.sh`) once to build them, or set TPUFORGE_K8S_BIN_DIR"
             )
-        etcd = os.environ.get("TPUFORGE_ETCD") or shutil.which("etcd") or "/usr/bin/etcd"
-        if not Path(etcd).is_file():
-            raise FileNotFoundError(
-                "etcd not found: run `make setup` (it installs Debian's etcd-server) or set TPUFORGE_ETCD"
-            )
-        return cls(etcd, str(bin_dir / "kube-apiserver"), str(bin_dir / "kube-controller-manager"))
+        return cls(bin_dir)
+
+    def path(self, name: str) -> str:
+        return str(self.dir / name)
+
+    @property
+    def etcd(self) -> str:
+        return self.path("etcd")
+
+    @property
+    def kube_apiserver(self) -> str:
+        return self.path("kube-apiserver")
+
+    @property
+    def kube_controller_manager(self) -> str:
+        return self.path("kube-controller-manager")
+
+    @property
+    def kubectl(self) -> str:
+        return self.path("kubectl")
+
+    def manifests(self, addon: str) -> Path:
+        """crd.yaml, webhook.yaml and LICENSE of `jobset` or `kueue`, as the build renders them."""
+        return self.dir / "manifests" / addon
 
 
 @dataclass
@@ -211,7 +254,7 @@ class SandboxConfig:
         data = json.loads((root / "sandbox.json").read_text())
         return cls(
             dir=data["dir"],
-            ports=Ports(**data["ports"]),
+            ports=Ports(**{**asdict(Ports.from_env()), **data["ports"]}),
             pools=parse_node_pools(data["nodes"]),
             bucket=data["bucket"],
             external_gcs_url=data.get("external_gcs_url"),

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import base64
-import functools
 import ssl
-import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,18 +16,28 @@ from tpuforge.sandbox.pki import Pki
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 SERVICE_CIDR = "10.96.0.0/16"
 # No scheduler, kubelet, cloud provider or node IPAM here: the node agent plays those parts, and the
-# controllers that would fight it (node lifecycle evicting "unreachable" nodes) or need a cloud stay off.
-CONTROLLERS = (
-    "*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle,-route,-service,-attachdetach,"
-    "-persistentvolume-binder,-persistentvolume-expander,-pvc-protection,-pv-protection,-ttl,"
-    "-bootstrapsigner,-tokencleaner,-csrsigning,-csrapproving,-csrcleaner"
+# controllers that would fight it (node lifecycle marking the emulated nodes unreachable) or need a cloud or
+# a CSI driver stay off. The claim and volume protection controllers run, so a deleted claim that no pod uses
+# goes away as on a cluster.
+CONTROLLERS = ",".join(
+    [
+        "*",
+        "-node-ipam-controller",
+        "-node-lifecycle-controller",
+        "-cloud-node-lifecycle-controller",
+        "-node-route-controller",
+        "-service-lb-controller",
+        "-persistentvolume-attach-detach-controller",
+        "-persistentvolume-binder-controller",
+        "-persistentvolume-expander-controller",
+        "-ttl-controller",
+        "-bootstrap-signer-controller",
+        "-token-cleaner-controller",
+        "-certificatesigningrequest-signing-controller",
+        "-certificatesigningrequest-approving-controller",
+        "-certificatesigningrequest-cleaner-controller",
+    ]
 )
-
-
-@functools.cache
-def etcd_supports(flag: str, etcd: str) -> bool:
-    out = subprocess.run([etcd, "--help"], capture_output=True, text=True, check=False)
-    return flag in out.stdout + out.stderr
 
 
 def etcd_argv(cfg: SandboxConfig, bins: Binaries) -> list[str]:
@@ -47,9 +55,8 @@ def etcd_argv(cfg: SandboxConfig, bins: Binaries) -> list[str]:
         "--log-level=warn",
         "--logger=zap",
     ]
-    # etcd >= 3.5 can skip fsync (a sandbox never needs crash durability); Debian's 3.4 cannot.
-    if etcd_supports("--unsafe-no-fsync", bins.etcd):
-        argv.append("--unsafe-no-fsync")
+    # A sandbox never needs crash durability.
+    argv.append("--unsafe-no-fsync")
     return argv
 
 
@@ -61,7 +68,6 @@ def apiserver_argv(cfg: SandboxConfig, bins: Binaries) -> list[str]:
         "--bind-address=127.0.0.1",
         "--advertise-address=127.0.0.1",
         f"--secure-port={cfg.ports.apiserver}",
-        "--insecure-port=0",
         f"--cert-dir={cfg.pki}",
         f"--tls-cert-file={pki.apiserver_crt}",
         f"--tls-private-key-file={pki.apiserver_key}",
@@ -90,11 +96,10 @@ def controller_manager_argv(cfg: SandboxConfig, bins: Binaries) -> list[str]:
         f"--kubeconfig={cfg.kubeconfig}",
         "--leader-elect=false",
         "--bind-address=127.0.0.1",
-        "--port=0",
         "--secure-port=0",
         f"--controllers={CONTROLLERS}",
-        # The token controller needs both to create each ServiceAccount's token Secret, which the
-        # ServiceAccount admission plugin of 1.20 requires before it admits a pod.
+        # The token controller signs the legacy token Secrets a user asks for; the root CA is what the
+        # root-ca-certificate-publisher puts in each namespace's kube-root-ca.crt ConfigMap.
         f"--service-account-private-key-file={pki.sa_key}",
         f"--root-ca-file={pki.ca_crt}",
         "--profiling=false",

@@ -218,8 +218,8 @@ class Demo(SetupSteps, FollowSteps):
             ("operator metrics (one series per object)", f"curl http://127.0.0.1:{self.operator_port}/metrics"),
             (
                 "trainer metrics, while a training pod runs"
-                + (" (host 1: 127.0.0.2, each host has its own address)" if self.hosts > 1 else ""),
-                f"curl http://127.0.0.1:{TRAINER_METRICS_PORT}/metrics",
+                + (" (each host at its own address: its pod IP, `kubectl get pods -o wide`)" if self.hosts > 1 else ""),
+                f"curl http://{'POD_IP' if self.hosts > 1 else '127.0.0.1'}:{TRAINER_METRICS_PORT}/metrics",
             ),
             ("the operator's log", f"less {self.sb.daemon(OPERATOR).log}"),
             (

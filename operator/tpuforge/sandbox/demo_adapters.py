@@ -50,6 +50,7 @@ def load_jobs(path: Path, bucket: str) -> list[DemoJob]:
 class AdaptersDemo(Demo):
     jobs_yaml = JOBS_YAML
     sections = SECTIONS
+    watched = "finetunejobs"  # what the live tables list
 
     def run(self) -> int:
         jobs = load_jobs(self.root / self.jobs_yaml, self.sb.bucket)
@@ -148,9 +149,9 @@ class AdaptersDemo(Demo):
             current = {name: s.get("phase", "") for name, s in statuses.items()}
             if current != phases or now - last_table > TABLE_EVERY:
                 phases, last_table = current, now
-                text = self.kubectl_table("get", "finetunejobs")
+                text = self.kubectl_table("get", self.watched)
                 if text:
-                    self.say(f"$ kubectl get finetunejobs\n{text}")
+                    self.say(f"$ kubectl get {self.watched}\n{text}")
             if all(p in ("Succeeded", "Failed") for p in phases.values()):
                 return statuses
             if now > deadline:

@@ -48,7 +48,7 @@ class DemoBase:
         self.root = repo_root()
         self.started = time.monotonic()
         self.operator_port = 0
-        self.kubectl = shutil.which("kubectl")
+        self.kubectl = shutil.which("kubectl", path=self.env()["PATH"])
         self.tpuforge = tool_path("tpuforge")
         self.job: DemoJob | None = None
         self.pods: dict[str, str] = {}  # what to point at in the end: "train-0", "merge", "serve" -> pod name

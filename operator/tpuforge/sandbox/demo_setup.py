@@ -28,7 +28,7 @@ from tpuforge.api.constants import (
     TPU_RESOURCE,
 )
 from tpuforge.sandbox import gcs_objects
-from tpuforge.sandbox.config import cache_dir
+from tpuforge.sandbox.config import K8S_VERSION, cache_dir
 from tpuforge.sandbox.demo_base import NAMESPACE, DemoBase
 from tpuforge.sandbox.demo_job import FINETUNE_YAML, SERVING_YAMLS, DemoError, DemoJob, load_yaml
 from tpuforge.sandbox.demo_view import heading, size
@@ -45,7 +45,12 @@ class SetupSteps(DemoBase):
     """The steps before the job runs: sandbox and operator, inputs in GCS, the job applied."""
 
     def start_sandbox(self) -> None:
-        heading(self.console, 1, self.sections, "Sandbox: Kubernetes 1.20 control plane, fake GCS, emulated TPU nodes")
+        heading(
+            self.console,
+            1,
+            self.sections,
+            f"Sandbox: Kubernetes {K8S_VERSION} with JobSet and Kueue, fake GCS, emulated TPU nodes",
+        )
         if not self.sb.running():
             # Training pods inherit a persistent XLA compilation cache from the node agent `up` starts here.
             os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache_dir() / "jax-cache"))

@@ -20,7 +20,6 @@ log = logging.getLogger("tpuforge.sandbox.agent")
 Obj = dict[str, Any]
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
-JOBSET = ("jobset.x-k8s.io", "v1alpha2", "jobsets")  # group, version, plural
 
 
 def now() -> str:
@@ -40,6 +39,7 @@ class Kube:
         self.ext: Any = client.ApiextensionsV1Api(api)
         self.batch: Any = client.BatchV1Api(api)
         self.custom: Any = client.CustomObjectsApi(api)
+        self.admission: Any = client.AdmissionregistrationV1Api(api)
 
     @staticmethod
     def _json(resp: Any) -> Any:
@@ -74,9 +74,6 @@ class Kube:
                 return False
             raise
         return True
-
-    def patch_pod_metadata(self, ns: str, name: str, metadata: Obj) -> None:
-        self.core.patch_namespaced_pod(name, ns, {"metadata": metadata}, _content_type=MERGE, _preload_content=False)
 
     def bind(self, ns: str, name: str, node: str) -> None:
         body = {
@@ -177,56 +174,6 @@ class Kube:
         except ApiException as e:
             log.debug("event %s on %s/%s not recorded: %s", reason, ns, meta["name"], e.status)
 
-    def list_namespaces(self, selector: str) -> list[Obj]:
-        return list(self._json(self.core.list_namespace(label_selector=selector, _preload_content=False))["items"])
-
-    # -- what the JobSet controller manages ----------------------------------------------------------------------
-    def list_jobsets(self) -> list[Obj]:
-        """Every JobSet; none when the JobSet CRD is not installed."""
-        try:
-            resp = self.custom.list_cluster_custom_object(*JOBSET, _preload_content=False)
-        except ApiException as e:
-            if e.status == 404:
-                return []
-            raise
-        items: list[Obj] = self._json(resp)["items"]
-        return items
-
-    def patch_jobset(self, ns: str, name: str, patch: Obj) -> None:
-        self.custom.patch_namespaced_custom_object(
-            *JOBSET[:2], ns, JOBSET[2], name, patch, _content_type=MERGE, _preload_content=False
-        )
-
-    def patch_jobset_status(self, ns: str, name: str, status: Obj) -> None:
-        self.custom.patch_namespaced_custom_object_status(
-            *JOBSET[:2], ns, JOBSET[2], name, {"status": status}, _content_type=MERGE, _preload_content=False
-        )
-
-    def list_jobs(self) -> list[Obj]:
-        return list(self._json(self.batch.list_job_for_all_namespaces(_preload_content=False))["items"])
-
-    def create_job(self, ns: str, job: Obj) -> None:
-        try:
-            self.batch.create_namespaced_job(ns, job, _preload_content=False)
-        except ApiException as e:
-            if e.status != 409:
-                raise
-
-    def delete_job(self, ns: str, name: str) -> None:
-        """Delete the Job; the garbage collector deletes its pods (gracefully)."""
-        try:
-            self.batch.delete_namespaced_job(name, ns, propagation_policy="Background", _preload_content=False)
-        except ApiException as e:
-            if e.status != 404:
-                raise
-
-    def create_service(self, ns: str, service: Obj) -> None:
-        try:
-            self.core.create_namespaced_service(ns, service, _preload_content=False)
-        except ApiException as e:
-            if e.status != 409:
-                raise
-
     # -- nodes -----------------------------------------------------------------------------------------
     def list_nodes(self, selector: str) -> list[Obj]:
         return list(self._json(self.core.list_node(label_selector=selector, _preload_content=False))["items"])
@@ -263,6 +210,49 @@ class Kube:
         except ApiException as e:
             if e.status != 404:
                 raise
+
+    def list_namespaces(self, selector: str) -> list[Obj]:
+        return cast(
+            list[Obj], self._json(self.core.list_namespace(label_selector=selector, _preload_content=False))["items"]
+        )
+
+    def ensure_namespace(self, name: str) -> None:
+        try:
+            self.core.create_namespace({"metadata": {"name": name}}, _preload_content=False)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+
+    def apply_custom_object(self, obj: Obj, plural: str) -> bool:
+        """Create, or replace what is there (namespaced when the object names a namespace); True if created."""
+        group, version = obj["apiVersion"].split("/")
+        name, ns = obj["metadata"]["name"], obj["metadata"].get("namespace")
+        where = (group, version, ns, plural) if ns else (group, version, plural)
+        kind = "namespaced" if ns else "cluster"
+        try:
+            getattr(self.custom, f"create_{kind}_custom_object")(*where, obj)
+            return True
+        except ApiException as e:
+            if e.status != 409:
+                raise
+        current = getattr(self.custom, f"get_{kind}_custom_object")(*where, name)
+        obj = {**obj, "metadata": {**obj["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
+        getattr(self.custom, f"replace_{kind}_custom_object")(*where, name, obj)
+        return False
+
+    def apply_webhook_configuration(self, doc: Obj) -> None:
+        """Create, or replace what is there: a Mutating- or ValidatingWebhookConfiguration."""
+        kind = {"MutatingWebhookConfiguration": "mutating", "ValidatingWebhookConfiguration": "validating"}[doc["kind"]]
+        name = doc["metadata"]["name"]
+        try:
+            getattr(self.admission, f"create_{kind}_webhook_configuration")(doc, _preload_content=False)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            read = getattr(self.admission, f"read_{kind}_webhook_configuration")
+            current = self._json(read(name, _preload_content=False))
+            doc = {**doc, "metadata": {**doc["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
+            getattr(self.admission, f"replace_{kind}_webhook_configuration")(name, doc, _preload_content=False)
 
     # -- CustomResourceDefinitions ---------------------------------------------------------------------------
     def apply_crd(self, crd: Obj) -> None:

@@ -1,5 +1,5 @@
-"""The sandbox's certificates and keys: a CA, the apiserver's serving certificate, the ServiceAccount
-signing key pair and the static admin token. Created once per state directory."""
+"""The sandbox's certificates and keys: a CA, the apiserver's and the admission webhooks' serving
+certificates, the ServiceAccount signing key pair and the static admin token. Created once per state directory."""
 
 from __future__ import annotations
 
@@ -89,25 +89,12 @@ class Pki:
             )
             _write_key(self.ca_key, key)
             self.ca_crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-            # A new CA invalidates the serving certificate signed by an old one.
+            # A new CA invalidates the serving certificates signed by an old one.
             self.apiserver_crt.unlink(missing_ok=True)
+            for crt in self.dir.glob("*-webhook/tls.crt"):
+                crt.unlink()
         if not (self.apiserver_crt.exists() and self.apiserver_key.exists()):
-            ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), password=None)
-            assert isinstance(ca_key, rsa.RSAPrivateKey)
-            ca = x509.load_pem_x509_certificate(self.ca_crt.read_bytes())
-            key = _rsa_key()
-            subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")])
-            sans: list[x509.GeneralName] = [x509.DNSName(n) for n in APISERVER_DNS]
-            sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in APISERVER_IPS]
-            cert = (
-                _builder(subject, ca.subject, key)
-                .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-                .sign(ca_key, hashes.SHA256())
-            )
-            _write_key(self.apiserver_key, key)
-            self.apiserver_crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+            self._serving_cert("kube-apiserver", APISERVER_DNS, APISERVER_IPS, self.apiserver_crt, self.apiserver_key)
         if not (self.sa_key.exists() and self.sa_pub.exists()):
             key = _rsa_key()
             _write_key(self.sa_key, key)
@@ -120,6 +107,34 @@ class Pki:
             # token,user,uid,"group": the admin is in system:masters, which RBAC lets do anything.
             self.tokens_csv.write_text(f'{secrets.token_hex(24)},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
             self.tokens_csv.chmod(0o600)
+
+    def webhook_cert_dir(self, name: str) -> Path:
+        """`<name>-webhook/` with tls.crt and tls.key (as controller-runtime reads them) for a webhook server
+        on 127.0.0.1, signed by the sandbox's CA; made once. ensure() first."""
+        out = self.dir / f"{name}-webhook"
+        crt, key = out / "tls.crt", out / "tls.key"
+        if not (crt.exists() and key.exists()):
+            out.mkdir(exist_ok=True)
+            self._serving_cert(f"{name}-webhook", ("localhost",), ("127.0.0.1",), crt, key)
+        return out
+
+    def _serving_cert(self, cn: str, dns: tuple[str, ...], ips: tuple[str, ...], crt: Path, key_path: Path) -> None:
+        ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), password=None)
+        assert isinstance(ca_key, rsa.RSAPrivateKey)
+        ca = x509.load_pem_x509_certificate(self.ca_crt.read_bytes())
+        key = _rsa_key()
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+        sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns]
+        sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+        cert = (
+            _builder(subject, ca.subject, key)
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        _write_key(key_path, key)
+        crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
 def _rsa_key() -> rsa.RSAPrivateKey:

@@ -1,8 +1,10 @@
-"""The sandbox as one object: `Sandbox(dir).up()` starts etcd, kube-apiserver, kube-controller-manager,
-fake-gcs-server and the node agent on loopback; `down()` stops exactly those processes."""
+"""The sandbox as one object: `Sandbox(dir).up()` starts etcd, kube-apiserver, kube-controller-manager, the
+JobSet and Kueue controllers, fake-gcs-server and the node agent on loopback; `down()` stops exactly those
+processes."""
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
@@ -16,6 +18,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from tpuforge.sandbox import addons as addon_procs
 from tpuforge.sandbox import controlplane as cp
 from tpuforge.sandbox.config import (
     DEFAULT_BUCKET,
@@ -29,7 +32,6 @@ from tpuforge.sandbox.config import (
     repo_root,
 )
 from tpuforge.sandbox.gcs import create_bucket, gcs_argv, gcs_env, wait_gcs
-from tpuforge.sandbox.jobset_crd import JOBSET_CRD_FILE, jobset_crd
 from tpuforge.sandbox.kubeapi import Kube, new_api_client
 from tpuforge.sandbox.nodes import EMULATED_LABEL, PREEMPT_ANNOTATION, node_ready
 from tpuforge.sandbox.pki import Pki
@@ -40,7 +42,9 @@ APISERVER = "kube-apiserver"
 CONTROLLER_MANAGER = "kube-controller-manager"
 GCS = "fake-gcs-server"
 NODE_AGENT = "node-agent"
-COMPONENTS = (ETCD, APISERVER, CONTROLLER_MANAGER, GCS, NODE_AGENT)
+JOBSET = addon_procs.JOBSET
+KUEUE = addon_procs.KUEUE
+COMPONENTS = (ETCD, APISERVER, CONTROLLER_MANAGER, JOBSET, KUEUE, GCS, NODE_AGENT)
 # Not started by up(): `tpuforge demo` runs the operator beside the sandbox with a pidfile and log of its own,
 # so that status shows it and down() stops it (first, while the apiserver it talks to is still there).
 OPERATOR = "operator"
@@ -71,7 +75,8 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str, interval: 
 
 
 class Sandbox:
-    """A local Kubernetes 1.20 control plane, GCS and emulated GKE TPU nodes in one state directory.
+    """A local Kubernetes control plane with JobSet and Kueue, GCS and emulated GKE TPU nodes in one state
+    directory.
 
     Values left as None come from the running sandbox (its sandbox.json), else from the environment
     (TPUFORGE_SANDBOX_*), else the defaults. `attach=True` ties every process to the caller's life (tests).
@@ -131,9 +136,20 @@ class Sandbox:
     def bucket(self) -> str:
         return self.config.bucket
 
+    @property
+    def bin_dir(self) -> Path:
+        """Where the control plane's binaries are, kubectl of the same version among them."""
+        return Binaries.locate().dir
+
+    @property
+    def kubectl(self) -> str:
+        return Binaries.locate().kubectl
+
     def env(self) -> dict[str, str]:
-        """What a shell (or a subprocess) needs to use this sandbox: KUBECONFIG and the GCS emulator env."""
+        """What a shell (or a subprocess) needs to use this sandbox: KUBECONFIG, the GCS emulator env, and
+        PATH with the sandbox's kubectl first."""
         return {
+            "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}",
             "KUBECONFIG": str(self.kubeconfig),
             "TPUFORGE_SANDBOX_DIR": str(self.dir),
             **gcs_env(self.gcs_url),
@@ -166,12 +182,13 @@ class Sandbox:
         if running:
             self._check_same_config()
         crd_files = self._crd_files()
+        bins = Binaries.locate()
         if self.is_up():
             with self.api_client() as api:  # CRDs may have changed since it started
                 install_crds(api, crd_files, timeout)
+                self._install_addons(api, bins, timeout)
             self.log(f"sandbox already up in {self.dir}")
             return False
-        bins = Binaries.locate()
         self._check_ports(running)
         cfg.root.mkdir(parents=True, exist_ok=True)
         Pki(cfg.pki).ensure()
@@ -191,19 +208,20 @@ class Sandbox:
             self._await(APISERVER, lambda: cp.apiserver_ready(cfg), deadline)
             if CONTROLLER_MANAGER not in running:
                 self._start(CONTROLLER_MANAGER, cp.controller_manager_argv(cfg, bins), started)
-            if NODE_AGENT not in running:
-                agent = [sys.executable, "-m", "tpuforge.sandbox.agent", "--dir", str(cfg.root)]
-                self._start(NODE_AGENT, agent, started)
             if not wait_gcs(cfg.gcs_url, max(1.0, deadline - time.monotonic()), self._alive(GCS)):
                 raise self._failure(GCS, f"fake-gcs-server did not answer on {cfg.gcs_url}")
             create_bucket(cfg.gcs_url, cfg.bucket)
             with self.api_client() as api:
                 install_crds(api, crd_files, max(1.0, deadline - time.monotonic()))
+                self._install_addons(api, bins, max(1.0, deadline - time.monotonic()), running, started)
+                if NODE_AGENT not in running:
+                    agent = [sys.executable, "-m", "tpuforge.sandbox.agent", "--dir", str(cfg.root)]
+                    self._start(NODE_AGENT, agent, started)
                 self._await(
                     CONTROLLER_MANAGER,
-                    lambda: _default_sa_token(api),
+                    lambda: Kube(api).read_service_account("default", "default"),
                     deadline,
-                    "the default ServiceAccount's token Secret",
+                    "the default ServiceAccount",
                 )
                 expected = sum(p.count * (p.tpu.hosts if p.tpu else 1) for p in cfg.pools)
                 self._await(
@@ -221,7 +239,7 @@ class Sandbox:
         so pods end while the apiserver still records it). `purge` also deletes the state directory. Returns
         what was stopped."""
         stopped = []
-        for name in (OPERATOR, NODE_AGENT, CONTROLLER_MANAGER, APISERVER, ETCD, GCS):
+        for name in (OPERATOR, NODE_AGENT, KUEUE, JOBSET, CONTROLLER_MANAGER, APISERVER, ETCD, GCS):
             # The agent gives pods their grace period (up to 15 s, as on GKE) before it exits.
             if self.daemon(name).stop(timeout=40.0 if name == NODE_AGENT else 10.0):
                 stopped.append(name)
@@ -235,6 +253,8 @@ class Sandbox:
             ETCD: f"http://127.0.0.1:{cfg.ports.etcd}",
             APISERVER: cfg.apiserver_url,
             CONTROLLER_MANAGER: "",
+            JOBSET: f"https://127.0.0.1:{cfg.ports.jobset_webhook} (webhooks)",
+            KUEUE: f"https://127.0.0.1:{cfg.ports.kueue_webhook} (webhooks)",
             GCS: cfg.gcs_url,
             NODE_AGENT: f"https://127.0.0.1:{cfg.ports.node_agent}",
         }
@@ -274,6 +294,39 @@ class Sandbox:
                 wait_for(done, timeout, f"the node agent to preempt {node}", interval=0.3)
 
     # -- helpers ----------------------------------------------------------------------------------------
+    def _install_addons(
+        self,
+        api: client.ApiClient,
+        bins: Binaries,
+        timeout: float,
+        running: dict[str, int] | None = None,
+        started: list[str] | None = None,
+    ) -> None:
+        """JobSet's and Kueue's CRDs, then their controllers (when `started` is given and they are not
+        running), then their webhook configurations: a webhook that fails closed is installed only once its
+        server answers."""
+        cfg = self.config
+        kube = Kube(api)
+        kube.ensure_namespace(addon_procs.KUEUE_NAMESPACE)
+        ca_pem = Pki(cfg.pki).ca_crt.read_bytes()
+        deadline = time.monotonic() + timeout
+        docs = {a: list(addon_procs.manifests(a, bins, ca_pem)) for a in addon_procs.addons(cfg)}
+        crds = [d for ds in docs.values() for d in ds if d["kind"] == "CustomResourceDefinition"]
+        for doc in crds:
+            kube.apply_crd(doc)
+        wait_for(
+            lambda: all(kube.crd_established(d["metadata"]["name"]) for d in crds),
+            max(1.0, deadline - time.monotonic()),
+            "JobSet's and Kueue's CRDs to be Established",
+        )
+        for addon, ds in docs.items():
+            if started is not None and addon.name not in (running or {}):
+                self._start(addon.name, addon_procs.argv(addon, cfg, bins), started)
+            self._await(addon.name, functools.partial(addon_procs.ready, addon), deadline, f"{addon.name} to serve")
+            for doc in ds:
+                if doc["kind"] != "CustomResourceDefinition":
+                    kube.apply_webhook_configuration(doc)
+
     def _check_same_config(self) -> None:
         saved = SandboxConfig.load(self.dir) if (self.dir / "sandbox.json").exists() else None
         if saved is None:
@@ -301,6 +354,14 @@ class Sandbox:
             APISERVER: [("kube-apiserver", p.apiserver, "--apiserver-port")],
             GCS: [] if self.config.external_gcs_url else [("fake-gcs-server", p.gcs, "--gcs-port")],
             NODE_AGENT: [("node agent", p.node_agent, "--node-agent-port")],
+            JOBSET: [
+                ("JobSet webhook", p.jobset_webhook, "--jobset-webhook-port"),
+                ("JobSet health probe", p.jobset_health, "--jobset-health-port"),
+            ],
+            KUEUE: [
+                ("Kueue webhook", p.kueue_webhook, "--kueue-webhook-port"),
+                ("Kueue health probe", p.kueue_health, "--kueue-health-port"),
+            ],
         }
         for component, ports in wanted.items():
             if component in running:
@@ -340,11 +401,9 @@ class Sandbox:
 
 
 def install_crds(api: client.ApiClient, files: list[Path], timeout: float = 60.0) -> list[str]:
-    """Create or replace each CustomResourceDefinition in `files`, and the JobSet CRD (GKE clusters that run
-    multi-host training have JobSet installed), and wait until all are Established."""
+    """Create or replace each CustomResourceDefinition in `files` and wait until all are Established."""
     kube = Kube(api)
     docs = [(str(path), doc) for path in files for doc in yaml.safe_load_all(path.read_text())]
-    docs.append((str(JOBSET_CRD_FILE), jobset_crd()))
     names = []
     for source, doc in docs:
         if not doc or doc.get("kind") != "CustomResourceDefinition":
@@ -357,11 +416,6 @@ def install_crds(api: client.ApiClient, files: list[Path], timeout: float = 60.0
             raise SandboxError(f"{source}: the apiserver rejected CRD {name}: {e.body}") from None
     wait_for(lambda: all(kube.crd_established(n) for n in names), timeout, f"CRDs {', '.join(names)} to be Established")
     return names
-
-
-def _default_sa_token(api: client.ApiClient) -> bool:
-    sa = Kube(api).read_service_account("default", "default")
-    return bool(sa and sa.get("secrets"))
 
 
 def _ready_nodes(api: client.ApiClient) -> int:

@@ -14,8 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from tpuforge.sandbox.agent.jobset_labels import COMPLETION_INDEX
-from tpuforge.sandbox.agent.jobset_network import pod_hostname, rewrite_addresses
+from tpuforge.sandbox.agent.dns import pod_hostname
 from tpuforge.sandbox.agent.podenv import ConfigError, PathMap, container_env, expand
 from tpuforge.sandbox.agent.podstatus import AgentContext, ContainerRun, Obj, PodStatus, states
 from tpuforge.sandbox.agent.probes import run_probe
@@ -129,12 +128,9 @@ class PodContainers(PodStatus):
         )
         if self.kubeconfig:
             env["KUBECONFIG"] = str(self.kubeconfig)
-        index = (self.pod["metadata"].get("annotations") or {}).get(COMPLETION_INDEX)
-        if index is not None:  # what the Indexed Job controller adds to every container
-            env["JOB_COMPLETION_INDEX"] = index
         own = container_env(self.pod, c.spec, self._lookup, self.node.resources())
         env.update({k: paths.apply(v) for k, v in own.items()})
-        env = {k: rewrite_addresses(v, self.pod) for k, v in env.items()}  # the sandbox's DNS
+        env = {k: self.ctx.dns.rewrite(v, self.pod) for k, v in env.items()}  # the sandbox's DNS
         env["PATH"] = f"{runtime.bin_dir}:{env.get('PATH') or SYSTEM_PATH}"
         if self.node.tpu:
             # One emulated CPU device per TPU chip of the node, so meshes keep their TPU shape.

@@ -12,8 +12,6 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tpuforge.sandbox.agent.jobset_labels import LOOPBACK_IP
-
 Obj = Mapping[str, Any]
 # (kind "ConfigMap" | "Secret", name) -> key -> bytes, or None when it does not exist
 Lookup = Callable[[str, str], "dict[str, bytes] | None"]
@@ -49,7 +47,7 @@ _LABEL_REF = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
 def field_value(pod: Obj, path: str) -> str:
     meta = pod.get("metadata") or {}
     spec = pod.get("spec") or {}
-    ip = (meta.get("annotations") or {}).get(LOOPBACK_IP) or "127.0.0.1"
+    ip = (pod.get("status") or {}).get("podIP") or "127.0.0.1"  # the agent sets it before the pod starts
     simple = {
         "metadata.name": meta.get("name", ""),
         "metadata.namespace": meta.get("namespace", ""),

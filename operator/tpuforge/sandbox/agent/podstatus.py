@@ -13,7 +13,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from tpuforge.sandbox.agent.attachments import Attachments
-from tpuforge.sandbox.agent.jobset_labels import LOOPBACK_IP
+from tpuforge.sandbox.agent.dns import LoopbackDns
 from tpuforge.sandbox.agent.podenv import PathMap
 from tpuforge.sandbox.kubeapi import Kube, now
 from tpuforge.sandbox.nodes import EmulatedNode
@@ -33,6 +33,7 @@ class AgentContext:
     ca_pem: bytes
     gcs_env: dict[str, str]
     attachments: Attachments = field(default_factory=Attachments)
+    dns: LoopbackDns = field(default_factory=LoopbackDns)
 
 
 def states(current: str, value: Obj) -> Obj:
@@ -88,8 +89,9 @@ class PodStatus:
         self.uid: str = meta["uid"]
         self.node = node
         self.ctx = ctx
-        # 127.0.0.1, except for a JobSet's pods after its first: each has its own loopback address.
-        self.ip: str = (meta.get("annotations") or {}).get(LOOPBACK_IP) or "127.0.0.1"
+        # 127.0.0.1, except for pods named by hostname.subdomain: each has its own loopback address.
+        self.ip: str = ctx.dns.pod_ip(pod)
+        pod.setdefault("status", {})["podIP"] = self.ip
         self.inits = [ContainerRun(c, True) for c in spec.get("initContainers") or []]
         self.apps = [ContainerRun(c, False) for c in spec.get("containers") or []]
         self.phase = "Pending"

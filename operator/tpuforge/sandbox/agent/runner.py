@@ -62,7 +62,8 @@ class PodRunner(PodContainers):
             self.finished.wait(30)
 
     def cleanup(self) -> None:
-        """The pod object is gone: free its volumes and scratch space, keep its logs."""
+        """The pod object is gone: free its volumes, scratch space and address, keep its logs."""
+        self.ctx.dns.release(self.uid)
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
         for sub in ("volumes", "work", "rootfs", "containers", "kubeconfig"):
             path = self.dir / sub

@@ -13,6 +13,12 @@ from typing import Any
 
 from tpuforge.api.constants import TPU_RESOURCE
 
+# JobSet's exclusive placement, as its controller marks the pods: the pod template's annotation names the node
+# label of a topology domain, and each child Job's pods carry the Job's key. JobSet's pod webhook turns these
+# into pod (anti-)affinity and a node selector for followers; the sandbox's scheduler reads them directly.
+EXCLUSIVE_TOPOLOGY = "alpha.jobset.sigs.k8s.io/exclusive-topology"
+JOB_KEY = "jobset.sigs.k8s.io/job-key"
+
 Obj = Mapping[str, Any]
 TERMINAL = ("Succeeded", "Failed")
 
@@ -147,3 +153,34 @@ def pick_node(pod: Obj, nodes: Sequence[Obj], used: Mapping[str, int]) -> tuple[
         return min(fits)[1], ""
     detail = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
     return None, f"0/{len(nodes)} nodes are available: {detail}."
+
+
+def exclusive_nodes(
+    pod: Mapping[str, Any], pods: Sequence[Mapping[str, Any]], nodes: Sequence[Mapping[str, Any]]
+) -> list[Obj] | None:
+    """Exclusive placement (`alpha.jobset.sigs.k8s.io/exclusive-topology: <node label>`): one child Job per
+    topology domain. The nodes `pod` may go to: its Job's domain once one of its pods is placed, else a
+    domain no other JobSet Job's pod occupies. None when the pod asks for no exclusive placement."""
+    meta = pod.get("metadata") or {}
+    key = (meta.get("annotations") or {}).get(EXCLUSIVE_TOPOLOGY)
+    own = (meta.get("labels") or {}).get(JOB_KEY)
+    if not key or not own:
+        return None
+    domain = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(key) for n in nodes}
+    mine, taken = set(), set()
+    for p in pods:
+        node = (p.get("spec") or {}).get("nodeName")
+        if not node or (p.get("status") or {}).get("phase") in TERMINAL or node not in domain:
+            continue
+        other = ((p.get("metadata") or {}).get("labels") or {}).get(JOB_KEY)
+        if other == own:
+            mine.add(domain[node])
+        elif other:
+            taken.add(domain[node])
+    if mine:
+        return [dict(n) for n in nodes if domain[n["metadata"]["name"]] in mine]
+    return [
+        dict(n)
+        for n in nodes
+        if domain[n["metadata"]["name"]] is not None and domain[n["metadata"]["name"]] not in taken
+    ]

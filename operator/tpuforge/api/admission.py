@@ -1,0 +1,229 @@
+"""The rules the apiserver checks at admission: CEL `x-kubernetes-validations` that `tpuforge.crds` puts on
+the schema of each model below, so `kubectl apply` refuses a spec that cannot run and names the field
+(`spec.tpu.mesh: Invalid value: fsdp x tp must equal ...`).
+
+They are the cross-field checks of validation.py and serving_validation.py that need no catalog lookup, or only
+the slice catalog's chip counts, small enough to inline in a rule. The operator keeps every check (it also
+reads objects stored before a rule existed), and alone does those that need the model catalog (head counts,
+LoRA targets) or quantities (resources against a host).
+
+How the apiserver evaluates a rule: `self` is the object of the model the rule is on, after defaulting, so a
+field with a default is always there and an optional one is read behind has(). A rule that iterates a list
+needs the list's maxItems (the models' max_length), or the apiserver's cost estimate refuses the CRD.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel
+
+from tpuforge.api.catalog import TPU_SLICES
+from tpuforge.api.code_eval import PASS_AT_K, CodeEvalSpec
+from tpuforge.api.constants import CPU_SLICE
+from tpuforge.api.finetune import EvaluationSpec, FineTuneJobSpec, TpuSpec, TrainingSpec
+from tpuforge.api.serving import AdapterSource, LoraServingSpec, ServingDeploymentSpec, ServingModel, ServingTpu
+
+# The field error the apiserver reports: "Invalid value" or "Required value", each followed by the message.
+# (FieldValueDuplicate would drop the message, so duplicates are reported as invalid.)
+Reason = Literal["FieldValueInvalid", "FieldValueRequired"]
+
+
+@dataclass(frozen=True)
+class AdmissionRule:
+    rule: str  # CEL over `self`, the model's object; true when the object is valid
+    message: str  # after the field in the error; says what to change
+    field_path: str = ""  # the field the error names, relative to the object (".mesh.tp"); empty: the object
+    reason: Reason = "FieldValueInvalid"
+
+    def to_schema(self) -> dict[str, str]:
+        """The rule as it stands in `x-kubernetes-validations`."""
+        out = {"rule": self.rule, "message": self.message}
+        if self.field_path:
+            out["fieldPath"] = self.field_path
+        out["reason"] = self.reason
+        return out
+
+
+def _cel_map(entries: dict[str, int]) -> str:
+    return "{" + ", ".join(f"'{key}': {value}" for key, value in entries.items()) + "}"
+
+
+def _cel_list(items: list[str]) -> str:
+    return "[" + ", ".join(f"'{item}'" for item in items) + "]"
+
+
+def _listing(entries: dict[str, int]) -> str:
+    return ", ".join(f"{key}: {value}" for key, value in entries.items())
+
+
+SLICE_CHIPS = {s.id: s.chips for s in TPU_SLICES.values()}
+SLICE_CHIPS_PER_HOST = {s.id: s.chips_per_host for s in TPU_SLICES.values()}
+MULTI_HOST_SLICES = [s.id for s in TPU_SLICES.values() if s.hosts > 1]
+SINGLE_HOST_SLICES = [s.id for s in TPU_SLICES.values() if s.hosts == 1]
+
+
+ADMISSION_RULES: dict[type[BaseModel], tuple[AdmissionRule, ...]] = {
+    FineTuneJobSpec: (
+        # (A URI with a trailing slash may slip through here; the operator's check strips it.)
+        AdmissionRule(
+            "!(self.output.uri + '/').startsWith(self.checkpoint.uri + '/') && "
+            "!(self.checkpoint.uri + '/').startsWith(self.output.uri + '/')",
+            "must not be inside spec.checkpoint.uri or contain it; use sibling directories",
+            ".output.uri",
+        ),
+        AdmissionRule(
+            "!has(self.evaluation) || self.merge.writeAdapter",
+            "must be true when spec.evaluation is set: the evaluation serves the exported adapter with vLLM",
+            ".merge.writeAdapter",
+        ),
+        AdmissionRule(
+            "!has(self.evaluation) || has(self.evaluation.datasetUri) || has(self.dataset.evalUri)",
+            "the evaluation needs held-out records: set spec.evaluation.datasetUri or spec.dataset.evalUri",
+            ".evaluation.datasetUri",
+            "FieldValueRequired",
+        ),
+    ),
+    TpuSpec: (
+        AdmissionRule(
+            f"!has(self.mesh) || !(self.slice in {_cel_map(SLICE_CHIPS)}) || "
+            f"self.mesh.fsdp * self.mesh.tp == {_cel_map(SLICE_CHIPS)}[self.slice]",
+            f"fsdp x tp must equal the chips of spec.tpu.slice ({_listing(SLICE_CHIPS)}); or leave the mesh out "
+            "for the slice's default",
+            ".mesh",
+        ),
+        AdmissionRule(
+            f"!has(self.mesh) || !(self.slice in {_cel_map(SLICE_CHIPS_PER_HOST)}) || "
+            f"self.mesh.tp <= {_cel_map(SLICE_CHIPS_PER_HOST)}[self.slice]",
+            "tensor parallelism across hosts would stall every step: tp must be at most the chips of one host of "
+            f"spec.tpu.slice ({_listing(SLICE_CHIPS_PER_HOST)}), and fsdp spans the hosts",
+            ".mesh.tp",
+        ),
+    ),
+    TrainingSpec: (
+        AdmissionRule(
+            "!has(self.maxSteps) || self.warmupSteps < self.maxSteps",
+            "the warmup must be shorter than maxSteps",
+            ".warmupSteps",
+        ),
+    ),
+    EvaluationSpec: (
+        AdmissionRule(
+            "!has(self.thresholds.maxLoss) || 'loss' in self.metrics",
+            "needs the loss metric: add loss to spec.evaluation.metrics or remove the threshold",
+            ".thresholds.maxLoss",
+        ),
+        AdmissionRule(
+            "!has(self.thresholds.minExactMatch) || 'exactMatch' in self.metrics",
+            "needs the exactMatch metric: add exactMatch to spec.evaluation.metrics or remove the threshold",
+            ".thresholds.minExactMatch",
+        ),
+        AdmissionRule(
+            f"!('{PASS_AT_K}' in self.metrics) || has(self.code)",
+            f"the {PASS_AT_K} metric samples answers and runs them with a checker: set spec.evaluation.code, or "
+            f"remove {PASS_AT_K} from spec.evaluation.metrics",
+            ".code",
+            "FieldValueRequired",
+        ),
+        AdmissionRule(
+            f"!has(self.code) || '{PASS_AT_K}' in self.metrics",
+            f"spec.evaluation.code is set but the metrics leave out {PASS_AT_K}: add it or remove spec.evaluation.code",
+            ".metrics",
+        ),
+        # Each key is a measured k exactly when there are as many k with a key as keys (a k listed twice, which
+        # CodeEvalSpec's rule refuses, can only add to the count). Map lookups keep the cost estimate low;
+        # comparing the keys' strings would not.
+        AdmissionRule(
+            "!has(self.thresholds.minPassAt) || size(self.thresholds.minPassAt) <= "
+            "(has(self.code) ? self.code.k.filter(k, string(k) in self.thresholds.minPassAt).size() : 0)",
+            "holds a pass@k that is not measured: each key must be one of spec.evaluation.code.k (with "
+            f"{PASS_AT_K} in spec.evaluation.metrics)",
+            ".thresholds.minPassAt",
+        ),
+        AdmissionRule(
+            f"!(self.slice in {_cel_list(MULTI_HOST_SLICES)})",
+            f"spans several hosts and the evaluation runs one vLLM server; use {CPU_SLICE} or one of "
+            f"{', '.join(SINGLE_HOST_SLICES)}",
+            ".slice",
+        ),
+    ),
+    CodeEvalSpec: (
+        AdmissionRule(
+            "has(self.checker)",
+            "the image and command that run each sample against its test (exit 0 = pass)",
+            ".checker",
+            "FieldValueRequired",
+        ),
+        AdmissionRule(
+            "self.k.all(k, k >= 1 && k <= self.samplesPerProblem)",
+            "pass@k needs at least k samples per problem: each k must be between 1 and samplesPerProblem",
+            ".k",
+        ),
+        AdmissionRule(
+            "self.k.all(k, self.k.exists_one(other, other == k))",
+            "lists a k twice; list each once",
+            ".k",
+        ),
+    ),
+    ServingDeploymentSpec: (
+        AdmissionRule(
+            "self.adapters.all(a, self.adapters.exists_one(other, other.name == a.name))",
+            "two adapters have the same name; give each its own",
+            ".adapters",
+        ),
+        AdmissionRule(
+            "!has(self.vllm.servedModelName) || self.adapters.all(a, a.name != self.vllm.servedModelName)",
+            "an adapter has the base model's name (spec.vllm.servedModelName); give the adapter another name",
+            ".adapters",
+        ),
+        # Each replica holds a whole TPU VM, so replicas run on different nodes, and a ReadWriteOnce disk
+        # attaches to one node at a time.
+        AdmissionRule(
+            "self.replicas <= 1 || self.xlaCache.accessMode == 'ReadWriteMany'",
+            "replicas > 1 run on as many TPU VMs and a ReadWriteOnce disk attaches to one: set ReadWriteMany with "
+            "a storageClassName that provides it (Filestore), or use replicas: 1",
+            ".xlaCache.accessMode",
+        ),
+        AdmissionRule(
+            "self.replicas <= 1 || self.modelStorage.medium != 'Disk'",
+            "replicas > 1 cannot share one model disk (ReadWriteOnce); use NodeLocal, or replicas: 1",
+            ".modelStorage.medium",
+        ),
+        AdmissionRule(
+            f"!(self.tpu.slice in {_cel_map(SLICE_CHIPS)}) || "
+            f"{_cel_map(SLICE_CHIPS)}[self.tpu.slice] % self.vllm.tensorParallelSize == 0",
+            f"must divide the chips of spec.tpu.slice ({_listing(SLICE_CHIPS)})",
+            ".vllm.tensorParallelSize",
+        ),
+    ),
+    ServingModel: (
+        AdmissionRule(
+            "has(self.uri) != has(self.fineTuneJobRef)",
+            "set exactly one of spec.model.uri and spec.model.fineTuneJobRef",
+        ),
+    ),
+    AdapterSource: (
+        AdmissionRule(
+            "has(self.uri) != has(self.fineTuneJobRef)",
+            "set exactly one of uri and fineTuneJobRef",
+        ),
+    ),
+    ServingTpu: (
+        AdmissionRule(
+            f"!(self.slice in {_cel_list(MULTI_HOST_SLICES)})",
+            f"spans several hosts and one vLLM server runs on one host; use one of {', '.join(SINGLE_HOST_SLICES)}",
+            ".slice",
+        ),
+    ),
+    LoraServingSpec: (
+        AdmissionRule(
+            "!has(self.maxCpuLoras) || self.maxCpuLoras >= self.maxLoras",
+            "vLLM needs maxCpuLoras >= maxLoras",
+            ".maxCpuLoras",
+        ),
+    ),
+}
+
+
+__all__ = ["ADMISSION_RULES", "AdmissionRule"]
