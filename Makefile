@@ -15,7 +15,8 @@ $(STAMP):
 	@command -v $(PY) >/dev/null || { echo "need $(PY)"; exit 1; }
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	# torch only for checks on the HuggingFace side; ==2.13.0 takes the local CPU wheel.
+	# torch only for checks on the HuggingFace side; ==2.13.0 takes a local CPU wheel where one is on hand, else
+	# PyPI's build of that version (it runs on the CPU as well).
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[operator,workloads,merge,dev,tpu]'
 	rm -f $(VENV)/.installed-* && touch $@

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
 import yaml
+from rich.console import Console
 
 from tpuforge.api import ServingDeploymentSpec
 from tpuforge.api.catalog import TPU_SLICES
 from tpuforge.api.constants import TPU_RESOURCE
 from tpuforge.api.validation import check_finetune
+from tpuforge.sandbox import Sandbox
 from tpuforge.sandbox.config import DEFAULT_BUCKET, repo_root
-from tpuforge.sandbox.demo_adapters import load_jobs
+from tpuforge.sandbox.demo_adapters import JOBS_YAML as ADAPTER_JOBS
+from tpuforge.sandbox.demo_adapters import AdaptersDemo, load_jobs
 from tpuforge.sandbox.demo_base import NAMESPACE
+from tpuforge.sandbox.demo_code import JOBS_YAML as CODE_JOBS
+from tpuforge.sandbox.demo_code import CodeDemo
 from tpuforge.sandbox.demo_follow import halfway
 from tpuforge.sandbox.demo_job import FINETUNE_YAML, SERVING_YAML, DemoError, for_hosts, load_job, load_yaml
 from tpuforge.sandbox.demo_queue import JOBS_YAML as QUEUE_JOBS
@@ -143,3 +149,27 @@ def test_the_queue_demo_puts_two_jobs_in_the_queue_the_charts_objects_make() -> 
     ]
     chips = TPU_SLICES[jobs[0].spec.tpu.slice].chips
     assert tpu == [chips]  # room for one job's slice at a time: the second waits
+
+
+def test_a_demo_whose_outcome_is_wrong_says_so_last_and_exits_non_zero(tmp_path: Path) -> None:
+    out = io.StringIO()
+    adapters = AdaptersDemo(Sandbox(tmp_path), Console(file=out, width=200), preempt=False, serve=True)
+    jobs = load_jobs(ROOT / ADAPTER_JOBS, DEFAULT_BUCKET)
+    first, second = (j.name for j in jobs)
+    adapters.check_evaluations(
+        jobs,
+        {
+            first: {"evaluation": {"passed": False, "message": "exactMatch 0.438 below 0.5"}},
+            second: {"evaluation": {"passed": True}},
+        },
+    )
+    assert adapters.finish() == 1
+    assert out.getvalue().strip().splitlines()[-1] == (
+        f"demo failed: {first}'s evaluation was meant to pass: exactMatch 0.438 below 0.5"
+    )
+    # The code demo means its fine-tune on broken solutions to be held back: that is its outcome, not a failure.
+    code = CodeDemo(Sandbox(tmp_path), Console(file=io.StringIO()), preempt=False, serve=True)
+    verilog = load_jobs(ROOT / CODE_JOBS, DEFAULT_BUCKET)
+    passed = {j.name: {"evaluation": {"passed": not j.name.endswith("-broken")}} for j in verilog}
+    code.check_evaluations(verilog, passed)
+    assert code.finish() == 0

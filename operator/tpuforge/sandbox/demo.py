@@ -76,12 +76,22 @@ class Demo(SetupSteps, FollowSteps):
             if status.get("phase") != "Succeeded":
                 self.failed(status)
                 return 1
+            if self.preempt:
+                self.check_resumed(status)
             self.show_output(api, job)
             self.compare(job)
             self.serving(api)
         self.explore()
-        self.say(f"\ndemo finished in {duration(time.monotonic() - self.started)}", style="bold green")
-        return 0
+        return self.finish()
+
+    def check_resumed(self, status: dict[str, Any]) -> None:
+        """--preempt set out to show a preemption resumed from its checkpoint, counted apart from failures."""
+        restarts = status.get("restarts") or {}
+        attempts = status.get("attempts") or []
+        if not restarts.get("preemptions") or len(attempts) < 2:
+            self.problems.append(f"no preemption was resumed (restarts {restarts}, {len(attempts)} attempt(s))")
+        elif restarts.get("failures"):
+            self.problems.append(f"the preemption counted as a failure (restarts {restarts})")
 
     # -- results ---------------------------------------------------------------------------------------------
     def show_output(self, api: Any, job: DemoJob) -> None:
@@ -169,6 +179,7 @@ class Demo(SetupSteps, FollowSteps):
                     spinner.update(f"{phase}...")
                 if time.monotonic() > deadline:
                     self.say(f"not Ready after {duration(SERVE_TIMEOUT)}; status: {last}")
+                    self.problems.append(f"the ServingDeployment was not Ready after {duration(SERVE_TIMEOUT)}")
                     return
                 time.sleep(2)
         pods = kube_objects.list_objects(api, "v1", "Pod", NAMESPACE, f"{LABEL_SERVING}={name}")
@@ -176,6 +187,7 @@ class Demo(SetupSteps, FollowSteps):
             self.pods["serve"] = pods[0]["metadata"]["name"]
         if phase == "Failed":
             self.say(f"the ServingDeployment failed: {last}", style="red")
+            self.problems.append("the ServingDeployment failed")
             return
         table_text = self.kubectl_table("get", "servingdeployments")
         if table_text:

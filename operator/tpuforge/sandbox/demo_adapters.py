@@ -68,10 +68,21 @@ class AdaptersDemo(Demo):
                     self.failed(statuses[name])
                 return 1
             self.show_evaluations(jobs, statuses)
+            self.check_evaluations(jobs, statuses)
             self.after_evaluations(api, jobs, statuses)
         self.explore()
-        self.say(f"\ndemo finished in {duration(time.monotonic() - self.started)}", style="bold green")
-        return 0
+        return self.finish()
+
+    def expected_to_pass(self, job: DemoJob) -> bool:
+        """Whether the demo means `job`'s evaluation to pass (each demo of several jobs its own): here all do."""
+        return True
+
+    def check_evaluations(self, jobs: list[DemoJob], statuses: Mapping[str, Mapping[str, Any]]) -> None:
+        for job in jobs:
+            ev = statuses[job.name].get("evaluation") or {}
+            if bool(ev.get("passed")) != self.expected_to_pass(job):
+                meant = "pass" if self.expected_to_pass(job) else "fail"
+                self.problems.append(f"{job.name}'s evaluation was meant to {meant}: {ev.get('message') or ev}")
 
     def check_first(self) -> None:
         """What is read and checked before anything starts (each demo of several jobs its own): here the
@@ -84,6 +95,8 @@ class AdaptersDemo(Demo):
         one base, and asked one question per task."""
         if self.serve_adapters(api, self.serving_body):
             self.ask(api, self.serving_body)
+        else:
+            self.problems.append(f"{self.serving_name} did not serve both adapters")
 
     def load_serving(self) -> dict[str, Any]:
         doc = yaml.safe_load((self.root / SERVING_YAML).read_text())

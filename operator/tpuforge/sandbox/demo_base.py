@@ -17,6 +17,7 @@ from rich.console import Console
 
 from tpuforge.sandbox.config import repo_root
 from tpuforge.sandbox.demo_job import DemoJob
+from tpuforge.sandbox.demo_view import duration
 from tpuforge.sandbox.sandbox import Sandbox
 
 NAMESPACE = "default"
@@ -53,6 +54,17 @@ class DemoBase:
         self.job: DemoJob | None = None
         self.pods: dict[str, str] = {}  # what to point at in the end: "train-0", "merge", "serve" -> pod name
         self.serving_name = "demo"  # examples/serving-demo.yaml's
+        # What the demo set out to show and did not (a failed evaluation it meant to pass, serving that never
+        # became Ready, a preemption that was not resumed): the demo goes on to the end, then fails with these.
+        self.problems: list[str] = []
+
+    def finish(self) -> int:
+        """The last lines: the time taken, or what did not happen and exit status 1."""
+        if self.problems:
+            self.say("\ndemo failed: " + "; ".join(self.problems), style="bold red")
+            return 1
+        self.say(f"\ndemo finished in {duration(time.monotonic() - self.started)}", style="bold green")
+        return 0
 
     # -- helpers ---------------------------------------------------------------------------------------------
     def say(self, text: str, style: str = "") -> None:

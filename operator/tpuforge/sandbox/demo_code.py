@@ -37,6 +37,10 @@ class CodeDemo(AdaptersDemo):
         if missing:
             raise DemoError(f"--eval code needs {' and '.join(missing)}")
 
+    def expected_to_pass(self, job: DemoJob) -> bool:
+        """The fine-tune on broken solutions is meant to be held back."""
+        return not job.name.endswith("-broken")
+
     def after_evaluations(self, api: Any, jobs: list[DemoJob], statuses: Mapping[str, Mapping[str, Any]]) -> None:
         """One sample of each adapter and of the base with the checker's verdict, and what would be promoted."""
         self.show_samples(jobs, statuses)

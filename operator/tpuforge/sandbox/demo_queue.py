@@ -22,7 +22,7 @@ from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
 from tpuforge.sandbox.demo_adapters import AdaptersDemo, load_jobs
 from tpuforge.sandbox.demo_base import NAMESPACE
 from tpuforge.sandbox.demo_job import DemoError, DemoJob
-from tpuforge.sandbox.demo_view import duration, heading
+from tpuforge.sandbox.demo_view import heading
 from tpuforge.sandbox.kubeapi import Kube
 
 JOBS_YAML = Path("examples/finetune-queue-demo.yaml")
@@ -64,13 +64,11 @@ class QueueDemo(AdaptersDemo):
             for name in failed:
                 self.failed(statuses[name])
             held = self.show_queueing(api, jobs)
+        self.problems += [f"{name} did not succeed" for name in failed]
+        if not held:
+            self.problems.append(f"Kueue never held {jobs[1].name}, then let it go")
         self.explore()
-        if failed or not held:
-            why = f"{', '.join(failed)} did not succeed" if failed else f"Kueue never held {jobs[1].name}"
-            self.say(f"\ndemo failed: {why}", style="bold red")
-            return 1
-        self.say(f"\ndemo finished in {duration(time.monotonic() - self.started)}", style="bold green")
-        return 0
+        return self.finish()
 
     def apply_kueue(self, api: Any, objs: list[dict[str, Any]]) -> None:
         heading(self.console, 2, self.sections, f"Kueue: the chart's queue objects with {VALUES_YAML}")
