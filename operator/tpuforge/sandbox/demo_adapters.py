@@ -30,7 +30,7 @@ from tpuforge.sandbox.demo_follow import JOB_TIMEOUT, TABLE_EVERY
 from tpuforge.sandbox.demo_job import SERVING_YAMLS, DemoError, DemoJob, job_from_body, parse_spec
 from tpuforge.sandbox.demo_view import duration, heading, table
 from tpuforge.sandbox.procs import port_free
-from tpuforge.sandbox.sandbox import OPERATOR
+from tpuforge.sandbox.sandbox import OPERATOR, wait_for
 
 JOBS_YAML = Path("examples/finetune-adapters-demo.yaml")
 SERVING_YAML = SERVING_YAMLS[1]
@@ -233,8 +233,21 @@ class AdaptersDemo(Demo):
         text = self.kubectl_table("get", "servingdeployments")
         if text:
             self.say(f"$ kubectl get servingdeployments\n{text}")
-        with urllib.request.urlopen(f"http://127.0.0.1:{VLLM_PORT}/v1/models", timeout=30) as r:
-            models = json.load(r)["data"]
+        # The status says what the operator loaded; the server says what it serves. They differ for a moment
+        # when the vLLM process behind the port restarted since (the operator loads the adapters again on its
+        # next look, within ADAPTER_RESYNC_SECONDS).
+        wanted_names = {a["name"] for a in body["spec"].get("adapters") or []}
+
+        def serving_all() -> list[dict[str, Any]] | None:
+            models = served_models()
+            return models if wanted_names <= {m["id"] for m in models} else None
+
+        models = wait_for(
+            serving_all,
+            max(1.0, deadline - time.monotonic()),
+            f"vLLM to serve the adapters {', '.join(sorted(wanted_names))}",
+            interval=2.0,
+        )
         self.say(
             "vLLM serves: "
             + ", ".join(m["id"] + (f" (adapter of {m['parent']})" if m.get("parent") else " (base)") for m in models)
@@ -250,6 +263,11 @@ class AdaptersDemo(Demo):
         for question in QUESTIONS:
             rows.append([question] + [shorten(chat(model, question)) for model in names])
         self.console.print(table(["question", *names], rows))
+
+
+def served_models() -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{VLLM_PORT}/v1/models", timeout=30) as r:
+        return list(json.load(r)["data"])
 
 
 def adapter_line(adapter: Mapping[str, Any], replicas: int) -> str:
