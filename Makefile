@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml scripts/build-control-pla
 PYTEST_ARGS ?=
 
 .PHONY: setup control-plane test lint types contracts pytest crds crds-check demo bench clean sandbox-down vllm \
-        helm prometheus checkov iverilog
+        helm prometheus checkov iverilog images
 
 setup: $(STAMP) control-plane vllm helm prometheus checkov iverilog
 
@@ -65,6 +65,14 @@ test: setup lint types contracts pytest
 
 demo: setup
 	$(BIN)/tpuforge demo $(if $(PREEMPT),--preempt,) $(if $(HOSTS),--hosts $(HOSTS),) $(if $(ADAPTERS),--adapters,) $(if $(EVAL),--eval $(EVAL),) $(if $(QUEUE),--queue,)
+
+# Every image in images/, named as the operator names its defaults: IMAGE_REGISTRY/NAME:IMAGE_TAG (the same
+# values go to the chart's images.registry and images.tag). PUSH=1 pushes them; DRY_RUN=1 only prints the
+# commands, as it does when no container engine answers. Not part of `make test`.
+IMAGE_REGISTRY ?=
+IMAGE_TAG ?=
+images: $(STAMP)
+	$(BIN)/tpuforge images $(if $(IMAGE_REGISTRY),--registry $(IMAGE_REGISTRY),) $(if $(IMAGE_TAG),--tag $(IMAGE_TAG),) $(if $(PUSH),--push,) $(if $(DRY_RUN),--dry-run,)
 
 sandbox-down:
 	-$(BIN)/tpuforge sandbox down

@@ -1,8 +1,13 @@
 # tpuforge/evaluator: the evaluation's scoring step (python -m tpuforge_workloads.evaluate.score --config ...):
 # vLLM-TPU answers held-out questions with the base and with base + the new adapter. It is the serving image
-# (api.constants.DEFAULT_VLLM_IMAGE) with tpuforge on top and only what the score program needs beside vLLM:
-# pydantic (vLLM has it) and google-cloud-storage. No JAX: the loss step runs in the trainer image.
-FROM vllm/vllm-tpu:gemma4
+# (api.constants.DEFAULT_VLLM_IMAGE, passed by `make images` as VLLM_TPU_IMAGE, which has no default here:
+# the evaluation runs the same vLLM release as serving, one with runtime LoRA loading on TPU) with tpuforge on
+# top and only what the score program needs beside vLLM: pydantic (vLLM has it) and google-cloud-storage.
+# No JAX: the loss step runs in the trainer image.
+ARG VLLM_TPU_IMAGE
+FROM ${VLLM_TPU_IMAGE}
+ARG VLLM_TPU_IMAGE
+LABEL dev.tpuforge.vllm-tpu-image=${VLLM_TPU_IMAGE}
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY operator ./operator

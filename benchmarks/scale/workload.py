@@ -32,6 +32,7 @@ def spec(name: str) -> dict[str, Any]:
         # would first wait for a preflight Job, which needs a CPU node this benchmark's sandbox does not run
         # (tests/e2e/test_preflight.py covers that path).
         "preflight": {"enabled": False},
+        "serviceAccountName": "default",
     }
 
 

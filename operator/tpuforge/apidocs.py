@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from enum import Enum
 from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -18,6 +18,8 @@ _SCALARS = {str: "string", int: "integer", float: "number", bool: "boolean"}
 
 def _type_name(annotation: Any) -> str:
     origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:  # a constrained type: its constraints are in the CRD schema
+        return _type_name(args[0])
     if origin in (Union, UnionType):
         return " or ".join(_type_name(a) for a in args if a is not type(None))
     if origin is Literal:

@@ -1,4 +1,4 @@
-"""The `tpuforge` command: operator, crds, sandbox, demo, preflight.
+"""The `tpuforge` command: operator, crds, sandbox, demo, preflight, images.
 
 Each subcommand's own options live with the code it runs; this module only dispatches, importing lazily so
 that `tpuforge crds` never pays for kopf and `tpuforge operator` never imports the sandbox.
@@ -17,6 +17,7 @@ COMMANDS = {
     "sandbox": "tpuforge.sandbox.cli",
     "demo": "tpuforge.sandbox.demo_cli",
     "preflight": "tpuforge.preflight",
+    "images": "tpuforge.build_images",
 }
 
 USAGE = """usage: tpuforge COMMAND [ARGS]
@@ -27,6 +28,7 @@ commands:
   sandbox    the local control plane, GCS and emulated TPU nodes: up|down|status|env|logs|preempt
   demo       the whole pipeline on the sandbox: fine-tune, merge, verify, (serve)
   preflight  compile a FineTuneJob's train step for its TPU slice here: HBM per chip, speed, cost
+  images     build (and push) every image in images/ under one registry and tag
 
 `tpuforge COMMAND --help` shows each command's options.
 """

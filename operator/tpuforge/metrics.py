@@ -237,8 +237,9 @@ class ServingDeploymentSample:
 
 
 def servingdeployment_sample(
-    namespace: str, name: str, spec: Mapping[str, Any], status: ServingDeploymentStatus
+    namespace: str, name: str, spec: Mapping[str, Any], status: ServingDeploymentStatus, default_image: str = ""
 ) -> ServingDeploymentSample:
+    """`default_image`: the operator's vLLM image, for a spec that names none."""
     vllm = spec.get("vllm") or {}
     return ServingDeploymentSample(
         namespace=namespace,
@@ -246,7 +247,7 @@ def servingdeployment_sample(
         model_uri=status.model_uri or "",
         served_model=str(vllm.get("servedModelName") or name),
         slice=str((spec.get("tpu") or {}).get("slice") or ""),
-        image=str(vllm.get("image") or ""),
+        image=str(vllm.get("image") or default_image),
         phase=(status.phase or ServingPhase.PENDING).value,
         replicas=int(spec.get("replicas", 1) or 0),
         ready_replicas=status.ready_replicas or 0,
@@ -326,9 +327,9 @@ REGISTRY.register(SERVINGDEPLOYMENTS)
 
 
 def observe_servingdeployment(
-    namespace: str, name: str, spec: Mapping[str, Any], status: ServingDeploymentStatus
+    namespace: str, name: str, spec: Mapping[str, Any], status: ServingDeploymentStatus, default_image: str = ""
 ) -> None:
-    SERVINGDEPLOYMENTS.set(namespace, name, servingdeployment_sample(namespace, name, spec, status))
+    SERVINGDEPLOYMENTS.set(namespace, name, servingdeployment_sample(namespace, name, spec, status, default_image))
 
 
 def observe_adapter_load(namespace: str, name: str, adapter: str, seconds: float) -> None:

@@ -47,6 +47,7 @@ def job_spec(tiny_model_gs: str, chat_dataset_gs: str, runs_bucket: str, namespa
             "output": {"uri": f"{root}/merged"},
             "merge": {"enabled": merge, "verify": merge, "shardSizeMB": 1},
             "preflight": {"enabled": False},  # its own test: test_preflight.py
+            "serviceAccountName": "default",  # the sandbox's GCS needs no identity
             **extra,
         }
 

@@ -46,7 +46,9 @@ def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def chat(content: list[dict[str, Any]]) -> dict[str, Any]:
-    body = {"model": SERVED, "messages": [{"role": "user", "content": content}], "max_tokens": 8, "temperature": 0}
+    # ignore_eos: always 8 tokens, whatever the tiny model says first (vLLM's own sampling parameter).
+    body = {"model": SERVED, "messages": [{"role": "user", "content": content}], "max_tokens": 8, "temperature": 0,
+            "ignore_eos": True}  # fmt: skip
     return post(f"{VLLM}/v1/chat/completions", body)
 
 
@@ -141,7 +143,8 @@ def test_a_finetunejob_on_the_31b_layout_is_merged_verified_exported_and_served_
     assert seen["usage"]["completion_tokens"] == 8
     assert seen["usage"]["prompt_tokens"] - text["usage"]["prompt_tokens"] >= 64 + 2, (text, seen)
     # A raw prompt carries its own <bos>: vLLM's Gemma 4 adds none when the checkpoint has a chat template.
-    completion = post(f"{VLLM}/v1/completions", {"model": SERVED, "prompt": "<bos>hello", "max_tokens": 8})
+    raw = {"model": SERVED, "prompt": "<bos>hello", "max_tokens": 8, "ignore_eos": True}
+    completion = post(f"{VLLM}/v1/completions", raw)
     assert completion["usage"]["completion_tokens"] == 8 and isinstance(completion["choices"][0]["text"], str)
     with urllib.request.urlopen(f"{VLLM}/metrics", timeout=30) as r:
         assert "vllm:num_requests_running" in r.read().decode()

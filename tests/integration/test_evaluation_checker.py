@@ -1,6 +1,7 @@
 """The evaluation's `check` container as the operator writes it, run by the sandbox's node agent: samples in
-the pod's work volume, the runner confining each one, verdicts out. Verilog through Debian's iverilog; a
-wrong solution and a run-time loop fail beside a good one that passes."""
+the pod's work volume, the runner confining each one under a uid of its own, verdicts out in the checker's own
+volume. Verilog through the Verilog checker (Debian's iverilog); a wrong solution, one that cheats and a
+run-time loop fail beside a good one that passes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from kubernetes import client
 from tests.unit.test_manifests_finetune import OWNER, spec
 from tpuforge.api.constants import CPU_SLICE
 from tpuforge.manifests.finetune_evaluation import (
+    CHECK_DIR,
+    CHECK_VOLUME,
     EVAL_CHECK_CONTAINER,
     SAMPLES_FILE,
     VERDICTS_FILE,
@@ -46,6 +49,8 @@ def test_the_check_container_runs_each_sample_confined_in_the_sandbox(
     samples = [
         {"id": "good", "code": mux.solution, "test": test},
         {"id": "broken", "code": mux.broken, "test": test},
+        {"id": "cheat", "code": mux.broken.replace("endmodule", "initial force tb.errors = 0;\nendmodule"),
+         "test": test},
         {"id": "loop", "code": mux.solution.replace("endmodule", "reg r = 0;\ninitial while (1) r = ~r;\nendmodule"),
          "test": test},
     ]  # fmt: skip
@@ -53,7 +58,8 @@ def test_the_check_container_runs_each_sample_confined_in_the_sandbox(
     work = {"name": WORK_VOLUME, "mountPath": WORK_DIR}
     writer = {"name": "write", "image": "python:3.11", "volumeMounts": [work],
               "command": ["python", "-c", f"open('{SAMPLES_FILE}', 'w').write({text!r})"]}  # fmt: skip
-    reader = {"name": "main", "image": "python:3.11", "volumeMounts": [work],
+    checked = {"name": CHECK_VOLUME, "mountPath": CHECK_DIR, "readOnly": True}
+    reader = {"name": "main", "image": "python:3.11", "volumeMounts": [checked],
               "command": ["python", "-c", f"print(open('{VERDICTS_FILE}').read(), end='')"]}  # fmt: skip
     # The operator's pod, its containers around `check` replaced: one writes the samples, one prints the
     # verdicts. No config volume (the check container does not mount it) and the namespace's own account.
@@ -78,5 +84,6 @@ def test_the_check_container_runs_each_sample_confined_in_the_sandbox(
     assert verdicts["good"]["verdict"] == "passed" and "PASS" in verdicts["good"]["stdout"]
     assert verdicts["broken"]["verdict"] == "failed (exit 1)"
     assert verdicts["loop"]["verdict"] == "timed out after 3 s"
+    assert verdicts["cheat"]["failure"] == "refused" and "force overrides a signal" in verdicts["cheat"]["stderr"]
     checked = core.read_namespaced_pod_log("check", namespace, container=EVAL_CHECK_CONTAINER)
-    assert "1/3 samples passed" in checked and "no-sockets" in checked
+    assert "1/4 samples passed" in checked and "no-sockets" in checked

@@ -22,7 +22,7 @@ def test_happy_path_to_succeeded(cluster: Cluster, operator: Operator) -> None:
     name = cluster.create()
     job = cluster.wait_job(cluster.train(name, 0))
     assert job["metadata"]["ownerReferences"][0]["kind"] == "FineTuneJob"
-    for kind in ("ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Job"):
+    for kind in ("ConfigMap", "Role", "RoleBinding", "Job"):
         assert len(cluster.children(kind, name)) == 1, kind
     st = cluster.wait_phase(name, "Pending")
     assert st["attempt"] == 0 and st["restarts"] == {"failures": 0, "preemptions": 0}
@@ -147,7 +147,7 @@ def test_an_invalid_spec_fails_naming_the_field_and_creates_nothing(cluster: Clu
     assert failed["reason"] == "InvalidSpec" and "spec.tpu.mesh" in failed["message"]
     kind, _, message = cluster.wait_event(name, "Failed")
     assert kind == "Warning" and "spec.tpu.mesh" in message
-    for kind in ("ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Job"):
+    for kind in ("ConfigMap", "Role", "RoleBinding", "Job"):
         assert cluster.children(kind, name) == [], kind
 
 
@@ -196,7 +196,7 @@ def test_deleting_the_job_garbage_collects_every_child(cluster: Cluster, operato
     info = {"namespace": cluster.ns, "name": name, "model": "gemma4-31b", "slice": "v6e-4"}
     eventually(lambda: _assert(operator.metric("tpuforge_finetunejob_info", **info) == 1), "its series exist")
     cluster.delete(name)
-    kinds = ("ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Job", "Pod")
+    kinds = ("ConfigMap", "Role", "RoleBinding", "Job", "Pod")
     eventually(lambda: _assert(all(cluster.children(k, name) == [] for k in kinds)), "every child is gone", GC_WAIT)
     eventually(lambda: _assert(operator.metric("tpuforge_finetunejob_info", **info) is None), "its series are gone")
 

@@ -24,6 +24,7 @@ SPEC = {
     "training": {"maxSeqLen": 3072},
     "checkpoint": {"uri": "gs://b/run/checkpoints"},
     "output": {"uri": "gs://b/run/merged"},
+    "serviceAccountName": "default",
 }
 
 

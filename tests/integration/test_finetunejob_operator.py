@@ -19,7 +19,7 @@ from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
 
 pytestmark = pytest.mark.cluster
 
-CHILD_KINDS = ("ConfigMap", "ServiceAccount", "Role", "RoleBinding", "Job")
+CHILD_KINDS = ("ConfigMap", "Role", "RoleBinding", "Job")
 
 
 def children(cluster: Cluster, name: str) -> dict[str, list[str]]:
@@ -83,7 +83,7 @@ def test_a_restarted_operator_duplicates_nothing_and_catches_up(cluster: Cluster
 def test_status_conflicts_with_the_trainer_are_retried(cluster: Cluster, operator: Operator) -> None:
     name = cluster.create()
     cluster.wait_job(cluster.train(name, 0))
-    trainer = sa_client(cluster.api, cluster.ns, f"{name}-trainer")
+    trainer = sa_client(cluster.api, cluster.ns, "default")  # the spec's serviceAccountName
     stop = threading.Event()
     steps: list[int] = []
 
@@ -118,10 +118,13 @@ def test_status_conflicts_with_the_trainer_are_retried(cluster: Cluster, operato
 
 
 def test_the_trainer_account_reports_its_own_progress_and_nothing_else(cluster: Cluster) -> None:
-    mine, other = cluster.create(), cluster.create()
+    for account in ("mine", "other"):  # one ServiceAccount each, as the platform team would give them
+        sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": cluster.ns}}
+        kube_objects.create(cluster.api, sa)
+    mine, other = cluster.create(serviceAccountName="mine"), cluster.create(serviceAccountName="other")
     cluster.wait_job(cluster.train(mine, 0))
     cluster.wait_job(cluster.train(other, 0))
-    trainer = sa_client(cluster.api, cluster.ns, f"{mine}-trainer")
+    trainer = sa_client(cluster.api, cluster.ns, "mine")
     assert report_progress(trainer, cluster.ns, mine, 7)["status"]["progress"]["step"] == 7
     with pytest.raises(kube_client.ApiException) as denied:
         report_progress(trainer, cluster.ns, other, 7)

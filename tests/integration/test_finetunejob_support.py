@@ -110,6 +110,7 @@ def spec(name: str, **overrides: Any) -> dict[str, Any]:
         "output": {"uri": f"gs://b/jobs/{name}/merged"},
         "merge": {"nodeSelector": NO_NODE_POOL},
         "preflight": {"enabled": False},  # its own test: tests/e2e/test_preflight.py
+        "serviceAccountName": "default",
     }
     out.update(overrides)
     return out

@@ -33,6 +33,7 @@ def finetunejob(ns: str) -> dict[str, Any]:
             "tpu": {"slice": "v5p-8"},
             "checkpoint": {"uri": "gs://c/ckpt"},
             "output": {"uri": "gs://o/merged"},
+            "serviceAccountName": "default",
         },
     }
 

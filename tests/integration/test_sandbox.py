@@ -36,6 +36,7 @@ def minimal_finetunejob(name: str) -> dict[str, Any]:
             "training": {"maxSeqLen": 128},
             "checkpoint": {"uri": "gs://tpuforge/runs/x/checkpoints"},
             "output": {"uri": "gs://tpuforge/runs/x/merged"},
+            "serviceAccountName": "default",
         },
     }
 

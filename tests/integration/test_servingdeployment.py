@@ -177,7 +177,10 @@ def test_replicas_and_spec_changes_roll_out(operator: KopfRunner, api_client: cl
     status_when(api, ns, "chat", phase_is("Ready"), "phase Ready")
 
     # Two replicas on two TPU VMs need volumes that many nodes mount.
-    shared = {"xlaCache": {"accessMode": "ReadWriteMany"}, "modelStorage": {"medium": "NodeLocal"}}
+    shared = {
+        "xlaCache": {"accessMode": "ReadWriteMany", "storageClassName": "standard-rwx"},
+        "modelStorage": {"medium": "NodeLocal"},
+    }
     patch = {"spec": {"replicas": 2, "vllm": {"maxNumSeqs": 16}, **shared}}
     client.CustomObjectsApi(api).patch_namespaced_custom_object(GROUP, VERSION, ns, SERVING_PLURAL, "chat", patch)
 
@@ -235,6 +238,7 @@ def finetunejob(api: client.ApiClient, ns: str, name: str, **spec: Any) -> None:
             "checkpoint": {"uri": f"gs://runs/{name}/checkpoints"},
             "output": {"uri": f"gs://runs/{name}/merged"},
             "preflight": {"enabled": False},
+            "serviceAccountName": "default",
         },
     }
     body["spec"].update(spec)

@@ -199,8 +199,65 @@ INVALID = [
     InvalidSpec(
         "replicas-on-one-model-disk",
         *SERVING,
-        {"replicas": 2, "xlaCache.accessMode": "ReadWriteMany"},
+        {"replicas": 2, "xlaCache.accessMode": "ReadWriteMany", "xlaCache.storageClassName": "standard-rwx"},
         "spec.modelStorage.medium",
+    ),
+    InvalidSpec(
+        "shared-cache-on-the-default-disk-class",
+        *SERVING,
+        {"xlaCache.accessMode": "ReadWriteMany"},
+        "spec.xlaCache.storageClassName",
+    ),
+    InvalidSpec(
+        "hyperdisk-ml-without-its-class",
+        *SERVING,
+        {"modelStorage": {"medium": "HyperdiskML", "dataSource": "gemma4-31b-verilog"}},
+        "spec.modelStorage.storageClassName",
+    ),
+    InvalidSpec(
+        "hyperdisk-ml-without-a-data-source",
+        *SERVING,
+        {"modelStorage": {"medium": "HyperdiskML", "storageClassName": "tpuforge-hyperdisk-ml"}},
+        "spec.modelStorage.dataSource",
+    ),
+    InvalidSpec(
+        "node-selector-contradicts-the-slice",
+        *FINETUNE,
+        {"tpu.scheduling": {"nodeSelector": {"cloud.google.com/gke-tpu-topology": "2x2x2"}}},
+        "spec.tpu.scheduling.nodeSelector",
+    ),
+    InvalidSpec(
+        "spot-by-node-selector",
+        *FINETUNE,
+        {"tpu.spot": False, "tpu.scheduling": {"nodeSelector": {"cloud.google.com/gke-spot": "true"}}},
+        "spec.tpu.scheduling.nodeSelector",
+    ),
+    InvalidSpec(
+        "reservation-on-spot", *FINETUNE, {"tpu.scheduling": {"reservation": "v5p-reserved"}}, "spec.tpu.scheduling"
+    ),
+    InvalidSpec(
+        "reservation-and-flex-start",
+        *SERVING,
+        {"tpu.scheduling": {"reservation": "v6e-reserved", "flexStart": True}},
+        "spec.tpu.scheduling",
+    ),
+    InvalidSpec(
+        "toleration-exists-with-a-value",
+        *FINETUNE,
+        {"tpu.scheduling": {"tolerations": [{"key": "dedicated", "operator": "Exists", "value": "ml"}]}},
+        "spec.tpu.scheduling.tolerations[0]",
+    ),
+    InvalidSpec(
+        "toleration-equal-without-a-key",
+        *SERVING,
+        {"tpu.scheduling": {"tolerations": [{"operator": "Equal", "value": "ml"}]}},
+        "spec.tpu.scheduling.tolerations[0]",
+    ),
+    InvalidSpec(
+        "toleration-seconds-without-no-execute",
+        *SERVING,
+        {"tpu.scheduling": {"tolerations": [{"key": "dedicated", "operator": "Exists", "tolerationSeconds": 60}]}},
+        "spec.tpu.scheduling.tolerations[0]",
     ),
     InvalidSpec("tp-not-dividing-chips", *SERVING, {"vllm.tensorParallelSize": 3}, "spec.vllm.tensorParallelSize"),
     InvalidSpec("serving-on-several-hosts", *SERVING, {"tpu.slice": "v6e-16"}, "spec.tpu.slice"),

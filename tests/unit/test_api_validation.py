@@ -9,6 +9,7 @@ import pytest
 
 from tpuforge import api
 from tpuforge.api import catalog
+from tpuforge.api.images import PUBLIC_IMAGES
 
 
 def spec(**overrides: Any) -> dict[str, Any]:
@@ -18,6 +19,7 @@ def spec(**overrides: Any) -> dict[str, Any]:
         "training": {"maxSeqLen": 4096},
         "checkpoint": {"uri": "gs://r/job/checkpoints"},
         "output": {"uri": "gs://r/job/merged"},
+        "serviceAccountName": "tpuforge-gcs",
     }
     for path, value in overrides.items():
         node = raw
@@ -47,7 +49,7 @@ def test_defaults_follow_the_recipe() -> None:
     assert api.resolved_mesh(s) == api.MeshSpec(fsdp=1, tp=4)
     assert s.merge.enabled and s.merge.dtype is None
     assert s.run_policy.max_restarts == 3 and not s.run_policy.suspend
-    assert s.images.trainer.startswith("tpuforge/trainer:")
+    assert s.images.trainer is None  # the operator's (tpuforge.api.images), filled in before any object is built
 
 
 def test_wire_format_is_camel_case_and_round_trips() -> None:
@@ -234,8 +236,8 @@ def test_serving_defaults() -> None:
 
 def test_the_default_vllm_image_loads_lora_adapters_at_runtime() -> None:
     """tpu-inference gained /v1/load_lora_adapter on TPU in #2707, first released in v0.25.0 (docs/serving.md)."""
-    image = api.ServingDeploymentSpec.model_validate(serving()).vllm.image
-    repo, tag = image.rsplit(":", 1)
+    assert api.ServingDeploymentSpec.model_validate(serving()).vllm.image is None  # the operator's
+    repo, tag = PUBLIC_IMAGES.serving.rsplit(":", 1)
     assert repo == "vllm/vllm-tpu"
     assert tuple(int(x) for x in tag.removeprefix("v").split(".")) >= (0, 25, 0)
 
@@ -251,13 +253,39 @@ def test_serving_requires_a_service_account_naming_the_field() -> None:
     assert "Workload Identity" in str(info.value)
 
 
+def test_a_finetunejob_requires_a_service_account_naming_the_field_and_the_fix() -> None:
+    """The operator makes no identity: one it made would have no Workload Identity binding, and the preflight
+    and trainer would get 403 from GCS."""
+    raw = spec()
+    del raw["serviceAccountName"]
+    errors = errors_of(raw)
+    assert list(errors) == ["spec.serviceAccountName"]
+    assert "required" in errors["spec.serviceAccountName"] and "Workload Identity" in errors["spec.serviceAccountName"]
+    assert api.validate_finetune(spec(serviceAccountName="default")).service_account_name == "default"
+
+
+def test_run_policy_and_evaluation_limits_default_and_validate() -> None:
+    s = api.validate_finetune(spec())
+    assert (s.run_policy.max_restarts, s.run_policy.max_preemptions) == (3, 20)
+    assert "spec.runPolicy.maxPreemptions" in errors_of(spec(runPolicy={"maxPreemptions": -1}))
+    bad = spec(
+        dataset={"uri": "gs://r/data/train.jsonl", "evalUri": "gs://r/data/eval.jsonl"},
+        merge={"writeAdapter": True},
+        evaluation={"modelStorage": {"size": "lots"}},
+    )
+    assert "not a size" in errors_of(bad)["spec.evaluation.modelStorage.size"]
+
+
 def test_more_than_one_replica_needs_volumes_that_many_nodes_mount() -> None:
     """Kubernetes/GKE: a ReadWriteOnce volume attaches to one node, and each replica holds a whole TPU VM."""
     raw = serving() | {"replicas": 2}
     with pytest.raises(api.SpecError) as info:
         api.validate_serving(raw)
     assert info.value.fields == ["spec.xlaCache.accessMode", "spec.modelStorage.medium"]
-    raw |= {"xlaCache": {"accessMode": "ReadWriteMany"}, "modelStorage": {"medium": "NodeLocal"}}
+    raw |= {
+        "xlaCache": {"accessMode": "ReadWriteMany", "storageClassName": "standard-rwx"},
+        "modelStorage": {"medium": "NodeLocal"},
+    }
     assert api.validate_serving(raw).replicas == 2
     with pytest.raises(api.SpecError, match="not a size"):
         api.validate_serving(serving() | {"modelStorage": {"size": "lots"}})

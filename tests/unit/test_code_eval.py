@@ -10,7 +10,18 @@ import pytest
 from tests.unit.test_api_evaluation import with_eval
 from tests.unit.test_api_validation import errors_of
 from tpuforge import api
-from tpuforge_workloads.evaluate.passk import extract_code, mean_pass_at_k, pass_at_k, problem_seed
+from tpuforge.api.code_eval import ConfidenceInterval
+from tpuforge_workloads.evaluate.passk import (
+    CodeHint,
+    bootstrap_interval,
+    code_hint,
+    extract_code,
+    mean_pass_at_k,
+    pass_at_k,
+    problem_pass_at_k,
+    problem_seed,
+    resamples_of,
+)
 
 CHECKER = {"image": "tpuforge/checker-verilog:0.1.0", "command": ["tpuforge-check-verilog"]}
 
@@ -131,3 +142,92 @@ def test_seeds_are_per_problem_and_the_same_on_every_rerun() -> None:
     seeds = [problem_seed(7, i) for i in range(4)]
     assert seeds == [7, 8, 9, 10] == [problem_seed(7, i) for i in range(4)]
     assert 0 <= problem_seed(2**31 - 1, 5) < 2**31
+
+
+TOP = "module TopModule(input a, output y);\n  assign y = ~a;\nendmodule"
+TB = "module tb;\n  reg a; wire y;\n  TopModule dut(.a(a), .y(y));\nendmodule"
+VERILOG = CodeHint("verilog")
+
+
+@pytest.mark.parametrize(
+    ("answer", "hint", "code"),
+    [
+        # An explanation block after the code: the block that declares a module, not the last one.
+        (f"```verilog\n{TOP}\n```\nIt works like this:\n```\ny = not a\n```\n", VERILOG, TOP),
+        # A testbench block before the module: the last block that declares one.
+        (f"Test first:\n```verilog\n{TB}\n```\nNow the design:\n```\n{TOP}\n```", VERILOG, TOP),
+        # A testbench after the module: the test's codePattern names the module the sample must define.
+        (f"```verilog\n{TOP}\n```\nand a bench:\n```verilog\n{TB}\n```", CodeHint("verilog", r"module\s+TopModule\b"),
+         TOP),
+        # No block declares a module: the last one whose info string names the language.
+        ("```verilog\nassign y = ~a;\n```\nOutput:\n```text\ny=1\n```", VERILOG, "assign y = ~a;"),
+        # Nothing matches the hint: the last block, as without one.
+        ("```\nfoo\n```\n```\nbar\n```", VERILOG, "bar"),
+        # No fence: Verilog's span from the first `module` to the last `endmodule`, prose around it dropped.
+        (f"Sure! Here it is:\n{TOP}\nThis inverts a.", VERILOG, TOP),
+        (f"Sure! Here it is:\n{TOP}\nThis inverts a.", CodeHint(), f"Sure! Here it is:\n{TOP}\nThis inverts a."),
+        # An unclosed last fence after a closed one: what follows it.
+        (f"```text\nplan\n```\n```verilog\n{TOP}", VERILOG, TOP),
+        # Python: the block with a def, not the usage example after it.
+        ("```python\ndef f(x):\n    return x\n```\n```\n>>> f(1)\n1\n```", CodeHint("python"),
+         "def f(x):\n    return x"),
+    ],
+)  # fmt: skip
+def test_the_code_is_the_block_that_holds_the_problems_language(answer: str, hint: CodeHint, code: str) -> None:
+    assert extract_code(answer, hint) == code
+
+
+def test_the_hint_comes_from_the_tests_language_pattern_or_file_names() -> None:
+    assert code_hint({"files": {"tb.sv": "", "ref.sv": ""}}) == CodeHint("verilog")
+    assert code_hint({"files": {"tb.v": ""}, "codePattern": "module m"}) == CodeHint("verilog", "module m")
+    assert code_hint({"files": {"test_it.py": ""}}) == CodeHint("python")
+    assert code_hint({"language": "Verilog", "files": {"test.py": ""}}) == VERILOG  # said outright, it wins
+    assert code_hint({"files": {"data.txt": ""}}) == CodeHint() == code_hint(None) == code_hint("tb")
+
+
+def test_the_default_temperature_follows_the_largest_k() -> None:
+    assert api.CodeEvalSpec(k=[1]).temperature == 0.2
+    assert api.CodeEvalSpec(k=[1, 5], samples_per_problem=5).temperature == 0.8
+    assert api.CodeEvalSpec().temperature == 0.8  # the default k is [1, 5]
+    assert api.CodeEvalSpec(k=[1], temperature=0.6).temperature == 0.6
+    assert api.CodeEvalSpec(k=[1], temperature=0).sampling_temperature == 0  # greedy stays greedy
+    assert api.CodeEvalSpec.model_validate({"k": [1]}).to_wire()["temperature"] == 0.2
+
+
+def test_the_interval_is_a_seeded_bootstrap_over_problems() -> None:
+    verdicts = [[True] * 5] * 6 + [[False] * 5] * 3 + [[True, False, False, False, False]] * 3
+    per = problem_pass_at_k(verdicts, 1)
+    draws = resamples_of(len(per), 2000, seed=0)
+    low, high = bootstrap_interval(per, draws, 0.95)
+    mean = mean_pass_at_k(verdicts, 1)
+    assert 0.0 <= low < mean < high <= 1.0
+    assert (low, high) == bootstrap_interval(per, resamples_of(len(per), 2000, seed=0), 0.95)  # a rerun agrees
+    wide = bootstrap_interval(per, draws, 0.99)
+    assert wide[0] <= low and wide[1] >= high
+    # Every problem alike: no spread to resample.
+    assert bootstrap_interval([1.0] * 4, resamples_of(4, 100, 0), 0.95) == (1.0, 1.0)
+    with pytest.raises(ValueError, match="confidence level"):
+        bootstrap_interval(per, draws, 1.5)
+
+
+def test_more_problems_narrow_the_interval() -> None:
+    per = [1.0, 0.0, 0.4, 0.6]
+    small = bootstrap_interval(per, resamples_of(4, 2000, 0), 0.95)
+    large = bootstrap_interval(per * 25, resamples_of(100, 2000, 0), 0.95)
+    assert large[1] - large[0] < (small[1] - small[0]) / 3
+
+
+def test_a_pass_at_threshold_is_held_against_the_intervals_low_bound() -> None:
+    ev = api.EvaluationSpec.model_validate({"thresholds": {"minPassAt": {"1": 0.6}}})
+    confident = {"pass@1": ConfidenceInterval(low=0.62, high=0.88)}
+    lucky = {"pass@1": ConfidenceInterval(low=0.41, high=0.9)}
+    assert api.evaluation_verdict(ev, {"pass@1": 0.75}, confident) == (
+        True,
+        "pass@1 0.75 (95% CI 0.62-0.88): low 0.62 >= minPassAt.1 0.60",
+    )
+    assert api.evaluation_verdict(ev, {"pass@1": 0.7}, lucky) == (
+        False,
+        "pass@1 0.70 (95% CI 0.41-0.90): low 0.41 < minPassAt.1 0.60",
+    )
+    # A result without intervals (an older evaluator) is held by its estimate.
+    assert api.evaluation_verdict(ev, {"pass@1": 0.7}) == (True, "pass@1 0.70 >= minPassAt.1 0.60")

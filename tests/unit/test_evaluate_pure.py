@@ -14,10 +14,18 @@ import pytest
 from tpuforge.api import CheckerSpec, CodeEvalSpec, LoraSpec, MeshSpec, TrainingSpec
 from tpuforge.api.configs import EvalConfig
 from tpuforge_workloads.data.records import DatasetError
-from tpuforge_workloads.evaluate.answers import AnswerError, max_lora_rank
+from tpuforge_workloads.evaluate.answers import AnswerError, Samples, max_lora_rank
 from tpuforge_workloads.evaluate.config import EvalInputError
 from tpuforge_workloads.evaluate.records import read_examples
-from tpuforge_workloads.evaluate.score import exact_match, metrics_of, read_answers, read_checked, report_lines
+from tpuforge_workloads.evaluate.sample import problems, sample_lines
+from tpuforge_workloads.evaluate.score import (
+    code_summary,
+    exact_match,
+    metrics_of,
+    read_answers,
+    read_checked,
+    report_lines,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -160,14 +168,97 @@ def test_pass_at_k_from_samples_and_verdicts_and_what_the_report_keeps(tmp_path:
     lines = report_lines(examples, None, None, checked)
     assert [(line["passed"], line["basePassed"]) for line in lines] == [(2, 0), (3, 0)]
     assert [s["verdict"] for s in lines[0]["samples"]] == ["passed", "failed (exit 1)", "passed"]
-    assert lines[0]["baseSamples"][1] == {"sample": 1, "code": "c1", "passed": False, "verdict": "failed (exit 1)",
-                                          "stdout": "", "stderr": "e"}  # fmt: skip
+    assert lines[0]["baseSamples"][1] == {"sample": 1, "code": "c1", "passed": False, "failure": "error",
+                                          "verdict": "failed (exit 1)", "stdout": "", "stderr": "e"}  # fmt: skip
     result = metrics_of(cfg, examples, lines, None, checked)
     assert result["metrics"] == pytest.approx({"pass@1": (2 / 3 + 1) / 2, "pass@3": 1.0})
     assert result["baseMetrics"] == {"pass@1": 0.0, "pass@3": 0.0}
+    # Bootstrap over the 2 problems: the resampled means of pass@1 are 2/3, 5/6 or 1.
+    assert result["intervals"] == {"pass@1": {"low": 0.6667, "high": 1.0}, "pass@3": {"low": 1.0, "high": 1.0}}
+    assert result["baseIntervals"] == {"pass@1": {"low": 0.0, "high": 0.0}, "pass@3": {"low": 0.0, "high": 0.0}}
+    # A verdict without "failure" (a checker from before the categories): its text decides, else "error".
+    assert (result["failures"], result["baseFailures"]) == ({"error": 1}, {"error": 6})
     # A verdict missing (the checker stopped early) or another n is refused, naming the file.
     (tmp_path / "v.jsonl").write_text("".join(json.dumps(x) + "\n" for x in verdicts[1:]))
     with pytest.raises(EvalInputError, match="no verdict for sample adapter/0/0"):
         read_checked(cfg, examples, str(tmp_path / "s.jsonl"), str(tmp_path / "v.jsonl"))
     with pytest.raises(EvalInputError, match="--samples and --verdicts"):
         read_checked(cfg, examples, None, None)
+
+
+def test_failures_by_category_and_a_truncated_answer_fails_whatever_the_checker_said(tmp_path: Path) -> None:
+    """One problem, n=8: each sample's verdict carries the checker's "failure" (or none, as before the
+    categories); the one vLLM cut at maxNewTokens fails though the checker passed it."""
+    uri = _jsonl(tmp_path / "e.jsonl", [[("user", "q"), ("assistant", "a")]])
+    examples = read_examples(uri, 1)
+    code = CodeEvalSpec(samples_per_problem=8, k=[1], checker=CheckerSpec(image="c", command=["true"]))
+    cfg = _config(metrics=["passAtK"], code=code, report_uri="gs://b/r")
+    # (passed, failure field (... = absent), verdict text, finish_reason)
+    drawn = [
+        (True, None, "passed", "stop"),
+        (True, None, "passed", "length"),
+        (False, "syntax", "failed (exit 1)", "stop"),
+        (False, "mismatch", "failed (exit 1)", "stop"),
+        (False, "refused", "not run: refused", "stop"),
+        (False, ..., "timed out after 10 s", "stop"),
+        (False, ..., "killed by SIGKILL (killed)", None),
+        (False, "compile", "failed (exit 2)", "stop"),
+    ]
+    samples, verdicts = [], []
+    for model in ("adapter", "base"):
+        for j, (passed, failure, text, finish) in enumerate(drawn):
+            sid = f"{model}/0/{j}"
+            samples.append({"id": sid, "model": model, "index": 0, "sample": j, "code": "c", "finishReason": finish,
+                            "test": {}})  # fmt: skip
+            verdict = {"id": sid, "passed": passed, "verdict": text}
+            if failure is not ...:
+                verdict["failure"] = failure
+            verdicts.append(verdict)
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(x) + "\n" for x in samples))
+    (tmp_path / "v.jsonl").write_text("".join(json.dumps(x) + "\n" for x in verdicts))
+    checked = read_checked(cfg, examples, str(tmp_path / "s.jsonl"), str(tmp_path / "v.jsonl"))
+    lines = report_lines(examples, None, None, checked)
+    kept = lines[0]["samples"]
+    assert [s["failure"] for s in kept] == [None, "truncated", "syntax", "mismatch", "refused", "timeout", "error",
+                                            "compile"]  # fmt: skip
+    assert kept[1]["passed"] is False and kept[1]["finishReason"] == "length"
+    assert kept[1]["verdict"] == "truncated at maxNewTokens (the checker said: passed)"
+    assert lines[0]["passed"] == 1
+    result = metrics_of(cfg, examples, lines, None, checked)
+    assert result["metrics"] == {"pass@1": 1 / 8}
+    want = {"truncated": 1, "syntax": 1, "mismatch": 1, "refused": 1, "timeout": 1, "error": 1, "compile": 1}
+    assert result["failures"] == result["baseFailures"] == want
+    summary = code_summary(cfg, checked)
+    assert summary["failureCounts"]["adapter"] == {**want, "limit": 0}
+    assert summary["confidence"]["method"] == "percentile bootstrap over problems"
+    assert summary["code"]["temperature"] == 0.2  # unset, k = [1]: pass@1's temperature
+
+
+def test_samples_carry_their_finish_reason_and_the_code_block_that_holds_the_module(tmp_path: Path) -> None:
+    path = tmp_path / "e.jsonl"
+    record = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+              "test": {"files": {"tb.sv": "module tb; endmodule"}}}  # fmt: skip
+    path.write_text(json.dumps(record) + "\n")
+    examples = read_examples(str(path), 1)
+    answer = "```verilog\nmodule TopModule(input a, output y); assign y = a; endmodule\n```\nWhy:\n```\ny = a\n```"
+    drawn = Samples(base=[[answer]], adapter=[[answer, "cut"]], seconds=1.0, base_finish=[["stop"]],
+                    adapter_finish=[["stop", "length"]])  # fmt: skip
+    lines = sample_lines(examples, drawn)
+    assert [(line["id"], line["finishReason"]) for line in lines] == [
+        ("adapter/0/0", "stop"),
+        ("adapter/0/1", "length"),
+        ("base/0/0", "stop"),
+    ]
+    assert lines[0]["code"] == "module TopModule(input a, output y); assign y = a; endmodule"
+    assert lines[0]["test"] == record["test"]
+
+
+def test_a_code_pattern_that_is_not_a_regex_is_named_before_any_model_loads(tmp_path: Path) -> None:
+    path = tmp_path / "e.jsonl"
+    record = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+              "test": {"files": {}, "codePattern": "module (TopModule"}}  # fmt: skip
+    path.write_text(json.dumps(record) + "\n")
+    code = CodeEvalSpec(checker=CheckerSpec(image="c", command=["true"]))
+    cfg = _config(metrics=["passAtK"], code=code, dataset_uri=str(path))
+    with pytest.raises(EvalInputError, match=r"e.jsonl:1: test.codePattern 'module \(TopModule' is not a regular"):
+        problems(cfg)

@@ -64,6 +64,62 @@ def test_pod_endings(pod: dict[str, Any], outcome: str, reason: str) -> None:
     assert (end.outcome, end.reason) == (outcome, reason)
 
 
+def kubelet_stopped(reason: str, message: str, disruption: str | None) -> dict[str, Any]:
+    """A trainer pod as the kubelet leaves it (pkg/kubelet/eviction, pkg/kubelet/nodeshutdown, ...)."""
+    raw = raw_pod("Failed", 137, container_reason="Error")
+    raw["status"]["reason"], raw["status"]["message"] = reason, message
+    if disruption:
+        raw["status"]["conditions"].append(
+            {"type": "DisruptionTarget", "status": "True", "reason": disruption, "message": message}
+        )
+    return raw
+
+
+MEMORY = (
+    "The node was low on resource: memory. Threshold quantity: 100Mi, available: 20Mi. Container trainer was "
+    "using 130Gi, request is 120Gi, has larger consumption of memory. "
+)
+DISK = (
+    "The node was low on resource: ephemeral-storage. Threshold quantity: 10Gi, available: 2Gi. Container score "
+    "was using 61Gi, request is 0, has larger consumption of ephemeral-storage. "
+)
+OTHERS = "The node was low on resource: memory. Threshold quantity: 100Mi, available: 20Mi. "
+EMPTY_DIR = 'Usage of EmptyDir volume "dshm" exceeds the limit "8Gi". '
+CONTAINER_LIMIT = 'Container trainer exceeded its local ephemeral storage limit "1Gi". '
+POD_LIMIT = "Pod ephemeral local storage usage exceeds the total limit of containers 2Gi. "
+SHUTDOWN = "Pod was terminated in response to imminent node shutdown."
+CRITICAL = "Preempted in order to admit critical pod"
+BY_KUBELET = "TerminationByKubelet"
+
+
+@pytest.mark.parametrize(
+    ("pod", "outcome"),
+    [
+        (kubelet_stopped("Evicted", MEMORY, BY_KUBELET), "Failed"),
+        (kubelet_stopped("Evicted", DISK, BY_KUBELET), "Failed"),
+        (kubelet_stopped("Evicted", EMPTY_DIR, None), "Failed"),
+        (kubelet_stopped("Evicted", CONTAINER_LIMIT, None), "Failed"),
+        (kubelet_stopped("Evicted", POD_LIMIT, None), "Failed"),
+        # The node short of memory through others: no container of this pod over its request.
+        (kubelet_stopped("Evicted", OTHERS, BY_KUBELET), "Preempted"),
+        (kubelet_stopped("Terminated", SHUTDOWN, BY_KUBELET), "Preempted"),
+        (kubelet_stopped("Preempting", CRITICAL, BY_KUBELET), "Preempted"),
+        (kubelet_stopped("", "", "PreemptionByScheduler"), "Preempted"),
+        (kubelet_stopped("", "", "DeletionByTaintManager"), "Preempted"),
+        (kubelet_stopped("", "", "EvictionByEvictionAPI"), "Preempted"),
+        (kubelet_stopped("", "", "DeletionByPodGC"), "Preempted"),
+    ],
+)
+def test_an_eviction_for_the_pods_own_use_is_a_failure_and_a_reclaim_is_a_preemption(
+    pod: dict[str, Any], outcome: str
+) -> None:
+    end = pod_ending(pod_view(pod))
+    assert end is not None and end.outcome == outcome
+    if outcome == "Failed":
+        assert end.reason == "Evicted" and not end.permanent
+        assert pod["status"]["message"].strip() in end.message
+
+
 def test_a_rejected_config_is_permanent_and_keeps_the_message() -> None:
     end = pod_ending(pod_view(raw_pod("Failed", 2, "spec.lora.rank: must be > 0")))
     assert end is not None and end.permanent

@@ -15,6 +15,7 @@ from tests.unit.test_finetune_status_plan import NAME, World, raw_spec, train
 from tpuforge import api
 from tpuforge.api.constants import CONFIG_FILE, EXIT_BAD_CONFIG
 from tpuforge.controllers.finetune_children import JobView
+from tpuforge.controllers.finetune_evaluation import EVAL_MAX_DISRUPTIONS, with_storage_class
 from tpuforge.controllers.finetune_plan import (
     EVALUATED,
     EVALUATION_PASSED,
@@ -411,3 +412,92 @@ def test_pass_at_k_is_held_to_its_threshold_headlined_and_exported() -> None:
     got = scraped(collector)
     labels = {"namespace": "ns", "name": "good", "metric": "pass@1", "model": "adapter"}
     assert got[("tpuforge_finetunejob_eval_metric", tuple(sorted(labels.items())))] == 0.8
+
+
+def test_pass_at_k_is_held_by_its_intervals_low_bound_and_the_failures_are_kept() -> None:
+    checker = {"image": "c", "command": ["true"]}
+    spec = eval_spec(metrics=["passAtK"], code={"checker": checker}, thresholds={"minPassAt": {"1": 0.6}})
+    worlds = {}
+    for name, low in (("confident", 0.65), ("lucky", 0.45)):
+        w = World(spec)
+        to_evaluating(w)
+        message = {"metrics": {"pass@1": 0.7, "pass@5": 1.0}, "baseMetrics": {"pass@1": 0.1, "pass@5": 0.3},
+                   "intervals": {"pass@1": {"low": low, "high": 0.8}, "pass@5": {"low": 1.0, "high": 1.0}},
+                   "baseIntervals": {"pass@1": {"low": 0.0, "high": 0.2}, "pass@5": {"low": 0.1, "high": 0.5}},
+                   "failures": {"mismatch": 7, "truncated": 2}, "baseFailures": {"syntax": 40},
+                   "examples": 12, "reportUri": REPORT}  # fmt: skip
+        eval_pod(w, "Succeeded", exit_code=0, message=json.dumps(message))
+        w.step()
+        worlds[name] = w
+    good, bad = worlds["confident"].status.evaluation, worlds["lucky"].status.evaluation
+    assert good is not None and bad is not None
+    assert (good.passed, good.message) == (True, "pass@1 0.70 (95% CI 0.65-0.80): low 0.65 >= minPassAt.1 0.60")
+    assert (bad.passed, bad.message) == (False, "pass@1 0.70 (95% CI 0.45-0.80): low 0.45 < minPassAt.1 0.60")
+    assert bad.intervals is not None and bad.intervals["pass@1"] == api.ConfidenceInterval(low=0.45, high=0.8)
+    assert (bad.failures, bad.base_failures) == ({"mismatch": 7, "truncated": 2}, {"syntax": 40})
+    wire = bad.model_dump(mode="json", by_alias=True, exclude_none=True)
+    assert wire["baseIntervals"]["pass@5"] == {"low": 0.1, "high": 0.5}
+    assert ("Warning", "Evaluated", "eval below: pass@1 low 0.45 < 0.60") in worlds["lucky"].events
+
+
+def taken_away(w: World, name: str, reason: str, message: str, disruption: str | None) -> None:
+    """An evaluation pod the kubelet or a controller stopped: its pod-level reason and DisruptionTarget."""
+    eval_pod(w, "Failed", name=name, exit_code=137)
+    status = w.pods[name]["status"]
+    status["reason"], status["message"] = reason, message
+    if disruption is not None:
+        status["conditions"] = [
+            {"type": "DisruptionTarget", "status": "True", "reason": disruption, "message": message}
+        ]
+
+
+def test_an_evaluation_evicted_for_its_own_disk_use_fails_at_once_naming_what_to_raise() -> None:
+    w = World(eval_spec())
+    to_evaluating(w)
+    taken_away(w, "eval-1", "Evicted", 'Usage of EmptyDir volume "models" exceeds the limit "73Gi". ', None)
+    w.step()
+    assert w.phase() == api.FineTunePhase.FAILED
+    cond = w.condition(FAILED)
+    assert cond.reason == "EvaluationFailed" and 'EmptyDir volume "models"' in cond.message
+    assert "spec.evaluation.modelStorage.size" in cond.message
+
+
+def test_evaluation_pods_taken_away_are_retried_a_few_times_then_the_evaluation_fails() -> None:
+    w = World(eval_spec())
+    to_evaluating(w)
+    drained = ("", "Eviction API: evicting", "EvictionByEvictionAPI")
+    for i in range(EVAL_MAX_DISRUPTIONS):
+        taken_away(w, f"eval-{i}", *drained)
+        w.step()
+        assert w.phase() == api.FineTunePhase.EVALUATING  # the Job's pod failure policy ignores it: a new pod
+    taken_away(w, "eval-last", *drained)
+    w.step()
+    assert w.phase() == api.FineTunePhase.FAILED
+    assert f"taken away {EVAL_MAX_DISRUPTIONS + 1} times" in w.condition(FAILED).message
+
+
+def test_an_evaluation_past_its_deadline_fails_naming_the_field() -> None:
+    w = World(eval_spec())
+    to_evaluating(w)
+    v = w.jobs[EVAL]
+    failure = "DeadlineExceeded: Job was active longer than specified deadline"
+    w.jobs[EVAL] = JobView(v.name, v.component, None, False, True, failure, False)
+    w.step()
+    assert w.phase() == api.FineTunePhase.FAILED
+    assert "spec.evaluation.activeDeadlineSeconds=14400" in w.condition(FAILED).message
+
+
+def test_the_evaluation_volume_takes_the_operators_storage_class_unless_the_spec_names_one() -> None:
+    spec = api.validate_finetune(eval_spec())
+    assert spec.evaluation is not None
+    chosen = with_storage_class(spec, "hyperdisk-balanced")
+    assert chosen.evaluation is not None and chosen.evaluation.model_storage.storage_class_name == "hyperdisk-balanced"
+    assert with_storage_class(spec, None) == spec
+    own = spec.model_copy(
+        update={
+            "evaluation": spec.evaluation.model_copy(
+                update={"model_storage": api.EvalModelStorage(storageClassName="x")}
+            )
+        }
+    )
+    assert with_storage_class(own, "hyperdisk-balanced") == own

@@ -73,7 +73,7 @@ def running(w: Slice, n: int) -> None:
 def test_an_attempt_is_a_jobset_and_training_starts_when_every_host_runs() -> None:
     w = Slice()
     p = w.step()
-    assert [o["kind"] for o in p.create] == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "JobSet"]
+    assert [o["kind"] for o in p.create] == ["Role", "RoleBinding", "ConfigMap", "JobSet"]
     assert w.events[0][1:] == ("Created", "training on v5p-16 (2 hosts)")
     w.host(train(0), 0, "Running")
     w.step()

@@ -33,6 +33,7 @@ def raw_spec(**overrides: Any) -> dict[str, Any]:
         "training": {"maxSeqLen": 3072, "maxSteps": 1000, "warmupSteps": 10},
         "checkpoint": {"uri": "gs://b/jobs/gemma-verilog/checkpoints"},
         "output": {"uri": "gs://b/jobs/gemma-verilog/merged"},
+        "serviceAccountName": "tpuforge-gcs",
         "preflight": {"enabled": False},  # its own lifecycle: test_finetune_status_preflight
     }
     spec.update(overrides)
@@ -141,7 +142,7 @@ def train(n: int) -> str:
 def test_happy_path_to_succeeded_with_the_merged_uri() -> None:
     w = World()
     p = w.step()
-    assert [o["kind"] for o in p.create] == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Job"]
+    assert [o["kind"] for o in p.create] == ["Role", "RoleBinding", "ConfigMap", "Job"]
     assert w.phase() == api.FineTunePhase.PENDING and w.status.attempt == 0
     assert w.status.start_time is not None and w.status.restarts == api.Restarts()
     w.pod(train(0), "Running")
@@ -264,6 +265,64 @@ def test_a_vanished_pod_is_a_preemption_and_its_replacement_is_stopped() -> None
     assert w.status.attempts[0].reason == "PodDeleted"
     assert [d.name for d in p.delete] == [train(0)]
     assert w.status.attempt == 1
+
+
+# The kubelet's eviction of a trainer that outgrew its memory request: status.reason Evicted, the eviction
+# manager's message, and DisruptionTarget with TerminationByKubelet (as a node shutdown also sets).
+MEMORY_EVICTION = (
+    "The node was low on resource: memory. Threshold quantity: 100Mi, available: 42Mi. Container trainer was "
+    "using 131Gi, request is 120Gi, has larger consumption of memory. "
+)
+
+
+def test_an_eviction_for_the_trainers_own_memory_is_a_failure_counted_against_max_restarts() -> None:
+    w = World(raw_spec(runPolicy={"maxRestarts": 1}))
+    w.step()
+    disrupted = {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet"}
+    for n in range(2):
+        w.pod(train(n), "Running")
+        w.step()
+        w.pod(
+            train(n),
+            "Failed",
+            conditions=[{**disrupted, "message": MEMORY_EVICTION}],
+            pod_status={"reason": "Evicted", "message": MEMORY_EVICTION},
+            exit_code=83,  # the trainer checkpointed on SIGTERM: still its own doing
+            message="Preempted: checkpoint at step 40",
+        )
+        w.step()
+    assert w.phase() == api.FineTunePhase.FAILED
+    assert w.status.restarts == api.Restarts(failures=2, preemptions=0)
+    assert w.status.attempts[0].outcome == "Failed" and w.status.attempts[0].reason == "Evicted"
+    cond = w.condition(FAILED)
+    assert "Container trainer was using 131Gi, request is 120Gi" in cond.message and "maxRestarts=1" in cond.message
+
+
+def test_preemptions_resume_up_to_max_preemptions_then_the_job_fails_saying_so() -> None:
+    w = World(raw_spec(runPolicy={"maxPreemptions": 2}))
+    w.step()
+    shutdown = {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": "TerminationByKubelet",
+        "message": "Pod was terminated in response to imminent node shutdown.",
+    }
+    for n in range(3):
+        w.pod(train(n), "Running")
+        w.step()
+        w.pod(train(n), "Failed", conditions=[shutdown], pod_status={"reason": "Terminated"}, exit_code=83)
+        w.step(30)
+    assert w.phase() == api.FineTunePhase.FAILED
+    assert w.status.restarts == api.Restarts(failures=0, preemptions=3)
+    cond = w.condition(FAILED)
+    assert cond.reason == "TooManyPreemptions"
+    assert "spec.runPolicy.maxPreemptions=2" in cond.message and "imminent node shutdown" in cond.message
+    assert w.events[-1] == ("Warning", "Failed", "gave up after 3 preemptions")
+    assert train(3) not in w.jobs
+
+
+def test_max_preemptions_defaults_to_a_generous_limit() -> None:
+    assert api.RunPolicy().max_preemptions == 20
 
 
 def test_failures_are_retried_up_to_max_restarts_then_fail_with_the_message() -> None:

@@ -60,7 +60,7 @@ def test_the_preflight_runs_first_on_a_cpu_node_and_training_follows_when_it_fit
     w = preflight_world()
     p = w.step()
     kinds = [o["kind"] for o in p.create]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Job"]
+    assert kinds == ["Role", "RoleBinding", "ConfigMap", "Job"]
     job = p.create[-1]
     assert job["metadata"]["name"] == JOB
     pod = job["spec"]["template"]["spec"]

@@ -20,6 +20,7 @@ SPEC = {
     "tpu": {"slice": "v5p-8"},
     "checkpoint": {"uri": "gs://b/ck"},
     "output": {"uri": "gs://b/out"},
+    "serviceAccountName": "tpuforge-gcs",
 }
 
 

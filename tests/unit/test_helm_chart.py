@@ -76,6 +76,10 @@ VALUES: dict[str, dict[str, Any]] = {
             "workloads": {"enabled": True},
         },
     },
+    "private-registry": {
+        "images": {"registry": "europe-docker.pkg.dev/ml-proj/tpuforge", "tag": "1.4.2"},
+        "imagePullSecrets": [{"name": "ar-reader"}, "team-robot"],
+    },
     "bring-your-own": {
         "fullnameOverride": "ml-operator",
         "serviceAccount": {"create": False, "name": "ml-operator"},
@@ -237,6 +241,32 @@ def test_serving_volumes_default_to_a_hyperdisk_class_that_tpu_v6e_attaches() ->
     assert env[ENV_STORAGE_CLASS] == sc["metadata"]["name"]
     own = render("bring-your-own")
     assert {e["name"]: e.get("value") for e in operator_container(own)["env"]}[ENV_STORAGE_CLASS] == "team-hyperdisk"
+
+
+def test_the_hyperdisk_classes_provision_throughput() -> None:
+    """Hyperdisk Balanced gets 140 MiB/s unless the class provisions more (StorageClass parameters
+    provisioned-throughput-on-create and provisioned-iops-on-create); the Hyperdisk ML class is opt-in."""
+    objs = render("default")
+    sc = find(objs, "StorageClass")
+    assert sc["parameters"]["provisioned-throughput-on-create"] == "600Mi"
+    assert sc["parameters"]["provisioned-iops-on-create"] == "3000"
+    assert "tpuforge-hyperdisk-ml" not in [o["metadata"]["name"] for o in objs if o["kind"] == "StorageClass"]
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "values.yaml"
+        path.write_text(yaml.safe_dump({"storage": {"hyperdiskML": {"create": True}}}))
+        proc = subprocess.run(
+            [helm(), "template", RELEASE, str(CHART), "--values", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    assert proc.returncode == 0, proc.stderr
+    ml = find(tuple(d for d in yaml.safe_load_all(proc.stdout) if d), "StorageClass", "tpuforge-hyperdisk-ml")
+    assert ml["provisioner"] == "pd.csi.storage.gke.io"
+    assert ml["parameters"] == {"type": "hyperdisk-ml", "provisioned-throughput-on-create": "2400Mi"}
+    assert ml["volumeBindingMode"] == "WaitForFirstConsumer"
 
 
 # --- The operator Deployment ------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ The requirement and its sources: docs/platform-team.md, "Queues and priorities".
 
 from __future__ import annotations
 
+import json
 import subprocess
 import tempfile
 from decimal import Decimal
@@ -152,6 +153,7 @@ def finetune_spec(slice_id: str, **extra: Any) -> api.FineTuneJobSpec:
             "tpu": {"slice": slice_id},
             "checkpoint": {"uri": "gs://b/ck"},
             "output": {"uri": "gs://b/out"},
+            "serviceAccountName": "tpuforge-gcs",
             "queueName": QUEUE,
             **extra,
         }
@@ -225,6 +227,7 @@ def test_spot_flavors_carry_the_spot_label_and_taint() -> None:
             "tpu": {"slice": "v5p-8", "spot": True},
             "checkpoint": {"uri": "gs://b/ck"},
             "output": {"uri": "gs://b/out"},
+            "serviceAccountName": "tpuforge-gcs",
         }
     )
     pod = train_job(owner(NAMESPACE, "sft", "uid-1"), spec, 0)["spec"]["template"]["spec"]
@@ -232,3 +235,85 @@ def test_spot_flavors_carry_the_spot_label_and_taint() -> None:
     # An on-demand pod does not tolerate the Spot taint: Kueue never places it on the Spot flavor.
     on_demand = spec.model_copy(update={"tpu": spec.tpu.model_copy(update={"spot": False})})
     assert not flavor_matches(flavor, train_job(owner(NAMESPACE, "sft", "u"), on_demand, 0)["spec"]["template"]["spec"])
+
+
+def render_values(values: Obj) -> list[Obj]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "values.yaml"
+        path.write_text(yaml.safe_dump(values))
+        proc = subprocess.run(
+            [helm(), "template", RELEASE, str(CHART), "--values", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+DWS_VALUES: Obj = {
+    "kueue": {
+        "enabled": True,
+        "localQueues": [{"namespace": NAMESPACE, "name": QUEUE}],
+        "flavors": [
+            {
+                "name": "tpu-v5p-8-flex",
+                "accelerator": "tpu-v5p-slice",
+                "topology": "2x2x1",
+                "tpu": 4,
+                "cpu": 200,
+                "memory": "400Gi",
+                "provisioning": True,
+                "nodeLabels": {"cloud.google.com/gke-flex-start": "true"},
+                "nodeTaints": [{"key": "cloud.google.com/gke-queued", "value": "true", "effect": "NoSchedule"}],
+                "tolerations": [{"key": "cloud.google.com/gke-queued", "operator": "Exists", "effect": "NoSchedule"}],
+            },
+            {
+                "name": "tpu-v6e-8-ml",
+                "accelerator": "tpu-v6e-slice",
+                "topology": "2x4",
+                "tpu": 8,
+                "cpu": 175,
+                "memory": "1300Gi",
+                "nodeLabels": {"cloud.google.com/gke-nodepool": "ml-v6e"},
+                "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+            },
+        ],
+        "provisioning": {"enabled": True, "parameters": {"maxRunDurationSeconds": 86400}},
+    }
+}
+
+
+def test_dws_flex_start_objects_validate_against_kueues_schemas_and_apply_to_their_flavor_only() -> None:
+    objs = [o for o in render_values(DWS_VALUES) if o["apiVersion"].startswith("kueue.x-k8s.io/")]
+    for obj in objs:
+        # Go's regexp takes (?i) after ^ (AdmissionCheck's parameters.kind); Python's wants it first.
+        text = json.dumps(upstream.kueue_schema(obj["kind"])).replace('"^(?i)', '"(?i)^')
+        schema = json.loads(text)
+        cls = jsonschema.validators.validator_for(schema)
+        cast(jsonschema.protocols.Validator, cls(schema)).validate(obj)
+    config = find(tuple(objs), "ProvisioningRequestConfig")
+    assert config["spec"]["provisioningClassName"] == "queued-provisioning.gke.io"
+    assert config["spec"]["managedResources"] == ["google.com/tpu"]
+    assert config["spec"]["parameters"] == {"maxRunDurationSeconds": "86400"}  # strings, as Kueue's schema has it
+    check = find(tuple(objs), "AdmissionCheck")
+    assert check["spec"]["controllerName"] == "kueue.x-k8s.io/provisioning-request"
+    assert check["spec"]["parameters"]["name"] == config["metadata"]["name"]
+    cq = find(tuple(objs), "ClusterQueue")
+    assert cq["spec"]["admissionChecksStrategy"]["admissionChecks"] == [
+        {"name": check["metadata"]["name"], "onFlavors": ["tpu-v5p-8-flex"]}
+    ]
+    flex = find(tuple(objs), "ResourceFlavor", "tpu-v5p-8-flex")["spec"]
+    assert flex["nodeLabels"]["cloud.google.com/gke-flex-start"] == "true"
+    assert {"key": "cloud.google.com/gke-queued", "value": "true", "effect": "NoSchedule"} in flex["nodeTaints"]
+    dedicated = find(tuple(objs), "ResourceFlavor", "tpu-v6e-8-ml")["spec"]
+    assert dedicated["nodeLabels"]["cloud.google.com/gke-nodepool"] == "ml-v6e"
+    assert dedicated["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+    ]
+
+
+def test_no_admission_check_without_provisioning() -> None:
+    cq = find(render(VALUES), "ClusterQueue")
+    assert "admissionChecksStrategy" not in cq["spec"]
+    assert not [o for o in render(VALUES) if o["kind"] in ("ProvisioningRequestConfig", "AdmissionCheck")]

@@ -28,6 +28,7 @@ from tpuforge.api.constants import (
     TERMINATION_LOG,
     TPU_RESOURCE,
 )
+from tpuforge.api.validation import SpecError
 from tpuforge.manifests.common import LABEL_OWNER_UID
 from tpuforge.manifests.finetune_common import eval_job_name, owner, service_account_name, train_job_name
 from tpuforge.manifests.finetune_evaluation import EVAL_BACKOFF_LIMIT, eval_job, eval_objects
@@ -53,6 +54,7 @@ def spec(**overrides: Any) -> api.FineTuneJobSpec:
         "training": {"maxSeqLen": 3072},
         "checkpoint": {"uri": "gs://b/jobs/gemma-verilog/checkpoints"},
         "output": {"uri": "gs://b/jobs/gemma-verilog/merged"},
+        "serviceAccountName": "tpuforge-gcs",
         **overrides,
     }
     return api.validate_finetune(raw)
@@ -191,21 +193,25 @@ def test_config_map_holds_the_train_config_for_the_attempt_and_the_starting_spec
     assert api.FineTuneJobSpec.model_validate(json.loads(cm["data"][SPEC_KEY])) == s
 
 
-def test_operator_creates_a_service_account_unless_the_spec_names_one() -> None:
+def test_the_pods_run_as_the_named_service_account_which_the_operator_binds_but_never_creates() -> None:
     own = rbac_objects(OWNER, spec())
+    assert [o["kind"] for o in own] == ["Role", "RoleBinding"]
+    assert own[1]["subjects"][0]["name"] == "tpuforge-gcs"
+    assert own[0]["rules"][0]["resourceNames"] == ["gemma-verilog"]
+    assert own[0]["rules"][0]["resources"] == ["finetunejobs/status"]
+    assert pod(train_job(OWNER, spec(serviceAccountName="gcs-reader"), 0))["serviceAccountName"] == "gcs-reader"
+
+
+def test_a_job_started_before_the_service_account_was_required_keeps_the_one_made_for_it() -> None:
+    legacy = spec().model_copy(update={"service_account_name": None})
+    own = rbac_objects(OWNER, legacy)
     assert [o["kind"] for o in own] == ["ServiceAccount", "Role", "RoleBinding"]
     assert own[2]["subjects"][0]["name"] == own[0]["metadata"]["name"] == "gemma-verilog-trainer"
-    assert own[1]["rules"][0]["resourceNames"] == ["gemma-verilog"]
-    assert own[1]["rules"][0]["resources"] == ["finetunejobs/status"]
-    given = rbac_objects(OWNER, spec(serviceAccountName="gcs-reader"))
-    assert [o["kind"] for o in given] == ["Role", "RoleBinding"]
-    assert given[1]["subjects"][0]["name"] == "gcs-reader"
-    assert pod(train_job(OWNER, spec(serviceAccountName="gcs-reader"), 0))["serviceAccountName"] == "gcs-reader"
 
 
 def test_attempt_objects_end_with_the_job_so_its_pod_never_waits() -> None:
     kinds = [o["kind"] for o in attempt_objects(OWNER, spec(), 0)]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Job"]
+    assert kinds == ["Role", "RoleBinding", "ConfigMap", "Job"]
 
 
 def test_merge_job_runs_on_the_cpu_pool_sized_for_a_streamed_merge() -> None:
@@ -352,7 +358,7 @@ def test_jobsets_validate_against_the_published_jobset_schema(slice_id: str) -> 
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x"}, "spec": trainer_job(js)}
     kubernetes_validate.validate(job, "1.30.0", strict=True)
     kinds = [o["kind"] for o in attempt_objects(OWNER, s, 0)]
-    assert kinds == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "JobSet"]
+    assert kinds == ["Role", "RoleBinding", "ConfigMap", "JobSet"]
     for obj in attempt_objects(OWNER, s, 0)[:-1]:
         kubernetes_validate.validate(obj, "1.30.0", strict=True)
 
@@ -444,13 +450,32 @@ def test_pass_at_k_samples_then_checks_in_the_checkers_image_with_its_limits_the
     assert sample["command"][-4:-2] == ["--out", "/work/samples.jsonl"]
     assert check["command"] == [
         "python3", "-m", "tpuforge_workloads.evaluate.check", "--samples", "/work/samples.jsonl",
-        "--out", "/work/verdicts.jsonl", "--timeout", "7.5", "--memory", str(2**30), "--scratch", "/work/check",
-        "--", "sh", "-c", "iverilog sample.txt tb.v",
+        "--out", "/check/out/verdicts.jsonl", "--timeout", "7.5", "--memory", str((2**30 - (96 << 20)) // 2),
+        "--parallel", "2", "--scratch", "/check/scratch", "--", "sh", "-c", "iverilog sample.txt tb.v",
     ]  # fmt: skip
     assert check["resources"] == {"requests": {"cpu": "2", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "1Gi"}}
-    assert check["securityContext"]["readOnlyRootFilesystem"] is True
-    assert check["securityContext"]["runAsNonRoot"] is True and p["automountServiceAccountToken"] is False
-    assert score["command"][-4:] == ["--samples", "/work/samples.jsonl", "--verdicts", "/work/verdicts.jsonl"]
+    # Root with CAP_SETUID and CAP_SETGID only: each sample runs under a uid of its own.
+    assert check["securityContext"] == {
+        "runAsNonRoot": False, "runAsUser": 0, "runAsGroup": 0, "privileged": False,
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"], "add": ["SETUID", "SETGID"]},
+    }  # fmt: skip
+    assert p["automountServiceAccountToken"] is False
+    # The evaluation's files are read-only to the checker; its scratch and verdicts are a volume of their own.
+    mounts = {m["name"]: m for m in check["volumeMounts"]}
+    assert mounts["work"] == {"name": "work", "mountPath": "/work", "readOnly": True} and "config" not in mounts
+    assert mounts["check"] == {"name": "check", "mountPath": "/check"}
+    assert {"name": "check", "emptyDir": {"sizeLimit": "2Gi"}} in p["volumes"]
+    assert {"name": "check", "mountPath": "/check", "readOnly": True} in score["volumeMounts"]
+    assert score["command"][-4:] == ["--samples", "/work/samples.jsonl", "--verdicts", "/check/out/verdicts.jsonl"]
+    # Every other container stays non-root.
+    assert all(c["securityContext"]["runAsNonRoot"] for c in (loss, sample, score))
+
+
+def test_a_checker_whose_memory_leaves_too_little_per_sample_is_refused() -> None:
+    checker = {"image": "c", "command": ["true"], "cpu": "4", "memory": "256Mi"}
+    with pytest.raises(SpecError, match=r"256Mi leaves 40Mi per sample with cpu 4 .*raise memory or lower cpu"):
+        eval_spec(metrics=["passAtK"], code={"checker": checker})
 
 
 def test_exact_match_beside_pass_at_k_takes_its_greedy_answers_from_the_samplers_engine() -> None:
@@ -491,7 +516,7 @@ def test_the_eval_pod_runs_locked_down_without_an_api_token_as_the_jobs_service_
     s = eval_spec()
     p = pod(eval_job(OWNER, s))
     assert p["automountServiceAccountToken"] is False  # the result travels in the termination message
-    assert p["serviceAccountName"] == service_account_name("gemma-verilog", s) == "gemma-verilog-trainer"
+    assert p["serviceAccountName"] == service_account_name("gemma-verilog", s) == "tpuforge-gcs"
     assert p["securityContext"]["runAsNonRoot"] is True and p["restartPolicy"] == "Never"
     named = pod(eval_job(OWNER, spec(**{**eval_spec().to_wire(), "serviceAccountName": "wi-sa"})))
     assert named["serviceAccountName"] == "wi-sa"
@@ -515,3 +540,37 @@ def test_eval_builders_are_pure_and_need_an_evaluation() -> None:
 def test_eval_objects_validate_against_the_kubernetes_schema(evaluation: dict[str, Any]) -> None:
     for obj in eval_objects(OWNER, eval_spec(**evaluation)):
         kubernetes_validate.validate(obj, "1.30.0", strict=True)
+
+
+def test_the_eval_copies_the_model_to_a_sized_disk_of_its_own_not_the_boot_disk() -> None:
+    job = eval_job(OWNER, eval_spec())
+    p = pod(job)
+    models = next(v for v in p["volumes"] if v["name"] == "models")
+    claim = models["ephemeral"]["volumeClaimTemplate"]["spec"]
+    assert claim["resources"]["requests"]["storage"] == "73Gi"  # gemma4-31b's 58.2 GiB plus 25%
+    assert claim["accessModes"] == ["ReadWriteOnce"] and "storageClassName" not in claim
+    fetchers = [c for c in [*p.get("initContainers", []), *p["containers"]] if c["name"] != "check"]
+    for c in fetchers:  # each fetches into the sized volume
+        assert {"name": "models", "mountPath": "/models"} in c["volumeMounts"]
+        assert {"name": "TPUFORGE_EVAL_WORK_DIR", "value": "/models"} in c["env"]
+    sized = eval_job(OWNER, eval_spec(modelStorage={"size": "100Gi", "storageClassName": "hyperdisk-balanced"}))
+    claim = next(v for v in pod(sized)["volumes"] if v["name"] == "models")["ephemeral"]["volumeClaimTemplate"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "100Gi"
+    assert claim["spec"]["storageClassName"] == "hyperdisk-balanced"
+    on_cpu = next(v for v in pod(eval_job(OWNER, eval_spec(slice="cpu")))["volumes"] if v["name"] == "models")
+    assert on_cpu == {"name": "models", "emptyDir": {"sizeLimit": "73Gi"}}
+
+
+def test_the_eval_job_has_a_deadline_for_all_its_tries() -> None:
+    assert eval_job(OWNER, eval_spec())["spec"]["activeDeadlineSeconds"] == 4 * 3600
+    assert eval_job(OWNER, eval_spec(activeDeadlineSeconds=7200))["spec"]["activeDeadlineSeconds"] == 7200
+
+
+def test_the_passk_checker_does_not_see_the_model_copies() -> None:
+    checker = {"image": "checker:1", "command": ["run"]}
+    inits = {
+        c["name"]: c
+        for c in pod(eval_job(OWNER, eval_spec(metrics=["passAtK"], code={"checker": checker})))["initContainers"]
+    }
+    assert all(m["name"] != "models" for m in inits["check"]["volumeMounts"])
+    assert {"name": "models", "mountPath": "/models"} in inits["sample"]["volumeMounts"]

@@ -175,7 +175,11 @@ def test_a_rollout_replaces_the_pod_while_it_holds_a_read_write_once_disk() -> N
     its VM, so a surge pod lands on another node and waits for the disk (Multi-Attach error) while the old pod
     is never removed: the rollout stalls. With the default disks the Deployment recreates instead."""
     assert serving.deployment(inputs())["spec"]["strategy"] == {"type": "Recreate"}
-    shared = inputs(replicas=2, xlaCache={"accessMode": "ReadWriteMany"}, modelStorage={"medium": "NodeLocal"})
+    shared = inputs(
+        replicas=2,
+        xlaCache={"accessMode": "ReadWriteMany", "storageClassName": "standard-rwx"},
+        modelStorage={"medium": "NodeLocal"},
+    )
     dep = serving.deployment(shared)
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     assert serving.xla_cache_pvc(shared)["spec"]["accessModes"] == ["ReadWriteMany"]
@@ -202,7 +206,10 @@ def test_children_carry_the_labels_the_operator_watches_by() -> None:
 
 def test_children_are_owned_and_the_cache_is_kept_unless_asked() -> None:
     inp = inputs(
-        name="chat", replicas=2, xlaCache={"accessMode": "ReadWriteMany"}, modelStorage={"medium": "NodeLocal"}
+        name="chat",
+        replicas=2,
+        xlaCache={"accessMode": "ReadWriteMany", "storageClassName": "standard-rwx"},
+        modelStorage={"medium": "NodeLocal"},
     )
     dep, svc = serving.deployment(inp), serving.service(inp)
     for obj in (dep, svc, serving.pod_monitoring(inp), serving.service_monitor(inp)):

@@ -124,6 +124,7 @@ def job_spec(**tpu: Any) -> api.FineTuneJobSpec:
             "tpu": {"slice": "v5p-8", **tpu},
             "checkpoint": {"uri": "gs://b/ck"},
             "output": {"uri": "gs://b/out"},
+            "serviceAccountName": "tpuforge-gcs",
             "merge": {"writeAdapter": True},
             "evaluation": {"slice": "v6e-8"},
             "queueName": QUEUE,

@@ -114,7 +114,14 @@ def test_locked_down_returns_a_copy() -> None:
     assert repr(pod) == before
 
 
-@pytest.mark.parametrize("image", ["operator", "trainer", "merger", "evaluator", "checker-verilog"])
+def test_the_checker_image_starts_as_root_to_give_each_sample_a_uid_of_its_own() -> None:
+    """The one exception: the runner needs root with CAP_SETUID and CAP_SETGID (and the pod grants no more)."""
+    text = (ROOT / "images" / "checker-verilog.Dockerfile").read_text()
+    assert re.findall(r"^USER ", text, re.MULTILINE) == []
+    assert common.UID_SWITCH_CAPABILITIES == ["SETUID", "SETGID"]
+
+
+@pytest.mark.parametrize("image", ["operator", "trainer", "merger", "evaluator"])
 def test_each_image_creates_and_runs_as_the_pods_uid(image: str) -> None:
     text = (ROOT / "images" / f"{image}.Dockerfile").read_text()
     uid = common.POD_UID

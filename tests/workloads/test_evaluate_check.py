@@ -1,6 +1,13 @@
-"""The checker runner on hostile samples: each fails with a verdict saying why, within its timeout, leaves
-nothing running, and the good samples around it pass as if it had not been there. One run of the real CLI
-(as the evaluation runs it) over every case, with Debian's iverilog as the checker for the Verilog ones."""
+"""The checker on hostile samples, as a model trying to pass without a right answer would write them: each gets
+the failing verdict (and failure category) it must get, leaves nothing running and nothing written outside its
+scratch directory, and the good samples around it pass as if it had not been there. One run of the real CLI
+per mode, two samples at once:
+  - sandbox: the runner as root with every capability (the sandbox's node agent): namespaces as well;
+  - gke: the runner as the evaluation pod's `check` container runs on GKE: root with CAP_SETUID and
+    CAP_SETGID only, no privilege escalation, so no namespaces (and a node where the pods' uid 65532 already
+    has 64 processes).
+Verilog samples go through the Verilog checker (evaluate.verilog, Debian's iverilog); the others through a
+shell, as a checker script that interpolates a sample would run it."""
 
 from __future__ import annotations
 
@@ -18,166 +25,205 @@ from typing import Any
 
 import pytest
 
-from tpuforge_workloads.evaluate.check import SAMPLE_UID
-from tpuforge_workloads.evaluate.jail import processes_of
+from tpuforge_workloads.data.verilog_tasks import PROBLEMS, VERILOG_CHECK_COMMAND
+from tpuforge_workloads.evaluate.check import SAMPLE_UIDS
 
-pytestmark = pytest.mark.skipif(shutil.which("iverilog") is None, reason="needs iverilog (make iverilog)")
-TIMEOUT = 2.0
-AS_ROOT = os.geteuid() == 0
-MUX = "module mux2(input a, input b, input s, output y);\n  assign y = s ? b : a;\nendmodule\n"
-TB = """module tb;
-  reg a, b, s; wire y; integer i, errors = 0;
-  mux2 dut(.a(a), .b(b), .s(s), .y(y));
-  initial begin
-    for (i = 0; i < 8; i = i + 1) begin {a, b, s} = i; #1; if (y !== (s ? b : a)) errors = errors + 1; end
-    if (errors) $fatal(1, "FAIL: %0d mismatches", errors);
-    $display("PASS"); $finish;
-  end
-endmodule
-"""
-VERILOG = {"files": {"tb.v": TB}}
-# One checker for both kinds of sample: Verilog goes to iverilog, anything else to the checker's shell (the
-# way a hostile sample reaches a shell when a checker script interpolates it).
-COMMAND = [
-    "sh",
-    "-c",
-    'case "$(head -c 6 sample.txt)" in module) iverilog -g2012 -o sim -s tb sample.txt tb.v && vvp -n sim;; '
-    "*) sh sample.txt;; esac",
+pytestmark = [
+    pytest.mark.skipif(shutil.which("iverilog") is None, reason="needs iverilog (make iverilog)"),
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"),
 ]
+TIMEOUT = 2.0
+MEMORY = 256 << 20
+MUX = PROBLEMS[0]
+VERILOG = {"files": {"tb.v": MUX.testbench}}
+SHELL = {"shell": True}
+# Samples whose test says "shell" to a shell, the others to the Verilog checker.
+COMMAND = ["sh", "-c", "if grep -q '\"shell\": true' test.json; then exec sh sample.txt; else exec "
+           + " ".join(VERILOG_CHECK_COMMAND) + "; fi"]  # fmt: skip
+GKE = ["setpriv", "--bounding-set=-all,+setuid,+setgid", "--inh-caps=-all", "--no-new-privs"]
 
 
-def hostile(outside: Path, port: int) -> list[tuple[str, str, Any]]:
+def wrong(extra: str) -> str:
+    """The wrong mux (its inputs swapped) with `extra` inside the module: passes only if `extra` cheats."""
+    return MUX.broken.replace("endmodule", extra + "\nendmodule")
+
+
+def verilog_cases() -> list[tuple[str, str, str | None, str]]:
+    """(name, code, failure, what stderr or stdout says) of wrong designs that try to pass anyway."""
+    refused = "refused"
     return [
-        ("compile-time loop", MUX.replace("endmodule", "reg r; always r = ~r;\nendmodule"), VERILOG),
-        ("run-time loop", MUX.replace("endmodule", "reg r = 0; initial while (1) r = ~r;\nendmodule"), VERILOG),
-        ("no $finish", MUX, {"files": {"tb.v": "module tb; reg c = 0; always #1 c = ~c; endmodule\n"}}),
-        ("fork bomb", "f() { f | f & }; f", {}),
-        ("1 GB output", "yes 0123456789abcdef | head -c 1000000000", {}),
-        ("write outside", f"echo pwned > {outside} && echo wrote", {}),
-        ("network", f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 1)\"", {}),
-        ("escape the group", "setsid sleep 60 & exit 0", {}),
-    ]
+        ("$finish", wrong("initial $finish;"), refused, "$finish ends the simulation"),
+        ("$stop", wrong("initial $stop;"), refused, "$stop ends the simulation"),
+        ("force", wrong("initial force tb.errors = 0;"), refused, "force overrides a signal"),
+        ("watch the testbench", wrong("always @(tb.errors) if (tb.errors) $finish;"), refused, "tb.errors"),
+        ("escaped name", wrong("initial \\tb .errors = 0;"), refused, "tb.errors: a hierarchical reference"),
+        ("$root", wrong("initial $root.tb.errors = 0;"), refused, "$root"),
+        ("own tb, open comment", MUX.broken + "\nmodule tb; endmodule\n/*", refused, "comment that never ends"),
+        ("own tb, open ifdef", MUX.broken + "\nmodule tb; endmodule\n`ifdef NEVER", refused, "`ifdef NEVER"),
+        ("own tb", MUX.broken + '\nmodule tb; initial $display("PASS"); endmodule', refused, "the test defines tb"),
+        ("$fopen", wrong('integer f; initial f = $fopen("../../x", "w");'), refused, "$fopen"),
+        ("$readmemh", wrong('reg [7:0] m [0:3]; initial $readmemh("/etc/passwd", m);'), refused, "$readmemh"),
+        ("$deposit", wrong("initial $deposit(tb.errors, 0);"), refused, "$deposit"),
+        ("$display PASS", wrong('initial $display("PASS");'), refused, "$display"),
+        ("macro pasting", "`define F $fin``ish\n" + wrong("initial `F;"), refused, "does not define"),
+        ("macro hiding", "`define F $finish\n" + wrong("initial `F;"), refused, "$finish"),
+        ("`include", '`include "/etc/passwd"\n' + MUX.solution, refused, "`include reads a file"),
+        ("inout", MUX.broken.replace("input a", "inout a"), refused, "inout"),
+        ("DPI", wrong('import "DPI-C" function int system(input string s);'), refused, "DPI"),
+        ("bind", wrong("bind tb mux2 other(.a(1'b0));"), refused, "bind"),
+        ("run-time loop", MUX.solution.replace("endmodule", "reg r = 0; initial while (1) r = ~r;\nendmodule"),
+         "timeout", ""),
+        ("compile-time loop", MUX.solution.replace("endmodule", "reg r; always r = ~r;\nendmodule"), "compile",
+         "always process does not have any delay"),
+        ("syntax", MUX.solution.replace(";", "", 1), "syntax", "syntax error"),
+        ("mismatch", MUX.broken, "mismatch", "FAIL: 4 mismatches"),
+    ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def checked() -> Iterator[dict[str, Any]]:
-    tmp = Path(tempfile.mkdtemp(prefix="tpuforge-check-"))
-    tmp.chmod(0o777)  # writable by anyone: only the sample's read-only view of it stops the write outside
-    # A scratch root the samples' uid cannot reach (as pytest's own temporary directories): the runner uses
-    # one under /tmp instead.
-    (tmp / "private").mkdir(mode=0o700)
-    outside = tmp / "outside.txt"
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    samples = [("good 0", MUX, VERILOG), ("wrong", MUX.replace("s ? b : a", "s ? a : b"), VERILOG)]
-    for i, (name, code, test) in enumerate(hostile(outside, port)):
-        samples += [(name, code, test), (f"good {i + 1}", MUX, VERILOG)]
-    path = tmp / "samples.jsonl"
+def shell_cases(outside: Path, port: int) -> list[tuple[str, str, str | None, str]]:
+    """(name, code, failure, said) of samples run by a shell: what a checker that runs code must survive. Each
+    exits 0 (passes) only if its attack worked. failure None: its own verdict does not matter (it cheats no
+    one by it), only that it hurts nothing and no one else."""
+    return [
+        ("fork bomb", "f() { f | f & }; f; sleep 1", None, ""),
+        ("1 GB output", "yes 0123456789abcdef | head -c 1000000000", "limit", "File size limit exceeded"),
+        ("memory, many processes", "for i in 1 2 3 4; do python3 -c 'b = bytearray(100 << 20); import time; "
+         "time.sleep(5)' & done; wait", "limit", ""),
+        ("write the evaluation's files", f"echo pwned > {outside / 'work' / 'samples.jsonl'}", "error",
+         "cannot create"),
+        ("write a shared directory", f"echo x > {outside / 'open' / 'x'}", None, ""),
+        ("write /tmp", "echo x > /tmp/tpuforge-hostile-$$", None, ""),
+        ("network", f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 1)\"", "mismatch",
+         "Permission denied"),
+        ("daemon", "setsid sh -c 'sleep 60' & exit 0", "refused", ""),
+        # A daemon that waits for the next sample and rewrites its testbench, so that a failing one passes.
+        ("rewrite the next testbench", "setsid sh -c 'while :; do for d in ../../*/run; do printf \"module tb; "
+         "initial $finish; endmodule\" > $d/tb.v; done; done' >/dev/null 2>&1 & exit 0", "refused", ""),
+        ("signal the runner", "kill -9 $PPID 1; kill -STOP -1", None, ""),
+    ]  # fmt: skip
+
+
+def run_checker(mode: str, tmp: Path, samples: list[tuple[str, str, Any]]) -> dict[str, Any]:
+    path = tmp / "work" / "samples.jsonl"
     path.write_text("".join(json.dumps({"id": n, "code": c, "test": t}) + "\n" for n, c, t in samples))
+    before = path.read_text()
+    prefix = GKE if mode == "gke" else []
     started = time.monotonic()
     run = subprocess.run(
-        [sys.executable, "-m", "tpuforge_workloads.evaluate.check", "--samples", str(path), "--out",
-         str(tmp / "verdicts.jsonl"), "--timeout", str(TIMEOUT), "--memory", str(512 << 20), "--scratch",
-         str(tmp / "private"), "--", *COMMAND],
-        capture_output=True, text=True, timeout=120, check=True,
+        [*prefix, sys.executable, "-m", "tpuforge_workloads.evaluate.check", "--samples", str(path),
+         "--out", str(tmp / "out" / "verdicts.jsonl"), "--timeout", str(TIMEOUT), "--memory", str(MEMORY),
+         "--parallel", "2", "--scratch", str(tmp / "scratch"), "--", *COMMAND],
+        capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
-    listener.settimeout(0.0)
-    try:
-        listener.accept()
-        connected = True
-    except BlockingIOError:
-        connected = False
-    listener.close()
-    lines = [json.loads(x) for x in (tmp / "verdicts.jsonl").read_text().splitlines()]
-    yield {
+    assert run.returncode == 0, run.stderr
+    lines = [json.loads(x) for x in (tmp / "out" / "verdicts.jsonl").read_text().splitlines()]
+    return {
         "verdicts": {v["id"]: v for v in lines},
         "order": [v["id"] for v in lines],
         "seconds": time.monotonic() - started,
         "stdout": run.stdout,
-        "stderr": run.stderr,
-        "outside": outside,
-        "connected": connected,
-        "scratch": tmp,
+        "samples_unchanged": path.read_text() == before,
     }
+
+
+def sample_processes() -> list[int]:
+    lo, hi = SAMPLE_UIDS
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and lo <= _uid(p) < hi]
+
+
+def _uid(p: Path) -> int:
+    try:
+        return p.stat().st_uid
+    except OSError:
+        return -1
+
+
+@pytest.fixture(scope="module", params=["sandbox", "gke"])
+def checked(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
+    mode = request.param
+    tmp = Path(tempfile.mkdtemp(prefix=f"tpuforge-check-{mode}-"))
+    tmp.chmod(0o755)
+    (tmp / "work").mkdir(mode=0o755)  # the evaluation's files: read-only to the check container on GKE
+    (tmp / "open").mkdir()
+    (tmp / "open").chmod(0o777)  # a place anyone may write to: a sample's write there must not survive
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    # On GKE every tpuforge pod runs as 65532; a node full of its processes must not starve the samples.
+    squatters = [] if mode == "sandbox" else [
+        subprocess.Popen(["setpriv", "--reuid=65532", "--regid=65532", "--clear-groups", "sleep", "300"])
+        for _ in range(64)
+    ]  # fmt: skip
+    samples: list[tuple[str, str, Any]] = [("good 0", MUX.solution, VERILOG)]
+    cases = [*verilog_cases(), *shell_cases(tmp, port)]
+    shell = {name for name, *_ in shell_cases(tmp, port)}
+    for i, (name, code, _, _) in enumerate(cases):
+        samples += [(name, code, SHELL if name in shell else VERILOG), (f"good {i + 1}", MUX.solution, VERILOG)]
+    try:
+        result = run_checker(mode, tmp, samples)
+    finally:
+        for p in squatters:
+            p.kill()
+            p.wait()
+    listener.settimeout(0.0)
+    try:
+        listener.accept()
+        result["connected"] = True
+    except BlockingIOError:
+        result["connected"] = False
+    listener.close()
+    result.update(mode=mode, tmp=tmp, cases=cases, left=sample_processes())
+    result["open"] = sorted(p.name for p in (tmp / "open").iterdir())
+    result["tmp_files"] = [p for p in Path("/tmp").glob("tpuforge-hostile-*")]
+    yield result
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_good_samples_pass_around_every_hostile_one_and_a_wrong_one_fails(checked: dict[str, Any]) -> None:
+def test_good_samples_pass_around_every_hostile_one(checked: dict[str, Any]) -> None:
     v = checked["verdicts"]
     goods = [k for k in checked["order"] if k.startswith("good")]
-    assert len(goods) == 9 and all(v[k]["passed"] and v[k]["verdict"] == "passed" for k in goods)
+    assert len(goods) == len(checked["cases"]) + 1
+    assert [k for k in goods if v[k]["verdict"] != "passed"] == []
     assert "PASS" in v["good 0"]["stdout"]
-    assert v["wrong"]["verdict"] == "failed (exit 1)" and "FAIL: 4 mismatches" in v["wrong"]["stdout"]
-    assert "9/18 samples passed" in checked["stdout"]
 
 
-@pytest.mark.parametrize(
-    ("sample", "verdict", "said"),
-    [
-        ("compile-time loop", "failed (exit 1)", "always process does not have any delay"),
-        ("run-time loop", f"timed out after {TIMEOUT:g} s", ""),
-        ("no $finish", f"timed out after {TIMEOUT:g} s", ""),
-        # The shell may itself hit the process limit (exit 2, "Cannot fork") or end first with its children
-        # still forking ("exit 0, but it left processes running: killed"): failed either way.
-        ("fork bomb", "failed (exit ", ""),
-        ("1 GB output", "failed (exit 153: a process it ran was killed by SIGXFSZ", "File size limit exceeded"),
-        ("escape the group", "failed (exit 0, but it left processes running: killed)", ""),
-    ],
-)
-def test_each_hostile_sample_fails_with_a_verdict_within_its_timeout(
-    checked: dict[str, Any], sample: str, verdict: str, said: str
-) -> None:
-    v = checked["verdicts"][sample]
-    assert not v["passed"] and v["verdict"].startswith(verdict), v
-    assert said in v["stderr"]
-    assert v["seconds"] < TIMEOUT + 1.5, v
-    # What is kept of the output is cut: 1 GB never reaches the report.
-    assert len(v["stdout"]) <= 2048 + len("\n[... cut]")
-
-
-def test_a_connection_fails_whoever_runs_the_checker(checked: dict[str, Any]) -> None:
-    """The seccomp filter refuses every socket but a Unix one, as root (the sandbox) or not (a checker pod)."""
-    v = checked["verdicts"]["network"]
-    assert not v["passed"] and "PermissionError: [Errno 13] Permission denied" in v["stderr"]
-    assert not checked["connected"]
-
-
-@pytest.mark.skipif(not AS_ROOT, reason="read-only mounts and namespaces need root (the sandbox node)")
-def test_writes_outside_scratch_fail_and_root_adds_namespaces(checked: dict[str, Any]) -> None:
+def test_each_hostile_sample_gets_its_failing_verdict(checked: dict[str, Any]) -> None:
     v = checked["verdicts"]
-    assert not v["write outside"]["passed"] and "Read-only file system" in v["write outside"]["stderr"]
-    assert not checked["outside"].exists()
-    isolation = "isolation: session, rlimits, timeout, no-sockets, own-uid, read-only-mounts, no-network"
-    assert isolation in checked["stdout"]
+    wrong_verdicts = []
+    for name, _, failure, said in checked["cases"]:
+        got = v[name]
+        if failure is None:
+            continue
+        if got["passed"] or got["failure"] != failure or said not in got["stderr"] + got["stdout"]:
+            wrong_verdicts.append((name, failure, said, got))
+        assert got["seconds"] < TIMEOUT + 3, got
+        assert len(got["stdout"]) <= 2048 + len("\n[... cut]")
+    assert wrong_verdicts == [], "\n".join(map(str, wrong_verdicts))
 
 
-@pytest.mark.skipif(not AS_ROOT or shutil.which("setpriv") is None, reason="needs root to become another user")
-def test_as_a_non_root_checker_the_network_is_still_refused(tmp_path: Path) -> None:
-    """As a checker container runs on GKE: not root, so no namespaces, and still no socket."""
-    work = Path(tempfile.mkdtemp(prefix="tpuforge-check-nonroot-"))
-    work.chmod(0o777)
-    try:
-        code = "python3 -c \"import socket; socket.create_connection(('127.0.0.1', 9), 1)\""
-        (work / "s.jsonl").write_text(json.dumps({"id": "net", "code": code, "test": {}}) + "\n")
-        run = subprocess.run(
-            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
-             "tpuforge_workloads.evaluate.check", "--samples", str(work / "s.jsonl"), "--out", str(work / "v.jsonl"),
-             "--timeout", str(TIMEOUT), "--memory", str(512 << 20), "--scratch", str(work), "--", "sh", "sample.txt"],
-            capture_output=True, text=True, timeout=60, check=True,
-        )  # fmt: skip
-        (v,) = map(json.loads, (work / "v.jsonl").read_text().splitlines())
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    assert "isolation: session, rlimits, timeout, no-sockets" in run.stdout and "own-uid" not in run.stdout
-    assert not v["passed"] and "Permission denied" in v["stderr"]
+def test_nothing_is_left_running_or_written_outside_the_scratch(checked: dict[str, Any]) -> None:
+    assert checked["left"] == []
+    assert checked["samples_unchanged"]
+    assert checked["open"] == [] and checked["tmp_files"] == []
+    assert not checked["connected"]
+    assert sorted(p.name for p in (checked["tmp"] / "scratch").iterdir()) == []
+    assert sorted(p.name for p in (checked["tmp"] / "out").iterdir()) == ["verdicts.jsonl"]
 
 
-def test_nothing_is_left_running_or_on_disk(checked: dict[str, Any]) -> None:
-    if AS_ROOT:
-        assert processes_of(SAMPLE_UID) == []
-    assert not any(checked["scratch"].glob("**/sample-*"))
-    if AS_ROOT:
-        assert "is not reachable by the samples' uid" in checked["stderr"]
-    run_time = sum(1 for k in ("run-time loop", "no $finish") if "timed out" in checked["verdicts"][k]["verdict"])
-    # Every sample but the two that hang ran in well under a second each.
-    assert checked["seconds"] < run_time * TIMEOUT + 15
+def test_each_mode_says_what_isolation_it_gives(checked: dict[str, Any]) -> None:
+    said = checked["stdout"]
+    assert "own-uid" in said and "kill-by-uid" in said and "no-sockets" in said
+    assert ("read-only-mounts" in said) == (checked["mode"] == "sandbox")
+
+
+def test_a_runner_that_cannot_change_uid_refuses_to_check(tmp_path: Path) -> None:
+    """Samples under the runner's own uid could forge verdicts: a runner without CAP_SETUID checks nothing."""
+    tmp_path.chmod(0o777)
+    (tmp_path / "s.jsonl").write_text(json.dumps({"id": "x", "code": "exit 0", "test": {}}) + "\n")
+    run = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-m",
+         "tpuforge_workloads.evaluate.check", "--samples", str(tmp_path / "s.jsonl"), "--out",
+         str(tmp_path / "v.jsonl"), "--timeout", "1", "--memory", str(MEMORY), "--", "sh", "sample.txt"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert run.returncode == 2 and "needs to start as root with CAP_SETUID and CAP_SETGID" in run.stderr
+    assert not (tmp_path / "v.jsonl").exists()

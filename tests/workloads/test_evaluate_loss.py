@@ -42,7 +42,8 @@ def test_base_loss_is_the_trainers_own_and_the_adapter_lowers_it(
     tiny_training_run: TrainingRun, exported_adapter: str, chat_dataset_gs: str, tmp_path: Path
 ) -> None:
     """On the reference run's eval set, the base loss is what the trainer itself measured before its first
-    step (Tunix evaluates the untrained LoRA model there); the trained adapter's loss is lower."""
+    step (Tunix evaluates the untrained LoRA model there); the trained adapter's loss is lower, and is what the
+    trainer measured at its last step."""
     eval_uri = tiny_training_run.config.eval_uri
     assert eval_uri is not None
     proc, out, _ = run_cli(eval_config(tiny_training_run.config, exported_adapter, eval_uri, tmp_path), tmp_path)
@@ -59,6 +60,9 @@ def test_base_loss_is_the_trainers_own_and_the_adapter_lowers_it(
     step0 = tiny_training_run.summary["attempts"][0]["eval_losses"]["0"]
     assert result["baseLoss"] == pytest.approx(step0, rel=1e-5)
     assert result["loss"] < result["baseLoss"]
+    # The trained adapter too: the run (LoRA dropout 0.05) evaluates without dropout, as this does.
+    last = tiny_training_run.summary["attempts"][0]["eval_losses"][str(result["step"])]
+    assert result["loss"] == pytest.approx(last, rel=1e-5)
 
 
 def test_trained_adapter_has_lower_loss_on_its_training_data(

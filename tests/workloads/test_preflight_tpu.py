@@ -38,6 +38,7 @@ def job_yaml(tmp: Path, model: str, slice_id: str, training: dict[str, object]) 
             "tpu": {"slice": slice_id},
             "checkpoint": {"uri": "gs://runs/checkpoints"},
             "output": {"uri": "gs://runs/merged"},
+            "serviceAccountName": "default",
         },
     }
     path = tmp / "finetune.yaml"

@@ -4,7 +4,8 @@ Packing changes nothing but speed: the loss of packed rows equals the loss of th
 per row, because the block-diagonal mask keeps examples apart and positions restart in each. Gradient
 accumulation weights tokens: 4 micro-batches of 1 row give the gradient of 1 batch of the same 4 rows.
 The TPU attention path (splash attention with segment ids, attention.py) gives the masked path's loss and
-gradient on packed rows."""
+gradient on packed rows. The trainer's evaluation runs without LoRA dropout: the evaluation Job's loss, every
+time."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from flax import nnx
 from tokenizers import Tokenizer
 from tunix.sft import peft_trainer
 
+from tests.fixtures.models import eval_config, tiny_train_config
 from tpuforge.api import LoraSpec
 from tpuforge_workloads import attention, checkpoint_read, gemma4, lora
 from tpuforge_workloads.data import demo
@@ -29,6 +31,7 @@ from tpuforge_workloads.data.pipeline import (
     Example,
     batches,
     empty_batch,
+    eval_batches,
     fill_row,
     first_fit,
     model_inputs,
@@ -185,3 +188,54 @@ def test_splash_attention_with_segment_ids_gives_the_masked_path_s_loss(
 def _jitted_nll(model: Any, inputs: dict[str, Any]) -> Any:
     total, count = loss.nll_sum_and_count(model, **inputs)
     return total / count
+
+
+@pytest.fixture(scope="module")
+def dropout_model(lora_model: tuple[Any, jax.sharding.Mesh], tiny_model_dir: Path) -> Any:
+    """The same adapted model with LoRA dropout 0.5, holding copies of `lora_model`'s adapter weights (the
+    evaluation step donates them)."""
+    reference, mesh = lora_model
+    text = gemma4.parse_config(gemma4.read_config(str(tiny_model_dir)))
+    with jax.set_mesh(mesh):
+        base = checkpoint_read.load_model(tiny_model_dir, text, gemma4.tunix_config(text), mesh)
+    model = lora.apply_lora(base, LoraSpec(rank=4, alpha=8.0, dropout=0.5), mesh, seed=0)
+    nnx.update(model, jax.tree.map(lambda x: x.copy(), nnx.state(reference, nnx.LoRAParam)))
+    return model
+
+
+def test_in_training_eval_is_dropout_free_and_gives_the_evaluation_job_s_loss(
+    lora_model: tuple[Any, jax.sharding.Mesh], dropout_model: Any, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """With LoRA dropout 0.5, the trainer's evaluation (its eval step, over padded batches of its row count)
+    gives the same loss on every call, and the evaluation Job's (its Scorer, one record at a time, on a
+    model built without dropout holding the same adapters). Tunix's own eval step, traced without the switch,
+    drops activations: its loss is another one each call."""
+    from tpuforge_workloads.evaluate.loss import Scorer, mean_loss
+    from tpuforge_workloads.preflight.step import NoCheckpoints
+    from tpuforge_workloads.train.loop import set_loss_denominator
+    from tpuforge_workloads.train.trainer import make_trainer
+
+    reference, mesh = lora_model
+    config = tiny_train_config(str(tiny_model_dir), "unused.jsonl", str(tmp_path / "ckpt"))
+    config.lora = LoraSpec(rank=4, alpha=8.0, dropout=0.5)
+    assert config.training.max_seq_len == SEQ
+    examples = _examples(tiny_model_dir, count=6)
+    evals = eval_batches(examples, config.training.micro_batch_size * config.mesh.fsdp, SEQ, 0)
+    set_loss_denominator(evals, [int(b["input_mask"][:, 1:].sum()) for b in evals])
+
+    def eval_loss(trainer: Any, step: Any) -> float:
+        trainer._run_eval(evals, step)
+        return float(trainer.take_eval_loss())
+
+    with jax.set_mesh(mesh):
+        trainer = make_trainer(dropout_model, config, 16, NoCheckpoints())
+        _, eval_step = trainer.jit_train_and_eval_step()
+        ours = [eval_loss(trainer, eval_step) for _ in range(2)]
+        tunix_step = nnx.jit(peft_trainer.PeftTrainer.create_eval_step_fn(trainer))
+        tunix = [eval_loss(trainer, lambda batch: tunix_step(dropout_model, batch)) for _ in range(2)]
+        scorer = Scorer(eval_config(config, "unused", "unused", tmp_path), mesh, pad_id=0)
+        job = mean_loss([scorer(reference, e) for e in examples])
+
+    assert ours[0] == ours[1]
+    assert ours[0] == pytest.approx(job, rel=1e-5)
+    assert tunix[0] != tunix[1] and min(abs(t - job) for t in tunix) > 1e-3, (tunix, job)

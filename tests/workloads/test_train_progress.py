@@ -166,6 +166,7 @@ def test_progress_is_patched_into_the_finetunejob_status(api_client: Any, namesp
         "training": {"maxSeqLen": 64},
         "checkpoint": {"uri": "gs://b/run/checkpoints"},
         "output": {"uri": "gs://b/run/merged"},
+        "serviceAccountName": "default",
     }
     body = {"apiVersion": API_VERSION, "kind": FINETUNEJOB_KIND, "metadata": {"name": "progress"}, "spec": spec}
     api.create_namespaced_custom_object(GROUP, VERSION, namespace, FINETUNEJOB_PLURAL, body)

@@ -111,7 +111,10 @@ def add_adapters(base: Any, lora: LoraSpec, batch: int, seed: int, adapter_dtype
     import qwix
     from flax import nnx
 
-    provider = qwix.LoraProvider(
+    from tpuforge_workloads.lora_provider import LoraProvider
+
+    # Ours: dropout off where the trainer evaluates (lora_provider.without_dropout).
+    provider = LoraProvider(
         module_path=module_regex(lora.target_modules), rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout
     )
     inputs = {

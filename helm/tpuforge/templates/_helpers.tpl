@@ -57,11 +57,28 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
+{{/* Where the operator's default images come from (tpuforge.api.images): `--image-registry`, `--image-tag`. */}}
+{{- define "tpuforge.imageRegistry" -}}
+{{- trimSuffix "/" .Values.images.registry }}
+{{- end }}
+
+{{- define "tpuforge.imageTag" -}}
+{{- default .Chart.AppVersion .Values.images.tag }}
+{{- end }}
+
 {{- define "tpuforge.image" -}}
+{{- $repository := .Values.image.repository | default (printf "%s/operator" (include "tpuforge.imageRegistry" . | default "tpuforge")) }}
 {{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- printf "%s@%s" $repository .Values.image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" $repository (default (include "tpuforge.imageTag" .) .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* imagePullSecrets entries as names: `{name: x}` or plain `x`. */}}
+{{- define "tpuforge.pullSecretNames" -}}
+{{- range .Values.imagePullSecrets }}
+- {{ if kindIs "string" . }}{{ . }}{{ else }}{{ .name }}{{ end }}
 {{- end }}
 {{- end }}
 

@@ -3,7 +3,7 @@ configs, and validation. Depends on pydantic only."""
 
 from tpuforge.api.base import PodResources
 from tpuforge.api.catalog import MODELS, TPU_SLICES, ModelShape, TpuSlice, model_shape, tpu_slice
-from tpuforge.api.code_eval import CheckerSpec, CodeEvalSpec, pass_at_metric
+from tpuforge.api.code_eval import CheckerSpec, CodeEvalSpec, ConfidenceInterval, pass_at_metric
 from tpuforge.api.conditions import Condition, now_rfc3339, set_condition
 from tpuforge.api.configs import (
     EvalConfig,
@@ -21,6 +21,7 @@ from tpuforge.api.evaluation import evaluation_verdict
 from tpuforge.api.finetune import (
     CheckpointSpec,
     DatasetRef,
+    EvalModelStorage,
     EvalThresholds,
     EvaluationSpec,
     FineTuneJobSpec,
@@ -83,9 +84,11 @@ __all__ = [
     "CheckpointSpec",
     "CodeEvalSpec",
     "Condition",
+    "ConfidenceInterval",
     "Cost",
     "DatasetRef",
     "EvalConfig",
+    "EvalModelStorage",
     "EvalThresholds",
     "EvaluationSpec",
     "EvaluationStatus",

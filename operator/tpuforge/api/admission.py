@@ -21,9 +21,18 @@ from pydantic import BaseModel
 
 from tpuforge.api.catalog import TPU_SLICES
 from tpuforge.api.code_eval import PASS_AT_K, CodeEvalSpec
-from tpuforge.api.constants import CPU_SLICE
+from tpuforge.api.constants import CPU_SLICE, GKE_SPOT, GKE_TPU_ACCELERATOR, GKE_TPU_TOPOLOGY, INSTANCE_TYPE
 from tpuforge.api.finetune import EvaluationSpec, FineTuneJobSpec, TpuSpec, TrainingSpec
-from tpuforge.api.serving import AdapterSource, LoraServingSpec, ServingDeploymentSpec, ServingModel, ServingTpu
+from tpuforge.api.scheduling import PodScheduling, Toleration
+from tpuforge.api.serving import (
+    AdapterSource,
+    LoraServingSpec,
+    ModelStorageSpec,
+    ServingDeploymentSpec,
+    ServingModel,
+    ServingTpu,
+    XlaCacheSpec,
+)
 
 # The field error the apiserver reports: "Invalid value" or "Required value", each followed by the message.
 # (FieldValueDuplicate would drop the message, so duplicates are reported as invalid.)
@@ -58,10 +67,56 @@ def _listing(entries: dict[str, int]) -> str:
     return ", ".join(f"{key}: {value}" for key, value in entries.items())
 
 
+def _cel_str_map(entries: dict[str, str]) -> str:
+    return "{" + ", ".join(f"'{key}': '{value}'" for key, value in entries.items()) + "}"
+
+
 SLICE_CHIPS = {s.id: s.chips for s in TPU_SLICES.values()}
 SLICE_CHIPS_PER_HOST = {s.id: s.chips_per_host for s in TPU_SLICES.values()}
 MULTI_HOST_SLICES = [s.id for s in TPU_SLICES.values() if s.hosts > 1]
 SINGLE_HOST_SLICES = [s.id for s in TPU_SLICES.values() if s.hosts == 1]
+
+
+def _owned_label(key: str, values: dict[str, str]) -> str:
+    """The slice's value of node label `key`, where the spec's scheduling.nodeSelector names it."""
+    sel = "self.scheduling.nodeSelector"
+    return (
+        f"(!(self.slice in {_cel_str_map(values)}) || !('{key}' in {sel}) || {sel}['{key}'] == "
+        f"{_cel_str_map(values)}[self.slice])"
+    )
+
+
+# The node labels the operator sets for a TPU pod (tpuforge.api.scheduling.owned_labels): the spec's
+# scheduling.nodeSelector may repeat them, not contradict them.
+_SLICE_LABELS = " && ".join(
+    _owned_label(key, values)
+    for key, values in (
+        (GKE_TPU_ACCELERATOR, {s.id: s.accelerator for s in TPU_SLICES.values()}),
+        (GKE_TPU_TOPOLOGY, {s.id: s.topology for s in TPU_SLICES.values()}),
+        (INSTANCE_TYPE, {s.id: s.machine_type for s in TPU_SLICES.values() if s.hosts == 1}),
+    )
+)
+# The same three rules on a FineTuneJob's spec.tpu and a ServingDeployment's.
+TPU_SCHEDULING_RULES = (
+    AdmissionRule(
+        _SLICE_LABELS,
+        "contradicts the node labels of spec.tpu.slice (its accelerator, topology or machine type): remove the key, "
+        "which the operator sets from spec.tpu.slice, or change spec.tpu.slice",
+        ".scheduling.nodeSelector",
+    ),
+    AdmissionRule(
+        f"!('{GKE_SPOT}' in self.scheduling.nodeSelector) || "
+        f"(self.spot && self.scheduling.nodeSelector['{GKE_SPOT}'] == 'true')",
+        f"{GKE_SPOT} is the operator's: remove it and set spec.tpu.spot, which also tolerates the Spot taint",
+        ".scheduling.nodeSelector",
+    ),
+    AdmissionRule(
+        "!self.spot || (!has(self.scheduling.reservation) && !self.scheduling.flexStart)",
+        "Spot VMs consume no reservation and are not flex-start capacity: remove scheduling.reservation and "
+        "scheduling.flexStart, or set spec.tpu.spot: false",
+        ".scheduling",
+    ),
+)
 
 
 ADMISSION_RULES: dict[type[BaseModel], tuple[AdmissionRule, ...]] = {
@@ -100,6 +155,7 @@ ADMISSION_RULES: dict[type[BaseModel], tuple[AdmissionRule, ...]] = {
             f"spec.tpu.slice ({_listing(SLICE_CHIPS_PER_HOST)}), and fsdp spans the hosts",
             ".mesh.tp",
         ),
+        *TPU_SCHEDULING_RULES,
     ),
     TrainingSpec: (
         AdmissionRule(
@@ -215,6 +271,49 @@ ADMISSION_RULES: dict[type[BaseModel], tuple[AdmissionRule, ...]] = {
             f"spans several hosts and one vLLM server runs on one host; use one of {', '.join(SINGLE_HOST_SLICES)}",
             ".slice",
         ),
+        *TPU_SCHEDULING_RULES,
+    ),
+    XlaCacheSpec: (
+        AdmissionRule(
+            "self.accessMode != 'ReadWriteMany' || has(self.storageClassName)",
+            "required with accessMode ReadWriteMany: the default class (Hyperdisk Balanced) attaches to one node at "
+            "a time; name a class that many nodes mount (e.g. Filestore's standard-rwx)",
+            ".storageClassName",
+            "FieldValueRequired",
+        ),
+    ),
+    ModelStorageSpec: (
+        AdmissionRule(
+            "self.medium != 'HyperdiskML' || has(self.storageClassName)",
+            "required with medium HyperdiskML: a class of type hyperdisk-ml (the chart's storage.hyperdiskML)",
+            ".storageClassName",
+            "FieldValueRequired",
+        ),
+        AdmissionRule(
+            "(self.medium == 'HyperdiskML') == has(self.dataSource)",
+            "the GCPDataSource that fills the model volume: required with medium HyperdiskML, and only there",
+            ".dataSource",
+        ),
+    ),
+    PodScheduling: (
+        AdmissionRule(
+            "!has(self.reservation) || !self.flexStart",
+            "reservation and flexStart are different kinds of capacity; set one of them",
+        ),
+    ),
+    Toleration: (
+        AdmissionRule(
+            "self.operator != 'Exists' || !has(self.value) || self.value == ''",
+            "a toleration with operator Exists takes no value; remove value or use Equal",
+        ),
+        AdmissionRule(
+            "self.operator != 'Equal' || has(self.key)",
+            "a toleration with operator Equal needs a key; set key, or use Exists for every taint",
+        ),
+        AdmissionRule(
+            "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            "tolerationSeconds applies to effect NoExecute only; set that effect or remove it",
+        ),
     ),
     LoraServingSpec: (
         AdmissionRule(
@@ -226,4 +325,4 @@ ADMISSION_RULES: dict[type[BaseModel], tuple[AdmissionRule, ...]] = {
 }
 
 
-__all__ = ["ADMISSION_RULES", "AdmissionRule"]
+__all__ = ["ADMISSION_RULES", "TPU_SCHEDULING_RULES", "AdmissionRule"]

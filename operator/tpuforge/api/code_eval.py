@@ -3,15 +3,26 @@ a checker runs each one against the problem's test, and pass@k is estimated from
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from tpuforge.api.base import ApiModel
+from tpuforge.api.base import ApiModel, StatusModel
+from tpuforge.api.resources import quantity
 
 PASS_AT_K = "passAtK"
 PASS_AT_PREFIX = "pass@"
 # n's upper bound; also the most k there can be (distinct, each at most n), which bounds the apiserver's cost
 # estimate of the rules over k (tpuforge.api.admission).
 MAX_SAMPLES_PER_PROBLEM = 200
+# The default sampling temperature: low when only pass@1 is asked (its estimate is best at a low temperature),
+# higher when a larger k is (pass@k for k > 1 needs varied samples), as Codex/HumanEval and VerilogEval report.
+PASS_AT_1_TEMPERATURE = 0.2
+PASS_AT_K_TEMPERATURE = 0.8
+# Each pass@k comes with a percentile bootstrap interval over problems at this level, from this many resamples.
+CONFIDENCE_LEVEL = 0.95
+BOOTSTRAP_RESAMPLES = 2000
+# Why a sample failed, in the report and status.evaluation.failures: the checker's categories (its verdict's
+# "failure"), and "truncated" for an answer vLLM cut at maxNewTokens (it fails whatever the checker said).
+FAILURE_CATEGORIES = ("syntax", "compile", "mismatch", "timeout", "refused", "limit", "truncated", "error")
 
 
 _UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
@@ -22,6 +33,16 @@ def quantity_bytes(quantity: str) -> int:
     """A Kubernetes memory quantity (512Mi, 1G, 1.5Gi) in bytes."""
     number = quantity.rstrip("KMGTPik")
     return int(float(number) * _UNITS[quantity[len(number) :]])
+
+
+# The checker runner's own share of its container's memory, and the least a sample gets of the rest.
+CHECK_RUNNER_MEMORY = 96 << 20
+MIN_SAMPLE_MEMORY = 64 << 20
+
+
+def default_temperature(k: list[int]) -> float:
+    """The temperature the samples are drawn at when spec.evaluation.code.temperature is unset."""
+    return PASS_AT_1_TEMPERATURE if max(k, default=1) <= 1 else PASS_AT_K_TEMPERATURE
 
 
 def pass_at_metric(k: int) -> str:
@@ -41,10 +62,24 @@ class CheckerSpec(ApiModel):
     timeout_seconds: float = Field(
         default=10.0, gt=0, le=600, description="Per-sample limit; a sample still running then is killed and fails."
     )
-    cpu: str = Field(default="1", description="CPU request and limit of the checker container.")
-    memory: str = Field(
-        default="512Mi", description="Memory request and limit of the checker container; also each sample's cap."
+    cpu: str = Field(
+        default="1",
+        description="CPU request and limit of the checker container; one sample is checked at once per whole CPU.",
     )
+    memory: str = Field(
+        default="512Mi",
+        description="Memory request and limit of the checker container. The runner keeps 96Mi; each sample checked "
+        "at once gets an equal share of the rest (all its processes together) and fails alone past it.",
+    )
+
+    def parallelism(self) -> int:
+        """Samples checked at once: one per whole CPU of the checker container."""
+        return max(1, int(quantity(self.cpu)))
+
+    def sample_memory(self) -> int:
+        """Each sample's memory cap, below the container's limit so that a greedy sample never gets the
+        container (and the whole evaluation) killed."""
+        return (quantity_bytes(self.memory) - CHECK_RUNNER_MEMORY) // self.parallelism()
 
 
 class CodeEvalSpec(ApiModel):
@@ -60,7 +95,13 @@ class CodeEvalSpec(ApiModel):
         max_length=MAX_SAMPLES_PER_PROBLEM,
         description="The k of each pass@k reported (each at most samplesPerProblem).",
     )
-    temperature: float = Field(default=0.8, ge=0, le=2, description="Sampling temperature.")
+    temperature: float | None = Field(
+        default=None,
+        ge=0,
+        le=2,
+        description=f"Sampling temperature; unset: {PASS_AT_1_TEMPERATURE} when k is only [1] (pass@1), "
+        f"{PASS_AT_K_TEMPERATURE} when a larger k is asked.",
+    )
     top_p: float = Field(default=0.95, gt=0, le=1, description="Nucleus sampling: keep this much probability mass.")
     max_new_tokens: int = Field(default=512, ge=1, description="Longest answer sampled.")
     seed: int = Field(
@@ -72,3 +113,21 @@ class CodeEvalSpec(ApiModel):
     checker: CheckerSpec | None = Field(
         default=None, description="What runs each sample against its test (required with the passAtK metric)."
     )
+
+    @model_validator(mode="after")
+    def _default_temperature(self) -> CodeEvalSpec:
+        if self.temperature is None:
+            self.temperature = default_temperature(self.k)
+        return self
+
+    @property
+    def sampling_temperature(self) -> float:
+        """The temperature the samples are drawn at: the one set, else the default for the largest k."""
+        return self.temperature if self.temperature is not None else default_temperature(self.k)
+
+
+class ConfidenceInterval(StatusModel):
+    """A score's confidence interval (CONFIDENCE_LEVEL, a bootstrap over the problems)."""
+
+    low: float = Field(description="Lower bound; minPassAt is held against it.")
+    high: float = Field(description="Upper bound.")

@@ -21,7 +21,11 @@ DEFAULT_EVALUATOR_IMAGE = f"tpuforge/evaluator:{PROJECT_VERSION}"
 DEFAULT_OPERATOR_IMAGE = f"tpuforge/operator:{PROJECT_VERSION}"
 # The first tpu-inference release with runtime LoRA loading (/v1/load_lora_adapter) on TPU is v0.25.0
 # (vllm-project/tpu-inference#2707); v0.27.0 is the newest release, and serves Gemma 4. docs/serving.md says more.
-DEFAULT_VLLM_IMAGE = "vllm/vllm-tpu:v0.27.0"
+# The one place the vLLM-TPU release is named: the serving image's default and the base of every tpuforge image
+# built on vLLM (images/serving.Dockerfile, images/evaluator.Dockerfile, by the build argument VLLM_TPU_IMAGE).
+VLLM_TPU_REPOSITORY = "vllm/vllm-tpu"
+VLLM_TPU_TAG = "v0.27.0"
+DEFAULT_VLLM_IMAGE = f"{VLLM_TPU_REPOSITORY}:{VLLM_TPU_TAG}"
 # A multimodal model's server batches each image or video whole (--disable_chunked_mm_input, which vLLM-TPU
 # requires for them), so --max-num-batched-tokens must hold Gemma 4's largest item: a 32-frame video at 70
 # soft tokens a frame with its markers and timestamps, 2496 tokens (vLLM's own budget, refused at start-up
@@ -77,6 +81,8 @@ LABEL_JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"  # set by JobSet on its Job
 # Set by Indexed Jobs on each pod: its index, 0 .. completions-1 (the JAX process id).
 JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
+# Where the evaluation's containers keep their copies of the base model and the adapter (a sized volume).
+EVAL_WORK_DIR_ENV = "TPUFORGE_EVAL_WORK_DIR"
 # The multi-host training pods' environment (the trainer calls jax.distributed.initialize with it). Unset on a
 # single host, where the trainer runs one process.
 ENV_NUM_PROCESSES = "TPUFORGE_NUM_PROCESSES"
@@ -87,6 +93,12 @@ COORDINATOR_PORT = 8476  # JAX's usual coordinator port, on process 0's pod
 # uneven image pulls and node start-ups on a big slice.
 ENV_JOIN_TIMEOUT = "TPUFORGE_JOIN_TIMEOUT_SECONDS"
 JOIN_TIMEOUT_SECONDS = 1800
+# spec.runPolicy.maxPreemptions: on Spot capacity a reclaim every few hours is normal, so a day's run may see
+# several; past this many, something keeps taking the pods away (a node pool that never holds, a drain loop).
+DEFAULT_MAX_PREEMPTIONS = 20
+# spec.evaluation.activeDeadlineSeconds: a 31B evaluation (two model copies fetched, vLLM compiled twice, a few
+# hundred answers scored) takes well under an hour on a v6e-8; four hours leave room for a retry or two.
+EVAL_ACTIVE_DEADLINE_SECONDS = 4 * 3600
 
 # The trainer exits with this code after it has checkpointed on SIGTERM, so the operator counts a
 # preemption and not a failure. 143 (128+SIGTERM) is what a process killed by SIGTERM reports, so the

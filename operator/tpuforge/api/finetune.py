@@ -11,11 +11,15 @@ from tpuforge.api.catalog import GEMMA4_LORA_TARGETS, Dtype
 from tpuforge.api.code_eval import CodeEvalSpec
 from tpuforge.api.constants import (
     DEFAULT_EVALUATOR_IMAGE,
+    DEFAULT_MAX_PREEMPTIONS,
     DEFAULT_MERGER_IMAGE,
     DEFAULT_TRAINER_IMAGE,
+    EVAL_ACTIVE_DEADLINE_SECONDS,
     JOIN_TIMEOUT_SECONDS,
 )
+from tpuforge.api.images import MAX_PULL_SECRETS, PULL_SECRETS_HELP, SecretName
 from tpuforge.api.preflight import PreflightSpec
+from tpuforge.api.scheduling import PodScheduling
 
 
 class ModelRef(ApiModel):
@@ -57,6 +61,12 @@ class TrainingSpec(ApiModel):
     learning_rate: float = Field(default=1e-4, gt=0, description="Peak learning rate (warmup-cosine).")
     warmup_steps: int = Field(default=100, ge=0, description="Linear warmup steps.")
     weight_decay: float = Field(default=0.001, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(
+        default=1.0,
+        gt=0,
+        description="Clip each optimizer step's gradient (accumulated over its micro-batches) to this global "
+        "L2 norm before AdamW. No value turns clipping off; a very large one makes it a no-op.",
+    )
     loss_on: Literal["assistant", "all"] = Field(
         default="assistant", description="Which tokens carry loss: assistant turns only, or every token."
     )
@@ -108,6 +118,11 @@ class TpuSpec(ApiModel):
         description="Run the TPU containers (trainer, evaluation) as root, still without privileges or "
         "capabilities, for nodes whose TPU device files only root may open; unset: the operator's default "
         "(Helm value tpu.runAsRoot, false unless set).",
+    )
+    scheduling: PodScheduling = Field(
+        default_factory=PodScheduling,
+        description="Where the training pods may run beyond the slice: a reservation, flex-start, a dedicated "
+        "pool's node labels and tolerations, pod annotations, a PriorityClass (docs/platform-team.md).",
     )
 
 
@@ -175,6 +190,21 @@ class EvalThresholds(ApiModel):
     )
 
 
+class EvalModelStorage(ApiModel):
+    """Where the evaluation keeps its copies of the base model and the adapter: never the node's boot disk."""
+
+    size: str | None = Field(
+        default=None,
+        description="Volume size; default: the base model's checkpoint bytes plus 25%, in GiB.",
+    )
+    storage_class_name: str | None = Field(
+        default=None,
+        description="StorageClass of the volume on a TPU slice (a generic ephemeral volume, deleted with the pod); "
+        "default: the operator's --storage-class (the chart's Hyperdisk Balanced class, which TPU v6e VMs can "
+        "attach), else the cluster's default class. On slice cpu the copies go to an emptyDir of that size.",
+    )
+
+
 class EvaluationSpec(ApiModel):
     dataset_uri: str | None = Field(
         default=None, description="gs:// chat JSONL to evaluate on; defaults to spec.dataset.evalUri."
@@ -200,18 +230,50 @@ class EvaluationSpec(ApiModel):
         description="TPU slice the evaluation runs on (the serving slice kind), or cpu for a CPU node (tests).",
     )
     node_selector: dict[str, str] = Field(
-        default_factory=dict, description="Extra node selector for the evaluation pod (e.g. a CPU node pool)."
+        default_factory=dict,
+        description="Extra node selector for the evaluation pod (e.g. a CPU node pool); merged with "
+        "scheduling.nodeSelector, which may not give a key another value.",
+    )
+    scheduling: PodScheduling = Field(
+        default_factory=PodScheduling,
+        description="Where the evaluation pod may run beyond its slice (the same settings as spec.tpu.scheduling, "
+        "for the evaluation's own node pool).",
     )
     resources: PodResources = Field(
         default_factory=PodResources,
         description="CPU and memory the evaluation pod requests; unset: derived from the model and the slice.",
     )
+    model_storage: EvalModelStorage = Field(
+        default_factory=EvalModelStorage,
+        description="The volume the evaluation pod copies the base model and the adapter to.",
+    )
+    active_deadline_seconds: int = Field(
+        default=EVAL_ACTIVE_DEADLINE_SECONDS,
+        ge=60,
+        description="The evaluation Job's activeDeadlineSeconds: past it (model downloads, compiles and scoring "
+        "of every try together) the Job is stopped and the FineTuneJob fails, naming this field.",
+    )
 
 
 class ImagesSpec(ApiModel):
-    trainer: str = Field(default=DEFAULT_TRAINER_IMAGE, description="Training image.")
-    merger: str = Field(default=DEFAULT_MERGER_IMAGE, description="Merge image.")
-    evaluator: str = Field(default=DEFAULT_EVALUATOR_IMAGE, description="Evaluation image (vLLM + tpuforge).")
+    trainer: str | None = Field(
+        default=None,
+        description="Training and preflight image; unset: the operator's (<registry>/trainer:<tag>, "
+        f"{DEFAULT_TRAINER_IMAGE} with no registry).",
+    )
+    merger: str | None = Field(
+        default=None,
+        description=f"Merge image; unset: the operator's (<registry>/merger:<tag>, {DEFAULT_MERGER_IMAGE} with no "
+        "registry).",
+    )
+    evaluator: str | None = Field(
+        default=None,
+        description="Evaluation image (vLLM-TPU + tpuforge); unset: the operator's (<registry>/evaluator:<tag>, "
+        f"{DEFAULT_EVALUATOR_IMAGE} with no registry).",
+    )
+    pull_secrets: list[SecretName] = Field(
+        default_factory=list, max_length=MAX_PULL_SECRETS, description=PULL_SECRETS_HELP
+    )
 
 
 class RunPolicy(ApiModel):
@@ -219,7 +281,14 @@ class RunPolicy(ApiModel):
     max_restarts: int = Field(
         default=3,
         ge=0,
-        description="Retries after failures; preemptions are counted apart and always resume.",
+        description="Retries after failures (a trainer's error, an OOM kill, an eviction for using more memory or "
+        "disk than the pod asked for); preemptions are counted apart, under maxPreemptions.",
+    )
+    max_preemptions: int = Field(
+        default=DEFAULT_MAX_PREEMPTIONS,
+        ge=0,
+        description="Preemptions (a Spot reclaim, a node shutdown or drain, the scheduler making room) after "
+        "which the job fails instead of resuming again; each resumes from the last checkpoint.",
     )
     active_deadline_seconds: int | None = Field(
         default=None, ge=1, description="Fail the job when it has run this long."
@@ -250,9 +319,13 @@ class FineTuneJobSpec(ApiModel):
     images: ImagesSpec = Field(default_factory=ImagesSpec, description="Container images.")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Suspension, retries, deadlines.")
     queue_name: str | None = Field(default=None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name).")
-    priority_class_name: str | None = Field(default=None, description="PriorityClass of the training pod.")
+    priority_class_name: str | None = Field(
+        default=None,
+        description="PriorityClass of the training pod; spec.tpu.scheduling.priorityClassName also sets it.",
+    )
     service_account_name: str | None = Field(
         default=None,
-        description="ServiceAccount of the pods (e.g. bound to a Google service account by Workload "
-        "Identity); the operator creates one when unset.",
+        description="Required: the ServiceAccount every pod of the job runs as (preflight, trainer, merge, "
+        "evaluation), bound (Workload Identity) to an identity that may read the model and dataset and write the "
+        "checkpoint and output buckets. `default` cannot, on GKE.",
     )

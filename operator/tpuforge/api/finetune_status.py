@@ -8,6 +8,7 @@ from pydantic import Field
 
 from tpuforge.api import display
 from tpuforge.api.base import StatusModel
+from tpuforge.api.code_eval import ConfidenceInterval
 from tpuforge.api.conditions import Condition
 from tpuforge.api.preflight import PreflightStatus
 
@@ -92,6 +93,20 @@ class EvaluationStatus(StatusModel):
 
     metrics: dict[str, float] = Field(default_factory=dict, description="The adapter's scores, by metric.")
     base_metrics: dict[str, float] = Field(default_factory=dict, description="The base model's scores.")
+    intervals: dict[str, ConfidenceInterval] | None = Field(
+        default=None,
+        description="The adapter's 95% confidence interval of each pass@k, by metric (a bootstrap over the "
+        "problems); minPassAt is held against its low bound.",
+    )
+    base_intervals: dict[str, ConfidenceInterval] | None = Field(
+        default=None, description="The base model's intervals, as intervals."
+    )
+    failures: dict[str, int] | None = Field(
+        default=None,
+        description="The adapter's failed samples by why they failed (syntax, compile, mismatch, timeout, refused, "
+        "limit, truncated, error); only the categories seen.",
+    )
+    base_failures: dict[str, int] | None = Field(default=None, description="The base model's, as failures.")
     examples: int | None = Field(default=None, description="Records evaluated.")
     passed: bool | None = Field(default=None, description="Whether every threshold was met.")
     result: str | None = Field(default=None, description="Passed or Failed.")

@@ -55,7 +55,21 @@ class PreflightStatus(StatusModel):
     assumed_mfu: float | None = Field(default=None, alias="assumedMFU", description="The MFU the estimates assume.")
     estimated_tokens_per_second: float | None = None
     estimated_seconds: float | None = Field(default=None, description="The whole run's training time.")
-    estimated_usd: float | None = Field(default=None, alias="estimatedUSD", description="The run's TPU list price.")
+    total_steps: int | None = Field(default=None, description="The optimizer steps the estimates are for.")
+    estimated_usd: float | None = Field(
+        default=None,
+        alias="estimatedUSD",
+        description="The whole job's estimated cost: the train steps and the model load, compile, checkpoints, "
+        "preflight, evaluation and merge around them, at the prices of costPricesAsOf (Spot where spec.tpu.spot).",
+    )
+    cost_parts: dict[str, float] = Field(
+        default_factory=dict,
+        alias="costPartsUSD",
+        description="estimatedUSD by part: trainSteps, modelLoad, compile, checkpoints, preflight, evaluation, merge.",
+    )
+    cost_prices_as_of: str | None = Field(
+        default=None, description="When the price table the estimate uses was written (tpuforge.api.cost)."
+    )
     compile_seconds: float | None = None
     fixes: list[str] = Field(default_factory=list, description="What to change to fit, when it does not.")
     message: str | None = Field(default=None, description="The headline, e.g. fits: 31.2 of 95 GiB per chip; ...")

@@ -9,7 +9,9 @@ from pydantic import Field, model_validator
 
 from tpuforge.api.base import ApiModel, PodResources, StatusModel
 from tpuforge.api.conditions import Condition
-from tpuforge.api.constants import DEFAULT_VLLM_IMAGE, MULTIMODAL_MAX_NUM_BATCHED_TOKENS
+from tpuforge.api.constants import DEFAULT_MERGER_IMAGE, DEFAULT_VLLM_IMAGE, MULTIMODAL_MAX_NUM_BATCHED_TOKENS
+from tpuforge.api.images import MAX_PULL_SECRETS, PULL_SECRETS_HELP, SecretName
+from tpuforge.api.scheduling import PodScheduling
 
 
 class FineTuneJobRef(ApiModel):
@@ -85,6 +87,11 @@ class ServingTpu(ApiModel):
         "whose TPU device files only root may open; unset: the operator's default (Helm value tpu.runAsRoot, "
         "false unless set).",
     )
+    scheduling: PodScheduling = Field(
+        default_factory=PodScheduling,
+        description="Where the vLLM pods may run beyond the slice: a reservation, flex-start, a dedicated pool's "
+        "node labels and tolerations, pod annotations, a PriorityClass (docs/platform-team.md).",
+    )
 
 
 class LoraServingSpec(ApiModel):
@@ -103,7 +110,11 @@ class LoraServingSpec(ApiModel):
 
 
 class VllmSpec(ApiModel):
-    image: str = Field(default=DEFAULT_VLLM_IMAGE, description="vLLM-TPU image.")
+    image: str | None = Field(
+        default=None,
+        description="vLLM-TPU image; unset: the operator's (<registry>/serving:<tag>, which is "
+        f"{DEFAULT_VLLM_IMAGE} re-published; {DEFAULT_VLLM_IMAGE} itself with no registry).",
+    )
     tensor_parallel_size: int = Field(default=8, ge=1, description="vLLM --tensor-parallel-size.")
     max_model_len: int = Field(default=16384, ge=1, description="vLLM --max-model-len.")
     kv_cache_dtype: str = Field(default="auto", description="vLLM --kv-cache-dtype (auto, fp8, ...).")
@@ -139,7 +150,8 @@ class XlaCacheSpec(ApiModel):
     access_mode: AccessMode = Field(
         default="ReadWriteOnce",
         description="ReadWriteOnce (a disk: one node at a time, so pods are replaced, not surged) or "
-        "ReadWriteMany (a class that many nodes mount, such as Filestore: needed for replicas > 1).",
+        "ReadWriteMany (a class that many nodes mount, such as Filestore: needed for replicas > 1; "
+        "storageClassName is then required, since the default Hyperdisk Balanced class cannot be shared).",
     )
     retain_on_delete: bool = Field(
         default=True, description="Keep the cache PVC when the ServingDeployment is deleted."
@@ -149,21 +161,52 @@ class XlaCacheSpec(ApiModel):
 class ModelStorageSpec(ApiModel):
     """Where the serving pod keeps its copy of the model."""
 
-    medium: Literal["Disk", "NodeLocal"] = Field(
+    medium: Literal["Disk", "NodeLocal", "HyperdiskML"] = Field(
         default="Disk",
         description="Disk: a ReadWriteOnce PersistentVolumeClaim of the ServingDeployment, kept across pod "
         "restarts (a restart does not download the model again). NodeLocal: an emptyDir on the node's disk "
-        "with an ephemeral-storage request of `size` (for node pools with a boot disk or local SSD large enough).",
+        "with an ephemeral-storage request of `size` (for node pools with a boot disk or local SSD large enough). "
+        "HyperdiskML: a ReadOnlyMany Hyperdisk ML volume that GKE's Volume Populator fills from Cloud Storage "
+        "(dataSource), read by every replica at once: no fetch in the pod, and replicas > 1 need no copy per node.",
     )
     size: str | None = Field(
         default=None, description="Volume size; default: the model's checkpoint bytes plus 25%, in GiB."
     )
-    storage_class_name: str | None = Field(default=None, description=STORAGE_CLASS_HELP)
+    storage_class_name: str | None = Field(
+        default=None,
+        description=f"{STORAGE_CLASS_HELP} Required with HyperdiskML: a class of type hyperdisk-ml (the chart's "
+        "storage.hyperdiskML class).",
+    )
+    data_source: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="HyperdiskML only (and required there): the GCPDataSource (datalayer.gke.io) in this namespace "
+        "that names the model's gs:// directory; the claim is populated from it once, when it is created.",
+    )
 
 
 # More adapters than one server keeps in host memory; the bound keeps the apiserver's cost estimate of the rules
 # that compare adapters pairwise low (tpuforge.api.admission).
 MAX_ADAPTERS = 64
+
+
+class ServingImagesSpec(ApiModel):
+    """The images of the serving pod's tpuforge containers (the vLLM server's is spec.vllm.image)."""
+
+    model_fetch: str | None = Field(
+        default=None,
+        description="Image of the init container that copies the model into the pod; unset: the operator's "
+        f"merger image (<registry>/merger:<tag>, {DEFAULT_MERGER_IMAGE} with no registry).",
+    )
+    adapters: str | None = Field(
+        default=None,
+        description="Image of the sidecar that fetches LoRA adapters (with spec.adapters); unset: the operator's "
+        f"merger image (<registry>/merger:<tag>, {DEFAULT_MERGER_IMAGE} with no registry).",
+    )
+    pull_secrets: list[SecretName] = Field(
+        default_factory=list, max_length=MAX_PULL_SECRETS, description=PULL_SECRETS_HELP
+    )
 
 
 class ServingDeploymentSpec(ApiModel):
@@ -181,6 +224,10 @@ class ServingDeploymentSpec(ApiModel):
     )
     tpu: ServingTpu = Field(default_factory=ServingTpu, description="Where the server runs.")
     vllm: VllmSpec = Field(default_factory=VllmSpec, description="The vLLM server.")
+    images: ServingImagesSpec = Field(
+        default_factory=ServingImagesSpec,
+        description="The model-fetch and adapters containers' images, and image pull Secrets.",
+    )
     replicas: int = Field(default=1, ge=0, description="vLLM server replicas (one slice each).")
     xla_cache: XlaCacheSpec = Field(
         default_factory=XlaCacheSpec, description="Persistent XLA compilation cache (VLLM_XLA_CACHE_PATH)."

@@ -8,7 +8,15 @@ from typing import Any
 from tpuforge.api.catalog import MODELS, TPU_SLICES
 from tpuforge.api.constants import MULTIMODAL_ITEM_TOKENS, MULTIMODAL_MAX_NUM_BATCHED_TOKENS
 from tpuforge.api.serving import ServingDeploymentSpec
-from tpuforge.api.validation import FieldError, SpecError, check_resources, check_uri, is_quantity, parse
+from tpuforge.api.validation import (
+    FieldError,
+    SpecError,
+    check_resources,
+    check_scheduling,
+    check_uri,
+    is_quantity,
+    parse,
+)
 
 # vLLM's largest --max-lora-rank (vllm.config.lora.MaxLoRARanks).
 VLLM_MAX_LORA_RANK = 512
@@ -65,6 +73,33 @@ def _check_serving_pods(errors: list[FieldError], spec: ServingDeploymentSpec) -
         )
     if spec.model_storage.size is not None and not is_quantity(spec.model_storage.size):
         errors.append(FieldError("spec.modelStorage.size", f"{spec.model_storage.size!r} is not a size; e.g. 80Gi"))
+    storage = spec.model_storage
+    if spec.xla_cache.access_mode == "ReadWriteMany" and not spec.xla_cache.storage_class_name:
+        errors.append(
+            FieldError(
+                "spec.xlaCache.storageClassName",
+                "required with accessMode ReadWriteMany: the default class (Hyperdisk Balanced) attaches to one node "
+                "at a time; name a class that many nodes mount (e.g. Filestore's standard-rwx)",
+            )
+        )
+    if storage.medium == "HyperdiskML":
+        if not storage.storage_class_name:
+            errors.append(
+                FieldError(
+                    "spec.modelStorage.storageClassName",
+                    "required with medium HyperdiskML: a class of type hyperdisk-ml (the chart's storage.hyperdiskML)",
+                )
+            )
+        if not storage.data_source:
+            errors.append(
+                FieldError(
+                    "spec.modelStorage.dataSource",
+                    "required with medium HyperdiskML: the GCPDataSource that names the model's gs:// directory "
+                    "(docs/platform-team.md, Hyperdisk ML)",
+                )
+            )
+    elif storage.data_source:
+        errors.append(FieldError("spec.modelStorage.dataSource", "used with medium HyperdiskML only; remove it"))
     if spec.replicas <= 1:
         return
     # Each replica holds a whole TPU VM, so replicas run on different nodes, and a ReadWriteOnce disk attaches
@@ -81,7 +116,8 @@ def _check_serving_pods(errors: list[FieldError], spec: ServingDeploymentSpec) -
         errors.append(
             FieldError(
                 "spec.modelStorage.medium",
-                f"{spec.replicas} replicas cannot share one model disk (ReadWriteOnce); use NodeLocal, or replicas: 1",
+                f"{spec.replicas} replicas cannot share one model disk (ReadWriteOnce); use HyperdiskML (read by "
+                "many nodes) or NodeLocal, or replicas: 1",
             )
         )
 
@@ -153,6 +189,7 @@ def check_serving(
             )
         )
     check_resources(errors, "spec.tpu.resources", spec.tpu.resources, slc)
+    check_scheduling(errors, "spec.tpu.scheduling", spec.tpu.scheduling, slc, spec.tpu.spot, "spec.tpu.slice")
     return errors
 
 

@@ -11,10 +11,11 @@ from pydantic import BaseModel, ValidationError
 
 from tpuforge.api.base import PodResources
 from tpuforge.api.catalog import MODELS, TPU_SLICES, ModelShape, TpuSlice, model_shape, tpu_slice
-from tpuforge.api.code_eval import PASS_AT_K
+from tpuforge.api.code_eval import CHECK_RUNNER_MEMORY, MIN_SAMPLE_MEMORY, PASS_AT_K
 from tpuforge.api.constants import CPU_SLICE
 from tpuforge.api.finetune import EvaluationSpec, FineTuneJobSpec, MeshSpec
 from tpuforge.api.resources import quantity, resource_errors
+from tpuforge.api.scheduling import PodScheduling, scheduling_errors
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -131,6 +132,16 @@ def check_finetune(spec: FineTuneJobSpec) -> list[FieldError]:
     slc: TpuSlice | None = TPU_SLICES.get(spec.tpu.slice)
     if slc is None:
         errors.append(FieldError("spec.tpu.slice", f"unknown TPU slice; use one of {sorted(TPU_SLICES)}"))
+    if not spec.service_account_name:
+        errors.append(
+            FieldError(
+                "spec.serviceAccountName",
+                "required: the ServiceAccount the job's pods run as, one that may read spec.model.uri and "
+                "spec.dataset.uri and write spec.checkpoint.uri and spec.output.uri (on GKE, a Kubernetes "
+                "ServiceAccount allowed on those buckets through Workload Identity; the namespace's `default` "
+                "account is not)",
+            )
+        )
     check_uri(errors, "spec.model.uri", spec.model.uri)
     check_uri(errors, "spec.dataset.uri", spec.dataset.uri)
     check_uri(errors, "spec.dataset.evalUri", spec.dataset.eval_uri)
@@ -183,6 +194,16 @@ def check_finetune(spec: FineTuneJobSpec) -> list[FieldError]:
             )
         )
     check_resources(errors, "spec.tpu.resources", spec.tpu.resources, slc)
+    check_scheduling(errors, "spec.tpu.scheduling", spec.tpu.scheduling, slc, spec.tpu.spot, "spec.tpu.slice")
+    own, top = spec.tpu.scheduling.priority_class_name, spec.priority_class_name
+    if own and top and own != top:
+        errors.append(
+            FieldError(
+                "spec.tpu.scheduling.priorityClassName",
+                f"{own!r} differs from spec.priorityClassName {top!r}; both name the training pods' PriorityClass: "
+                "keep one",
+            )
+        )
     check_resources(errors, "spec.merge.resources", spec.merge.resources, None)
     check_resources(errors, "spec.preflight.resources", spec.preflight.resources, None)
     _check_evaluation(errors, spec, shape)
@@ -236,6 +257,36 @@ def _check_evaluation(errors: list[FieldError], spec: FineTuneJobSpec, shape: Mo
         # The loss runs the trainer's sharded forward pass on the slice's default mesh.
         _divides_heads(errors, "spec.evaluation.slice", slc.default_tp, shape)
     check_resources(errors, "spec.evaluation.resources", ev.resources, slc)
+    size = ev.model_storage.size
+    if size is not None and not is_quantity(size):
+        errors.append(FieldError("spec.evaluation.modelStorage.size", f"{size!r} is not a size; e.g. 80Gi"))
+    on_tpu = slc if ev.slice != CPU_SLICE else None
+    check_scheduling(errors, "spec.evaluation.scheduling", ev.scheduling, on_tpu, False, "spec.evaluation.slice", None)
+    check_scheduling(
+        errors, "spec.evaluation", PodScheduling(node_selector=ev.node_selector), on_tpu, False, "spec.evaluation.slice"
+    )
+    for key, label in ev.node_selector.items():
+        other = ev.scheduling.node_selector.get(key)
+        if other is not None and other != label:
+            errors.append(
+                FieldError(
+                    f"spec.evaluation.scheduling.nodeSelector[{key}]",
+                    f"{other!r} differs from spec.evaluation.nodeSelector[{key}] {label!r}; keep one",
+                )
+            )
+
+
+def check_scheduling(
+    errors: list[FieldError],
+    field: str,
+    sched: PodScheduling,
+    slc: TpuSlice | None,
+    spot: bool,
+    slice_field: str,
+    spot_field: str | None = "spec.tpu.spot",
+) -> None:
+    """`sched` (at `field`) against what the operator sets for pods of `slc` (tpuforge.api.scheduling)."""
+    errors.extend(FieldError(f, m) for f, m in scheduling_errors(field, sched, slc, spot, slice_field, spot_field))
 
 
 def _check_code(errors: list[FieldError], ev: EvaluationSpec) -> None:
@@ -286,6 +337,18 @@ def _check_code(errors: list[FieldError], ev: EvaluationSpec) -> None:
                             f"spec.evaluation.code.checker.{field}", f"must be a Kubernetes quantity (got {q!r})"
                         )
                     )
+            if is_quantity(code.checker.cpu) and is_quantity(code.checker.memory):
+                checker = code.checker
+                if checker.sample_memory() < MIN_SAMPLE_MEMORY:
+                    errors.append(
+                        FieldError(
+                            "spec.evaluation.code.checker.memory",
+                            f"{checker.memory} leaves {max(0, checker.sample_memory()) >> 20}Mi per sample with cpu "
+                            f"{checker.cpu} ({checker.parallelism()} checked at once, the runner keeps "
+                            f"{CHECK_RUNNER_MEMORY >> 20}Mi); each needs at least {MIN_SAMPLE_MEMORY >> 20}Mi: raise "
+                            "memory or lower cpu",
+                        )
+                    )
     asked_k = set(code.k) if code is not None else set()
     for key, value in ev.thresholds.min_pass_at.items():
         field = f"spec.evaluation.thresholds.minPassAt.{key}"
@@ -328,6 +391,7 @@ __all__ = [
     "SpecError",
     "check_finetune",
     "check_resources",
+    "check_scheduling",
     "check_uri",
     "is_quantity",
     "model_shape",

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import kopf
 
 from tpuforge import kube_client, kube_events, metrics
-from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS, LABEL_SERVING
+from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS, LABEL_SERVING, PROJECT_VERSION
+from tpuforge.api.images import ImageDefaults, unique
 from tpuforge.controllers import defaults, finetunejob, servingdeployment
 
 __all__ = ["finetunejob", "main", "servingdeployment"]
@@ -19,6 +21,10 @@ __all__ = ["finetunejob", "main", "servingdeployment"]
 log = logging.getLogger(__name__)
 
 PREFIX = "tpuforge.dev"
+# The image flags' defaults, for setting them in the operator's environment instead.
+ENV_IMAGE_REGISTRY = "TPUFORGE_IMAGE_REGISTRY"
+ENV_IMAGE_TAG = "TPUFORGE_IMAGE_TAG"
+ENV_IMAGE_PULL_SECRETS = "TPUFORGE_IMAGE_PULL_SECRETS"  # comma-separated
 
 
 @kopf.on.startup()
@@ -90,14 +96,48 @@ def parser() -> argparse.ArgumentParser:
         help="terminationGracePeriodSeconds of Spot TPU pods whose spec leaves spec.tpu.spotGraceSeconds unset: "
         f"what the Spot node pools give on a reclaim (default {GKE_SPOT_GRACE_SECONDS}, GKE's)",
     )
+    p.add_argument(
+        "--image-registry",
+        default=os.environ.get(ENV_IMAGE_REGISTRY, ""),
+        metavar="REGISTRY",
+        help="registry and path the default images come from, e.g. europe-docker.pkg.dev/PROJECT/tpuforge: "
+        "REGISTRY/trainer:TAG, merger, evaluator, serving (default: $TPUFORGE_IMAGE_REGISTRY, else the public "
+        "names tpuforge/NAME:TAG and vllm/vllm-tpu)",
+    )
+    p.add_argument(
+        "--image-tag",
+        default=os.environ.get(ENV_IMAGE_TAG, PROJECT_VERSION),
+        metavar="TAG",
+        help=f"tag of the default images (default: $TPUFORGE_IMAGE_TAG, else {PROJECT_VERSION})",
+    )
+    p.add_argument(
+        "--image-pull-secret",
+        action="append",
+        default=[s.strip() for s in os.environ.get(ENV_IMAGE_PULL_SECRETS, "").split(",") if s.strip()],
+        metavar="NAME",
+        help="image pull Secret given to every pod the operator creates, before a spec's own; it must exist in "
+        "each object's namespace (repeatable; default: $TPUFORGE_IMAGE_PULL_SECRETS, comma-separated)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
+
+
+def image_defaults(args: argparse.Namespace) -> ImageDefaults:
+    return ImageDefaults(
+        registry=args.image_registry.strip().rstrip("/"),
+        tag=args.image_tag.strip() or PROJECT_VERSION,
+        pull_secrets=tuple(unique(args.image_pull_secret)),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     defaults.configure(
-        defaults.OperatorDefaults(tpu_run_as_root=args.tpu_run_as_root, spot_grace_seconds=args.spot_grace_seconds)
+        defaults.OperatorDefaults(
+            tpu_run_as_root=args.tpu_run_as_root,
+            spot_grace_seconds=args.spot_grace_seconds,
+            images=image_defaults(args),
+        )
     )
     kopf.configure(verbose=args.verbose)
     if not args.verbose:

@@ -4,7 +4,10 @@ command line (the Helm chart's values) when the operator starts, applied to ever
 `tpu_run_as_root` (`--tpu-run-as-root`, Helm value `tpu.runAsRoot`): run TPU containers as root when a spec
 leaves spec.tpu.runAsRoot unset, for clusters whose TPU device files only root may open.
 `spot_grace_seconds` (`--spot-grace-seconds`, Helm value `tpu.spotGraceSeconds`): the grace Spot TPU pods ask
-for when a spec leaves spec.tpu.spotGraceSeconds unset: what the cluster's Spot node pools give (GKE: 15 s)."""
+for when a spec leaves spec.tpu.spotGraceSeconds unset: what the cluster's Spot node pools give (GKE: 15 s).
+`images` (`--image-registry`, `--image-tag`, `--image-pull-secret`; Helm values `images.registry`, `images.tag`,
+`imagePullSecrets`): the image of every container a spec leaves unset, and the pull Secrets every pod gets
+before the spec's own (tpuforge.api.images)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from typing import TypeVar
 
 from tpuforge.api import FineTuneJobSpec, ServingDeploymentSpec
 from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS
+from tpuforge.api.images import PUBLIC_IMAGES, ImageDefaults
 
 S = TypeVar("S", FineTuneJobSpec, ServingDeploymentSpec)
 
@@ -21,9 +25,13 @@ S = TypeVar("S", FineTuneJobSpec, ServingDeploymentSpec)
 class OperatorDefaults:
     tpu_run_as_root: bool = False
     spot_grace_seconds: int = GKE_SPOT_GRACE_SECONDS
+    images: ImageDefaults = PUBLIC_IMAGES
 
     def apply(self, spec: S) -> S:
         """`spec` with the fields it leaves unset taken from these defaults."""
+        return self._apply_images(self._apply_tpu(spec))
+
+    def _apply_tpu(self, spec: S) -> S:
         unset = {
             field: value
             for field, value in (
@@ -35,6 +43,33 @@ class OperatorDefaults:
         if not unset:
             return spec
         return spec.model_copy(update={"tpu": spec.tpu.model_copy(update=unset)})
+
+    def _apply_images(self, spec: S) -> S:
+        d = self.images
+        if isinstance(spec, FineTuneJobSpec):
+            given = spec.images
+            images = given.model_copy(
+                update={
+                    "trainer": given.trainer or d.trainer,
+                    "merger": given.merger or d.merger,
+                    "evaluator": given.evaluator or d.evaluator,
+                    "pull_secrets": d.with_pull_secrets(given.pull_secrets),
+                }
+            )
+            return spec.model_copy(update={"images": images})
+        served = spec.images
+        return spec.model_copy(
+            update={
+                "vllm": spec.vllm.model_copy(update={"image": spec.vllm.image or d.serving}),
+                "images": served.model_copy(
+                    update={
+                        "model_fetch": served.model_fetch or d.model_fetch,
+                        "adapters": served.adapters or d.adapters,
+                        "pull_secrets": d.with_pull_secrets(served.pull_secrets),
+                    }
+                ),
+            }
+        )
 
 
 _current = OperatorDefaults()

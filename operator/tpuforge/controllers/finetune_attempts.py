@@ -2,9 +2,11 @@
 multi-host slice) with its own name; how it ended is classified once (`finetune_children.attempt_end`), then:
 
     Succeeded -> the merge (finetune_merge.begin)
-    Preempted -> the next attempt, resuming from the last checkpoint (`preempted`; no limit)
+    Preempted -> the next attempt, resuming from the last checkpoint, while spec.runPolicy.maxPreemptions
+                 allows (`preempted`), else the job fails
     Failed    -> the next attempt while spec.runPolicy.maxRestarts allows (`failed`), else the job fails;
-                 a rejected config (exit 3) fails it at once
+                 a rejected config (exit 3) fails it at once; an eviction for the pod's own use of memory or
+                 disk is a failure (finetune_children.self_evicted), not a preemption
 """
 
 from __future__ import annotations
@@ -172,11 +174,20 @@ def next_attempt(ctx: Ctx, n: int, job: JobView) -> None:
 
 def preempted(ctx: Ctx, n: int, job: JobView, end: AttemptEnd) -> None:
     """Where a preemption becomes a resume: count it, say which host or node, and start attempt n + 1 from the
-    last checkpoint. Preemptions are not failures: no limit applies."""
+    last checkpoint. Preemptions are not failures (maxRestarts does not count them), but past
+    spec.runPolicy.maxPreemptions the job fails: something keeps taking its pods away."""
     st = ctx.st
-    st.restarts = (st.restarts or Restarts()).model_copy(
-        update={"preemptions": (st.restarts.preemptions if st.restarts else 0) + 1}
-    )
+    preemptions = (st.restarts.preemptions if st.restarts else 0) + 1
+    st.restarts = (st.restarts or Restarts()).model_copy(update={"preemptions": preemptions})
+    limit = ctx.spec.run_policy.max_preemptions
+    if preemptions > limit:
+        to_failed(
+            ctx,
+            c.TOO_MANY_PREEMPTIONS,
+            c.preemptions_exhausted(n, end.message, preemptions, limit),
+            ev.preemptions_exhausted(n, preemptions),
+        )
+        return
     ckpt = st.progress.last_checkpoint_step if st.progress else None
     resume = f"from checkpoint step {ckpt}" if ckpt is not None else "from the latest checkpoint"
     if ctx.hosts > 1:

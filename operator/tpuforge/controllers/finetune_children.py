@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -37,6 +38,20 @@ PREEMPTION_POD_REASONS = frozenset(
     {"Evicted", "NodeLost", "Shutdown", "NodeShutdown", "Terminated", "Preempting", "TerminationByKubelet"}
 )
 MESSAGE_LIMIT = 1000  # status messages and Events stay readable in `kubectl describe`
+# A kubelet eviction (status.reason Evicted) that the pod brought on itself, by the phrases of the kubelet's
+# eviction message (pkg/kubelet/eviction/helpers.go): under node pressure, one of its containers (or the pod)
+# using more than it requested ("The node was low on resource: memory. ... Container trainer was using 130Gi,
+# request is 120Gi, has larger consumption of memory."), or a local-storage limit of its own exceeded (an
+# emptyDir's sizeLimit, a container's or the pod's ephemeral-storage limit). Running the pod again does the
+# same: a failure, not a preemption. An eviction under pressure that names none of these (the node ran short
+# through other pods or the system) is the node's doing, like a drain.
+EVICTED = "Evicted"
+SELF_EVICTION = re.compile(
+    r"(Container|Pod) \S+ was using \S+, request is \S+"
+    r"|Usage of EmptyDir volume \S+ exceeds the limit"
+    r"|exceeded its local ephemeral storage limit"
+    r"|Pod ephemeral local storage usage exceeds the total limit"
+)
 
 
 def _attempt(labels: Raw) -> int | None:
@@ -269,9 +284,23 @@ def config_view(raw: Raw) -> ConfigView:
     return ConfigView(name=meta.get("name", ""), attempt=_attempt(meta.get("labels") or {}), spec=spec)
 
 
+# What the `score` container's result carries into status.evaluation.
+RESULT_KEYS = (
+    "metrics",
+    "baseMetrics",
+    "intervals",
+    "baseIntervals",
+    "failures",
+    "baseFailures",
+    "examples",
+    "reportUri",
+)
+
+
 def eval_result(pod: PodView) -> EvaluationStatus:
     """The scores an evaluation pod that succeeded wrote as its `score` container's termination message:
-    {"metrics": {...}, "baseMetrics": {...}, "examples": n, "reportUri": "..."}. Raises ValueError, saying
+    {"metrics": {...}, "baseMetrics": {...}, "examples": n, "reportUri": "..."}, with passAtK also "intervals",
+    "baseIntervals", "failures" and "baseFailures". Raises ValueError, saying
     what is wrong, when the message is not that."""
     text = pod.terminated.message.strip() if pod.terminated else ""
     if not text:
@@ -283,9 +312,7 @@ def eval_result(pod: PodView) -> EvaluationStatus:
     if not isinstance(raw, dict) or not isinstance(raw.get("metrics"), dict) or not raw["metrics"]:
         raise ValueError(f"pod {pod.name} wrote a result without metrics: {clip(text, 200)}")
     try:
-        result = EvaluationStatus.model_validate(
-            {k: raw.get(k) for k in ("metrics", "baseMetrics", "examples", "reportUri") if raw.get(k) is not None}
-        )
+        result = EvaluationStatus.model_validate({k: raw.get(k) for k in RESULT_KEYS if raw.get(k) is not None})
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -310,6 +337,13 @@ class AttemptEnd:
     node: str | None = None
 
 
+def self_evicted(pod: PodView) -> bool:
+    """The kubelet evicted the pod for its own use (see SELF_EVICTION): its memory or disk beyond its requests or
+    limits. The pod-pressure eviction also sets DisruptionTarget (TerminationByKubelet); this tells it apart from
+    the node's shutdown, which sets that same reason."""
+    return pod.reason == EVICTED and SELF_EVICTION.search(pod.message) is not None
+
+
 def pod_ending(pod: PodView) -> AttemptEnd | None:
     """The ending a terminal pod reports; None while it has not ended."""
     term = pod.terminated
@@ -319,6 +353,11 @@ def pod_ending(pod: PodView) -> AttemptEnd | None:
     if pod.phase != "Failed":
         return None
     said = clip(term.message) if term else ""
+    if self_evicted(pod):
+        detail = "; ".join(p for p in (pod.message.strip(), said) if p)
+        return AttemptEnd(
+            "Failed", EVICTED, f"pod {pod.name} was evicted for using more than it asked for: {clip(detail)}", at
+        )
     if pod.disruption is not None:
         detail = "; ".join(p for p in (pod.disruption, said) if p)
         return AttemptEnd("Preempted", "DisruptionTarget", f"pod {pod.name} was disrupted: {clip(detail)}", at)

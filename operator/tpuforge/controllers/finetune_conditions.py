@@ -71,6 +71,7 @@ SUCCEEDED_REASON = "Succeeded"
 INVALID_SPEC = "InvalidSpec"
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 TRAINING_FAILED = "TrainingFailed"
+TOO_MANY_PREEMPTIONS = "TooManyPreemptions"
 EVALUATION_RESULT_MISSING = "EvaluationResultMissing"
 EVALUATION_RESULT_UNREADABLE = "EvaluationResultUnreadable"
 
@@ -164,6 +165,14 @@ def rejected(attempt: int, message: str) -> str:
 
 def gave_up(attempt: int, message: str, failures: int, limit: int) -> str:
     return f"attempt {attempt}: {message}; gave up after {failures} failures (spec.runPolicy.maxRestarts={limit})"
+
+
+def preemptions_exhausted(attempt: int, message: str, preemptions: int, limit: int) -> str:
+    return (
+        f"attempt {attempt} was preempted ({message}); gave up after {preemptions} preemptions "
+        f"(spec.runPolicy.maxPreemptions={limit}): raise it to keep resuming, or find what keeps taking the "
+        "pods away (a Spot pool short of capacity, repeated drains or upgrades)"
+    )
 
 
 # --- Preflight ---------------------------------------------------------------------------------------------------
@@ -329,6 +338,13 @@ def evaluation_rejected(job: str, message: str) -> str:
 
 def evaluation_job_failed(job: str, tries: str, detail: str) -> str:
     return f"the evaluation Job {job} failed {tries}; last: {detail}"
+
+
+def evaluation_evicted(job: str, message: str) -> str:
+    return (
+        f"the evaluation Job {job}: {message}; not retried: raise spec.evaluation.resources.memory or "
+        "spec.evaluation.modelStorage.size"
+    )
 
 
 def evaluation_result_missing(job: str) -> str:

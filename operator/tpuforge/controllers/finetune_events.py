@@ -220,12 +220,20 @@ def eval_passed(metrics: dict[str, float], base: dict[str, float]) -> str:
 
 
 def eval_below(failed: Check | None) -> str:
-    """The first threshold missed, e.g. "eval below threshold: em 0.20 < 0.50"."""
+    """The first threshold missed, e.g. "eval below threshold: em 0.20 < 0.50"; a pass@k held by its interval
+    gives the low bound: "eval below: pass@1 low 0.45 < 0.60"."""
     if failed is None or failed.value is None:
         return fit("eval below threshold")
     name = _SHORT.get(failed.metric, failed.metric)
     sign = ">" if failed.threshold_name.startswith("max") else "<"
     value, limit = score(failed.metric, failed.value), score(failed.metric, failed.threshold)
+    if failed.low is not None:
+        low = score(failed.metric, failed.low)
+        return fit(
+            f"eval below threshold: {name} low {low} {sign} {limit}",
+            f"eval below: {name} low {low} {sign} {limit}",
+            "eval below threshold",
+        )
     return fit(f"eval below threshold: {name} {value} {sign} {limit}", "eval below threshold")
 
 
@@ -276,6 +284,13 @@ def gave_up(attempt: int, why: str, failures: int) -> str:
     return fit(
         f"attempt {attempt} failed ({why}); gave up",
         f"attempt {attempt} failed; {failures} failures",
+    )
+
+
+def preemptions_exhausted(attempt: int, preemptions: int) -> str:
+    return fit(
+        f"attempt {attempt} preempted; gave up after {preemptions} preemptions",
+        f"gave up after {preemptions} preemptions",
     )
 
 

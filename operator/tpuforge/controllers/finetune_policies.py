@@ -18,6 +18,7 @@ from tpuforge.api import (
     FineTunePhase,
     Progress,
     RunPolicy,
+    cost,
     display,
     tpu_slice,
 )
@@ -140,7 +141,8 @@ def derive(b: Base, spec: FineTuneJobSpec | None) -> None:
     slice_id = spec.tpu.slice if spec is not None else b.o.spec.get("tpu", {}).get("slice")
     if st.attempts and slice_id is not None:
         try:
-            price = tpu_slice(slice_id).usd_per_hour
+            spot = spec.tpu.spot if spec is not None else bool(b.o.spec.get("tpu", {}).get("spot"))
+            price = cost.tpu_usd_per_hour(tpu_slice(slice_id), spot)
         except KeyError:
             return
         hours = round(tpu_hours(st.attempts, b.now), TPU_HOURS_DIGITS)

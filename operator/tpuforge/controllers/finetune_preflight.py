@@ -16,7 +16,7 @@ import json
 
 from pydantic import ValidationError
 
-from tpuforge.api import PreflightStatus
+from tpuforge.api import PreflightStatus, cost
 from tpuforge.api.constants import EXIT_DOES_NOT_FIT, TERMINATION_LOG
 from tpuforge.controllers import finetune_attempts as attempts
 from tpuforge.controllers import finetune_conditions as c
@@ -40,6 +40,7 @@ _STATUS_KEYS = (
     "estimatedTokensPerSecond",
     "estimatedSeconds",
     "estimatedUSD",
+    "totalSteps",
     "compileSeconds",
     "fixes",
 )
@@ -121,6 +122,8 @@ def finished(ctx: Ctx, job: JobView, pod: PodView) -> None:
     except ValueError as exc:
         failed(ctx, c.PREFLIGHT_FAILED, c.preflight_unreadable(job.name, exc))
         return
+    # The report prices the train steps; the status holds the whole job's estimate (Spot where the job is).
+    found = cost.with_run_cost(found, ctx.spec)
     ctx.st.preflight = found
     headline = found.message or ""
     short = ev.preflight_result(

@@ -152,10 +152,10 @@ def lora_unsupported(e: Exception) -> str | None:
     return None
 
 
-def unsupported_message(image: str, answer: str) -> str:
+def unsupported_message(image: str | None, answer: str) -> str:
     return (
-        f"the vLLM server ({image}) cannot load LoRA adapters at runtime ({answer}); use {DEFAULT_VLLM_IMAGE} "
-        "or another vllm/vllm-tpu release of tpu-inference v0.25.0 or later (spec.vllm.image)"
+        f"the vLLM server ({image or 'spec.vllm.image'}) cannot load LoRA adapters at runtime ({answer}); "
+        f"use {DEFAULT_VLLM_IMAGE} or another vllm/vllm-tpu release of tpu-inference v0.25.0 or later (spec.vllm.image)"
     )
 
 

@@ -37,6 +37,7 @@ from tpuforge.api.constants import (
     SERVING_PLURAL,
     VERSION,
 )
+from tpuforge.controllers import defaults
 from tpuforge.controllers import serving_adapters as adapters
 from tpuforge.controllers import serving_plan as plan
 from tpuforge.controllers.finetune_snapshot import Snapshot, finetunejob_informer
@@ -162,7 +163,7 @@ def write(children: Children, body: Obj, o: plan.Observed, p: plan.Plan) -> api.
             raise
     for type_, reason, message in p.events:
         kube_events.post_event(children.api_client, body, type_, reason, message)
-    metrics.observe_servingdeployment(o.namespace, o.name, o.spec, p.status)
+    metrics.observe_servingdeployment(o.namespace, o.name, o.spec, p.status, defaults.current().images.serving)
     return p.status
 
 

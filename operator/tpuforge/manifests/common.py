@@ -22,6 +22,7 @@ from tpuforge.api.constants import (
     LABEL_PART_OF,
     TPU_RESOURCE,
 )
+from tpuforge.api.scheduling import PodScheduling
 
 Obj = dict[str, Any]
 
@@ -164,6 +165,28 @@ def tpu_scheduling(slc: TpuSlice, spot: bool = False, spot_grace: int | None = N
     return out
 
 
+def with_scheduling(pod_spec: Obj, sched: PodScheduling) -> Obj:
+    """`pod_spec` with the spec's scheduling settings added to what the operator set: node labels (validation
+    refused any that contradict the operator's), tolerations after the operator's, and the PriorityClass.
+    The annotations go on the pod template's metadata (`pod_annotations`). Returns a copy."""
+    out = dict(pod_spec)
+    selector = sched.selector()
+    if selector:
+        out["nodeSelector"] = {**(out.get("nodeSelector") or {}), **selector}
+    tolerations = sched.pod_tolerations()
+    if tolerations:
+        out["tolerations"] = [*(out.get("tolerations") or []), *tolerations]
+    if sched.priority_class_name:
+        out["priorityClassName"] = sched.priority_class_name
+    return out
+
+
+def pod_annotations(own: dict[str, str], sched: PodScheduling) -> dict[str, str]:
+    """The pod template's annotations: the spec's, then the operator's own (which win: validation refuses the
+    operator's prefix, and this keeps e.g. the serving pods' scrape annotations whatever the spec says)."""
+    return {**sched.annotations, **own}
+
+
 def tpu_resources(slc: TpuSlice, requests: dict[str, str]) -> Obj:
     """Every TPU chip of one host of `slc` (the pod owns its TPU VM), and `requests` (CPU and memory, from
     tpuforge.api.resources). No CPU or memory limits: see that module."""
@@ -207,6 +230,26 @@ def _locked_container(container: Obj, root: bool) -> Obj:
     return out
 
 
+# The capabilities of the one container that starts as root to run untrusted code under other uids (the
+# evaluation's checker, tpuforge_workloads.evaluate.check): becoming another uid, and nothing else.
+UID_SWITCH_CAPABILITIES = ["SETUID", "SETGID"]
+
+
+def switches_uid(container: Obj) -> Obj:
+    """`container` (already locked down) as the checker runs: root with CAP_SETUID and CAP_SETGID only, so
+    that each sample runs under a uid of its own that cannot touch the runner, the evaluation's files or
+    another sample. No privilege escalation, read-only root filesystem, no other capability. Returns a copy."""
+    out = dict(container)
+    out["securityContext"] = {
+        **container["securityContext"],
+        "runAsNonRoot": False,
+        "runAsUser": 0,
+        "runAsGroup": 0,
+        "capabilities": {"drop": ["ALL"], "add": list(UID_SWITCH_CAPABILITIES)},
+    }
+    return out
+
+
 def locked_down(pod_spec: Obj, *, api_access: bool, root_containers: frozenset[str] = frozenset()) -> Obj:
     """`pod_spec` as every tpuforge pod runs: as POD_UID (never root), no privilege escalation, no Linux
     capabilities, the runtime's default seccomp profile, a read-only root filesystem with a scratch emptyDir
@@ -231,3 +274,9 @@ def locked_down(pod_spec: Obj, *, api_access: bool, root_containers: frozenset[s
             out[key] = [_locked_container(c, c["name"] in root_containers) for c in out[key]]
     out["volumes"] = [*(out.get("volumes") or []), {"name": SCRATCH_VOLUME, "emptyDir": {}}]
     return out
+
+
+def image_pull_secrets(names: list[str]) -> Obj:
+    """The pod spec fields that give a pod its image pull Secrets (the operator's and the spec's, already merged
+    by the controller); nothing when there are none."""
+    return {"imagePullSecrets": [{"name": n} for n in names]} if names else {}

@@ -18,7 +18,15 @@ from tpuforge.api.constants import (
     TERMINATION_LOG,
 )
 from tpuforge.api.finetune import FineTuneJobSpec
-from tpuforge.manifests.common import MAX_NAME, Obj, Owner, child_name, metadata, standard_labels
+from tpuforge.manifests.common import (
+    MAX_NAME,
+    Obj,
+    Owner,
+    child_name,
+    image_pull_secrets,
+    metadata,
+    standard_labels,
+)
 
 COMPONENT_TRAINER = "trainer"
 COMPONENT_MERGER = "merger"
@@ -55,7 +63,8 @@ def eval_job_name(name: str) -> str:
 
 
 def service_account_name(name: str, spec: FineTuneJobSpec) -> str:
-    """The pods' ServiceAccount: the platform team's (Workload Identity) or the one the operator creates."""
+    """The pods' ServiceAccount: the platform team's (Workload Identity), which validation requires. A job
+    started before the field was required has none: it keeps the ServiceAccount the operator made for it then."""
     return spec.service_account_name or child_name(name, "trainer")
 
 
@@ -109,7 +118,7 @@ def one_pod_job(
     o: Owner, name: str, component: str, spec: FineTuneJobSpec, pod_spec: Obj, backoff: int, **job_fields: Obj
 ) -> Obj:
     """A Job of one pod that runs to completion (the preflight, the merge, the evaluation), retried up to
-    `backoff` times; `job_fields` go into its spec."""
+    `backoff` times; `job_fields` go into its spec. The pod gets spec.images.pullSecrets."""
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -119,7 +128,10 @@ def one_pod_job(
             "completions": 1,
             "parallelism": 1,
             **job_fields,
-            "template": {"metadata": {"labels": labels(o, component)}, "spec": pod_spec},
+            "template": {
+                "metadata": {"labels": labels(o, component)},
+                "spec": {**pod_spec, **image_pull_secrets(spec.images.pull_secrets)},
+            },
         },
     }
 

@@ -7,13 +7,26 @@ Pure: the same inputs give the same objects.
 
 from __future__ import annotations
 
+import math
+
 from tpuforge.api import resources
 from tpuforge.api.catalog import model_shape, tpu_slice
-from tpuforge.api.code_eval import PASS_AT_K, CheckerSpec, quantity_bytes
+from tpuforge.api.code_eval import PASS_AT_K, CheckerSpec
 from tpuforge.api.configs import eval_config
-from tpuforge.api.constants import CONFIG_FILE, CPU_SLICE, EXIT_BAD_CONFIG, TERMINATION_LOG
+from tpuforge.api.constants import CONFIG_FILE, CPU_SLICE, EVAL_WORK_DIR_ENV, EXIT_BAD_CONFIG, TERMINATION_LOG
 from tpuforge.api.finetune import FineTuneJobSpec
-from tpuforge.manifests.common import Obj, Owner, config_map, locked_down, tpu_resources, tpu_scheduling
+from tpuforge.api.images import PUBLIC_IMAGES
+from tpuforge.manifests.common import (
+    Obj,
+    Owner,
+    config_map,
+    locked_down,
+    pod_annotations,
+    switches_uid,
+    tpu_resources,
+    tpu_scheduling,
+    with_scheduling,
+)
 from tpuforge.manifests.finetune_common import (
     COMPONENT_EVALUATOR,
     config_mount,
@@ -44,8 +57,22 @@ WORK_VOLUME = "work"
 WORK_DIR = "/work"  # shared by the two containers: the loss's result reaches the scorer through it
 LOSS_FILE = f"{WORK_DIR}/loss.json"
 SAMPLES_FILE = f"{WORK_DIR}/samples.jsonl"
-VERDICTS_FILE = f"{WORK_DIR}/verdicts.jsonl"
+# The checker's own volume: the samples' scratch directories and the verdicts. /work is read-only to it, so
+# that no sample reaches the samples file, the loss or the answers that `score` reads after it.
+CHECK_VOLUME = "check"
+CHECK_DIR = "/check"
+CHECK_VOLUME_SIZE = "2Gi"
+VERDICTS_FILE = f"{CHECK_DIR}/out/verdicts.jsonl"
 ANSWERS_FILE = f"{WORK_DIR}/answers.json"  # exactMatch's greedy answers, when `sample` draws them too
+# The copies of the base model and the adapter that loss, sample and score fetch (each into the directory
+# EVAL_WORK_DIR_ENV names, where evaluate.config puts its scratch; not TMPDIR, which vLLM also uses for its IPC
+# sockets, whose paths must stay short): a volume of its own, sized for the model, never the node's boot disk. On a
+# TPU slice, a generic ephemeral volume (a disk made with the pod, deleted with it); on cpu, a sized emptyDir.
+MODEL_VOLUME = "models"
+MODEL_DIR = "/models"
+MODEL_DIR_ENV = {"name": EVAL_WORK_DIR_ENV, "value": MODEL_DIR}
+# Room beside the base model's bytes for the adapter and the fetch's partial files.
+MODEL_HEADROOM = 1.25
 
 
 def eval_config_map(o: Owner, spec: FineTuneJobSpec) -> Obj:
@@ -73,12 +100,16 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
             tpu_slice(ev.slice), resources.tpu_server_requests(ev.resources, model_shape(spec.model.name))
         )
     )
-    mounts = [config_mount(), {"name": WORK_VOLUME, "mountPath": WORK_DIR}]
-    env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
+    mounts = [
+        config_mount(),
+        {"name": WORK_VOLUME, "mountPath": WORK_DIR},
+        {"name": MODEL_VOLUME, "mountPath": MODEL_DIR},
+    ]
+    env = [{"name": "PYTHONUNBUFFERED", "value": "1"}, MODEL_DIR_ENV]
     score_args = ["--loss", LOSS_FILE] if "loss" in ev.metrics else []
     score: Obj = {
         "name": EVAL_SCORE_CONTAINER,
-        "image": spec.images.evaluator,
+        "image": spec.images.evaluator or PUBLIC_IMAGES.evaluator,
         "command": reporting_command("tpuforge_workloads.evaluate.score", *score_args),
         "env": env,
         "resources": pod_resources,
@@ -93,13 +124,14 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
         "volumes": [
             config_volume(name),
             {"name": WORK_VOLUME, "emptyDir": {}},
+            model_volume(o, spec),
         ],
     }
     if "loss" in ev.metrics:
         pod_spec["initContainers"] = [
             {
                 "name": EVAL_LOSS_CONTAINER,
-                "image": spec.images.trainer,
+                "image": spec.images.trainer or PUBLIC_IMAGES.trainer,
                 "command": reporting_command("tpuforge_workloads.evaluate.loss", "--out", LOSS_FILE),
                 "env": env,
                 "resources": pod_resources,
@@ -114,10 +146,13 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
         code = _code_containers(spec, ev.code.checker, pod_resources, mounts, greedy)
         pod_spec.setdefault("initContainers", []).extend(code)
         score["command"] += ["--samples", SAMPLES_FILE, "--verdicts", VERDICTS_FILE, *greedy]
+        score["volumeMounts"] = [*mounts, {"name": CHECK_VOLUME, "mountPath": CHECK_DIR, "readOnly": True}]
+        pod_spec["volumes"].append({"name": CHECK_VOLUME, "emptyDir": {"sizeLimit": CHECK_VOLUME_SIZE}})
     if not on_cpu:
         pod_spec.update(tpu_scheduling(tpu_slice(ev.slice)))
     if ev.node_selector:
         pod_spec["nodeSelector"] = {**pod_spec.get("nodeSelector", {}), **ev.node_selector}
+    pod_spec = with_scheduling(pod_spec, ev.scheduling)
     failure_policy: Obj = {
         "rules": [
             # A rejected config fails the same way every time: no retries.
@@ -132,9 +167,18 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
         else root_containers(spec, EVAL_LOSS_CONTAINER, EVAL_SAMPLE_CONTAINER, EVAL_SCORE_CONTAINER)
     )
     pod_spec = locked_down(pod_spec, api_access=False, root_containers=root)
-    return one_pod_job(
-        o, name, COMPONENT_EVALUATOR, spec, pod_spec, EVAL_BACKOFF_LIMIT, podFailurePolicy=failure_policy
-    )
+    if "initContainers" in pod_spec:
+        pod_spec["initContainers"] = [
+            switches_uid(c) if c["name"] == EVAL_CHECK_CONTAINER else c for c in pod_spec["initContainers"]
+        ]
+    job = one_pod_job(o, name, COMPONENT_EVALUATOR, spec, pod_spec, EVAL_BACKOFF_LIMIT, podFailurePolicy=failure_policy)
+    # Every try together (the Job controller counts from the Job's start): a pod evicted and recreated again and
+    # again, or a download that never ends, stops here and the FineTuneJob fails.
+    job["spec"]["activeDeadlineSeconds"] = ev.active_deadline_seconds
+    annotations = pod_annotations({}, ev.scheduling)
+    if annotations:
+        job["spec"]["template"]["metadata"]["annotations"] = annotations
+    return job
 
 
 def _code_containers(
@@ -143,17 +187,21 @@ def _code_containers(
     """passAtK's two steps: draw the samples (vLLM, on the evaluation's accelerator), then check them in the
     checker's image, capped by its CPU and memory, each sample confined by the runner (evaluate.check)."""
     limits = {"cpu": checker.cpu, "memory": checker.memory}
+    parallel = checker.parallelism()
     check_args = ["--samples", SAMPLES_FILE, "--out", VERDICTS_FILE, "--timeout", f"{checker.timeout_seconds:g}"]
-    check_args += ["--memory", str(quantity_bytes(checker.memory)), "--scratch", f"{WORK_DIR}/check", "--"]
+    check_args += ["--memory", str(checker.sample_memory()), "--parallel", str(parallel)]
+    check_args += ["--scratch", f"{CHECK_DIR}/scratch", "--"]
     common: Obj = {"terminationMessagePath": TERMINATION_LOG, "terminationMessagePolicy": "FallbackToLogsOnError"}
-    # The checker sees the work volume only (the samples in, the verdicts out), not the evaluation's config.
-    work = [v for v in mounts if v["name"] == WORK_VOLUME]
+    # The checker reads the work volume (the samples) and writes its own (scratch and verdicts) only; it does
+    # not see the evaluation's config.
+    work = [{**v, "readOnly": True} for v in mounts if v["name"] == WORK_VOLUME]
+    work.append({"name": CHECK_VOLUME, "mountPath": CHECK_DIR})
     return [
         {
             "name": EVAL_SAMPLE_CONTAINER,
-            "image": spec.images.evaluator,
+            "image": spec.images.evaluator or PUBLIC_IMAGES.evaluator,
             "command": reporting_command("tpuforge_workloads.evaluate.sample", "--out", SAMPLES_FILE, *sample_args),
-            "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+            "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}, MODEL_DIR_ENV],
             "resources": resources,
             "volumeMounts": mounts,
             **common,
@@ -168,6 +216,29 @@ def _code_containers(
             **common,
         },
     ]
+
+
+def model_storage_size(spec: FineTuneJobSpec) -> str:
+    """spec.evaluation.modelStorage.size, else the base model's checkpoint bytes plus headroom, in whole GiB."""
+    given = spec.evaluation.model_storage.size if spec.evaluation else None
+    weights = model_shape(spec.model.name).weight_bytes
+    return given or f"{max(1, math.ceil(weights * MODEL_HEADROOM / resources.GIB))}Gi"
+
+
+def model_volume(o: Owner, spec: FineTuneJobSpec) -> Obj:
+    """The model copies' volume: on a TPU slice a generic ephemeral volume (its claim, <pod>-models, is made
+    with the pod and deleted with it), on the spec's or the operator's StorageClass; on cpu an emptyDir capped
+    at the size (past it the kubelet evicts the pod: a failure, counted)."""
+    ev = spec.evaluation
+    assert ev is not None
+    size = model_storage_size(spec)
+    if ev.slice == CPU_SLICE:
+        return {"name": MODEL_VOLUME, "emptyDir": {"sizeLimit": size}}
+    claim: Obj = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": size}}}
+    if ev.model_storage.storage_class_name:
+        claim["storageClassName"] = ev.model_storage.storage_class_name
+    template: Obj = {"metadata": {"labels": labels(o, COMPONENT_EVALUATOR)}, "spec": claim}
+    return {"name": MODEL_VOLUME, "ephemeral": {"volumeClaimTemplate": template}}
 
 
 def eval_objects(o: Owner, spec: FineTuneJobSpec) -> list[Obj]:

@@ -11,6 +11,7 @@ from tpuforge.api.catalog import model_shape
 from tpuforge.api.configs import merge_config
 from tpuforge.api.constants import CONFIG_FILE, TERMINATION_LOG
 from tpuforge.api.finetune import FineTuneJobSpec
+from tpuforge.api.images import PUBLIC_IMAGES
 from tpuforge.manifests.common import Obj, Owner, config_map, locked_down
 from tpuforge.manifests.finetune_common import (
     COMPONENT_MERGER,
@@ -44,7 +45,7 @@ def merge_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
         "containers": [
             {
                 "name": MERGER_CONTAINER,
-                "image": spec.images.merger,
+                "image": spec.images.merger or PUBLIC_IMAGES.merger,
                 "command": reporting_command("tpuforge_workloads.merge"),
                 "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
                 "resources": resources.merge_resources(

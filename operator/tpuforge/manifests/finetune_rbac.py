@@ -1,5 +1,9 @@
-"""FineTuneJob -> the objects its pods report progress with: their ServiceAccount (unless the spec names one)
-and a Role/RoleBinding that lets it get and patch this FineTuneJob's status.
+"""FineTuneJob -> the objects its pods report progress with: a Role/RoleBinding that lets the pods'
+ServiceAccount (spec.serviceAccountName, the platform team's) get and patch this FineTuneJob's status.
+
+The operator does not make the pods' identity: a ServiceAccount it owned would be deleted with the job and has no
+Workload Identity binding, so its pods could not reach GCS. Only a job started before spec.serviceAccountName was
+required (an operator upgrade mid-run) still gets the one made for it then, so that its next attempts start.
 
 Pure: the same inputs give the same objects.
 """
@@ -19,8 +23,8 @@ def progress_role_name(name: str) -> str:
 
 
 def rbac_objects(o: Owner, spec: FineTuneJobSpec) -> list[Obj]:
-    """The pods' ServiceAccount (unless the spec names one) and the Role + RoleBinding that let it get and
-    patch this FineTuneJob's status, and nothing else."""
+    """The Role + RoleBinding that let the pods' ServiceAccount get and patch this FineTuneJob's status, and
+    nothing else (and that ServiceAccount itself only for a job started without spec.serviceAccountName)."""
     lab = labels(o, COMPONENT_RBAC)
     sa = service_account_name(o.name, spec)
     role = progress_role_name(o.name)

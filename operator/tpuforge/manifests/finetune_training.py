@@ -28,8 +28,20 @@ from tpuforge.api.constants import (
     TPU_RUNTIME_PORT,
 )
 from tpuforge.api.finetune import FineTuneJobSpec
+from tpuforge.api.images import PUBLIC_IMAGES
 from tpuforge.manifests import finetune_rbac
-from tpuforge.manifests.common import Obj, Owner, config_map, locked_down, metadata, tpu_resources, tpu_scheduling
+from tpuforge.manifests.common import (
+    Obj,
+    Owner,
+    config_map,
+    image_pull_secrets,
+    locked_down,
+    metadata,
+    pod_annotations,
+    tpu_resources,
+    tpu_scheduling,
+    with_scheduling,
+)
 from tpuforge.manifests.finetune_common import (
     COMPONENT_TRAINER,
     TRAINER_REPLICATED_JOB,
@@ -104,7 +116,7 @@ def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
         env += _multi_host_env(name, slc.hosts, spec.tpu.join_timeout_seconds)
     container: Obj = {
         "name": TRAINER_CONTAINER,
-        "image": spec.images.trainer,
+        "image": spec.images.trainer or PUBLIC_IMAGES.trainer,
         "command": reporting_command("tpuforge_workloads.train"),
         "env": env,
         "resources": tpu_resources(slc, resources.trainer_requests(spec.tpu.resources, model, slc.hosts)),
@@ -123,12 +135,18 @@ def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
         **tpu_scheduling(slc, spec.tpu.spot, spec.tpu.spot_grace_seconds),  # on Spot: the grace a reclaim gives
         "containers": [container],
         "volumes": [config_volume(name), {"name": "dshm", "emptyDir": shm}],
+        **image_pull_secrets(spec.images.pull_secrets),
     }
     if spec.priority_class_name:
         pod_spec["priorityClassName"] = spec.priority_class_name
+    pod_spec = with_scheduling(pod_spec, spec.tpu.scheduling)
     # The trainer patches its FineTuneJob's status with its ServiceAccount token.
     pod_spec = locked_down(pod_spec, api_access=True, root_containers=root_containers(spec, TRAINER_CONTAINER))
-    return {"metadata": {"labels": labels(o, COMPONENT_TRAINER, attempt)}, "spec": pod_spec}
+    meta: Obj = {"labels": labels(o, COMPONENT_TRAINER, attempt)}
+    annotations = pod_annotations({}, spec.tpu.scheduling)
+    if annotations:
+        meta["annotations"] = annotations
+    return {"metadata": meta, "spec": pod_spec}
 
 
 def train_ports(metrics_port: int | None, hosts: int) -> list[Obj]:

@@ -13,6 +13,7 @@ from tpuforge.api import resources
 from tpuforge.api.configs import train_config
 from tpuforge.api.constants import CONFIG_FILE, EXIT_BAD_CONFIG, EXIT_DOES_NOT_FIT, TERMINATION_LOG
 from tpuforge.api.finetune import FineTuneJobSpec
+from tpuforge.api.images import PUBLIC_IMAGES
 from tpuforge.manifests.common import Obj, Owner, child_name, config_map, locked_down
 from tpuforge.manifests.finetune_common import (
     COMPONENT_PREFLIGHT,
@@ -51,7 +52,7 @@ def preflight_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
     name = preflight_job_name(o.name)
     container: Obj = {
         "name": PREFLIGHT_CONTAINER,
-        "image": spec.images.trainer,
+        "image": spec.images.trainer or PUBLIC_IMAGES.trainer,
         "command": reporting_command(
             "tpuforge_workloads.preflight",
             "--slice",

@@ -14,12 +14,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tpuforge.api import resources
-from tpuforge.api.constants import DEFAULT_MERGER_IMAGE, LABEL_COMPONENT, TERMINATION_LOG
+from tpuforge.api.constants import LABEL_COMPONENT, TERMINATION_LOG
+from tpuforge.api.images import PUBLIC_IMAGES
 from tpuforge.api.serving import ServingDeploymentSpec
 
 # ADAPTERS_DIR lives with validation, which keeps spec.vllm.modelPath out of it.
 from tpuforge.api.serving_validation import ADAPTERS_DIR
-from tpuforge.manifests.common import LABEL_OWNER_UID, Obj, locked_down, tpu_resources, tpu_scheduling
+from tpuforge.manifests.common import (
+    LABEL_OWNER_UID,
+    Obj,
+    image_pull_secrets,
+    locked_down,
+    pod_annotations,
+    tpu_resources,
+    tpu_scheduling,
+    with_scheduling,
+)
 from tpuforge.manifests.serving_inputs import (
     COMPONENT,
     ServingInputs,
@@ -41,8 +51,6 @@ from tpuforge.manifests.vllm_server import (
     vllm_env,
 )
 
-# The init container reuses the merger image: it holds tpuforge_workloads and the GCS client.
-FETCH_IMAGE = DEFAULT_MERGER_IMAGE
 # Pod template annotations naming the model: a new merged model changes the template, which rolls the pods,
 # and each pod says which model it serves.
 ANNOTATION_MODEL_URI = "tpuforge.dev/model-uri"
@@ -91,7 +99,7 @@ def adapters_sidecar(inp: ServingInputs, model_id: str) -> Obj:
     base in the model volume. It takes no per-adapter arguments, so adapters change without a new template."""
     return {
         "name": ADAPTERS_CONTAINER,
-        "image": FETCH_IMAGE,
+        "image": inp.spec.images.adapters or PUBLIC_IMAGES.adapters,
         "command": ["python", "-m", "tpuforge_workloads.serve.adapters"],
         "args": [
             "--model-dir",
@@ -138,7 +146,7 @@ def pod_template(inp: ServingInputs) -> Obj:
     lora = lora_enabled(spec)
     vllm: Obj = {
         "name": "vllm",
-        "image": spec.vllm.image,
+        "image": spec.vllm.image or PUBLIC_IMAGES.serving,
         "command": ["vllm", "serve"],
         "args": vllm_args(inp),
         "env": vllm_env(lora),
@@ -153,9 +161,11 @@ def pod_template(inp: ServingInputs) -> Obj:
         ],
         **probes(),
     }
+    # The model-fetch init container and the adapters sidecar default to the merger image: it holds
+    # tpuforge_workloads and the GCS client.
     fetch: Obj = {
         "name": "fetch-model",
-        "image": FETCH_IMAGE,
+        "image": spec.images.model_fetch or PUBLIC_IMAGES.model_fetch,
         "command": ["python", "-m", "tpuforge_workloads.serve.fetch"],
         "args": fetch_args(inp),
         "resources": resources.FETCH_RESOURCES,
@@ -181,18 +191,22 @@ def pod_template(inp: ServingInputs) -> Obj:
         volumes.append({"name": "adapters", "emptyDir": {}})
     pod: Obj = {
         **tpu_scheduling(inp.slice, spec.tpu.spot, spec.tpu.spot_grace_seconds),
-        "initContainers": [fetch],
+        # A Hyperdisk ML volume arrives filled (GKE's Volume Populator) and read-only: nothing to fetch.
+        **({} if spec.model_storage.medium == "HyperdiskML" else {"initContainers": [fetch]}),
         "containers": containers,
         "volumes": volumes,
+        **image_pull_secrets(spec.images.pull_secrets),
     }
     if spec.service_account_name:
         pod["serviceAccountName"] = spec.service_account_name
+    pod = with_scheduling(pod, spec.tpu.scheduling)
     # Neither vLLM nor the model fetch talks to the Kubernetes API (GCS access is Workload Identity's).
     root = frozenset({"vllm"}) if spec.tpu.run_as_root else frozenset()
     pod = locked_down(pod, api_access=False, root_containers=root)
-    annotations = {ANNOTATION_MODEL_URI: inp.model_uri, **scrape_annotations()}
+    own = {ANNOTATION_MODEL_URI: inp.model_uri, **scrape_annotations()}
     if inp.model_revision:
-        annotations[ANNOTATION_MODEL_REVISION] = inp.model_revision
+        own[ANNOTATION_MODEL_REVISION] = inp.model_revision
+    annotations = pod_annotations(own, spec.tpu.scheduling)
     return {"metadata": {"labels": labels(inp.owner), "annotations": annotations}, "spec": pod}
 
 
@@ -200,7 +214,7 @@ def surges(spec: ServingDeploymentSpec) -> bool:
     """Whether a new pod may start beside the old ones. It lands on another TPU VM (the old pod holds every chip
     of its own), so every volume it shares with them must attach to many nodes; a ReadWriteOnce disk cannot
     (GKE: Multi-Attach error), and a surge pod would wait for it for ever while the old pod is never removed."""
-    return spec.xla_cache.access_mode == "ReadWriteMany" and spec.model_storage.medium == "NodeLocal"
+    return spec.xla_cache.access_mode == "ReadWriteMany" and spec.model_storage.medium in ("NodeLocal", "HyperdiskML")
 
 
 def strategy(spec: ServingDeploymentSpec) -> Obj:
@@ -285,17 +299,29 @@ def model_size(inp: ServingInputs) -> str:
 def model_volume(inp: ServingInputs) -> Obj:
     if inp.spec.model_storage.medium == "NodeLocal":
         return {"name": "model", "emptyDir": {"sizeLimit": model_size(inp)}}
-    return {"name": "model", "persistentVolumeClaim": {"claimName": names(inp.name).model}}
+    claim: Obj = {"claimName": names(inp.name).model}
+    if inp.spec.model_storage.medium == "HyperdiskML":
+        claim["readOnly"] = True  # a Hyperdisk ML disk attaches to many nodes read-only only
+    return {"name": "model", "persistentVolumeClaim": claim}
 
 
 def local_model_request(inp: ServingInputs) -> dict[str, str]:
     return {"ephemeral-storage": model_size(inp)}
 
 
+# GKE's Volume Populator fills a claim whose dataSourceRef names one of these from Cloud Storage.
+GCP_DATA_SOURCE = {"apiGroup": "datalayer.gke.io", "kind": "GCPDataSource"}
+
+
 def model_pvc(inp: ServingInputs) -> Obj | None:
     """The model's disk (medium Disk): the fetched copy survives pod restarts, so a restarted or rescheduled pod
-    skips the download; collected with the ServingDeployment."""
+    skips the download; collected with the ServingDeployment. With HyperdiskML, a read-only-many Hyperdisk ML
+    claim that the Volume Populator fills from the spec's GCPDataSource, attached to every replica's node."""
     storage = inp.spec.model_storage
+    if storage.medium == "HyperdiskML":
+        claim = _claim(inp, names(inp.name).model, model_size(inp), "ReadOnlyMany", storage.storage_class_name, True)
+        claim["spec"]["dataSourceRef"] = {**GCP_DATA_SOURCE, "name": storage.data_source}
+        return claim
     if storage.medium != "Disk":
         return None
     return _claim(inp, names(inp.name).model, model_size(inp), "ReadWriteOnce", storage.storage_class_name, True)

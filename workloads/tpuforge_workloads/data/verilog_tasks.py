@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 # The Verilog checker's command (the checker image has iverilog and vvp; so does a `make setup` machine).
-VERILOG_CHECK_COMMAND = ["sh", "-c", "iverilog -g2012 -o sim -s tb sample.txt tb.v && vvp -n sim"]
+VERILOG_CHECK_COMMAND = ["python3", "-m", "tpuforge_workloads.evaluate.verilog"]
 _PASS = '    if (errors) $fatal(1, "FAIL: %0d mismatches", errors);\n    $display("PASS");\n    $finish;\n'
 
 

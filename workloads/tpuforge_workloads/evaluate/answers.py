@@ -10,7 +10,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -120,13 +120,16 @@ def generate(
 
 @dataclass(frozen=True)
 class Samples:
-    """n sampled answers per prompt, in sample order, for the base and for base + adapter; and the greedy
-    answers when they were asked for too (exactMatch beside passAtK: one engine serves both)."""
+    """n sampled answers per prompt, in sample order, for the base and for base + adapter, each with why vLLM
+    stopped it (its finish_reason: "stop", or "length" when it ran into maxNewTokens); and the greedy answers
+    when they were asked for too (exactMatch beside passAtK: one engine serves both)."""
 
     base: list[list[str]]
     adapter: list[list[str]]
     seconds: float
     greedy: Answers | None = None
+    base_finish: list[list[str | None]] = field(default_factory=list)
+    adapter_finish: list[list[str | None]] = field(default_factory=list)
 
 
 def sample(
@@ -137,16 +140,17 @@ def sample(
     code: CodeEvalSpec,
     greedy_tokens: int | None = None,
 ) -> Samples:
-    """`code.samplesPerProblem` answers per prompt at its temperature and topP. Prompt i draws with seed
-    `code.seed + i` for the base and for the adapter alike: a rerun draws the same samples. With
-    `greedy_tokens`, the same engine also gives the greedy answers (up to that many tokens)."""
+    """`code.samplesPerProblem` answers per prompt at its temperature (unset: by the largest k) and topP, each
+    with its finish_reason. Prompt i draws with seed `code.seed + i` for the base and for the adapter alike: a
+    rerun draws the same samples. With `greedy_tokens`, the same engine also gives the greedy answers (up to
+    that many tokens)."""
     from vllm import SamplingParams
 
     started = time.monotonic()
     params = [
         SamplingParams(
             n=code.samples_per_problem,
-            temperature=code.temperature,
+            temperature=code.sampling_temperature,
             top_p=code.top_p,
             max_tokens=code.max_new_tokens,
             seed=problem_seed(code.seed, i),
@@ -163,4 +167,6 @@ def sample(
         adapter=[[c.text for c in o.outputs] for o in adapter],
         seconds=time.monotonic() - started,
         greedy=greedy,
+        base_finish=[[c.finish_reason for c in o.outputs] for o in base],
+        adapter_finish=[[c.finish_reason for c in o.outputs] for o in adapter],
     )

@@ -1,17 +1,28 @@
-"""python -m tpuforge_workloads.evaluate.check --samples S --out V --timeout T --memory BYTES -- COMMAND...
+"""python -m tpuforge_workloads.evaluate.check --samples S --out V --timeout T --memory BYTES [--parallel N]
+    [--scratch DIR] -- COMMAND...
 
-Runs the checker on each sample, one after another, each in a fresh scratch directory, confined by
-evaluate.jail. The checker protocol (docs/ml-engineer.md):
+Runs the checker on each sample, up to N at once, each in a fresh scratch directory under a user id of its own,
+confined by evaluate.jail. The checker protocol (docs/ml-engineer.md):
   - in the scratch directory (the working directory, also HOME and TMPDIR): sample.txt, the code taken from
     the answer; test.json, the record's test object as it is; and each entry of the test's "files" object
-    (name -> text) as a file of that name;
-  - exit code 0 means the sample passes; anything else (a nonzero exit, a signal, the timeout, a limit) fails;
+    (name -> text) as a file of that name. These inputs belong to root and are read-only; the directory is
+    sticky, so the sample may add files beside them but not replace them;
+  - exit code 0 means the sample passes; anything else (a nonzero exit, a signal, the timeout, a limit) fails.
+    Exit codes name the failure for the report: 1 the test failed (a mismatch), 3 it did not compile, 4 a
+    syntax error, 5 the checker refused the sample (e.g. evaluate.verilog's rules); any other is an error;
   - the first OUTPUT_KEPT bytes of stdout and of stderr are kept in the report.
-A sample that hangs, forks without end, writes too much or crashes fails with a verdict saying so, and the
-next sample runs as if it had not been there.
+A sample that hangs, forks without end, eats memory, writes too much or outside its directory, leaves a
+process behind or crashes fails with a verdict saying so, and the next sample runs as if it had not been
+there. Each verdict carries a `failure` category: syntax, compile, mismatch, timeout, refused, limit or error.
+
+The runner must start as root with CAP_SETUID and CAP_SETGID (the evaluation pod's `check` container gets
+exactly these and no other capability); it refuses to run otherwise, since samples sharing its uid could
+forge their verdicts. With CAP_SYS_ADMIN as well (the sandbox's node agent), samples also get read-only mounts
+and no network namespace.
 
 S is JSONL: {"id": ..., "code": "...", "test": {...}} per sample; V gets one line per sample:
-{"id", "passed", "verdict", "exitCode", "seconds", "stdout", "stderr"}. Stdlib only (the checker image).
+{"id", "passed", "verdict", "failure", "exitCode", "seconds", "peakMemory", "stdout", "stderr"}. Stdlib only
+(the checker image).
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import stat
@@ -26,19 +38,27 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tpuforge_workloads.evaluate.jail import Limits, become_subreaper, isolation_available, kill_all, preexec
+from tpuforge_workloads.evaluate.jail import Limits, can_change_uid, can_use_namespaces, isolation
 
 SAMPLE_FILE = "sample.txt"
 TEST_FILE = "test.json"
 OUTPUT_KEPT = 2048  # bytes of stdout and of stderr kept per sample in the report
-# The uid a sample runs as when the checker runs as root: one no account uses, so that killing every process
-# of it after the sample touches nothing else.
-SAMPLE_UID = 61_000
+# Each sample runs as a uid drawn from here, fresh for it: no account, file or other process has it.
+SAMPLE_UIDS = (1_000_000, 2_000_000_000)
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+# The checker protocol's exit codes (see the docstring) and the failure each names.
+EXIT_MISMATCH, EXIT_COMPILE, EXIT_SYNTAX, EXIT_REFUSED = 1, 3, 4, 5
+FAILURES = ("syntax", "compile", "mismatch", "timeout", "refused", "limit", "error")
+_BY_EXIT = {EXIT_MISMATCH: "mismatch", EXIT_COMPILE: "compile", EXIT_SYNTAX: "syntax", EXIT_REFUSED: "refused"}
+# The runner cannot confine samples as it is: as evaluate.sample's, so the Job fails at once, not retried.
+EXIT_CANNOT_CONFINE = 2
+# The package root, for checkers that are modules of this package (evaluate.verilog): on the samples' path.
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 @dataclass(frozen=True)
@@ -46,14 +66,17 @@ class Verdict:
     id: str
     passed: bool
     verdict: str  # passed | failed (exit N) | timed out after T s | killed by SIGxxx (why) | not run: why
+    failure: str | None  # None when passed, else one of FAILURES
     exit_code: int | None
     seconds: float
+    peak_memory: int
     stdout: str
     stderr: str
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         out["exitCode"] = out.pop("exit_code")
+        out["peakMemory"] = out.pop("peak_memory")
         return out
 
 
@@ -64,6 +87,7 @@ _SIGNAL_WHY = {
     signal.SIGSEGV: "crashed (or out of memory)",
     signal.SIGABRT: "aborted (or out of memory)",
 }
+_LIMIT_SIGNALS = {signal.SIGXFSZ, signal.SIGXCPU, signal.SIGSEGV, signal.SIGABRT, signal.SIGKILL}
 
 
 def _safe_name(name: str) -> bool:
@@ -71,36 +95,28 @@ def _safe_name(name: str) -> bool:
 
 
 def write_inputs(scratch: Path, code: str, test: Any) -> None:
-    """The protocol's files: sample.txt, test.json and test.files. Raises ValueError for a bad file name."""
-    (scratch / SAMPLE_FILE).write_text(code, encoding="utf-8")
-    (scratch / TEST_FILE).write_text(json.dumps(test), encoding="utf-8")
+    """The protocol's files, read-only: sample.txt, test.json and test.files. Raises ValueError for a bad
+    file name."""
     files = test.get("files", {}) if isinstance(test, dict) else {}
     if not isinstance(files, dict):
         raise ValueError("test.files must be an object of file name -> text")
     for name, text in files.items():
         if not _safe_name(name) or not isinstance(text, str):
             raise ValueError(f"test.files[{name!r}]: a plain file name (no '/') with text content")
-        (scratch / name).write_text(text, encoding="utf-8")
+    for name, text in [(SAMPLE_FILE, code), (TEST_FILE, json.dumps(test)), *files.items()]:
+        path = scratch / name
+        path.write_text(text, encoding="utf-8")
+        path.chmod(0o444)
 
 
 def _head(path: Path) -> str:
-    with path.open("rb") as f:
-        data = f.read(OUTPUT_KEPT + 1)
+    try:
+        with path.open("rb") as f:
+            data = f.read(OUTPUT_KEPT + 1)
+    except OSError:
+        return ""
     text = data[:OUTPUT_KEPT].decode("utf-8", errors="replace")
     return text + ("\n[... cut]" if len(data) > OUTPUT_KEPT else "")
-
-
-def _describe(code: int | None, timed_out: bool, limits: Limits) -> str:
-    if timed_out:
-        return f"timed out after {limits.timeout_seconds:g} s"
-    if code == 0:
-        return "passed"
-    if code is not None and code < 0:
-        return f"killed by {_signal(-code)}"
-    if code is not None and 128 < code < 128 + 65:
-        # A shell's way of saying that a command it ran died of a signal.
-        return f"failed (exit {code}: a process it ran was killed by {_signal(code - 128)})"
-    return f"failed (exit {code})"
 
 
 def _signal(number: int) -> str:
@@ -111,84 +127,144 @@ def _signal(number: int) -> str:
     return f"{sig.name} ({_SIGNAL_WHY.get(sig, 'signal')})"
 
 
-def run_sample(sample_id: str, command: list[str], code: str, test: Any, limits: Limits, root: Path) -> Verdict:
-    """Run the checker once on one sample; never raises for what the sample does."""
-    started = time.monotonic()
-    as_root = os.geteuid() == 0
-    uid = SAMPLE_UID if as_root else None
-    work = Path(tempfile.mkdtemp(prefix="sample-", dir=root))
-    scratch, out_dir = work / "scratch", work / "out"
-    work.chmod(0o711)  # the sample's own uid passes through to its scratch, and sees nothing else here
-    scratch.mkdir()
-    out_dir.mkdir()
-    try:
+def describe(outcome: dict[str, Any], limits: Limits) -> tuple[str, str | None]:
+    """(verdict, failure) from the launcher's outcome (evaluate.jail.Outcome)."""
+    code = outcome["exit_code"]
+    if outcome["error"]:
+        return f"not run: {outcome['error']}", "error"
+    if outcome["memory_exceeded"]:
+        return f"killed: its processes passed the memory limit ({limits.memory_bytes >> 20} MiB)", "limit"
+    if outcome["timed_out"]:
+        return f"timed out after {limits.timeout_seconds:g} s", "timeout"
+    if code is not None and code < 0:
+        return f"killed by {_signal(-code)}", "limit" if -code in _LIMIT_SIGNALS else "error"
+    if code is not None and 128 < code < 128 + 65:
+        # A shell's way of saying that a command it ran died of a signal.
+        failure = "limit" if code - 128 in _LIMIT_SIGNALS else "error"
+        return f"failed (exit {code}: a process it ran was killed by {_signal(code - 128)})", failure
+    if code != 0:
+        return f"failed (exit {code})", _BY_EXIT.get(code or 0, "error")
+    if outcome["left"]:
+        return "failed (exit 0, but it left processes running: killed)", "refused"
+    if outcome["outside"]:
+        where = ", ".join(outcome["outside"][:3])
+        return f"failed (exit 0, but it wrote outside its scratch directory: {where}; removed)", "refused"
+    return "passed", None
+
+
+class Runner:
+    """Runs samples, each under a fresh uid in a fresh directory under `root`."""
+
+    def __init__(self, command: list[str], limits: Limits, root: Path) -> None:
+        self.command = command
+        self.limits = limits
+        self.root = root
+        self.namespaces = can_use_namespaces()
+        self._uids: set[int] = set()
+        self._random = random.SystemRandom()
+
+    def _fresh_uid(self) -> int:
+        while True:
+            uid = self._random.randrange(*SAMPLE_UIDS)
+            if uid not in self._uids:
+                self._uids.add(uid)
+                return uid
+
+    def run(self, sample_id: str, code: str, test: Any) -> Verdict:
+        """Run the checker once on one sample; never raises for what the sample does."""
+        started = time.monotonic()
+        work = Path(tempfile.mkdtemp(prefix="sample-", dir=self.root))  # 0700 until the inputs are in
+        cwd, out = work / "run", work / "out"
+        cwd.mkdir()
+        out.mkdir(mode=0o700)
         try:
-            write_inputs(scratch, code, test)
-        except ValueError as e:
-            return Verdict(sample_id, False, f"not run: {e}", None, 0.0, "", "")
-        if uid is not None:
-            for path in [scratch, *scratch.iterdir()]:
-                os.chown(path, uid, uid)
-        env = {**ENV, "HOME": str(scratch), "TMPDIR": str(scratch)}
-        with (out_dir / "stdout").open("wb") as out, (out_dir / "stderr").open("wb") as err:
             try:
-                proc = subprocess.Popen(
-                    command,
-                    cwd=scratch,
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    start_new_session=True,
-                    preexec_fn=lambda: preexec(limits, str(scratch), uid),  # the runner has no threads
-                )
-            except (OSError, subprocess.SubprocessError) as e:
-                return Verdict(sample_id, False, f"not run: the checker did not start ({e})", None, 0.0, "", "")
-            timed_out = False
+                write_inputs(cwd, code, test)
+            except ValueError as e:
+                return Verdict(sample_id, False, f"not run: {e}", "error", None, 0.0, 0, "", "")
+            cwd.chmod(0o1777)  # the sample adds files; the sticky bit keeps root's inputs in place
+            work.chmod(0o711)  # passable, not listable
+            uid = self._fresh_uid()
+            env = {**ENV, "HOME": str(cwd), "TMPDIR": str(cwd), "PYTHONPATH": PACKAGE_ROOT}
+            launcher = [
+                sys.executable, "-m", "tpuforge_workloads.evaluate.jail", "--uid", str(uid), "--cwd", str(cwd),
+                "--stdout", str(out / "stdout"), "--stderr", str(out / "stderr"),
+                "--timeout", f"{self.limits.timeout_seconds:g}", "--memory", str(self.limits.memory_bytes),
+                "--processes", str(self.limits.max_processes),
+                *(["--namespaces"] if self.namespaces else []),
+                *(f"--env={k}={v}" for k, v in env.items()), "--", *self.command,
+            ]  # fmt: skip
+            proc = subprocess.run(launcher, capture_output=True, text=True, check=False)
             try:
-                exit_code: int | None = proc.wait(timeout=limits.timeout_seconds)
-            except subprocess.TimeoutExpired:
-                timed_out, exit_code = True, None
-            if timed_out:
-                kill_all(proc.pid, uid)
-                proc.wait()
-            left = kill_all(proc.pid, uid)
-        verdict = _describe(exit_code, timed_out, limits)
-        if left and verdict == "passed":
-            verdict = "failed (exit 0, but it left processes running: killed)"
-        return Verdict(
-            sample_id,
-            verdict == "passed",
-            verdict,
-            exit_code,
-            round(time.monotonic() - started, 3),
-            _head(out_dir / "stdout"),
-            _head(out_dir / "stderr"),
-        )
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+                outcome = json.loads(proc.stdout.strip().splitlines()[-1])
+            except (IndexError, ValueError):
+                outcome = {"error": f"the launcher failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}"}
+            verdict, failure = describe({"exit_code": None, **outcome}, self.limits)
+            return Verdict(
+                sample_id,
+                failure is None,
+                verdict,
+                failure,
+                outcome.get("exit_code"),
+                round(time.monotonic() - started, 3),
+                int(outcome.get("peak_rss") or 0),
+                _head(out / "stdout"),
+                _head(out / "stderr"),
+            )
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _not_world_writable(path: Path) -> None:
+    """A directory of the runner's that a sample's uid could otherwise write to (an emptyDir is 0777). A
+    sticky one (a machine's /tmp) is shared on purpose and left as it is."""
+    mode = path.stat().st_mode
+    if mode & stat.S_IWOTH and not mode & stat.S_ISVTX and path.stat().st_uid == os.geteuid():
+        path.chmod(stat.S_IMODE(mode) & ~stat.S_IWOTH & ~stat.S_IWGRP)
 
 
 def scratch_root(root: Path) -> Path:
-    """Where the samples' scratch directories go. As root, samples run as SAMPLE_UID, which must pass through
-    every directory above its scratch: when `root` is not reachable so (a pod's volume under a private
-    directory), a fresh directory under /tmp is used instead. Created when missing."""
+    """Where the samples' scratch directories go: `root` when every directory above it lets other users pass
+    (a sample runs as its own uid), else a fresh directory under /tmp. Not writable by anyone else."""
     root.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() != 0:
-        return root
     resolved = root.resolve()
-    if all(d.stat().st_mode & stat.S_IXOTH for d in [resolved, *resolved.parents]):
-        return root
-    fallback = Path(tempfile.mkdtemp(prefix="tpuforge-check-", dir="/tmp"))
-    fallback.chmod(0o711)
-    print(f"--scratch {root} is not reachable by the samples' uid {SAMPLE_UID}; using {fallback}", file=sys.stderr)
-    return fallback
+    if not all(d.stat().st_mode & stat.S_IXOTH for d in [resolved, *resolved.parents]):
+        fallback = Path(tempfile.mkdtemp(prefix="tpuforge-check-", dir="/tmp"))
+        print(f"--scratch {root} is not reachable by the samples' uids; using {fallback}", file=sys.stderr)
+        root = fallback
+    root.chmod(0o711)
+    return root
 
 
-def run_all(samples: list[dict[str, Any]], command: list[str], limits: Limits, root: Path) -> list[Verdict]:
-    root = scratch_root(root)
-    become_subreaper()
-    return [run_sample(str(s["id"]), command, s["code"], s["test"], limits, root) for s in samples]
+def run_all(
+    samples: list[dict[str, Any]], command: list[str], limits: Limits, root: Path, parallel: int = 1
+) -> list[Verdict]:
+    runner = Runner(command, limits, scratch_root(root))
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        return list(pool.map(lambda s: runner.run(str(s["id"]), s["code"], s["test"]), samples))
+
+
+def write_verdicts(path: Path, verdicts: list[Verdict]) -> None:
+    """All at once, through a new file renamed over `path`: whatever a sample put at that name is replaced."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _not_world_writable(path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=".verdicts-", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(json.dumps(v.to_json()) + "\n" for v in verdicts))
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def cannot_confine() -> str | None:
+    """Why this process cannot run samples under uids of their own, or None."""
+    if os.geteuid() != 0 or not can_change_uid():
+        return (
+            f"the checker runs each sample under a user id of its own and needs to start as root with "
+            f"CAP_SETUID and CAP_SETGID (the evaluation pod tpuforge writes grants exactly these); it runs as uid "
+            f"{os.geteuid()} without them: an admission policy or a mutating webhook changed the `check` "
+            f"container's securityContext; exempt it (runAsUser: 0, capabilities.add: [SETUID, SETGID])"
+        )
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,16 +272,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", required=True, help="JSONL of {id, code, test}")
     parser.add_argument("--out", required=True, help="JSONL of verdicts, one per sample")
     parser.add_argument("--timeout", type=float, required=True, help="seconds per sample")
-    parser.add_argument("--memory", type=int, required=True, help="address-space limit per sample, bytes")
+    parser.add_argument("--memory", type=int, required=True, help="memory of each sample's processes, bytes")
+    parser.add_argument("--parallel", type=int, default=1, help="samples checked at once")
     parser.add_argument("--scratch", default=tempfile.gettempdir(), help="where scratch directories go")
     parser.add_argument("command", nargs="+", help="the checker command")
     args = parser.parse_args(argv)
+    why = cannot_confine()
+    if why is not None:
+        print(why, file=sys.stderr)
+        return EXIT_CANNOT_CONFINE
+    for volume in {Path(args.scratch).resolve().parent, Path(args.out).resolve().parent.parent}:
+        if volume.is_dir():
+            _not_world_writable(volume)  # the checker's own volume, before any sample runs
     samples = [json.loads(line) for line in Path(args.samples).read_text().splitlines() if line.strip()]
     limits = Limits(timeout_seconds=args.timeout, memory_bytes=args.memory)
-    verdicts = run_all(samples, args.command, limits, Path(args.scratch))
-    Path(args.out).write_text("".join(json.dumps(v.to_json()) + "\n" for v in verdicts))
+    started = time.monotonic()
+    verdicts = run_all(samples, args.command, limits, Path(args.scratch), args.parallel)
+    write_verdicts(Path(args.out), verdicts)
     passed = sum(v.passed for v in verdicts)
-    print(f"{passed}/{len(verdicts)} samples passed; isolation: {', '.join(isolation_available())}")
+    print(
+        f"{passed}/{len(verdicts)} samples passed in {time.monotonic() - started:.1f} s, {args.parallel} at once; "
+        f"isolation: {', '.join(isolation(can_use_namespaces()))}"
+    )
     return 0
 
 

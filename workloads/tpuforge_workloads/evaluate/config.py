@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from pathlib import Path
 
 from tpuforge.api.configs import EvalConfig, ServeConfig
+from tpuforge.api.constants import EVAL_WORK_DIR_ENV
 from tpuforge_workloads import storage
 from tpuforge_workloads.adapters import AdapterInfo, config_sha256, read_adapter_manifest
 from tpuforge_workloads.config_file import read_config
@@ -49,8 +51,10 @@ def check_adapter(cfg: EvalConfig) -> AdapterInfo:
 
 
 def scratch_dir(cfg: EvalConfig) -> Path:
-    """Where the evaluation keeps its local copies (created)."""
-    path = Path(cfg.work_dir) if cfg.work_dir else Path(tempfile.gettempdir()) / "tpuforge-eval"
+    """Where the evaluation keeps its local copies (created): the config's workDir, else the directory the pod
+    names (EVAL_WORK_DIR_ENV: its sized model volume), else under TMPDIR."""
+    own = cfg.work_dir or os.environ.get(EVAL_WORK_DIR_ENV)
+    path = Path(own) if own else Path(tempfile.gettempdir()) / "tpuforge-eval"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -3,8 +3,10 @@
 
 The first step of functional evaluation (the passAtK metric), in the evaluator image: n answers sampled per
 problem from the base and from base + adapter (evaluate.answers.sample), the code taken from each
-(passk.extract_code), written as the checker's input, one line per sample:
-    {"id": "adapter/3/0", "model": "adapter", "index": 3, "sample": 0, "answer": ..., "code": ..., "test": {...}}
+(passk.extract_code, guided by the test's language and codePattern), written as the checker's input, one line
+per sample, with why vLLM stopped the answer ("length": cut at maxNewTokens, which evaluate.score fails):
+    {"id": "adapter/3/0", "model": "adapter", "index": 3, "sample": 0, "answer": ..., "code": ...,
+     "finishReason": "stop", "test": {...}}
 The checker (evaluate.check, in the checker image) runs them; evaluate.score turns the verdicts into pass@k.
 With `--answers` (exactMatch asked too), the same vLLM engine also writes the greedy answers there, which
 evaluate.score reads instead of loading the model a second time:
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,7 @@ from tpuforge_workloads.adapters import AdapterError
 from tpuforge_workloads.data.records import DatasetError
 from tpuforge_workloads.evaluate.answers import AnswerError, Samples, sample
 from tpuforge_workloads.evaluate.config import EvalInputError, check_adapter, fetch_models, load_config
-from tpuforge_workloads.evaluate.passk import extract_code
+from tpuforge_workloads.evaluate.passk import code_hint, extract_code
 from tpuforge_workloads.evaluate.records import EvalExample, read_examples
 from tpuforge_workloads.serve.fetch import FetchError
 
@@ -44,14 +47,29 @@ def problems(cfg: EvalConfig) -> list[EvalExample]:
                 f'{cfg.dataset_uri}:{ex.record.line}: no "test" object beside "messages": passAtK hands each '
                 'record\'s test to the checker (for Verilog {"files": {"tb.v": "..."}}); add one to every record'
             )
+        pattern = ex.test.get("codePattern")
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except (re.error, TypeError) as e:
+                raise EvalInputError(
+                    f"{cfg.dataset_uri}:{ex.record.line}: test.codePattern {pattern!r} is not a regular "
+                    f"expression ({e}); it picks the code block out of an answer"
+                ) from None
     return examples
 
 
 def sample_lines(examples: list[EvalExample], samples: Samples) -> list[dict[str, Any]]:
     lines = []
-    for model, answers in (("adapter", samples.adapter), ("base", samples.base)):
-        for ex, drawn in zip(examples, answers, strict=True):
-            for j, answer in enumerate(drawn):
+    models = (
+        ("adapter", samples.adapter, samples.adapter_finish),
+        ("base", samples.base, samples.base_finish),
+    )
+    for model, answers, finish in models:
+        reasons = finish or [[None] * len(drawn) for drawn in answers]
+        for ex, drawn, why in zip(examples, answers, reasons, strict=True):
+            hint = code_hint(ex.test)
+            for j, (answer, reason) in enumerate(zip(drawn, why, strict=True)):
                 lines.append(
                     {
                         "id": f"{model}/{ex.index}/{j}",
@@ -59,7 +77,8 @@ def sample_lines(examples: list[EvalExample], samples: Samples) -> list[dict[str
                         "index": ex.index,
                         "sample": j,
                         "answer": answer,
-                        "code": extract_code(answer),
+                        "code": extract_code(answer, hint),
+                        "finishReason": reason,
                         "test": ex.test,
                     }
                 )

@@ -11,9 +11,12 @@ at reportUri: report.jsonl (one line per record) and summary.json, with `_COMPLE
 
 On success the termination log holds exactly the result the operator reads:
     {"metrics": {...}, "baseMetrics": {...}, "examples": n, "reportUri": "..."}
-with the metrics the config asks for. Failures exit nonzero with the reason, in plain text, in the
-termination log: EXIT_BAD_CONFIG (2) for a config or input that cannot be used, 1 otherwise (an adapter
-without `_COMPLETE` included). Nothing is committed at reportUri unless the whole report was written.
+with the metrics the config asks for; with passAtK also "intervals" and "baseIntervals" (each pass@k's
+confidence interval, {"low", "high"}) and "failures" and "baseFailures" (failed samples by category, those
+seen). summary.json has the same, each model's failures in every category, and how the intervals were made.
+Failures exit nonzero with the reason, in plain text, in the termination log: EXIT_BAD_CONFIG (2) for a
+config or input that cannot be used, 1 otherwise (an adapter without `_COMPLETE` included). Nothing is
+committed at reportUri unless the whole report was written.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import logging
 import time
 from typing import Any
 
-from tpuforge.api.code_eval import PASS_AT_K
+from tpuforge.api.code_eval import BOOTSTRAP_RESAMPLES, CONFIDENCE_LEVEL, PASS_AT_K
 from tpuforge.api.configs import EvalConfig
 from tpuforge.api.constants import EXIT_BAD_CONFIG, TERMINATION_LOG
 from tpuforge_workloads import commit, storage, termination
@@ -32,7 +35,14 @@ from tpuforge_workloads.adapters import AdapterError, AdapterInfo
 from tpuforge_workloads.data.records import DatasetError
 from tpuforge_workloads.evaluate.answers import AnswerError, Answers, generate
 from tpuforge_workloads.evaluate.config import EvalInputError, check_adapter, fetch_models, load_config
-from tpuforge_workloads.evaluate.functional import Checked, checked_samples, pass_metrics, report_fields
+from tpuforge_workloads.evaluate.functional import (
+    Checked,
+    checked_samples,
+    failure_counts,
+    pass_intervals,
+    pass_metrics,
+    report_fields,
+)
 from tpuforge_workloads.evaluate.records import EvalExample, read_examples
 from tpuforge_workloads.serve.fetch import FetchError
 
@@ -116,14 +126,40 @@ def metrics_of(
 ) -> dict[str, Any]:
     metrics: dict[str, float] = {}
     base: dict[str, float] = {}
+    code: dict[str, Any] = {}
     if checked is not None:
         metrics, base = pass_metrics(cfg, examples, checked)
+        intervals, base_intervals = pass_intervals(cfg, examples, checked)
+        failures, base_failures = (failure_counts(checked, m) for m in ("adapter", "base"))
+        code = {
+            "intervals": intervals,
+            "baseIntervals": base_intervals,
+            "failures": {k: v for k, v in failures.items() if v},
+            "baseFailures": {k: v for k, v in base_failures.items() if v},
+        }
     if "loss" in cfg.metrics and losses is not None:
         metrics["loss"], base["loss"] = float(losses["loss"]), float(losses["baseLoss"])
     if "exactMatch" in cfg.metrics:
         metrics["exactMatch"] = sum(line["exactMatch"] for line in lines) / len(lines)
         base["exactMatch"] = sum(line["baseExactMatch"] for line in lines) / len(lines)
-    return {"metrics": metrics, "baseMetrics": base, "examples": len(lines), "reportUri": cfg.report_uri}
+    return {"metrics": metrics, "baseMetrics": base, **code, "examples": len(lines), "reportUri": cfg.report_uri}
+
+
+def code_summary(cfg: EvalConfig, checked: Checked) -> dict[str, Any]:
+    """summary.json's passAtK fields: the sampling and checker settings (the temperature as drawn at), how the
+    intervals were made, and each model's failed samples in every category."""
+    assert cfg.code is not None
+    return {
+        "code": cfg.code.to_wire(),
+        "confidence": {
+            "method": "percentile bootstrap over problems",
+            "level": CONFIDENCE_LEVEL,
+            "resamples": BOOTSTRAP_RESAMPLES,
+            "seed": cfg.code.seed,
+            "gate": "minPassAt is held against the interval's low bound",
+        },
+        "failureCounts": {model: failure_counts(checked, model) for model in ("adapter", "base")},
+    }
 
 
 def read_checked(
@@ -175,7 +211,7 @@ def run_score(
         "step": info.step,
         "datasetUri": cfg.dataset_uri,
         "maxNewTokens": cfg.max_new_tokens,
-        **({"code": cfg.code.to_wire()} if cfg.code is not None and checked is not None else {}),
+        **(code_summary(cfg, checked) if checked is not None else {}),
         "seconds": {"answers": answers.seconds if answers else 0.0, "total": time.monotonic() - started},
     }
     report = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode()

@@ -17,6 +17,7 @@ from tunix.sft import peft_trainer
 
 from tpuforge.api import TrainConfig, TrainingSpec
 from tpuforge_workloads.data.pipeline import model_inputs
+from tpuforge_workloads.lora_provider import without_dropout
 from tpuforge_workloads.train import loss
 from tpuforge_workloads.train.checkpoints import TrainCheckpoints
 
@@ -35,7 +36,8 @@ def jit_train_step(step: Any) -> Any:
 class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
     """PeftTrainer with our loss and checkpoint manager. The base class restores from its own manager in
     __init__; given no checkpoint directory that is a no-op, so the restore is redone here with ours. The
-    evaluation's loss is the token-weighted mean of its batches (`take_eval_loss`)."""
+    evaluation's loss is the token-weighted mean of its batches (`take_eval_loss`), computed without LoRA
+    dropout (`create_eval_step_fn`)."""
 
     def __init__(
         self, model: nnx.Module, optimizer: Any, config: peft_trainer.TrainingConfig, checkpoints: TrainCheckpoints
@@ -82,6 +84,18 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
 
         return train_step
 
+    def create_eval_step_fn(self) -> Any:
+        """Tunix's evaluation step, traced with LoRA dropout off (lora_provider.without_dropout): the same
+        weights and data always give the same loss, the evaluation Job's, and evaluating draws nothing from
+        the dropout stream training uses."""
+        step = super().create_eval_step_fn()
+
+        def eval_step(model: nnx.Module, inputs: Any) -> Any:
+            with without_dropout():
+                return step(model, inputs)
+
+        return eval_step
+
     def _post_process_eval_step(self, aux: dict[str, Any]) -> None:
         self._eval_sums.append((aux["nll_sum"], aux["tokens"]))
 
@@ -94,8 +108,9 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
 
 
 def optimizer(training: TrainingSpec, total_steps: int) -> optax.GradientTransformation:
-    """AdamW on a warmup-cosine schedule over the optimizer steps (gradient accumulation is PeftTrainer's
-    optax.MultiSteps around this, so the schedule advances once per optimizer step)."""
+    """The gradient clipped to a global norm of `maxGradNorm`, then AdamW on a warmup-cosine schedule over the
+    optimizer steps. Gradient accumulation is PeftTrainer's optax.MultiSteps around this, so the schedule
+    advances once per optimizer step and the clip applies to the whole step's (accumulated) gradient."""
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0,
         peak_value=training.learning_rate,
@@ -103,7 +118,21 @@ def optimizer(training: TrainingSpec, total_steps: int) -> optax.GradientTransfo
         decay_steps=total_steps,
         end_value=0.0,
     )
-    return optax.inject_hyperparams(optax.adamw)(learning_rate=schedule, weight_decay=training.weight_decay)
+    adamw = optax.inject_hyperparams(optax.adamw)(learning_rate=schedule, weight_decay=training.weight_decay)
+    return clipped(adamw, training.max_grad_norm)
+
+
+def clipped(inner: optax.GradientTransformation, max_norm: float) -> optax.GradientTransformation:
+    """`inner` given the gradient scaled down to a global norm of at most `max_norm`. The clip keeps no state,
+    so the optimizer state is `inner`'s alone (optax.chain would nest it in a tuple): checkpoints written
+    before clipping existed, and runs whose maxGradNorm changed, resume."""
+    clip = optax.clip_by_global_norm(max_norm)
+
+    def update(updates: Any, state: Any, params: Any = None, **extra_args: Any) -> Any:
+        updates, _ = clip.update(updates, optax.EmptyState())
+        return inner.update(updates, state, params, **extra_args)
+
+    return optax.GradientTransformationExtraArgs(inner.init, update)
 
 
 def make_trainer(model: Any, c: TrainConfig, total_steps: int, checkpoints: Any) -> SftTrainer:

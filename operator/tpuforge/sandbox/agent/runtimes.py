@@ -17,8 +17,8 @@ from pathlib import Path
 from tpuforge.sandbox.config import cache_dir, repo_root
 
 PROJECT_IMAGES = ("tpuforge/trainer", "tpuforge/merger", "tpuforge/operator")
-# Our images built on the vLLM image (images/evaluator.Dockerfile).
-VLLM_PROJECT_IMAGES = ("tpuforge/evaluator",)
+# Our images built on the vLLM image (images/evaluator.Dockerfile, images/serving.Dockerfile).
+VLLM_PROJECT_IMAGES = ("tpuforge/evaluator", "tpuforge/serving")
 
 
 def project_bin() -> Path:

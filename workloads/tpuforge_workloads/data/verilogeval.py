@@ -1,0 +1,151 @@
+"""python -m tpuforge_workloads.data.verilogeval DIR --out eval.jsonl [--instruction TEXT] [--system TEXT]
+
+Converts problems in VerilogEval's layout (its spec-to-RTL task) into the chat records functional evaluation
+reads. A problem is three files in DIR, sharing a name:
+  <name>_prompt.txt   the specification a person would read: a module named TopModule, its ports, what it does
+  <name>_ref.sv       a reference solution, the module named RefModule
+  <name>_test.sv      the stimulus testbench, module tb: it instantiates RefModule and TopModule side by side,
+                      drives both with the same inputs, counts the samples where their outputs differ and
+                      prints "Mismatches: <count> in <samples> samples" before it ends
+Each problem becomes one record (problems in name order):
+  {"messages": [{"role": "user", "content": <the spec, then the instruction>},
+                {"role": "assistant", "content": <the reference renamed TopModule, fenced>}],
+   "test": {"files": {"tb.sv": <testbench>, "ref.sv": <reference>}, "top": "tb",
+            "passPattern": PASS_PATTERN, "codePattern": CODE_PATTERN}}
+The Verilog checker (tpuforge_workloads.evaluate.verilog) compiles the test's files before the sample, runs
+the simulation from `top`, and passes a sample when the simulation exits 0 and its output matches
+`passPattern`: a testbench of this layout ends normally whether or not the outputs matched, so the pattern,
+no mismatch in at least one sample, is what decides. `codePattern` tells evaluate.sample which code block of
+an answer is the sample: the one that defines TopModule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PROMPT_SUFFIX, REF_SUFFIX, TEST_SUFFIX = "_prompt.txt", "_ref.sv", "_test.sv"
+TB_FILE, REF_FILE, TOP = "tb.sv", "ref.sv", "tb"
+# What the testbench prints when the design under test matched the reference in every sample (and ran some).
+PASS_PATTERN = r"^Mismatches: 0 in [1-9][0-9]* samples"
+# The block of an answer that holds the sample: the one that defines TopModule.
+CODE_PATTERN = r"^[ \t]*module\s+TopModule\b"
+INSTRUCTION = (
+    "Answer with the complete Verilog code of module TopModule, in one ```verilog fenced block; the code must "
+    "compile on its own (no testbench, no `include)."
+)
+_DECLARES = re.compile(r"^[ \t]*module\s+(?P<name>[A-Za-z_]\w*)", re.MULTILINE)
+
+
+class ConvertError(ValueError):
+    """A problem directory this converter cannot use; the message names the file and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    name: str
+    prompt: str
+    ref: str
+    test: str
+
+
+def _modules(text: str) -> set[str]:
+    return {m.group("name") for m in _DECLARES.finditer(text)}
+
+
+def _instantiates(text: str, module: str) -> bool:
+    return (
+        re.search(rf"^[ \t]*{module}\s+(#\s*\(.*?\)\s*)?[A-Za-z_]\w*\s*\(", text, re.MULTILINE | re.DOTALL) is not None
+    )
+
+
+def check_problem(p: Problem, where: Path) -> None:
+    """The layout's promises: the reference defines RefModule (and not TopModule), the testbench defines the
+    top module and instantiates both. Raises ConvertError naming the file."""
+    ref, test = where / f"{p.name}{REF_SUFFIX}", where / f"{p.name}{TEST_SUFFIX}"
+    if "RefModule" not in _modules(p.ref) or "TopModule" in _modules(p.ref):
+        raise ConvertError(f"{ref}: must define module RefModule (and not TopModule, which the answer defines)")
+    if TOP not in _modules(p.test):
+        raise ConvertError(f"{test}: must define the testbench as module {TOP}")
+    for module in ("RefModule", "TopModule"):
+        if not _instantiates(p.test, module):
+            raise ConvertError(f"{test}: module {TOP} must instantiate {module} (it compares the two)")
+    if "Mismatches:" not in p.test:
+        raise ConvertError(f'{test}: must print "Mismatches: <count> in <samples> samples" at its end')
+    if not p.prompt.strip():
+        raise ConvertError(f"{where / (p.name + PROMPT_SUFFIX)}: empty specification")
+
+
+def read_problems(directory: Path) -> list[Problem]:
+    """Every problem in `directory` (one per <name>_prompt.txt), in name order, each checked."""
+    if not directory.is_dir():
+        raise ConvertError(f"{directory}: not a directory")
+    names = sorted(p.name.removesuffix(PROMPT_SUFFIX) for p in directory.glob(f"*{PROMPT_SUFFIX}"))
+    if not names:
+        raise ConvertError(f"{directory}: no *{PROMPT_SUFFIX}; expected <name>{PROMPT_SUFFIX}, _ref.sv, _test.sv")
+    problems = []
+    for name in names:
+        files = [directory / f"{name}{suffix}" for suffix in (PROMPT_SUFFIX, REF_SUFFIX, TEST_SUFFIX)]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise ConvertError(f"{directory}: problem {name} lacks {', '.join(missing)}")
+        prompt, ref, test = (f.read_text(encoding="utf-8") for f in files)
+        problem = Problem(name, prompt, ref, test)
+        check_problem(problem, directory)
+        problems.append(problem)
+    return problems
+
+
+def reference_answer(p: Problem) -> str:
+    """The reference as an answer would give it: renamed TopModule, in a fenced block."""
+    code = re.sub(r"\bRefModule\b", "TopModule", p.ref).strip("\n")
+    return f"```verilog\n{code}\n```"
+
+
+def to_record(p: Problem, instruction: str = INSTRUCTION, system: str | None = None) -> dict[str, Any]:
+    messages = [{"role": "system", "content": system}] if system else []
+    messages += [
+        {"role": "user", "content": f"{p.prompt.strip()}\n\n{instruction}".strip()},
+        {"role": "assistant", "content": reference_answer(p)},
+    ]
+    test = {
+        "files": {TB_FILE: p.test, REF_FILE: p.ref},
+        "top": TOP,
+        "passPattern": PASS_PATTERN,
+        "codePattern": CODE_PATTERN,
+    }
+    return {"messages": messages, "test": test}
+
+
+def convert(directory: Path, out: Path, instruction: str = INSTRUCTION, system: str | None = None) -> int:
+    """Writes one record per problem to `out` (JSONL); returns how many."""
+    records = [to_record(p, instruction, system) for p in read_problems(directory)]
+    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
+    return len(records)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tpuforge_workloads.data.verilogeval", description=__doc__.split("\n")[2]
+    )
+    parser.add_argument("directory", type=Path, help="the problems: <name>_prompt.txt, _ref.sv, _test.sv")
+    parser.add_argument("--out", type=Path, required=True, help="the chat records with their tests (JSONL)")
+    parser.add_argument("--instruction", default=INSTRUCTION, help="appended to each specification")
+    parser.add_argument("--system", help="a system message put first in each record")
+    args = parser.parse_args(argv)
+    try:
+        count = convert(args.directory, args.out, args.instruction, args.system)
+    except (ConvertError, OSError, UnicodeDecodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{count} problems from {args.directory} -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
