@@ -2,7 +2,8 @@
 # vLLM-TPU answers held-out questions with the base and with base + the new adapter. It is the serving image
 # (api.constants.DEFAULT_VLLM_IMAGE, passed by `make images` as VLLM_TPU_IMAGE, which has no default here:
 # the evaluation runs the same vLLM release as serving, one with runtime LoRA loading on TPU) with tpuforge on
-# top and only what the score program needs beside vLLM: pydantic (vLLM has it) and google-cloud-storage.
+# top and only what the score program needs beside vLLM: pydantic (vLLM has it), google-cloud-storage and
+# tensorboardX (the scores as TensorBoard scalars beside the training run's).
 # No JAX: the loss step runs in the trainer image.
 ARG VLLM_TPU_IMAGE
 FROM ${VLLM_TPU_IMAGE}
@@ -14,7 +15,7 @@ COPY operator ./operator
 COPY workloads ./workloads
 # --no-deps keeps vLLM's own pins (pydantic, numpy, torch) untouched; pyyaml is tpuforge's other dependency.
 RUN pip install --no-cache-dir --no-deps . \
- && pip install --no-cache-dir 'google-cloud-storage==3.17.1' 'pyyaml>=6' \
+ && pip install --no-cache-dir 'google-cloud-storage==3.17.1' 'pyyaml>=6' 'tensorboardX==2.6.5' \
  && python -c "import tpuforge_workloads.evaluate.score" \
  && rm -rf /src
 # The unprivileged user every tpuforge pod runs as (tpuforge.manifests.common.POD_UID). Its home is /tmp:

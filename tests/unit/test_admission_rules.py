@@ -160,8 +160,21 @@ INVALID = [
         {"checkpoint.uri": "gs://my-runs/gemma4-31b-verilog/merged/checkpoints"},
         "spec.output.uri",
     ),
+    InvalidSpec(
+        "best-checkpoint-without-eval-data",
+        *FINETUNE,
+        {"checkpoint.select": "best", "dataset.evalUri": DROP},
+        "spec.checkpoint.select",
+    ),
+    InvalidSpec(
+        "early-stopping-without-eval-data",
+        *FINETUNE,
+        {"training.earlyStopping": {"patience": 3}, "dataset.evalUri": DROP},
+        "spec.training.earlyStopping",
+    ),
     InvalidSpec("evaluation-without-adapter", *ADAPTER, {"merge.writeAdapter": False}, "spec.merge.writeAdapter"),
     InvalidSpec("evaluation-without-data", *ADAPTER, {"dataset.evalUri": DROP}, "spec.evaluation.datasetUri"),
+    InvalidSpec("eval-file-and-eval-fraction", *ADAPTER, {"dataset.evalFraction": 0.1}, "spec.dataset.evalFraction"),
     InvalidSpec(
         "max-loss-without-loss", *ADAPTER, {"evaluation.metrics": ["exactMatch"]}, "spec.evaluation.thresholds.maxLoss"
     ),

@@ -49,8 +49,11 @@ def test_an_evaluation_needs_a_dataset_and_names_both_places_for_it() -> None:
     assert api.validate_finetune(raw).evaluation is not None
 
 
-def test_the_evaluation_dataset_must_be_on_gcs() -> None:
+def test_the_evaluation_dataset_must_be_on_gcs_outside_the_sandbox() -> None:
     errors = errors_of(with_eval({"datasetUri": "/data/eval.jsonl"}))
+    assert "only the sandbox's pods" in errors["spec.evaluation.datasetUri"]
+    assert "gs://" in errors["spec.evaluation.datasetUri"]
+    errors = errors_of(with_eval({"datasetUri": "s3://data/eval.jsonl"}))
     assert "must be a gs:// URI" in errors["spec.evaluation.datasetUri"]
 
 

@@ -351,3 +351,37 @@ def test_a_multimodal_servers_batch_must_hold_its_largest_video_the_field_and_th
     vllm = {"maxNumBatchedTokens": 512, "tensorParallelSize": 1}
     text = serving(uri="gs://r/tiny", name="gemma4-tiny") | {"vllm": vllm}
     assert api.validate_serving(text).vllm.max_num_batched_tokens == 512
+
+
+def test_best_checkpoint_and_early_stopping_are_off_by_default() -> None:
+    s = api.validate_finetune(spec())
+    assert s.checkpoint.select == "last" and s.training.early_stopping is None
+    assert api.merge_config("ns", "job", s).select == "last"
+
+
+def test_best_checkpoint_needs_an_eval_set_naming_the_field_and_the_fix() -> None:
+    message = errors_of(spec(checkpoint__select="best"))["spec.checkpoint.select"]
+    assert "spec.dataset.evalUri" in message and "select: last" in message
+    s = api.validate_finetune(spec(checkpoint__select="best", dataset__evalUri="gs://d/eval.jsonl"))
+    mc = api.merge_config("ns", "job", s, step=40)
+    assert (mc.select, mc.step) == ("best", 40)  # the step the operator chose wins; select is the fallback
+
+
+def test_early_stopping_needs_an_eval_set_and_evaluations_beyond_its_patience() -> None:
+    errs = errors_of(spec(training__earlyStopping={"patience": 2}))
+    assert "spec.dataset.evalUri" in errs["spec.training.earlyStopping"]
+    errs = errors_of(
+        spec(
+            training__earlyStopping={"patience": 3},
+            training__maxSteps=300,
+            training__warmupSteps=10,
+            checkpoint__everySteps=100,
+            dataset__evalUri="gs://d/eval.jsonl",
+        )
+    )
+    assert "3 times" in errs["spec.training.earlyStopping.patience"]
+    s = api.validate_finetune(
+        spec(training__earlyStopping={"patience": 2, "minDelta": 0.01}, dataset__evalUri="gs://d/eval.jsonl")
+    )
+    assert s.training.early_stopping == api.EarlyStoppingSpec(patience=2, min_delta=0.01)
+    assert "spec.training.earlyStopping.patience" in errors_of(spec(training__earlyStopping={"patience": 0}))

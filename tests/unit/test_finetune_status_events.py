@@ -75,6 +75,8 @@ def worst_cases() -> Iterator[str]:
     yield ev.merging(URI)
     yield ev.merged(URI)
     yield ev.trained_only()
+    yield ev.stopped_early(big, big)
+    yield ev.stopped_early(big, None)
     yield ev.suspended()
     for role in ("training", "preflight", "merge", "evaluation"):
         yield ev.queued(role, "team-a-tpu-v5p-spot-high-priority-queue")

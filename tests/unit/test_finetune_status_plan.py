@@ -510,3 +510,101 @@ def test_status_patch_covers_the_operators_fields_and_never_the_trainers() -> No
     desired.progress = desired.progress.model_copy(update={"percent": 10.0, "step": 999, "loss": 0.0})
     assert status_patch(current, desired) == {"phase": "Merging", "progress": {"percent": 10.0}}
     assert status_patch(current, current) == {}
+
+
+def trained(w: World, result: api.TrainResult) -> Plan:
+    """The trainer of attempt 0 ran and exited 0, writing `result` as its termination message."""
+    w.step()
+    w.pod(train(0), "Running")
+    w.step()
+    w.pod(train(0), "Succeeded", exit_code=0, message=result.model_dump_json(by_alias=True, exclude_none=True))
+    return w.step()
+
+
+def merge_config_of(p: Plan) -> dict[str, Any]:
+    cm = next(o for o in p.create if o["kind"] == "ConfigMap")
+    return json.loads(cm["data"][CONFIG_FILE])  # type: ignore[no-any-return]
+
+
+BEST_SPEC = {
+    "dataset": {"uri": "gs://b/data/train.jsonl", "evalUri": "gs://b/data/eval.jsonl"},
+    "checkpoint": {"uri": "gs://b/jobs/gemma-verilog/checkpoints", "everySteps": 100, "select": "best"},
+    "training": {
+        "maxSeqLen": 3072,
+        "maxSteps": 1000,
+        "warmupSteps": 10,
+        "earlyStopping": {"patience": 3, "minDelta": 0.01},
+    },
+}
+
+
+def test_early_stop_merges_the_best_step_and_says_why() -> None:
+    w = World(raw_spec(**BEST_SPEC))
+    result = api.TrainResult(
+        message="Stopped early at step 700 of 1000",
+        step=700,
+        total_steps=1000,
+        loss=0.41,
+        best=api.StepLoss(step=400, loss=0.8123),
+        last_eval=api.StepLoss(step=700, loss=0.83),
+        stopped_early=api.EarlyStop(step=700, evals=3, min_delta=0.01),
+    )
+    p = trained(w, result)
+    assert w.phase() == api.FineTunePhase.MERGING
+    cfg = merge_config_of(p)
+    assert (cfg["step"], cfg["select"]) == (400, "best")
+    assert w.status.checkpoint == api.CheckpointStatus(
+        select="best",
+        last_step=700,
+        best_step=400,
+        best_eval_loss=0.8123,
+        selected_step=400,
+        selected_eval_loss=0.8123,
+        stopped_early_at=700,
+        message=w.status.checkpoint.message if w.status.checkpoint else None,
+    )
+    cond = w.condition("Training")
+    assert cond.reason == "StoppedEarly"
+    assert cond.message.startswith(
+        "stopped early at step 700: eval loss did not improve by more than 0.01 for 3 evals; "
+        "best step 400 (loss 0.8123)"
+    )
+    assert "merging step 400 (loss 0.8123), the lowest eval loss; training ended at step 700" in cond.message
+    assert ("Normal", "EarlyStop", "stopped early at step 700; best step 400") in w.events
+    assert "checkpoint" in status_patch(api.FineTuneJobStatus(), w.status)
+    # A merge Job deleted meanwhile comes back for the same step.
+    del w.objects[("ConfigMap", merge_job_name(NAME))]
+    w.jobs.pop(merge_job_name(NAME))
+    assert merge_config_of(w.step())["step"] == 400
+
+
+def test_select_last_merges_the_latest_and_still_reports_the_best() -> None:
+    w = World(raw_spec(dataset=BEST_SPEC["dataset"]))
+    result = api.TrainResult(
+        message="Trained to step 1000 of 1000",
+        step=1000,
+        total_steps=1000,
+        best=api.StepLoss(step=800, loss=0.7),
+        last_eval=api.StepLoss(step=1000, loss=0.75),
+    )
+    p = trained(w, result)
+    cfg = merge_config_of(p)
+    assert cfg.get("step") is None and cfg["select"] == "last"
+    chosen = w.status.checkpoint
+    assert chosen is not None
+    assert (chosen.selected_step, chosen.selected_eval_loss, chosen.best_step) == (1000, 0.75, 800)
+    assert chosen.stopped_early_at is None
+    cond = w.condition("Training")
+    assert cond.reason == "Completed" and cond.message.startswith("training finished at step 1000")
+    assert "EarlyStop" not in w.reasons()
+
+
+def test_select_best_without_a_readable_result_leaves_the_step_to_the_merge() -> None:
+    w = World(raw_spec(**BEST_SPEC))
+    w.step()
+    w.pod(train(0), "Succeeded", exit_code=0, message="Trained to step 1000 of 1000; loss 0.4")  # an older trainer
+    p = w.step()
+    cfg = merge_config_of(p)
+    assert cfg.get("step") is None and cfg["select"] == "best"
+    assert w.status.checkpoint is not None and w.status.checkpoint.selected_step is None
+    assert "eval record" in (w.status.checkpoint.message or "")

@@ -137,3 +137,40 @@ def test_a_prompt_must_not_end_with_an_answer(encoder: ChatEncoder) -> None:
     with pytest.raises(ValueError, match="already ends with an assistant turn"):
         encoder.prompt(CONVERSATIONS["one exchange, untrimmed"])
     assert isinstance(encoder.prompt([Message("user", "hi")]), np.ndarray)
+
+
+THINKING = {
+    "no system message": (
+        Message("user", "What is 2 + 2?"),
+        Message("assistant", "4.", "Two and two make four."),
+    ),
+    "system, and thinking left in an earlier answer": (
+        Message("system", "Answer with a number."),
+        Message("user", "2 + 2?"),
+        Message("assistant", "<|channel>thought\nadd them<channel|>4"),
+        Message("user", "and (3 + 3)?"),
+        Message("assistant", "6", "Three and three:\n six."),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", THINKING)
+def test_kept_thinking_is_the_published_templates_thinking_prompt_and_the_models_thought_channel(
+    name: str, hf_tokenizer: Any, tiny_model_dir: Path
+) -> None:
+    from tokenizers import Tokenizer
+
+    encoder = ChatEncoder(Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json")), keep_thinking=True)
+    conversation = THINKING[name]
+    history, answer = conversation[:-1], conversation[-1]
+    rows = [{"role": m.role, "content": m.content} for m in history]
+    prompt = hf_tokenizer.apply_chat_template(
+        rows, add_generation_prompt=True, enable_thinking=True, tokenize=False, chat_template=TEMPLATE.read_text()
+    )
+    assert "<|think|>" in prompt and prompt.endswith("<|turn>model\n")
+    produced = f"<|channel>thought\n{answer.thinking}<channel|>{answer.content}<turn|>"
+    ids, mask = encoder.encode(conversation)
+    assert ids.tolist() == _ids(hf_tokenizer, prompt + produced + "\n")
+    learned = hf_tokenizer.decode([int(i) for i in ids[mask]], skip_special_tokens=False)
+    earlier = [strip_thinking(m.content) + "<turn|>" for m in history if m.role == "assistant"]
+    assert learned == "".join(earlier) + produced

@@ -31,7 +31,7 @@ def malformed_json(tmp: Path, cfg: TrainConfig) -> str:
 def unknown_role(tmp: Path, cfg: TrainConfig) -> str:
     bad = {"messages": [{"role": "user", "content": "Hi"}, {"role": "bot", "content": "Hello."}]}
     cfg.dataset_uri = _dataset(tmp, [json.dumps(GOOD), json.dumps(bad)])
-    return f"{cfg.dataset_uri}:2: message 1 has role 'bot'; roles are system, user, assistant"
+    return f"{cfg.dataset_uri}:2: messages[1].role: 'bot' is not a role; roles are system, user, assistant"
 
 
 def empty_dataset(tmp: Path, cfg: TrainConfig) -> str:
@@ -72,7 +72,13 @@ def resume_with_another_alpha(tmp: Path, cfg: TrainConfig) -> str:
     return f"holds checkpoints of another adapter: lora.alpha {2 * cfg.lora.alpha} (checkpoints) vs {cfg.lora.alpha}"
 
 
+def model_not_yet_trained(tmp: Path, cfg: TrainConfig) -> str:
+    cfg.model_name = "qwen3-8b"  # in the catalog for sizing; the trainer refuses it before reading anything
+    return "modelName qwen3-8b: the trainer does not support it yet"
+
+
 CASES: list[Callable[[Path, TrainConfig], str]] = [
+    model_not_yet_trained,
     resume_with_another_alpha,
     malformed_json,
     unknown_role,

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 
 from tests.fixtures.models import RUNS_BUCKET, TrainerProcess, TrainingRun, read_summary
+from tpuforge.api import TrainResult
 from tpuforge.api.constants import EXIT_PREEMPTED
 from tpuforge.sandbox.gcs import free_port
-from tpuforge_workloads import lora, storage
+from tpuforge_workloads import eval_record, lora, storage
 from tpuforge_workloads.progress import METRICS_ADDR_ENV
 
 pytestmark = pytest.mark.slow
@@ -29,7 +30,14 @@ def _same_losses(run: dict[int, float], reference: dict[int, float], steps: rang
 def test_loss_decreases_on_a_learnable_dataset(tiny_training_run: TrainingRun) -> None:
     run = tiny_training_run
     assert run.exit_code == 0, run.output
-    assert run.termination_message.startswith("Trained to step 16 of 16"), run.termination_message
+    result = TrainResult.model_validate_json(run.termination_message)
+    assert result.message.startswith("Trained to step 16 of 16"), result.message
+    assert (result.step, result.total_steps, result.stopped_early) == (16, 16, None)
+    # Every evaluation after step 0 is in the record beside the checkpoints; the result names the best one.
+    record = eval_record.read(run.config.checkpoint.uri)
+    assert sorted(record.losses) == list(range(2, 17, 2))
+    assert result.best is not None and (result.best.step, result.best.loss) == record.best()
+    assert result.last_eval is not None and result.last_eval.step == 16
     losses = run.losses()
     assert sorted(losses) == list(range(1, 17))
     first, last = np.mean([losses[1], losses[2]]), np.mean([losses[15], losses[16]])

@@ -23,7 +23,7 @@ from tests.fixtures.models import (
     slice_trainers,
     tiny_train_config,
 )
-from tpuforge.api import MeshSpec, TrainConfig
+from tpuforge.api import MeshSpec, TrainConfig, TrainResult
 from tpuforge.api.constants import EXIT_PREEMPTED
 from tpuforge.sandbox.gcs import create_bucket, free_port
 from tpuforge_workloads import storage
@@ -100,13 +100,17 @@ def test_two_hosts_train_like_one_process_with_all_their_devices(one_process_run
     trainers = slice_trainers(config, tmp_path, hosts=2)
     assert _run(trainers) == [0, 0], _outputs(trainers)
     for t in trainers:
-        assert t.termination_message().startswith(f"Trained to step {STEPS} of {STEPS}"), t.termination_message()
+        said = TrainResult.model_validate_json(t.termination_message()).message
+        assert said.startswith(f"Trained to step {STEPS} of {STEPS}"), said
     assert "process 1 of 2, rows 2..3 of each batch" in trainers[1].output(last=None)
 
     (attempt,) = read_summary(config.checkpoint.uri)["attempts"]  # written by process 0 alone
     assert attempt["processes"] == 2 and len(attempt["devices"]) == 8
     _same(_losses(attempt), _losses(reference), range(1, STEPS + 1))
     _same(_losses(attempt, "eval_losses"), _losses(reference, "eval_losses"), range(0, STEPS + 1, 2))
+    # Every host ran the sample decode over the mesh spanning both; process 0 reported the answers.
+    assert sorted(attempt["samples"], key=int) == [str(s) for s in range(0, STEPS + 1, 2)], _outputs(trainers)
+    assert all(len(samples) == 2 for samples in attempt["samples"].values())
     # One checkpoint per step, holding each process's data position.
     names = storage.list_files(storage.join(config.checkpoint.uri, str(STEPS), "data_iterator"))
     assert {"process_0-of-2.json", "process_1-of-2.json"} <= set(names), names

@@ -186,3 +186,14 @@ def test_progress_is_patched_into_the_finetunejob_status(api_client: Any, namesp
     assert (got.step, got.total_steps, got.loss, got.last_checkpoint_step) == (11, 100, 2.25, 10)
     assert got.tokens_per_second and got.updated_at
     assert obj["spec"]["model"] == spec["model"]  # the status patch left the spec alone
+
+
+def test_skipped_records_reach_status_progress(tmp_path: Path) -> None:
+    summary = RunSummary.open(str(tmp_path), {"modelName": "gemma4-tiny"}, attempt=1)
+    progress = RunProgress(
+        100, TrainMetrics(), summary, None, start_step=0, last_checkpoint_step=None, skipped_records=3
+    )
+    progress.step_done(1, loss=2.5, tokens=64, tokens_total=64)
+    wire = progress.progress().to_wire()
+    assert wire["skippedRecords"] == 3 and Progress.model_validate(wire).skipped_records == 3
+    assert "skippedRecords" not in _progress(tmp_path, None).progress().to_wire()

@@ -78,7 +78,8 @@ def key_inputs(text: gemma4.Gemma4Text, config: TrainConfig, total_steps: int, d
         "mesh": config.mesh.model_dump(by_alias=True),
         "model": {"name": config.model_name, **dataclasses.asdict(text)},
         "lora": config.lora.model_dump(by_alias=True),
-        "training": config.training.model_dump(by_alias=True),
+        # Early stopping decides when the loop ends, not what the step computes.
+        "training": config.training.model_dump(by_alias=True, exclude={"early_stopping"}),
         "total_steps": total_steps,
     }
 

@@ -1,5 +1,5 @@
-"""How a training run reports itself: FineTuneJob status.progress patches, Prometheus metrics, and a run
-summary JSON beside the checkpoints.
+"""How a training run reports itself: FineTuneJob status.progress patches, Prometheus metrics, a run
+summary JSON beside the checkpoints, and TensorBoard event files (tensorboard_log.py).
 
 None of these may stop or slow training. Status patches go out from a background thread at most every
 `interval` seconds (the latest values win; nothing queues up), and any error is logged and retried at the
@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_se
 from tpuforge.api import CheckpointSave, JobRef, Progress, display, now_rfc3339
 from tpuforge.api.constants import FINETUNEJOB_PLURAL, GROUP, VERSION
 from tpuforge_workloads import storage
+from tpuforge_workloads.tensorboard_log import EventLog
 
 log = logging.getLogger(__name__)
 
@@ -195,6 +196,19 @@ class RunSummary:
             log.warning("run summary not written: %s", e)
 
 
+def sample_markdown(sample: dict[str, str]) -> str:
+    """A sample as TensorBoard's text plugin shows it (Markdown): prompt, answer and reference, each quoted
+    as code so the model's text is shown as it is."""
+
+    def block(text: str) -> str:
+        return "\n".join("    " + line for line in (text or " ").splitlines())
+
+    return "\n\n".join(
+        f"**{name}**\n\n{block(sample.get(key, ''))}"
+        for name, key in (("prompt", "prompt"), ("answer", "answer"), ("reference", "reference"))
+    )
+
+
 # Throughput is measured over at least this long and this many steps, whichever covers more: a single
 # step's wall time says little under asynchronous dispatch (a step whose result was already waiting looks
 # nearly free), and a window this size evens that out while still following real changes within a minute.
@@ -278,8 +292,12 @@ class RunProgress:
         start_step: int,
         last_checkpoint_step: int | None,
         clock: Callable[[], float] = time.monotonic,
+        events: EventLog | None = None,
+        skipped_records: int | None = None,
     ):
+        """`skipped_records`: malformed records left out (spec.dataset.skipInvalid; None when not skipping)."""
         self.total_steps = total_steps
+        self.skipped_records = skipped_records
         self.metrics = metrics
         self.summary = summary
         self.reporter = reporter
@@ -294,15 +312,19 @@ class RunProgress:
         self._window = ThroughputWindow(clock, start_step)
         self._step_started = clock()
         self._step_times: list[float] = []
+        self.events = events
         metrics.total_steps.set(total_steps)
         metrics.step.set(start_step)
         if last_checkpoint_step is not None:
             metrics.last_checkpoint_step.set(last_checkpoint_step)
         self._publish()
 
-    def step_done(self, step: int, loss: float, tokens: int, tokens_total: int) -> None:
+    def step_done(
+        self, step: int, loss: float, tokens: int, tokens_total: int, learning_rate: float | None = None
+    ) -> None:
         """Step `step` has finished: `loss` is its loss as a host float (so the device work is done),
-        `tokens` its real tokens and `tokens_total` all real tokens trained on so far."""
+        `tokens` its real tokens, `tokens_total` all real tokens trained on so far, `learning_rate` the one
+        the step's update used."""
         now = self._clock()
         elapsed = now - self._step_started
         self._step_started = now
@@ -321,6 +343,12 @@ class RunProgress:
         if self.tokens_per_second is not None:
             self.metrics.tokens_per_second.set(self.tokens_per_second)
         self.summary.record_loss(step, loss)
+        if self.events is not None:
+            self.events.scalar("train/loss", loss, step)
+            if self.tokens_per_second is not None:
+                self.events.scalar("train/tokens_per_second", self.tokens_per_second, step)
+            if learning_rate is not None:
+                self.events.scalar("train/learning_rate", learning_rate, step)
         log.info(
             "step %d/%d loss %s tokens/s %s eta %s (step %.2fs, %d tokens)",
             step,
@@ -343,6 +371,8 @@ class RunProgress:
         self.summary.attempt.setdefault("checkpoints", []).append({"step": step, "blocking_s": round(blocking_s, 3)})
         self.summary.attempt["end_step"] = step
         self.summary.write()  # a run killed without warning still leaves its losses up to here
+        if self.events is not None:
+            self.events.sync()
 
     def checkpoint_committed(self, step: int, total_s: float, nbytes: int) -> None:
         """Called from Orbax's background thread once a checkpoint is durable: `total_s` since its save
@@ -358,9 +388,28 @@ class RunProgress:
                 c["bytes"] = nbytes
         self._publish()
 
+    def grad_norm(self, step: int, norm: float) -> None:
+        """The global norm of step `step`'s gradient, before clipping (Tunix's train step computes it)."""
+        if self.events is not None:
+            self.events.scalar("train/grad_norm", norm, step)
+
     def eval_done(self, step: int, loss: float) -> None:
         self.metrics.eval_loss.set(loss)
         self.summary.attempt.setdefault("eval_losses", {})[str(step)] = loss
+        if self.events is not None:
+            self.events.scalar("eval/loss", loss, step)
+            self.events.sync()
+
+    def samples_done(self, step: int, samples: list[dict[str, str]]) -> None:
+        """Greedy answers to held-out prompts at the evaluation of step `step`, each {"prompt", "answer",
+        "reference"}: in the run summary (per attempt, by step) and as one TensorBoard text summary each."""
+        self.summary.attempt.setdefault("samples", {})[str(step)] = samples
+        if self.events is not None:
+            for i, sample in enumerate(samples):
+                self.events.text(f"samples/{i}", sample_markdown(sample), step)
+            self.events.sync()
+        for sample in samples:
+            log.info("sample at step %d: %r -> %r", step, sample["prompt"], sample["answer"])
 
     def progress(self) -> Progress:
         with self._lock:
@@ -381,6 +430,7 @@ class RunProgress:
             eta_seconds=eta,
             last_checkpoint_step=ckpt,
             last_checkpoint=save,
+            skipped_records=self.skipped_records,
             updated_at=now_rfc3339(),
         ).displayed()
 

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from tpuforge.api.catalog import TPU_SLICES
 from tpuforge.api.code_eval import PASS_AT_K, CodeEvalSpec
 from tpuforge.api.constants import CPU_SLICE, GKE_SPOT, GKE_TPU_ACCELERATOR, GKE_TPU_TOPOLOGY, INSTANCE_TYPE
-from tpuforge.api.finetune import EvaluationSpec, FineTuneJobSpec, TpuSpec, TrainingSpec
+from tpuforge.api.finetune import DatasetRef, EvaluationSpec, FineTuneJobSpec, TpuSpec, TrainingSpec
 from tpuforge.api.scheduling import PodScheduling, Toleration
 from tpuforge.api.serving import (
     AdapterSource,
@@ -134,10 +134,26 @@ ADMISSION_RULES: dict[type[BaseModel], tuple[AdmissionRule, ...]] = {
             ".merge.writeAdapter",
         ),
         AdmissionRule(
-            "!has(self.evaluation) || has(self.evaluation.datasetUri) || has(self.dataset.evalUri)",
-            "the evaluation needs held-out records: set spec.evaluation.datasetUri or spec.dataset.evalUri",
+            "!has(self.evaluation) || has(self.evaluation.datasetUri) || has(self.dataset.evalUri) || "
+            "(has(self.dataset.evalFraction) && self.dataset.evalFraction > 0.0)",
+            "the evaluation needs held-out records: set spec.evaluation.datasetUri or spec.dataset.evalUri, or "
+            "spec.dataset.evalFraction",
             ".evaluation.datasetUri",
             "FieldValueRequired",
+        ),
+        AdmissionRule(
+            "self.checkpoint.select != 'best' || has(self.dataset.evalUri) || "
+            "(has(self.dataset.evalFraction) && self.dataset.evalFraction > 0.0)",
+            "best picks the step with the lowest in-training eval loss, which needs held-out records: set "
+            "spec.dataset.evalUri or spec.dataset.evalFraction, or use select: last",
+            ".checkpoint.select",
+        ),
+        AdmissionRule(
+            "!has(self.training.earlyStopping) || has(self.dataset.evalUri) || "
+            "(has(self.dataset.evalFraction) && self.dataset.evalFraction > 0.0)",
+            "early stopping follows the in-training eval loss, which needs held-out records: set "
+            "spec.dataset.evalUri or spec.dataset.evalFraction, or remove spec.training.earlyStopping",
+            ".training.earlyStopping",
         ),
     ),
     TpuSpec: (
@@ -156,6 +172,14 @@ ADMISSION_RULES: dict[type[BaseModel], tuple[AdmissionRule, ...]] = {
             ".mesh.tp",
         ),
         *TPU_SCHEDULING_RULES,
+    ),
+    DatasetRef: (
+        AdmissionRule(
+            "!has(self.evalUri) || !has(self.evalFraction) || self.evalFraction == 0.0",
+            "holds records out of spec.dataset.uri, but spec.dataset.evalUri already names the held-out records: "
+            "set one of them",
+            ".evalFraction",
+        ),
     ),
     TrainingSpec: (
         AdmissionRule(

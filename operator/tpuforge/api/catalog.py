@@ -1,12 +1,23 @@
-"""The two catalogs, as data in one place: TPU slices (GKE labels, shape, price) and models (shape)."""
+"""The two catalogs, as data in one place: TPU slices (GKE labels, shape, price) and models (shape, the stages
+tpuforge runs them through, the slice they train on).
+
+Each real model's entry is written out here, and its HF config.json fields as recorded are kept beside it
+(HF_CONFIGS); tests derive the shape from that config (shape_from_config) and require the entry to equal it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Dtype = Literal["bfloat16", "float16", "float32"]
+# What tpuforge runs a model through: "finetune" is a FineTuneJob (train, merge, PEFT export, evaluation),
+# "serve" a ServingDeployment of its weights.
+Stage = Literal["finetune", "serve"]
+STAGES: tuple[Stage, ...] = ("finetune", "serve")
 DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
@@ -58,7 +69,8 @@ def _slice(
     id: str, accelerator: str, topology: str, machine_type: str, chips_per_host: int, hosts: int, usd_per_chip: float
 ) -> TpuSlice:
     """A slice whose default mesh keeps tensor parallelism inside one host (tp = 4, which divides the head
-    counts of every catalog model) and spreads the rest over FSDP, across hosts."""
+    counts of every catalog model but gemma4-26b-a4b's 2 global kv heads) and spreads the rest over FSDP,
+    across hosts."""
     chips = chips_per_host * hosts
     tp = min(4, chips)
     cpus, memory_gb = MACHINE_TYPES[machine_type]
@@ -119,6 +131,15 @@ class ModelShape:
     multimodal: bool  # weights under model.language_model. (vs model.)
     lora_targets: tuple[str, ...]
     vision_params: int = 0  # the vision tower's parameters (a multimodal checkpoint holds them too)
+    k_eq_v: bool = True  # global layers have one key projection that is also the values (Gemma 4)
+    tied_embeddings: bool = True  # lm_head is the embedding (else a separate vocab x embed matrix)
+    num_experts: int = 0  # Mixture-of-Experts layers: routed experts per layer (0: dense)
+    expert_hidden_dim: int = 0  # each expert's MLP width (moe_intermediate_size)
+    experts_per_token: int = 0
+    hf_repo: str = ""  # where the checkpoint is published ("" for test models)
+    stages: tuple[Stage, ...] = STAGES  # what tpuforge runs this model through
+    unsupported_because: str = ""  # why a stage is missing, for the validation error
+    train_slice: str = ""  # the cheapest catalog slice whose chips hold the model for LoRA training
 
     @property
     def hf_prefix(self) -> str:
@@ -129,11 +150,25 @@ class ModelShape:
         """The language model's parameters, from its shape: the embedding and each layer's attention and MLP
         matrices (a global layer's keys are its values). Norms are left out: they are a rounding error."""
         e = self.embed_dim
-        mlp = 3 * e * self.hidden_dim
+        # A MoE layer has the dense MLP too (Gemma 4's shared branch), its experts and a router.
+        mlp = 3 * e * self.hidden_dim + self.num_experts * (3 * e * self.expert_hidden_dim + e)
         sliding = 2 * e * self.num_heads * self.head_dim + 2 * e * self.num_kv_heads * self.head_dim + mlp
-        glob = 2 * e * self.num_heads * self.global_head_dim + e * self.num_global_kv_heads * self.global_head_dim + mlp
+        kv_global = (1 if self.k_eq_v else 2) * e * self.num_global_kv_heads * self.global_head_dim
+        glob = 2 * e * self.num_heads * self.global_head_dim + kv_global + mlp
         n_global = self.num_layers // (self.sliding_per_global + 1)
-        return self.vocab_size * e + (self.num_layers - n_global) * sliding + n_global * glob
+        embeddings = (1 if self.tied_embeddings else 2) * self.vocab_size * e
+        return embeddings + (self.num_layers - n_global) * sliding + n_global * glob
+
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        """Each layer's attention, in HF's words: `sliding_per_global` sliding layers, then a global one."""
+        return tuple(
+            "full_attention" if (i + 1) % (self.sliding_per_global + 1) == 0 else "sliding_attention"
+            for i in range(self.num_layers)
+        )
+
+    def supports(self, stage: Stage) -> bool:
+        return stage in self.stages
 
     @property
     def weight_bytes(self) -> int:
@@ -177,6 +212,18 @@ _TINY = ModelShape(
     lora_targets=GEMMA4_LORA_TARGETS,
 )
 
+QWEN3_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+# Why a catalog model lacks a stage; validation quotes it with the field and the models that do have it.
+_GEMMA4_MOE_UNSUPPORTED = (
+    "its Mixture-of-Experts layers are not in tpuforge's trainer, merge or PEFT export yet (Tunix has the model; "
+    "LoRA on the experts, their loading and their merge are not written), and its serving is untested"
+)
+_QWEN3_UNSUPPORTED = (
+    "tpuforge's trainer, merge and serving are written for Gemma 4 only; Qwen3 is in the catalog for sizing "
+    "(its shape, slice and cost), not yet for runs"
+)
+
 MODELS: dict[str, ModelShape] = {
     m.id: m
     for m in (
@@ -199,6 +246,59 @@ MODELS: dict[str, ModelShape] = {
             lora_targets=GEMMA4_LORA_TARGETS,
             # The vision encoder and its projection, about half a billion parameters (the text model is 30.7B).
             vision_params=550_000_000,
+            hf_repo="google/gemma-4-31B-it",
+            train_slice="v5p-8",
+        ),
+        ModelShape(
+            id="gemma4-26b-a4b",
+            family="gemma4",
+            num_layers=30,
+            embed_dim=2816,
+            hidden_dim=2112,  # the dense MLP every layer keeps beside its experts
+            num_heads=16,
+            head_dim=256,
+            num_kv_heads=8,
+            global_head_dim=512,
+            num_global_kv_heads=2,
+            sliding_window=1024,
+            sliding_per_global=5,
+            vocab_size=262144,
+            dtype="bfloat16",
+            multimodal=True,
+            lora_targets=GEMMA4_LORA_TARGETS,
+            # The vision tower's size is not recorded for this checkpoint; the text model is 25.2B.
+            num_experts=128,
+            expert_hidden_dim=704,
+            experts_per_token=8,
+            hf_repo="google/gemma-4-26B-A4B-it",
+            stages=(),
+            unsupported_because=_GEMMA4_MOE_UNSUPPORTED,
+            train_slice="v5p-8",
+        ),
+        ModelShape(
+            id="qwen3-8b",
+            family="qwen3",
+            num_layers=36,
+            embed_dim=4096,
+            hidden_dim=12288,
+            num_heads=32,
+            head_dim=128,
+            num_kv_heads=8,
+            # Every layer is a full-attention layer with the same heads: "global" in this catalog's terms.
+            global_head_dim=128,
+            num_global_kv_heads=8,
+            sliding_window=0,
+            sliding_per_global=0,
+            vocab_size=151936,
+            dtype="bfloat16",
+            multimodal=False,
+            lora_targets=QWEN3_LORA_TARGETS,
+            k_eq_v=False,
+            tied_embeddings=False,
+            hf_repo="Qwen/Qwen3-8B",
+            stages=(),
+            unsupported_because=_QWEN3_UNSUPPORTED,
+            train_slice="v6e-4",
         ),
         _TINY,
         # gemma4-tiny's decoder in the 31B checkpoint's layout: Gemma4ForConditionalGeneration, bfloat16, the
@@ -206,6 +306,159 @@ MODELS: dict[str, ModelShape] = {
         dataclasses.replace(_TINY, id="gemma4-tiny-mm", dtype="bfloat16", multimodal=True),
     )
 }
+
+
+def _every(pattern: list[str], layers: int) -> list[str]:
+    return (pattern * (layers // len(pattern) + 1))[:layers]
+
+
+_GEMMA4_PATTERN = ["sliding_attention"] * 5 + ["full_attention"]
+# Each real model's config.json, as published with its checkpoint (hf_repo): the fields that fix the decoder's
+# shape, under text_config where the checkpoint is multimodal. Sources: the Gemma 4 model card and configs
+# (google/gemma-4-*), which Tunix's own ModelConfig.gemma4_31b / gemma4_26b_a4b repeat, and Qwen/Qwen3-8B's
+# config.json (Tunix: ModelConfig.qwen3_8b). Gemma 4 E2B and E4B are left out: their per-layer input
+# embeddings and KV-shared layers are not in this shape (nor in tpuforge's trainer).
+HF_CONFIGS: dict[str, dict[str, Any]] = {
+    "gemma4-31b": {
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "model_type": "gemma4",
+        "text_config": {
+            "model_type": "gemma4_text",
+            "num_hidden_layers": 60,
+            "hidden_size": 5376,
+            "intermediate_size": 21504,
+            "num_attention_heads": 32,
+            "head_dim": 256,
+            "num_key_value_heads": 16,
+            "global_head_dim": 512,
+            "num_global_key_value_heads": 4,
+            "attention_k_eq_v": True,
+            "sliding_window": 1024,
+            "layer_types": _every(_GEMMA4_PATTERN, 60),
+            "vocab_size": 262144,
+            "enable_moe_block": False,
+            "tie_word_embeddings": True,
+            "dtype": "bfloat16",
+        },
+    },
+    "gemma4-26b-a4b": {
+        "architectures": ["Gemma4ForConditionalGeneration"],
+        "model_type": "gemma4",
+        "text_config": {
+            "model_type": "gemma4_text",
+            "num_hidden_layers": 30,
+            "hidden_size": 2816,
+            "intermediate_size": 2112,
+            "num_attention_heads": 16,
+            "head_dim": 256,
+            "num_key_value_heads": 8,
+            "global_head_dim": 512,
+            "num_global_key_value_heads": 2,
+            "attention_k_eq_v": True,
+            "sliding_window": 1024,
+            "layer_types": _every(_GEMMA4_PATTERN, 30),
+            "vocab_size": 262144,
+            "enable_moe_block": True,
+            "num_experts": 128,
+            "top_k_experts": 8,
+            "moe_intermediate_size": 704,
+            "tie_word_embeddings": True,
+            "dtype": "bfloat16",
+        },
+    },
+    "qwen3-8b": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "num_hidden_layers": 36,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_attention_heads": 32,
+        "head_dim": 128,
+        "num_key_value_heads": 8,
+        "sliding_window": None,
+        "use_sliding_window": False,
+        "vocab_size": 151936,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+    },
+}
+
+
+def shape_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The ModelShape fields a config.json fixes (Gemma 4, multimodal or text-only, and Qwen3). Raises
+    ValueError for another model type, or a layer pattern that is not N sliding layers then one global."""
+    multimodal = isinstance(config.get("text_config"), Mapping)
+    text: Mapping[str, Any] = config["text_config"] if multimodal else config
+    model_type = str(config.get("model_type"))
+    dtype = text.get("dtype") or text.get("torch_dtype") or config.get("dtype") or config.get("torch_dtype")
+    layers = int(text["num_hidden_layers"])
+    if model_type in ("gemma4", "gemma4_text"):
+        family = "gemma4"
+    elif model_type == "qwen3":
+        family = "qwen3"
+    else:
+        raise ValueError(f"model_type {model_type!r}: the catalog knows gemma4, gemma4_text and qwen3")
+    kinds = list(text.get("layer_types") or ["full_attention"] * layers)
+    period = kinds.index("full_attention") + 1 if "full_attention" in kinds else layers + 1
+    if kinds != _every(["sliding_attention"] * (period - 1) + ["full_attention"], layers):
+        raise ValueError(f"layer_types {kinds[:8]}...: not N sliding layers then one global, repeated")
+    kv = int(text["num_key_value_heads"])
+    moe = bool(text.get("enable_moe_block"))
+    return {
+        "family": family,
+        "num_layers": layers,
+        "embed_dim": int(text["hidden_size"]),
+        "hidden_dim": int(text["intermediate_size"]),
+        "num_heads": int(text["num_attention_heads"]),
+        "head_dim": int(text["head_dim"]),
+        "num_kv_heads": kv,
+        "global_head_dim": int(text.get("global_head_dim") or text["head_dim"]),
+        "num_global_kv_heads": int(text.get("num_global_key_value_heads") or kv),
+        "sliding_window": int(text.get("sliding_window") or 0) if period > 1 else 0,
+        "sliding_per_global": period - 1,
+        "vocab_size": int(text["vocab_size"]),
+        "dtype": dtype,
+        "multimodal": multimodal,
+        "k_eq_v": bool(text.get("attention_k_eq_v", False)),
+        "tied_embeddings": bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", True))),
+        "num_experts": int(text["num_experts"]) if moe else 0,
+        "expert_hidden_dim": int(text["moe_intermediate_size"]) if moe else 0,
+        "experts_per_token": int(text["top_k_experts"]) if moe else 0,
+    }
+
+
+# LoRA training keeps the base weights sharded over every chip of the slice (FSDP x TP); activations, logits,
+# the LoRA weights with their optimizer state and XLA's temporaries take the rest. The 31B's step compiled for
+# a v5p-8 held 14.6 GiB of weights per chip and peaked near 3.5 times that at long sequences
+# (docs/performance.md), so a slice is taken to hold a model when its weights fill at most this share of each
+# chip. It picks a slice before anything is compiled; the preflight's compile of the job is the authority.
+TRAIN_WEIGHT_SHARE = 0.25
+
+
+def weights_per_chip_gib(model: ModelShape, slc: TpuSlice) -> float:
+    return model.weight_bytes / slc.chips / 2**30
+
+
+def holds_for_training(model: ModelShape, slc: TpuSlice) -> bool:
+    return weights_per_chip_gib(model, slc) <= TRAIN_WEIGHT_SHARE * slc.hbm_gib_per_chip
+
+
+def training_slices(model: ModelShape) -> list[TpuSlice]:
+    """The catalog slices that hold `model` for LoRA training, cheapest first (fewest chips on a tie)."""
+    fits = [s for s in TPU_SLICES.values() if holds_for_training(model, s)]
+    return sorted(fits, key=lambda s: (s.usd_per_hour, s.chips, s.id))
+
+
+def training_hours_usd(model: ModelShape, slc: TpuSlice, tokens: int, mfu: float) -> float:
+    """The list price of training on `tokens` tokens at `mfu` of the slice's peak, by the 6N rule (6 FLOPs
+    per parameter per token, forward and backward; a MoE model's N is its active parameters): a rough cost
+    for comparing models and slices, not the preflight's compiled figure."""
+    active = model.text_params
+    if model.num_experts:
+        idle = model.num_experts - model.experts_per_token
+        active -= model.num_layers * idle * 3 * model.embed_dim * model.expert_hidden_dim
+    seconds = 6 * active * tokens / (slc.chips * slc.peak_tflops_per_chip * 1e12 * mfu)
+    return math.ceil(seconds / 3600 * slc.usd_per_hour * 100) / 100
 
 
 def tpu_slice(slice_id: str) -> TpuSlice:

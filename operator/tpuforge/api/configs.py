@@ -9,7 +9,16 @@ from tpuforge.api.base import ApiModel
 from tpuforge.api.catalog import Dtype, tpu_slice
 from tpuforge.api.code_eval import CodeEvalSpec
 from tpuforge.api.constants import ADAPTER_SUBDIR, COMPILE_CACHE_SUBDIR, CPU_SLICE, EVALUATION_SUBDIR
-from tpuforge.api.finetune import CheckpointSpec, EvalMetric, FineTuneJobSpec, LoraSpec, MeshSpec, TrainingSpec
+from tpuforge.api.finetune import (
+    CheckpointSelect,
+    CheckpointSpec,
+    DataOptions,
+    EvalMetric,
+    FineTuneJobSpec,
+    LoraSpec,
+    MeshSpec,
+    TrainingSpec,
+)
 from tpuforge.api.validation import resolved_mesh
 
 
@@ -27,6 +36,9 @@ class TrainConfig(ApiModel):
     model_uri: str
     dataset_uri: str
     eval_uri: str | None = None
+    data: DataOptions = Field(
+        default_factory=DataOptions, description="spec.dataset's format, held-out split, thinking and skip settings."
+    )
     lora: LoraSpec = Field(default_factory=LoraSpec)
     training: TrainingSpec
     mesh: MeshSpec
@@ -40,12 +52,41 @@ class TrainConfig(ApiModel):
     progress_interval_seconds: float = Field(default=5.0, gt=0)
 
 
+class StepLoss(ApiModel):
+    step: int = Field(ge=0)
+    loss: float
+
+
+class EarlyStop(ApiModel):
+    step: int = Field(ge=0, description="The step training stopped at (checkpointed).")
+    evals: int = Field(ge=1, description="Evaluations in a row without improvement (the patience).")
+    min_delta: float = Field(ge=0)
+
+
+class TrainResult(ApiModel):
+    """What a trainer that finished (exit 0) writes as its termination message, as JSON: the operator reads the
+    step to merge from it."""
+
+    message: str = Field(description="The outcome in words.")
+    step: int = Field(ge=0, description="The last step trained (and checkpointed).")
+    total_steps: int = Field(ge=0)
+    loss: float | None = Field(default=None, description="Training loss of the last step.")
+    best: StepLoss | None = Field(default=None, description="The evaluated step with the lowest eval loss.")
+    last_eval: StepLoss | None = Field(default=None, description="The last evaluation.")
+    stopped_early: EarlyStop | None = None
+
+
 class MergeConfig(ApiModel):
     job: JobRef | None = None
     model_name: str
     base_model_uri: str
     checkpoint_uri: str
-    step: int | None = Field(default=None, description="Checkpoint step to merge; None takes the latest.")
+    step: int | None = Field(default=None, description="Checkpoint step to merge; None: per `select`.")
+    select: CheckpointSelect = Field(
+        default="last",
+        description="With no step: last takes the latest step, best the finished step with the lowest loss in "
+        "the trainer's eval record beside the checkpoints.",
+    )
     output_uri: str
     dtype: Dtype | None = None
     shard_size_mb: int = Field(default=4096, ge=1, alias="shardSizeMB")
@@ -65,6 +106,12 @@ class EvalConfig(ApiModel):
     adapter_uri: str = Field(description="The committed PEFT adapter directory.")
     checkpoint_uri: str = Field(description="The Orbax checkpoints; the loss uses the adapter's step.")
     dataset_uri: str
+    held_out: bool = Field(
+        default=False,
+        description="dataset_uri is the training file: evaluate on the records data.evalFraction holds out of it, "
+        "the ones the trainer left out.",
+    )
+    data: DataOptions = Field(default_factory=DataOptions, description="How the records are read (spec.dataset).")
     metrics: list[EvalMetric]
     max_examples: int = Field(ge=1)
     max_new_tokens: int = Field(ge=1)
@@ -111,6 +158,7 @@ def train_config(namespace: str, name: str, spec: FineTuneJobSpec, attempt: int 
         model_uri=spec.model.uri,
         dataset_uri=spec.dataset.uri,
         eval_uri=spec.dataset.eval_uri,
+        data=spec.dataset.options(),
         lora=spec.lora,
         training=spec.training,
         mesh=resolved_mesh(spec),
@@ -119,12 +167,15 @@ def train_config(namespace: str, name: str, spec: FineTuneJobSpec, attempt: int 
     )
 
 
-def merge_config(namespace: str, name: str, spec: FineTuneJobSpec) -> MergeConfig:
+def merge_config(namespace: str, name: str, spec: FineTuneJobSpec, step: int | None = None) -> MergeConfig:
+    """`step`: the one to merge, as the operator chose it (None: per spec.checkpoint.select, in the merge)."""
     return MergeConfig(
         job=JobRef(namespace=namespace, name=name),
         model_name=spec.model.name,
         base_model_uri=spec.model.uri,
         checkpoint_uri=spec.checkpoint.uri,
+        step=step,
+        select=spec.checkpoint.select,
         output_uri=spec.output.uri,
         dtype=spec.merge.dtype,
         shard_size_mb=spec.merge.shard_size_mb,
@@ -152,14 +203,24 @@ def evaluation_mesh(slice_id: str) -> MeshSpec:
     return MeshSpec(fsdp=s.default_fsdp, tp=s.default_tp)
 
 
+def eval_dataset(spec: FineTuneJobSpec) -> tuple[str, bool]:
+    """The file the evaluation reads, and whether it takes the held-out records of it (the training file's
+    spec.dataset.evalFraction split) rather than all of them."""
+    ev = spec.evaluation
+    own = ev.dataset_uri if ev is not None else None
+    if own or spec.dataset.eval_uri:
+        return str(own or spec.dataset.eval_uri), False
+    if spec.dataset.eval_fraction > 0:
+        return spec.dataset.uri, True
+    raise ValueError("none of spec.evaluation.datasetUri, spec.dataset.evalUri, spec.dataset.evalFraction is set")
+
+
 def eval_config(namespace: str, name: str, spec: FineTuneJobSpec) -> EvalConfig:
     """The evaluation pod's config. Needs spec.evaluation (validation guarantees its dataset resolves)."""
     ev = spec.evaluation
     if ev is None:
         raise ValueError("spec.evaluation is unset: there is nothing to evaluate")
-    dataset = ev.dataset_uri or spec.dataset.eval_uri
-    if dataset is None:
-        raise ValueError("neither spec.evaluation.datasetUri nor spec.dataset.evalUri is set")
+    dataset, held_out = eval_dataset(spec)
     return EvalConfig(
         job=JobRef(namespace=namespace, name=name),
         model_name=spec.model.name,
@@ -167,6 +228,8 @@ def eval_config(namespace: str, name: str, spec: FineTuneJobSpec) -> EvalConfig:
         adapter_uri=adapter_uri(spec),
         checkpoint_uri=spec.checkpoint.uri,
         dataset_uri=dataset,
+        held_out=held_out,
+        data=spec.dataset.options(),
         metrics=list(ev.metrics),
         max_examples=ev.max_examples,
         max_new_tokens=ev.max_new_tokens,

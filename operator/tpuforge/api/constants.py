@@ -116,6 +116,13 @@ COMPLETE_MARKER = "_COMPLETE"
 # Where the export puts the PEFT adapter, committed on its own (its own _COMPLETE), under the output URI.
 ADAPTER_SUBDIR = "adapter"
 COMPILE_CACHE_SUBDIR = "compile-cache"  # under spec.checkpoint.uri
+# TensorBoard's log directory, under spec.checkpoint.uri: one run the trainer writes (train/) and one the
+# evaluation's score step writes (eval/), so `tensorboard --logdir <checkpoint.uri>/tensorboard` shows both.
+TENSORBOARD_SUBDIR = "tensorboard"
+TENSORBOARD_TRAIN_RUN = "train"
+TENSORBOARD_EVAL_RUN = "eval"
+# The most tokens a sample generation at an in-training evaluation (training.evalSamples) may add.
+EVAL_SAMPLE_MAX_NEW_TOKENS = 32
 # Where the evaluation puts its report (report.jsonl per example, summary.json), committed, under the output URI.
 EVALUATION_SUBDIR = "evaluation"
 # The CPU pseudo-slice of spec.evaluation.slice: a node without TPUs (the sandbox, or a CPU node pool).

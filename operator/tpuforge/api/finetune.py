@@ -15,6 +15,7 @@ from tpuforge.api.constants import (
     DEFAULT_MERGER_IMAGE,
     DEFAULT_TRAINER_IMAGE,
     EVAL_ACTIVE_DEADLINE_SECONDS,
+    EVAL_SAMPLE_MAX_NEW_TOKENS,
     JOIN_TIMEOUT_SECONDS,
 )
 from tpuforge.api.images import MAX_PULL_SECRETS, PULL_SECRETS_HELP, SecretName
@@ -25,8 +26,8 @@ from tpuforge.api.scheduling import PodScheduling
 class ModelRef(ApiModel):
     name: str = Field(
         default="gemma4-31b",
-        description="Model catalog id (gemma4-31b, or gemma4-tiny and gemma4-tiny-mm for tests): fixes the head "
-        "counts and the default LoRA targets.",
+        description="Model catalog id (gemma4-31b, or gemma4-tiny and gemma4-tiny-mm for tests; the catalog in "
+        "docs/api.md lists each model's stages): fixes the head counts and the default LoRA targets.",
     )
     uri: str = Field(
         description="gs:// directory of the base model in HuggingFace layout: *.safetensors (+ index), "
@@ -34,11 +35,57 @@ class ModelRef(ApiModel):
     )
 
 
-class DatasetRef(ApiModel):
-    uri: str = Field(
-        description='gs:// JSONL file of chat records: {"messages": [{"role": ..., "content": ...}, ...]}.'
+DatasetFormat = Literal["jsonl", "parquet"]
+DATASET_FORMATS: tuple[str, ...] = get_args(DatasetFormat)
+
+
+class DataOptions(ApiModel):
+    """How the dataset's files are read and split; the trainer and the evaluation Job read them alike."""
+
+    format: DatasetFormat | None = Field(
+        default=None,
+        description="jsonl or parquet, for every file of the job's data; unset: by each file's extension "
+        "(.parquet or .pq is Parquet, anything else JSONL).",
     )
-    eval_uri: str | None = Field(default=None, description="Optional gs:// JSONL held out for evaluation.")
+    eval_fraction: float = Field(
+        default=0.0,
+        ge=0,
+        le=0.5,
+        description="Hold out this fraction of the records of uri (at least one record) for evaluation when evalUri "
+        "is unset: the trainer's eval loss and spec.evaluation use them, training the rest. 0 (the default) holds "
+        "nothing out, so an existing job trains on the same records as before.",
+    )
+    split_seed: int = Field(
+        default=0,
+        ge=0,
+        description="Seed of the held-out split: the same file and seed hold out the same records in every attempt "
+        "and in the evaluation Job.",
+    )
+    keep_thinking: bool = Field(
+        default=False,
+        description="Train on the assistant's thinking (a thinking, reasoning_content or reasoning field, or "
+        "<|channel>thought ... <channel|> in the content), rendered in the chat template's thought channel as with "
+        "thinking on. False drops it, as the template does with thinking off.",
+    )
+    skip_invalid: bool = Field(
+        default=False,
+        description="Skip malformed records and count them (status.progress.skippedRecords) instead of failing "
+        "the job on the first one.",
+    )
+
+
+class DatasetRef(DataOptions):
+    uri: str = Field(
+        description="gs:// file of records, JSONL (one per line) or Parquet (one per row): chat records "
+        '{"messages": [{"role": ..., "content": ...}, ...]} or {"prompt": ..., "completion": ...}. In the sandbox '
+        "also a local path (file:// or absolute)."
+    )
+    eval_uri: str | None = Field(
+        default=None, description="Optional file of records held out for evaluation (the same formats as uri)."
+    )
+
+    def options(self) -> DataOptions:
+        return DataOptions.model_validate(self.model_dump(include=set(DataOptions.model_fields)))
 
 
 class LoraSpec(ApiModel):
@@ -49,6 +96,17 @@ class LoraSpec(ApiModel):
         default_factory=lambda: list(GEMMA4_LORA_TARGETS),
         min_length=1,
         description="Modules that get a LoRA adapter (Tunix Gemma 4 names).",
+    )
+
+
+class EarlyStoppingSpec(ApiModel):
+    patience: int = Field(
+        ge=1,
+        description="Stop after this many evaluations in a row (one every checkpoint.everySteps) that did not "
+        "improve the best eval loss by more than minDelta. The job then merges and evaluates as after a full run.",
+    )
+    min_delta: float = Field(
+        default=0.0, ge=0, description="How much lower than the best so far an eval loss must be to count as better."
     )
 
 
@@ -76,6 +134,19 @@ class TrainingSpec(ApiModel):
     packing: bool = Field(default=False, description="Pack several records per row (block-diagonal mask).")
     remat: bool = Field(default=True, description="Rematerialise decoder layers to save memory.")
     seed: int = Field(default=0, ge=0, description="Seed for shuffling, LoRA init and dropout.")
+    eval_samples: int = Field(
+        default=2,
+        ge=0,
+        le=8,
+        description="Held-out prompts (the first records of dataset.evalUri) answered greedily with the current "
+        f"LoRA weights at each in-training evaluation, up to {EVAL_SAMPLE_MAX_NEW_TOKENS} new tokens each, written "
+        "as TensorBoard text and to the run summary. 0 turns them off; without evalUri there are none.",
+    )
+    early_stopping: EarlyStoppingSpec | None = Field(
+        default=None,
+        description="Stop when the eval loss on spec.dataset.evalUri stops improving (unset: train to the end). "
+        "Needs spec.dataset.evalUri.",
+    )
 
 
 class MeshSpec(ApiModel):
@@ -126,10 +197,19 @@ class TpuSpec(ApiModel):
     )
 
 
+CheckpointSelect = Literal["last", "best"]
+
+
 class CheckpointSpec(ApiModel):
     uri: str = Field(description="gs:// directory for Orbax checkpoints; training resumes from the latest.")
     every_steps: int = Field(default=100, ge=1, description="Checkpoint interval in optimizer steps.")
-    keep: int = Field(default=3, ge=1, description="Checkpoints to keep.")
+    keep: int = Field(default=3, ge=1, description="Checkpoints to keep (the latest ones).")
+    select: CheckpointSelect = Field(
+        default="last",
+        description="The step the merge exports and the evaluation scores: last (where training ended) or best "
+        "(the lowest eval loss on spec.dataset.evalUri, evaluated every everySteps and at the end; that step is "
+        "kept besides the latest `keep`). status.checkpoint says which step was taken.",
+    )
     compile_cache: bool = Field(
         default=True,
         description="Keep the compiled train step in <uri>/compile-cache (JAX's compilation cache, one directory "
@@ -207,7 +287,9 @@ class EvalModelStorage(ApiModel):
 
 class EvaluationSpec(ApiModel):
     dataset_uri: str | None = Field(
-        default=None, description="gs:// chat JSONL to evaluate on; defaults to spec.dataset.evalUri."
+        default=None,
+        description="File of records to evaluate on (the formats of spec.dataset.uri); defaults to "
+        "spec.dataset.evalUri, else the records spec.dataset.evalFraction holds out.",
     )
     metrics: list[EvalMetric] = Field(
         default_factory=lambda: list(EVAL_METRICS),

@@ -55,6 +55,11 @@ class Progress(StatusModel):
     last_checkpoint: CheckpointSave | None = Field(
         default=None, description="The last durable checkpoint's save: step, duration and size."
     )
+    skipped_records: int | None = Field(
+        default=None,
+        description="Malformed records left out of the training and eval files (spec.dataset.skipInvalid); the "
+        "trainer's log names the first ones.",
+    )
     updated_at: str | None = None
 
     def displayed(self) -> Progress:
@@ -66,6 +71,26 @@ class Progress(StatusModel):
                 "eta_display": display.duration(self.eta_seconds) if self.eta_seconds is not None else None,
             }
         )
+
+
+class CheckpointStatus(StatusModel):
+    """Which checkpoint step the merge and the evaluation use (spec.checkpoint.select), and the in-training
+    evaluation behind that choice, as the trainer reported it when training finished."""
+
+    select: str | None = Field(default=None, description="spec.checkpoint.select the job ran with: last or best.")
+    last_step: int | None = Field(default=None, description="The step training ended at.")
+    best_step: int | None = Field(default=None, description="The evaluated step with the lowest eval loss.")
+    best_eval_loss: float | None = Field(default=None, description="That step's eval loss.")
+    selected_step: int | None = Field(
+        default=None,
+        description="The step the merge exports (and the evaluation scores); unset: the merge takes the latest "
+        "step, or with select best, the best one it finds in the checkpoints' eval record.",
+    )
+    selected_eval_loss: float | None = Field(default=None, description="The selected step's eval loss, when evaluated.")
+    stopped_early_at: int | None = Field(
+        default=None, description="The step where early stopping (spec.training.earlyStopping) ended training."
+    )
+    message: str | None = Field(default=None, description="The choice, in words.")
 
 
 class Restarts(StatusModel):
@@ -170,6 +195,9 @@ class FineTuneJobStatus(StatusModel):
     start_time: str | None = None
     completion_time: str | None = None
     outputs: Outputs | None = None
+    checkpoint: CheckpointStatus | None = Field(
+        default=None, description="The checkpoint step the merge and the evaluation use, and why (once trained)."
+    )
     evaluation: EvaluationStatus | None = None
     preflight: PreflightStatus | None = Field(
         default=None, description="What the preflight found: HBM per chip against the chip's, speed and cost estimates."

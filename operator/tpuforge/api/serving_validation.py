@@ -16,6 +16,7 @@ from tpuforge.api.validation import (
     check_uri,
     is_quantity,
     parse,
+    unsupported_stage,
 )
 
 # vLLM's largest --max-lora-rank (vllm.config.lora.MaxLoRARanks).
@@ -158,6 +159,8 @@ def check_serving(
     shape = MODELS.get(mid)
     if shape is None:
         errors.append(FieldError("spec.model.name", f"unknown model {mid!r}; use one of {sorted(MODELS)}"))
+    elif not shape.supports("serve"):
+        errors.append(unsupported_stage("spec.model.name", shape, "serve"))
     tp = spec.vllm.tensor_parallel_size
     if slc is not None and (tp > slc.chips or slc.chips % tp):
         errors.append(

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from tpuforge.api.base import PodResources
-from tpuforge.api.catalog import MODELS, TPU_SLICES, ModelShape, TpuSlice, model_shape, tpu_slice
+from tpuforge.api.catalog import MODELS, TPU_SLICES, ModelShape, Stage, TpuSlice, model_shape, tpu_slice
 from tpuforge.api.code_eval import CHECK_RUNNER_MEMORY, MIN_SAMPLE_MEMORY, PASS_AT_K
 from tpuforge.api.constants import CPU_SLICE
 from tpuforge.api.finetune import EvaluationSpec, FineTuneJobSpec, MeshSpec
@@ -97,6 +97,33 @@ def check_uri(errors: list[FieldError], field: str, uri: str | None) -> None:
         errors.append(FieldError(field, f"must be a gs:// URI such as gs://my-bucket/path (got {uri!r})"))
 
 
+LOCAL_PREFIX = "file://"
+
+
+def is_local_path(uri: str) -> bool:
+    """A local file: file:///abs/path or /abs/path."""
+    return uri.startswith(LOCAL_PREFIX) or uri.startswith("/")
+
+
+def check_data_uri(errors: list[FieldError], field: str, uri: str | None, local_paths: bool) -> None:
+    """A dataset file: gs://, or a local path where the operator allows them (--local-dataset-paths: the
+    sandbox, whose pods are processes on the machine that has the file)."""
+    if uri is None or not is_local_path(uri):
+        check_uri(errors, field, uri)
+        return
+    path = uri[len(LOCAL_PREFIX) :] if uri.startswith(LOCAL_PREFIX) else uri
+    if not local_paths:
+        errors.append(
+            FieldError(
+                field,
+                f"{uri!r} is a local path, which only the sandbox's pods (local processes) can read; on a cluster the "
+                "training and evaluation pods see only GCS: upload the file and use its gs:// URI",
+            )
+        )
+    elif not path.startswith("/"):
+        errors.append(FieldError(field, f"a local path must be absolute, like file:///data/train.jsonl (got {uri!r})"))
+
+
 def _divides_heads(errors: list[FieldError], field: str, tp: int, shape: ModelShape) -> None:
     counts = {
         "query heads": shape.num_heads,
@@ -115,6 +142,17 @@ def _divides_heads(errors: list[FieldError], field: str, tp: int, shape: ModelSh
         )
 
 
+def unsupported_stage(field: str, shape: ModelShape, stage: Stage) -> FieldError:
+    """A catalog model that tpuforge does not yet run through `stage`: why, and the models that it does."""
+    able = sorted(m.id for m in MODELS.values() if m.supports(stage))
+    what = {"finetune": "fine-tuning (FineTuneJob)", "serve": "serving (ServingDeployment)"}[stage]
+    return FieldError(
+        field,
+        f"{shape.id} is in the model catalog, but {what} is not supported for it yet: {shape.unsupported_because}; "
+        f"use one of {able}",
+    )
+
+
 def resolved_mesh(spec: FineTuneJobSpec) -> MeshSpec:
     """The mesh the job runs on: the spec's, or the slice's default."""
     if spec.tpu.mesh is not None:
@@ -123,12 +161,16 @@ def resolved_mesh(spec: FineTuneJobSpec) -> MeshSpec:
     return MeshSpec(fsdp=s.default_fsdp, tp=s.default_tp)
 
 
-def check_finetune(spec: FineTuneJobSpec) -> list[FieldError]:
-    """Every semantic problem with a FineTuneJob spec (empty when it can run)."""
+def check_finetune(spec: FineTuneJobSpec, local_paths: bool = False) -> list[FieldError]:
+    """Every semantic problem with a FineTuneJob spec (empty when it can run). `local_paths`: the pods can read
+    local dataset files (the sandbox)."""
     errors: list[FieldError] = []
     shape: ModelShape | None = MODELS.get(spec.model.name)
     if shape is None:
         errors.append(FieldError("spec.model.name", f"unknown model; use one of {sorted(MODELS)}"))
+    elif not shape.supports("finetune"):
+        errors.append(unsupported_stage("spec.model.name", shape, "finetune"))
+        shape = None  # its mesh, LoRA targets and evaluation are moot until it trains
     slc: TpuSlice | None = TPU_SLICES.get(spec.tpu.slice)
     if slc is None:
         errors.append(FieldError("spec.tpu.slice", f"unknown TPU slice; use one of {sorted(TPU_SLICES)}"))
@@ -143,8 +185,16 @@ def check_finetune(spec: FineTuneJobSpec) -> list[FieldError]:
             )
         )
     check_uri(errors, "spec.model.uri", spec.model.uri)
-    check_uri(errors, "spec.dataset.uri", spec.dataset.uri)
-    check_uri(errors, "spec.dataset.evalUri", spec.dataset.eval_uri)
+    check_data_uri(errors, "spec.dataset.uri", spec.dataset.uri, local_paths)
+    check_data_uri(errors, "spec.dataset.evalUri", spec.dataset.eval_uri, local_paths)
+    if spec.dataset.eval_uri is not None and spec.dataset.eval_fraction > 0:
+        errors.append(
+            FieldError(
+                "spec.dataset.evalFraction",
+                "holds records out of spec.dataset.uri, but spec.dataset.evalUri already names the held-out "
+                "records: set one of them",
+            )
+        )
     check_uri(errors, "spec.checkpoint.uri", spec.checkpoint.uri)
     check_uri(errors, "spec.output.uri", spec.output.uri)
     ck, out = spec.checkpoint.uri.rstrip("/") + "/", spec.output.uri.rstrip("/") + "/"
@@ -193,6 +243,7 @@ def check_finetune(spec: FineTuneJobSpec) -> list[FieldError]:
                 f"warmup ({t.warmup_steps}) must be shorter than maxSteps ({t.max_steps})",
             )
         )
+    _check_checkpoint_choice(errors, spec)
     check_resources(errors, "spec.tpu.resources", spec.tpu.resources, slc)
     check_scheduling(errors, "spec.tpu.scheduling", spec.tpu.scheduling, slc, spec.tpu.spot, "spec.tpu.slice")
     own, top = spec.tpu.scheduling.priority_class_name, spec.priority_class_name
@@ -206,11 +257,49 @@ def check_finetune(spec: FineTuneJobSpec) -> list[FieldError]:
         )
     check_resources(errors, "spec.merge.resources", spec.merge.resources, None)
     check_resources(errors, "spec.preflight.resources", spec.preflight.resources, None)
-    _check_evaluation(errors, spec, shape)
+    _check_evaluation(errors, spec, shape, local_paths)
     return errors
 
 
-def _check_evaluation(errors: list[FieldError], spec: FineTuneJobSpec, shape: ModelShape | None) -> None:
+def _check_checkpoint_choice(errors: list[FieldError], spec: FineTuneJobSpec) -> None:
+    """select: best and early stopping both follow the in-training eval loss: they need the eval set, and early
+    stopping needs more evaluations than its patience."""
+    held_out = "set spec.dataset.evalUri (records held out from training) or spec.dataset.evalFraction"
+    no_eval_set = spec.dataset.eval_uri is None and not spec.dataset.eval_fraction
+    if spec.checkpoint.select == "best" and no_eval_set:
+        errors.append(
+            FieldError(
+                "spec.checkpoint.select",
+                "best picks the step with the lowest in-training eval loss, and without held-out records there is "
+                f"none: {held_out}, or use select: last",
+            )
+        )
+    stopping = spec.training.early_stopping
+    if stopping is None:
+        return
+    if no_eval_set:
+        errors.append(
+            FieldError(
+                "spec.training.earlyStopping",
+                f"early stopping follows the in-training eval loss, and without held-out records there is none: "
+                f"{held_out}, or remove spec.training.earlyStopping",
+            )
+        )
+    max_steps, every = spec.training.max_steps, spec.checkpoint.every_steps
+    if max_steps is not None and max_steps // every <= stopping.patience:
+        errors.append(
+            FieldError(
+                "spec.training.earlyStopping.patience",
+                f"training evaluates every spec.checkpoint.everySteps ({every}) steps, {max_steps // every} times in "
+                f"maxSteps {max_steps}, so a patience of {stopping.patience} can never stop it early: lower the "
+                "patience or checkpoint.everySteps",
+            )
+        )
+
+
+def _check_evaluation(
+    errors: list[FieldError], spec: FineTuneJobSpec, shape: ModelShape | None, local_paths: bool
+) -> None:
     ev = spec.evaluation
     if ev is None:
         return
@@ -225,15 +314,15 @@ def _check_evaluation(errors: list[FieldError], spec: FineTuneJobSpec, shape: Mo
                 f"for {what})",
             )
         )
-    if ev.dataset_uri is None and spec.dataset.eval_uri is None:
+    if ev.dataset_uri is None and spec.dataset.eval_uri is None and spec.dataset.eval_fraction == 0:
         errors.append(
             FieldError(
                 "spec.evaluation.datasetUri",
                 "the evaluation needs held-out records: set spec.evaluation.datasetUri or spec.dataset.evalUri "
-                "(a gs:// chat JSONL)",
+                "(a gs:// file of records), or spec.dataset.evalFraction to hold some out of spec.dataset.uri",
             )
         )
-    check_uri(errors, "spec.evaluation.datasetUri", ev.dataset_uri)
+    check_data_uri(errors, "spec.evaluation.datasetUri", ev.dataset_uri, local_paths)
     t = ev.thresholds
     for threshold, metric, value in (
         ("maxLoss", "loss", t.max_loss),
@@ -377,10 +466,10 @@ def check_resources(errors: list[FieldError], field: str, own: PodResources, hos
     errors.extend(FieldError(f, m) for f, m in resource_errors(field, own, host))
 
 
-def validate_finetune(raw: Any) -> FineTuneJobSpec:
+def validate_finetune(raw: Any, local_paths: bool = False) -> FineTuneJobSpec:
     """Parse and check a FineTuneJob spec; raise SpecError naming every bad field."""
     spec = parse(FineTuneJobSpec, raw)
-    errors = check_finetune(spec)
+    errors = check_finetune(spec, local_paths)
     if errors:
         raise SpecError(errors)
     return spec
@@ -389,6 +478,7 @@ def validate_finetune(raw: Any) -> FineTuneJobSpec:
 __all__ = [
     "FieldError",
     "SpecError",
+    "check_data_uri",
     "check_finetune",
     "check_resources",
     "check_scheduling",
@@ -398,5 +488,6 @@ __all__ = [
     "parse",
     "resolved_mesh",
     "tpu_slice",
+    "unsupported_stage",
     "validate_finetune",
 ]

@@ -118,6 +118,12 @@ def parser() -> argparse.ArgumentParser:
         help="image pull Secret given to every pod the operator creates, before a spec's own; it must exist in "
         "each object's namespace (repeatable; default: $TPUFORGE_IMAGE_PULL_SECRETS, comma-separated)",
     )
+    p.add_argument(
+        "--local-dataset-paths",
+        action="store_true",
+        help="accept local paths (file:// or absolute) in spec.dataset and spec.evaluation.datasetUri: only where "
+        "pods run as local processes beside the files (the sandbox); on a cluster the pods cannot see them",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -137,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tpu_run_as_root=args.tpu_run_as_root,
             spot_grace_seconds=args.spot_grace_seconds,
             images=image_defaults(args),
+            local_dataset_paths=args.local_dataset_paths,
         )
     )
     kopf.configure(verbose=args.verbose)

@@ -7,7 +7,10 @@ leaves spec.tpu.runAsRoot unset, for clusters whose TPU device files only root m
 for when a spec leaves spec.tpu.spotGraceSeconds unset: what the cluster's Spot node pools give (GKE: 15 s).
 `images` (`--image-registry`, `--image-tag`, `--image-pull-secret`; Helm values `images.registry`, `images.tag`,
 `imagePullSecrets`): the image of every container a spec leaves unset, and the pull Secrets every pod gets
-before the spec's own (tpuforge.api.images)."""
+before the spec's own (tpuforge.api.images).
+`local_dataset_paths` (`--local-dataset-paths`, set by the sandbox, never by the Helm chart): accept local
+paths (file:// or absolute) as dataset files, which only pods that run as processes on the operator's machine
+can read."""
 
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ class OperatorDefaults:
     tpu_run_as_root: bool = False
     spot_grace_seconds: int = GKE_SPOT_GRACE_SECONDS
     images: ImageDefaults = PUBLIC_IMAGES
+    local_dataset_paths: bool = False
 
     def apply(self, spec: S) -> S:
         """`spec` with the fields it leaves unset taken from these defaults."""

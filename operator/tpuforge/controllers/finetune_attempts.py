@@ -16,7 +16,14 @@ from tpuforge.controllers import finetune_conditions as c
 from tpuforge.controllers import finetune_events as ev
 from tpuforge.controllers import finetune_merge as merge
 from tpuforge.controllers import finetune_queue as queue
-from tpuforge.controllers.finetune_children import AttemptEnd, JobView, PodView, attempt_end, host_order
+from tpuforge.controllers.finetune_children import (
+    AttemptEnd,
+    JobView,
+    PodView,
+    attempt_end,
+    host_order,
+    train_result,
+)
 from tpuforge.controllers.finetune_context import Ctx, attempt_entry, parse_time, rfc3339
 from tpuforge.controllers.finetune_transitions import pending_if_new, to_failed, to_pending, to_training
 from tpuforge.manifests import finetune_training as m
@@ -63,7 +70,7 @@ def step(ctx: Ctx) -> None:
         return
     ctx.close_attempt(n, end.outcome, end.reason, end.message, end.at)
     if end.outcome == "Succeeded":
-        merge.begin(ctx)
+        merge.begin(ctx, train_result(pods))
     elif end.outcome == "Preempted":
         preempted(ctx, n, job, end)
     else:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from tpuforge.api import AttemptStatus, EvaluationStatus
+from tpuforge.api import AttemptStatus, EvaluationStatus, TrainResult
 from tpuforge.api.constants import (
     EXIT_BAD_CONFIG,
     EXIT_PREEMPTED,
@@ -318,6 +318,20 @@ def eval_result(pod: PodView) -> EvaluationStatus:
         where = ".".join(str(p) for p in first["loc"])
         raise ValueError(f"pod {pod.name} wrote an unreadable result ({where}: {first['msg']})") from None
     return result
+
+
+def train_result(pods: list[PodView]) -> TrainResult | None:
+    """What a finished trainer reported in its termination message (a TrainResult: the last step, the best
+    evaluated one, early stopping): the first host's that reads as one. None where no pod holds one (the pods are
+    gone, or an older trainer wrote words only)."""
+    for pod in sorted(pods, key=host_order):
+        text = pod.terminated.message.strip() if pod.terminated and pod.phase == "Succeeded" else ""
+        if text.startswith("{"):
+            try:
+                return TrainResult.model_validate_json(text)
+            except ValidationError:
+                continue
+    return None
 
 
 Outcome = Literal["Succeeded", "Preempted", "Failed"]

@@ -31,6 +31,7 @@ WAITING_FOR_PREVIOUS_ATTEMPT = "WaitingForPreviousAttempt"
 RUNNING = "Running"
 UNSCHEDULABLE = "Unschedulable"
 COMPLETED = "Completed"
+STOPPED_EARLY = "StoppedEarly"
 RETRYING = "Retrying"
 PREEMPTED = "Preempted"
 # Of the Preflight condition (DoesNotFit and PreflightFailed also end the job as the Failed condition's reason).
@@ -149,6 +150,31 @@ def unschedulable(attempt: int, pod: str, since: str, why: str) -> str:
 
 def training_finished(step: int | None) -> str:
     return "training finished" + (f" at step {step}" if step is not None else "")
+
+
+def _step_loss(step: int, loss: float | None) -> str:
+    return f"step {step}" + (f" (loss {loss:.4g})" if loss is not None else "")
+
+
+def stopped_early(step: int, evals: int, min_delta: float, best: int | None, best_loss: float | None) -> str:
+    """spec.training.earlyStopping ended training."""
+    by = f" by more than {min_delta:g}" if min_delta else ""
+    said = f"stopped early at step {step}: eval loss did not improve{by} for {evals} evals"
+    return said + (f"; best {_step_loss(best, best_loss)}" if best is not None else "")
+
+
+def checkpoint_selected(select: str, step: int | None, loss: float | None, last: int | None) -> str:
+    """Which checkpoint step the merge and the evaluation use."""
+    if step is None and select == "best":
+        return (
+            "select best: the trainer reported no best step; the merge takes the finished step with the lowest "
+            "loss in the checkpoints' eval record"
+        )
+    if step is None:
+        return "select last: the merge takes the latest checkpoint step"
+    why = "the lowest eval loss" if select == "best" else "where training ended"
+    other = f"; training ended at step {last}" if select == "best" and last is not None and last != step else ""
+    return f"select {select}: merging {_step_loss(step, loss)}, {why}{other}"
 
 
 def preempted(attempt: int, why: str, resume: str) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from tpuforge.api import FineTuneJobSpec, display, evaluation_verdict
+from tpuforge.api import FineTuneJobSpec, display, eval_dataset, evaluation_verdict
 from tpuforge.api.configs import output_subdir
 from tpuforge.api.constants import EVALUATION_SUBDIR
 from tpuforge.api.evaluation import checks
@@ -46,8 +46,9 @@ def with_storage_class(spec: FineTuneJobSpec, storage_class: str | None) -> Fine
 def begin(ctx: Ctx) -> None:
     e = ctx.spec.evaluation
     assert e is not None
-    dataset = e.dataset_uri or ctx.spec.dataset.eval_uri
-    to_evaluating(ctx, c.evaluating(list(e.metrics), e.max_examples, str(dataset), e.slice), e.slice)
+    uri, held_out = eval_dataset(ctx.spec)
+    dataset = f"the records spec.dataset.evalFraction holds out of {uri}" if held_out else uri
+    to_evaluating(ctx, c.evaluating(list(e.metrics), e.max_examples, dataset, e.slice), e.slice)
     ctx.plan.create.extend(objects(ctx))
 
 

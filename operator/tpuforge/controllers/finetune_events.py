@@ -44,6 +44,7 @@ SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 SPEC_FROZEN = "SpecFrozen"
 NO_JOBSET = "NoJobSet"
+EARLY_STOP = "EarlyStop"
 REASONS = (
     CREATED,
     PREFLIGHT,
@@ -62,6 +63,7 @@ REASONS = (
     FAILED,
     SPEC_FROZEN,
     NO_JOBSET,
+    EARLY_STOP,
 )
 
 
@@ -243,6 +245,12 @@ def eval_failed() -> str:
 
 def eval_unreadable() -> str:
     return fit("evaluation result unreadable", "eval result unreadable")
+
+
+def stopped_early(step: int, best: int | None) -> str:
+    if best is None:
+        return fit(f"stopped early at step {step}")
+    return fit(f"stopped early at step {step}; best step {best}", f"stopped at {step}; best {best}")
 
 
 def trained_only() -> str:

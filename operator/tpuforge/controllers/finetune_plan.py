@@ -125,6 +125,7 @@ OWNED_FIELDS = (
     "startTime",
     "completionTime",
     "outputs",
+    "checkpoint",
     "evaluation",
     "preflight",
     "cost",

@@ -88,7 +88,7 @@ def resolve(b: Base) -> Ctx | None:
 def _effective(b: Base) -> FineTuneJobSpec | None:
     started = started_spec(b.o.configs)
     try:
-        current: FineTuneJobSpec | None = validate_finetune(b.o.spec)
+        current: FineTuneJobSpec | None = validate_finetune(b.o.spec, defaults.current().local_dataset_paths)
         error: SpecError | None = None
     except SpecError as exc:
         current, error = None, exc

@@ -30,8 +30,8 @@ MERGER_CONTAINER = "merger"
 MERGE_BACKOFF_LIMIT = 2
 
 
-def merge_config_map(o: Owner, spec: FineTuneJobSpec) -> Obj:
-    cfg = merge_config(o.namespace, o.name, spec)
+def merge_config_map(o: Owner, spec: FineTuneJobSpec, step: int | None = None) -> Obj:
+    cfg = merge_config(o.namespace, o.name, spec, step)
     return config_map(
         o, merge_job_name(o.name), labels(o, COMPONENT_MERGER), {CONFIG_FILE: cfg.model_dump_json(by_alias=True)}
     )
@@ -63,8 +63,9 @@ def merge_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
     return one_pod_job(o, name, COMPONENT_MERGER, spec, locked_down(pod_spec, api_access=False), MERGE_BACKOFF_LIMIT)
 
 
-def merge_objects(o: Owner, spec: FineTuneJobSpec) -> list[Obj]:
-    return [merge_config_map(o, spec), merge_job(o, spec)]
+def merge_objects(o: Owner, spec: FineTuneJobSpec, step: int | None = None) -> list[Obj]:
+    """The merge's ConfigMap and Job; `step`: the checkpoint step to export (None: per spec.checkpoint.select)."""
+    return [merge_config_map(o, spec, step), merge_job(o, spec)]
 
 
 __all__ = ["MERGER_CONTAINER", "merge_objects"]

@@ -27,7 +27,14 @@ from tpuforge import kube_objects
 from tpuforge.api import ServingDeploymentSpec
 from tpuforge.api.catalog import TPU_SLICES
 from tpuforge.api.configs import TrainConfig
-from tpuforge.api.constants import API_VERSION, COMPLETE_MARKER, LABEL_FINETUNEJOB, LABEL_SERVING, SERVING_KIND
+from tpuforge.api.constants import (
+    API_VERSION,
+    COMPLETE_MARKER,
+    LABEL_FINETUNEJOB,
+    LABEL_SERVING,
+    SERVING_KIND,
+    TENSORBOARD_SUBDIR,
+)
 from tpuforge.manifests.finetune_common import merge_job_name
 from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
 from tpuforge.sandbox import gcs_objects
@@ -218,6 +225,11 @@ class Demo(SetupSteps, FollowSteps):
             ("conditions, attempts, Events", f"kubectl describe finetunejob {job}"),
             ("the job's children", f"kubectl get jobs,pods,configmaps -l {LABEL_FINETUNEJOB}={job}"),
         ]
+        if self.job:  # the trainer's curves and samples, and the evaluation's scores (after the env line above)
+            tensorboard = f"{self.job.spec.checkpoint.uri.rstrip('/')}/{TENSORBOARD_SUBDIR}"
+            lines.append(
+                ("TensorBoard event files: loss, learning rate, samples", f"tensorboard --logdir {tensorboard}")
+            )
         for what, pod in sorted(self.pods.items()):
             lines.append((f"{what} pod log", f"{tf} sandbox logs {pod}"))
         if "serve" in self.pods:

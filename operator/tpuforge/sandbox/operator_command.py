@@ -14,7 +14,8 @@ def operator_argv(
     kubeconfig: Path, metrics_port: int, namespaces: Sequence[str] = (), python_options: Sequence[str] = ()
 ) -> list[str]:
     """`tpuforge operator` against `kubeconfig`, watching `namespaces` (all of them where none), with /metrics
-    on 127.0.0.1:`metrics_port`; `python_options` go to the interpreter (e.g. `-m cProfile -o FILE`)."""
+    on 127.0.0.1:`metrics_port` and local dataset paths allowed; `python_options` go to the interpreter (e.g.
+    `-m cProfile -o FILE`)."""
     return [
         sys.executable,
         *python_options,
@@ -28,6 +29,8 @@ def operator_argv(
         "127.0.0.1",
         "--metrics-port",
         str(metrics_port),
+        # The sandbox's pods are processes on this machine: they read local dataset files.
+        "--local-dataset-paths",
     ]
 
 

@@ -15,6 +15,13 @@ checks this against the template file). Control tokens are inserted by id, never
 record cannot forge them. Each piece of text is encoded on its own (role line, content), which is how the
 chat template's output tokenizes too: the pieces meet at control tokens and newlines.
 
+With `keep_thinking` (spec.dataset.keepThinking), a record whose final answer has thinking is rendered as the
+template renders it with thinking on: `<|think|>` opens the system turn (the template's stock system prompt
+when the record has none), the generation prompt is `<turn>model\n` alone, and the answer is what the model
+produces then: `<|channel>thought\n{thinking}<channel|>{content}<end>`, every token of it carrying loss. Earlier
+model turns drop their thinking either way, as the template renders history, and a record without thinking
+is rendered with thinking off.
+
 The loss mask is True on the tokens the model must learn to produce: each assistant turn's content and
 its end-of-turn marker (with `loss_on="all"`, every token except <bos>). <bos> never carries loss, so that
 a packed row, where a <bos> follows the previous record, gives the same loss as the records alone.
@@ -30,7 +37,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from tpuforge_workloads import storage
-from tpuforge_workloads.data.records import Message
+from tpuforge_workloads.data.records import Message, split_thinking
 
 # (start, end, whether the format has a system turn), preferred first.
 TURN_MARKERS = (("<|turn>", "<turn|>", True), ("<start_of_turn>", "<end_of_turn>", False))
@@ -38,6 +45,10 @@ ROLE_NAMES = {"user": "user", "assistant": "model", "system": "system"}
 # Gemma 4's thinking channel; with thinking off the generation prompt opens and closes it empty.
 CHANNEL_MARKERS = ("<|channel>", "<channel|>")
 EMPTY_THOUGHT = "thought\n"
+# With thinking on, the template opens the first system turn with this, and gives a record without a system
+# message this system prompt.
+THINK = "<|think|>"
+THINKING_SYSTEM_PROMPT = "You are a helpful assistant."
 
 
 class TokenizerError(ValueError):
@@ -87,10 +98,21 @@ class ChatTokens:
 class ChatEncoder:
     """Encodes conversations; `loss_on` is TrainingSpec.loss_on."""
 
-    def __init__(self, tokenizer: Tokenizer, loss_on: Literal["assistant", "all"] = "assistant"):
+    def __init__(
+        self, tokenizer: Tokenizer, loss_on: Literal["assistant", "all"] = "assistant", keep_thinking: bool = False
+    ):
         self.tokenizer = tokenizer
         self.tokens = ChatTokens.of(tokenizer)
         self.loss_on = loss_on
+        self.keep_thinking = keep_thinking
+        if keep_thinking and (self.tokens.channel is None or not self.tokens.system_turn):
+            raise TokenizerError(
+                "dataset.keepThinking: the tokenizer has no Gemma 4 thought channel (<|channel>, <channel|>) and "
+                "system turn to render thinking in; set keepThinking: false for this model"
+            )
+        think = tokenizer.token_to_id(THINK)
+        # A tokenizer without the <|think|> token reads the template's text as text: so does this encoder.
+        self._think_id = None if think is None else int(think)
         self._role_ids = {role: self._text(f"{name}\n") for role, name in ROLE_NAMES.items()}
         self._newline = self._text("\n")
         c = self.tokens.channel
@@ -116,14 +138,40 @@ class ChatEncoder:
         """(token ids int32, loss mask bool), same length."""
         return self.encode_many([messages])[0]
 
+    def thought(self, messages: Sequence[Message]) -> str:
+        """The thinking rendered before the final answer: its own, with keep_thinking ("" for none)."""
+        if not self.keep_thinking or not messages or messages[-1].role != "assistant":
+            return ""
+        return messages[-1].thinking or split_thinking(messages[-1].content)[0]
+
+    def _thinking_turns(self, turns: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """`turns` with the system turn thinking on opens: <|think|> first (as text where the tokenizer
+        lacks the token, else prepended by id in _assemble)."""
+        think = "" if self._think_id is not None else THINK
+        if turns and turns[0][0] == "system":
+            return [("system", think + turns[0][1]), *turns[1:]]
+        return [("system", think + THINKING_SYSTEM_PROMPT), *turns]
+
     def encode_many(self, conversations: Sequence[Sequence[Message]]) -> list[tuple[np.ndarray, np.ndarray]]:
         """`encode` for many conversations; the texts are tokenised in one parallel batch."""
-        turns = [self.turns(messages) for messages in conversations]
+        thoughts = [self.thought(messages) for messages in conversations]
+        turns = [
+            self._thinking_turns(self.turns(messages)) if thought else self.turns(messages)
+            for messages, thought in zip(conversations, thoughts, strict=True)
+        ]
         texts = [content for conversation in turns for _, content in conversation]
+        texts += [f"{EMPTY_THOUGHT}{thought}" for thought in thoughts if thought]
         pieces = iter(self.tokenizer.encode_batch(texts, add_special_tokens=False) if texts else [])
-        return [self._assemble([(role, next(pieces).ids) for role, _ in conversation]) for conversation in turns]
+        parts = [[(role, list(next(pieces).ids)) for role, _ in conversation] for conversation in turns]
+        return [
+            self._assemble(conversation, list(next(pieces).ids) if thought else None)
+            for conversation, thought in zip(parts, thoughts, strict=True)
+        ]
 
-    def _assemble(self, turns: list[tuple[str, list[int]]]) -> tuple[np.ndarray, np.ndarray]:
+    def _assemble(
+        self, turns: list[tuple[str, list[int]]], thought: list[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`thought`: the final answer's thinking (the channel's name and text), rendered thinking on."""
         t = self.tokens
         ids: list[int] = [t.bos]
         mask: list[bool] = [False]
@@ -132,8 +180,14 @@ class ChatEncoder:
         last_answer = len(turns) - 1 if turns and turns[-1][0] == "assistant" else -1
         for i, (role, content) in enumerate(turns):
             learn = role == "assistant"
-            head = [t.turn_start, *self._role_ids[role], *(self._answer_prefix if i == last_answer else [])]
-            body = [*content, t.turn_end]
+            if thought is not None and i == 0 and self._think_id is not None:
+                content = [self._think_id, *content]
+            channel: list[int] = []
+            prefix = self._answer_prefix if i == last_answer else []
+            if thought is not None and i == last_answer and t.channel is not None:
+                channel, prefix = [t.channel[0], *thought, t.channel[1]], []
+            head = [t.turn_start, *self._role_ids[role], *prefix]
+            body = [*channel, *content, t.turn_end]
             ids += head + body + self._newline
             mask += [every] * len(head) + [learn or every] * len(body) + [every] * len(self._newline)
         return np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=bool)

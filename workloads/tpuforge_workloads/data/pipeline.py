@@ -52,6 +52,8 @@ class DataStats:
     loss_tokens: int = 0
     longest: int = 0  # before any truncation
     shortest: int = 0
+    skipped_invalid: int = 0  # malformed records left out of the file (dataset.skipInvalid)
+    held_out: int = 0  # records held out of the file for evaluation (dataset.evalFraction)
 
     def to_json(self) -> dict[str, int]:
         return dict(self.__dict__)

@@ -39,7 +39,7 @@ from tpuforge_workloads.evaluate.config import (
     check_adapter,
     load_config,
 )
-from tpuforge_workloads.evaluate.records import EvalExample, read_examples
+from tpuforge_workloads.evaluate.records import EvalExample, config_examples
 from tpuforge_workloads.mesh import make_mesh
 
 log = logging.getLogger("tpuforge_workloads.evaluate.loss")
@@ -84,8 +84,10 @@ def check_inputs(cfg: EvalConfig) -> tuple[int, list[Prepared], int]:
     problems = gemma4.mesh_errors(text, cfg.mesh.fsdp, cfg.mesh.tp)
     if problems:
         raise EvalInputError("; ".join(problems))
-    encoder = ChatEncoder(read_tokenizer(cfg.base_model_uri, "baseModelUri"), cfg.training.loss_on)
-    return info.step, prepare(cfg, read_examples(cfg.dataset_uri, cfg.max_examples), encoder), encoder.tokens.pad
+    encoder = ChatEncoder(
+        read_tokenizer(cfg.base_model_uri, "baseModelUri"), cfg.training.loss_on, cfg.data.keep_thinking
+    )
+    return info.step, prepare(cfg, config_examples(cfg), encoder), encoder.tokens.pad
 
 
 class Scorer:

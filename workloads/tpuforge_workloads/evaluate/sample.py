@@ -31,7 +31,7 @@ from tpuforge_workloads.data.records import DatasetError
 from tpuforge_workloads.evaluate.answers import AnswerError, Samples, sample
 from tpuforge_workloads.evaluate.config import EvalInputError, check_adapter, fetch_models, load_config
 from tpuforge_workloads.evaluate.passk import code_hint, extract_code
-from tpuforge_workloads.evaluate.records import EvalExample, read_examples
+from tpuforge_workloads.evaluate.records import EvalExample, config_examples
 from tpuforge_workloads.serve.fetch import FetchError
 
 log = logging.getLogger("tpuforge_workloads.evaluate.sample")
@@ -40,11 +40,11 @@ MODELS = ("adapter", "base")
 
 def problems(cfg: EvalConfig) -> list[EvalExample]:
     """The evaluation set's records, each with its test object (checked here, before any model loads)."""
-    examples = read_examples(cfg.dataset_uri, cfg.max_examples)
+    examples = config_examples(cfg)
     for ex in examples:
         if not isinstance(ex.test, dict):
             raise EvalInputError(
-                f'{cfg.dataset_uri}:{ex.record.line}: no "test" object beside "messages": passAtK hands each '
+                f'{ex.record.where}: no "test" object beside "messages": passAtK hands each '
                 'record\'s test to the checker (for Verilog {"files": {"tb.v": "..."}}); add one to every record'
             )
         pattern = ex.test.get("codePattern")
@@ -53,7 +53,7 @@ def problems(cfg: EvalConfig) -> list[EvalExample]:
                 re.compile(pattern)
             except (re.error, TypeError) as e:
                 raise EvalInputError(
-                    f"{cfg.dataset_uri}:{ex.record.line}: test.codePattern {pattern!r} is not a regular "
+                    f"{ex.record.where}: test.codePattern {pattern!r} is not a regular "
                     f"expression ({e}); it picks the code block out of an answer"
                 ) from None
     return examples

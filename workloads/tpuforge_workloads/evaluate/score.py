@@ -17,6 +17,11 @@ seen). summary.json has the same, each model's failures in every category, and h
 Failures exit nonzero with the reason, in plain text, in the termination log: EXIT_BAD_CONFIG (2) for a
 config or input that cannot be used, 1 otherwise (an adapter without `_COMPLETE` included). Nothing is
 committed at reportUri unless the whole report was written.
+
+The scores also go to TensorBoard, at the adapter's training step, in the run `eval` beside the trainer's
+(<checkpointUri>/tensorboard/eval: tags eval/<metric> for base + adapter, eval_base/<metric> for the base),
+so the evaluation's held-out loss is drawn on the same chart as the loss measured during training. That is
+a view, not the result: a failure to write it is logged and the evaluation still succeeds.
 """
 
 from __future__ import annotations
@@ -29,8 +34,8 @@ from typing import Any
 
 from tpuforge.api.code_eval import BOOTSTRAP_RESAMPLES, CONFIDENCE_LEVEL, PASS_AT_K
 from tpuforge.api.configs import EvalConfig
-from tpuforge.api.constants import EXIT_BAD_CONFIG, TERMINATION_LOG
-from tpuforge_workloads import commit, storage, termination
+from tpuforge.api.constants import EXIT_BAD_CONFIG, TENSORBOARD_EVAL_RUN, TENSORBOARD_SUBDIR, TERMINATION_LOG
+from tpuforge_workloads import commit, storage, tensorboard_log, termination
 from tpuforge_workloads.adapters import AdapterError, AdapterInfo
 from tpuforge_workloads.data.records import DatasetError
 from tpuforge_workloads.evaluate.answers import AnswerError, Answers, generate
@@ -43,7 +48,7 @@ from tpuforge_workloads.evaluate.functional import (
     pass_metrics,
     report_fields,
 )
-from tpuforge_workloads.evaluate.records import EvalExample, read_examples
+from tpuforge_workloads.evaluate.records import EvalExample, config_examples
 from tpuforge_workloads.serve.fetch import FetchError
 
 log = logging.getLogger("tpuforge_workloads.evaluate.score")
@@ -189,7 +194,7 @@ def run_score(
         if _overlaps(cfg.report_uri, uri):
             raise EvalInputError(f"reportUri {cfg.report_uri} overlaps {field} {uri}; give the report its own place")
     info: AdapterInfo = check_adapter(cfg)
-    examples = read_examples(cfg.dataset_uri, cfg.max_examples)
+    examples = config_examples(cfg)
     losses = read_losses(loss_path, cfg, examples)
     checked = read_checked(cfg, examples, samples, verdicts)
     answers = None
@@ -217,7 +222,23 @@ def run_score(
     report = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode()
     files = {REPORT_FILE: report, SUMMARY_FILE: (json.dumps(summary, indent=1) + "\n").encode()}
     commit.commit_small_files(cfg.report_uri, files, {"kind": "evaluation", "adapterUri": cfg.adapter_uri})
+    write_tensorboard(cfg, result, info.step)
     return result
+
+
+def tensorboard_uri(cfg: EvalConfig) -> str:
+    return storage.join(cfg.checkpoint_uri, TENSORBOARD_SUBDIR, TENSORBOARD_EVAL_RUN)
+
+
+def write_tensorboard(cfg: EvalConfig, result: dict[str, Any], step: int) -> None:
+    """The result's scores as TensorBoard scalars at `step` (the adapter's training step), with a text
+    summary naming the report; logged, never raised, when it cannot be written."""
+    scalars = {f"eval/{k}": float(v) for k, v in result["metrics"].items()}
+    scalars |= {f"eval_base/{k}": float(v) for k, v in result["baseMetrics"].items()}
+    text = f"{result['examples']} records of {cfg.dataset_uri}; report: {cfg.report_uri}"
+    uri = tensorboard_uri(cfg)
+    if tensorboard_log.write_scalars(uri, scalars, step, {"eval/report": text}):
+        log.info("scores at step %d in TensorBoard event files at %s", step, uri)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ reading data, so the whole merge is planned (and bad input rejected) before any 
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -15,9 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from tpuforge_workloads import storage
+from tpuforge_workloads import eval_record, storage
 from tpuforge_workloads.adapter_checkpoint import PARAMS_ITEM
 from tpuforge_workloads.merge.errors import MergeInputError
+
+log = logging.getLogger(__name__)
 
 _LEAF = re.compile(r"^(?P<param>\w+)_lora_(?P<factor>[ab])$")
 
@@ -87,8 +90,9 @@ class LoraCheckpoint:
         return next(iter(self.params.values())).rank
 
     @classmethod
-    def open(cls, uri: str, step: int | None = None) -> LoraCheckpoint:
-        """The given step, or the latest finalized one; reads only metadata."""
+    def open(cls, uri: str, step: int | None = None, select: str = "last") -> LoraCheckpoint:
+        """The given step, else per `select` the latest finalized one (last) or the finalized one with the
+        lowest loss in the trainer's eval record (best); reads only metadata."""
         if not storage.exists(uri):
             raise MergeInputError(f"checkpointUri {uri}: nothing there; point it at the training checkpoint directory")
         steps = checkpoint_steps(uri)
@@ -96,6 +100,15 @@ class LoraCheckpoint:
             raise MergeInputError(
                 f"checkpointUri {uri}: no finished Orbax checkpoint step (a save that was cut short is not listed)"
             )
+        if step is None and select == "best":
+            best = eval_record.best_finished_step(uri, steps)
+            if best is None:
+                raise MergeInputError(
+                    f"select best: no finished step under {uri} has an eval loss in {eval_record.EVAL_RECORD_FILE} "
+                    f"(finished steps: {steps}); was the run trained with spec.dataset.evalUri?"
+                )
+            step = best[0]
+            log.info("select best: step %d (eval loss %.4f) of finished steps %s", step, best[1], steps)
         if step is None:
             step = steps[-1]
         elif step not in steps:

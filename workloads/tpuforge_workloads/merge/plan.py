@@ -196,8 +196,10 @@ def make_plan(cfg: MergeConfig) -> MergePlan:
         shape = model_shape(cfg.model_name)
     except KeyError as e:
         raise MergeInputError(f"modelName: {e.args[0]}") from e
-    if shape.family != "gemma4":
-        raise MergeInputError(f"modelName {cfg.model_name}: the merge supports the gemma4 family only")
+    if shape.family != "gemma4" or not shape.supports("finetune"):
+        raise MergeInputError(
+            f"modelName {cfg.model_name}: the merge supports the dense Gemma 4 models the trainer fine-tunes only"
+        )
     text = read_base_config(cfg.base_model_uri)
     base = SafetensorsCheckpoint.open(cfg.base_model_uri)
     infos = base.by_name()
@@ -207,7 +209,7 @@ def make_plan(cfg: MergeConfig) -> MergePlan:
             f"baseModelUri {cfg.base_model_uri}: {CONFIG_FILE} describes {text.num_layers} layers under "
             f"{text.hf_prefix!r} but the weights have {layout.num_layers} under {layout.prefix!r}"
         )
-    lora = LoraCheckpoint.open(cfg.checkpoint_uri, cfg.step)
+    lora = LoraCheckpoint.open(cfg.checkpoint_uri, cfg.step, cfg.select)
     _check_training_settings(cfg)
     if lora.rank != cfg.lora.rank:
         raise MergeInputError(

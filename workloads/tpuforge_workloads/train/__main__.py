@@ -1,8 +1,9 @@
 """python -m tpuforge_workloads.train --config PATH [--termination-log PATH]
 
-Exit codes: 0 trained to the last step; EXIT_BAD_CONFIG (2) config or input unusable, found before
-training; EXIT_PREEMPTED (83) SIGTERM handled, checkpoint saved (message starts with "Preempted");
-1 any other failure. The termination log gets one line saying which, and why.
+Exit codes: 0 trained to the last step, or stopped early (training.earlyStopping); EXIT_BAD_CONFIG (2) config
+or input unusable, found before training; EXIT_PREEMPTED (83) SIGTERM handled, checkpoint saved (message starts
+with "Preempted"); 1 any other failure. The termination log gets one line saying which, and why; after exit 0
+that line is a TrainResult (JSON) whose `message` says it in words, and which names the best evaluated step.
 
 On a multi-host slice (TPUFORGE_NUM_PROCESSES > 1, see hosts.py) every host runs this; process 0 alone
 reports the job's progress, writes the run summary and serves the job-level metrics, and every process
@@ -22,8 +23,16 @@ import threading
 import time
 from typing import Any
 
-from tpuforge.api.constants import EXIT_BAD_CONFIG, EXIT_PREEMPTED, TERMINATION_LOG, TERMINATION_PREEMPTED
-from tpuforge_workloads import gemma4, termination, tpu_access
+from tpuforge.api import TrainResult
+from tpuforge.api.constants import (
+    EXIT_BAD_CONFIG,
+    EXIT_PREEMPTED,
+    TENSORBOARD_SUBDIR,
+    TENSORBOARD_TRAIN_RUN,
+    TERMINATION_LOG,
+    TERMINATION_PREEMPTED,
+)
+from tpuforge_workloads import gemma4, storage, tensorboard_log, termination, tpu_access
 from tpuforge_workloads.progress import METRICS_ADDR_ENV, RunProgress, RunSummary, StatusReporter, TrainMetrics
 from tpuforge_workloads.train import hosts as slice_hosts
 from tpuforge_workloads.train import rollcall
@@ -38,6 +47,32 @@ def write_termination(path: str, message: str) -> None:
     """One line for `kubectl describe` / the operator."""
     log.info("termination message: %s", " ".join(message.split()))
     termination.write(path, message, one_line=True)
+
+
+def finished_message(outcome: Any, checkpoint_uri: str) -> TrainResult:
+    """The result of a run that ended well (trained to the end, or stopped early), in words and numbers."""
+    loss = f"{outcome.loss:.4f}" if outcome.loss is not None else "n/a"
+    best = outcome.best
+    best_said = f"best step {best.step} (eval loss {best.loss:.4f})" if best is not None else None
+    stop = outcome.stopped_early
+    if stop is not None:
+        improve = f" by more than {stop.min_delta:g}" if stop.min_delta else ""
+        head = (
+            f"Stopped early at step {outcome.step} of {outcome.total_steps}: eval loss did not improve{improve} "
+            f"for {stop.evals} evals"
+        )
+    else:
+        head = f"Trained to step {outcome.step} of {outcome.total_steps}"
+    parts = [head, f"loss {loss}", *([best_said] if best_said else []), f"checkpoints in {checkpoint_uri}"]
+    return TrainResult(
+        message="; ".join(parts),
+        step=outcome.step,
+        total_steps=outcome.total_steps,
+        loss=outcome.loss,
+        best=best,
+        last_eval=outcome.last_eval,
+        stopped_early=stop,
+    )
 
 
 def _latest_checkpoint(uri: str) -> int | None:
@@ -109,13 +144,24 @@ def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts
     box: list[RunProgress] = []
 
     def progress_factory(start_step: int, committed: int | None) -> RunProgress:
-        box.append(RunProgress(plan.total_steps, metrics, summary, reporter, start_step, committed))
+        events = None
+        if hosts.primary:
+            # A resumed attempt's file starts where it resumed: TensorBoard drops what the interrupted one
+            # logged past that step.
+            uri = storage.join(c.checkpoint.uri, TENSORBOARD_SUBDIR, TENSORBOARD_TRAIN_RUN)
+            events = tensorboard_log.open_run(uri, purge_step=start_step + 1 if start_step else None)
+            if events is not None:
+                summary.attempt["tensorboard"] = uri
+                log.info("TensorBoard event files in %s", uri)
+        progress = RunProgress(plan.total_steps, metrics, summary, reporter, start_step, committed, events=events,
+                               skipped_records=plan.skipped_records)  # fmt: skip
+        box.append(progress)
         summary.attempt["start_step"] = start_step
         return box[0]
 
     finishing = threading.Lock()
 
-    def finish(code: int, message: str) -> None:
+    def finish(code: int, message: str, terminated: str | None = None) -> None:
         """Record the outcome (summary, termination message) and leave the slice (no return on several hosts).
         Once: a second caller waits for the first to end the process."""
         if not finishing.acquire(blocking=False):
@@ -131,11 +177,13 @@ def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts
             }
         )
         try:
+            if progress is not None and progress.events is not None:
+                progress.events.close()
             summary.write()
         finally:
             if reporter is not None:
                 reporter.close()
-            write_termination(termination_log, message)
+            write_termination(termination_log, terminated or message)
             slice_hosts.leave(hosts, code)
 
     def stop_before_training(who: int | None) -> None:
@@ -153,6 +201,7 @@ def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts
             finish(EXIT_PREEMPTED, f"{TERMINATION_PREEMPTED} before training started{by}")
 
     code, message = 1, "Training failed"
+    result: TrainResult | None = None
     started = time.monotonic()
     watch.on_stop_before_loop = lambda: stop_before_training(None)
     try:
@@ -172,11 +221,10 @@ def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts
             message = f"{TERMINATION_PREEMPTED} at step {outcome.step}; checkpoint saved"
         else:
             code = 0
-            loss = f"{outcome.loss:.4f}" if outcome.loss is not None else "n/a"
-            message = (
-                f"Trained to step {outcome.step} of {outcome.total_steps}; loss {loss}; "
-                f"checkpoints in {c.checkpoint.uri}"
-            )
+            result = finished_message(outcome, c.checkpoint.uri)
+            message = result.message
+            if result.stopped_early is not None:
+                summary.attempt["stopped_early"] = result.stopped_early.to_wire()
         summary.attempt["end_step"] = outcome.step
         if outcome.compile_cache is not None:
             summary.attempt["compile_cache"] = outcome.compile_cache
@@ -201,7 +249,7 @@ def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts
         else:
             log.exception("training failed")
             code, message = 1, f"Training failed: {type(e).__name__}: {e}"
-    finish(code, message)
+    finish(code, message, result.model_dump_json(by_alias=True, exclude_none=True) if result else None)
     return code
 
 
@@ -234,13 +282,21 @@ def main(argv: list[str] | None = None) -> int:
         write_termination(args.termination_log, f"{TERMINATION_PREEMPTED} before training started; nothing to save")
         return EXIT_PREEMPTED
     s = plan.stats
+    if plan.skipped:
+        log.warning(
+            "%d malformed records skipped (dataset.skipInvalid); the first: %s",
+            len(plan.skipped),
+            "; ".join(plan.skipped[:5]),
+        )
     log.info(
-        "%d records -> %d examples (%d dropped over length, %d truncated, %d without loss tokens); %d steps",
+        "%d records -> %d examples (%d dropped over length, %d truncated, %d without loss tokens, %d held out); "
+        "%d steps",
         s.records,
         s.examples,
         s.dropped_over_length,
         s.truncated,
         s.dropped_no_loss,
+        s.held_out,
         plan.total_steps,
     )
     return train(plan, watch, args.termination_log, hosts)

@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grain
@@ -63,9 +64,28 @@ def _replicated_scalars(state: Any, mesh: Any) -> Any:
     return jax.tree.map(lambda s: s if isinstance(s, jax.sharding.NamedSharding) else replicated, shardings)
 
 
+@dataclass
+class KeepSteps:
+    """An Orbax preservation policy: keep the steps `steps()` names (read at each pruning, after each save)."""
+
+    steps: Callable[[], Collection[int]]
+
+    def should_preserve(self, checkpoints: Sequence[Any], *, context: Any) -> Sequence[bool]:
+        keep = set(self.steps())
+        return [c.step in keep for c in checkpoints]
+
+
+def preservation(keep: int, protect: Callable[[], Collection[int]] | None) -> Any:
+    """The latest `keep` steps, and with `protect` also the steps it names (the best one, for select: best)."""
+    latest = ocp.checkpoint_managers.LatestN(n=keep)
+    if protect is None:
+        return latest
+    return ocp.checkpoint_managers.AnyPreservationPolicy([latest, KeepSteps(protect)])
+
+
 class TrainCheckpoints:
     """The run's CheckpointManager. `data_iterator` (a Grain iterator, or None) is saved with each step
-    and restored in place;
+    and restored in place; Orbax deletes all but the latest `keep` steps and those `protect()` names;
     `on_saved(step, blocking_s)` and `on_committed(step, total_s, nbytes)` report durations and the step's
     size (the commit runs in a background thread after training continues)."""
 
@@ -78,9 +98,12 @@ class TrainCheckpoints:
         metadata: Callable[[], dict[str, Any]] = dict,
         on_saved: Callable[[int, float], None] | None = None,
         on_committed: Callable[[int, float, int], None] | None = None,
+        protect: Callable[[], Collection[int]] | None = None,
     ):
         self.uri = uri
         self.every_steps = every_steps
+        self._keep = keep
+        self._protect = protect
         self._data_iterator = data_iterator
         self._metadata = metadata
         self._on_saved = on_saved
@@ -99,7 +122,7 @@ class TrainCheckpoints:
                 DATA_ITEM: grain.checkpoint.CheckpointHandler(),
             },
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep,
+                preservation_policy=preservation(keep, protect),
                 create=True,
                 async_options=ocp.AsyncOptions(post_finalization_callback=self._committed),
             ),
@@ -198,9 +221,22 @@ class TrainCheckpoints:
         return step, self.restored_metadata
 
     def close(self) -> None:
-        """Wait for the last save to be committed, then release the manager."""
+        """Wait for the last save to be committed, prune once more, then release the manager."""
         self._manager.wait_until_finished()
+        if self._protect is not None:
+            self._prune()
         self._manager.close()
+
+    def _prune(self) -> None:
+        """Delete what the preservation policy no longer keeps. Orbax prunes after each save, when the step
+        just saved has not been evaluated yet (the trainer evaluates after saving), so the best step before it
+        stays protected one save longer; after the last save, no later one would delete it."""
+        steps = sorted(int(s) for s in self._manager.all_steps())
+        keep = set(steps[-self._keep :]) | set(self._protect() if self._protect else ())
+        for step in steps:
+            if step not in keep:
+                log.info("deleting checkpoint step %d: neither among the latest %d nor the best", step, self._keep)
+                self._manager.delete(step)
 
 
 def latest_step(uri: str) -> int | None:

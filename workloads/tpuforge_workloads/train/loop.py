@@ -4,8 +4,10 @@ Tunix's PeftTrainer runs the loop (jitted step, gradient accumulation with optax
 buffering); the trainer (trainer.py) gives it our loss (train/loss.py: float32 logits, weighted by token
 across micro-batches) and our jitting, and this module hands it a checkpoint manager that also saves the
 data iterator and dropout stream, a data hook that feeds Grain batches a whole optimizer step at a time and
-stops at a step boundary when asked (max steps reached, or SIGTERM), and a training hook that reports
-progress.
+stops at a step boundary when asked (max steps reached, early stopping, or SIGTERM), and a training hook that
+reports progress (loss, tokens, learning rate; the gradient norm comes from Tunix's own metrics,
+trainer.GradNorms), hands each evaluation's loss to eval_tracking.py (the best step, early stopping) and, at each
+evaluation, gives greedy answers to a few held-out prompts (samples.py).
 
 The same code runs on each host of a multi-host slice (hosts.py): the mesh spans every host's devices,
 each process feeds its own rows of every global batch, and the hosts agree at every step boundary whether
@@ -24,7 +26,7 @@ import numpy as np
 from flax import nnx
 from tunix.sft import hooks
 
-from tpuforge.api import TrainConfig
+from tpuforge.api import EarlyStop, StepLoss, TrainConfig
 from tpuforge_workloads import checkpoint_read, compile_cache, gemma4, lora
 from tpuforge_workloads.data.pipeline import (
     batches,
@@ -36,10 +38,12 @@ from tpuforge_workloads.data.pipeline import (
 from tpuforge_workloads.mesh import make_mesh
 from tpuforge_workloads.progress import RunProgress
 from tpuforge_workloads.train.checkpoints import TrainCheckpoints
+from tpuforge_workloads.train.eval_tracking import EvalTracking
 from tpuforge_workloads.train.hosts import Agreement, Hosts
 from tpuforge_workloads.train.plan import Plan
 from tpuforge_workloads.train.preemption import PreemptionWatch
-from tpuforge_workloads.train.trainer import make_trainer
+from tpuforge_workloads.train.samples import Sampler
+from tpuforge_workloads.train.trainer import GradNorms, learning_rates, make_trainer
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +56,16 @@ class Outcome:
     preempted: bool
     loss: float | None
     compile_cache: dict[str, Any] | None = None  # hits, entries loaded and stored (compile_cache.py)
+    best: StepLoss | None = None  # the evaluated step with the lowest eval loss
+    last_eval: StepLoss | None = None
+    stopped_early: EarlyStop | None = None
 
 
 class BatchFeed(hooks.DataHooks):  # type: ignore[misc]
     """Feeds the trainer from the Grain iterator (this process's rows, made global arrays by `to_global`).
-    Returns None (the loop's stop signal) at an optimizer-step boundary once the run is complete or a
-    preemption was requested on any host, so every checkpoint holds whole steps.
+    Returns None (the loop's stop signal) at an optimizer-step boundary once the run is complete, early
+    stopping says so (`early_stop`) or a preemption was requested on any host, so every checkpoint holds whole
+    steps.
 
     At each boundary it reads the step's `accumulation` micro-batches at once, to give each the step's mean
     loss-target count (`loss_denominator`, train/loss.py); between steps nothing is held back, so the
@@ -72,6 +80,7 @@ class BatchFeed(hooks.DataHooks):  # type: ignore[misc]
         evals: list[Any],
         to_global: Any = lambda batch: batch,
         stop: Agreement | None = None,
+        early_stop: Any = lambda: False,
     ):
         self.iterator = iterator
         self.accumulation = accumulation
@@ -80,7 +89,9 @@ class BatchFeed(hooks.DataHooks):  # type: ignore[misc]
         self.evals = evals
         self.to_global = to_global
         self.stop = stop or Agreement(Hosts(), "stop")
+        self.early_stop = early_stop  # same answer on every host: it follows the (global) eval loss
         self.preempted = False  # a SIGTERM on this or another host stopped the run
+        self.stopped_early = False
         self._eval_index = 0
         self.step_tokens: dict[int, int] = {}  # optimizer step (1-based) -> real tokens in it
         self.tokens_total = 0
@@ -90,6 +101,9 @@ class BatchFeed(hooks.DataHooks):  # type: ignore[misc]
     def load_next_train_batch(self, train_ctx: Any) -> Any:
         if train_ctx.iter_steps % self.accumulation == 0:
             if train_ctx.train_steps >= self.total_steps:
+                return None
+            if self.early_stop():
+                self.stopped_early = True
                 return None
             if self.stop.any(self.watch.requested):
                 self.preempted = True
@@ -116,14 +130,27 @@ class BatchFeed(hooks.DataHooks):  # type: ignore[misc]
 
 
 class ProgressHooks(hooks.TrainingHooks):  # type: ignore[misc]
-    """Forwards each finished step's loss to RunProgress. PeftTrainer reports step s once step s+1 has
-    been dispatched, so reading the loss never stalls the device."""
+    """Forwards each finished step's loss (and learning rate) to RunProgress. PeftTrainer reports step s once
+    step s+1 has been dispatched, so reading the loss never stalls the device. After each evaluation,
+    `sampler` (when given) answers its prompts with the model as trained so far; the time it takes is left
+    out of the throughput, as the evaluation's is."""
 
-    def __init__(self, progress: RunProgress, feed: BatchFeed, after_first_step: Any = None):
+    def __init__(
+        self,
+        progress: RunProgress,
+        feed: BatchFeed,
+        after_first_step: Any = None,
+        rates: list[float] | None = None,
+        sampler: Sampler | None = None,
+        evals: EvalTracking | None = None,
+    ):
         self.progress = progress
         self.feed = feed
+        self.evals = evals
         self.losses: dict[int, float] = {}
         self.after_first_step = after_first_step  # e.g. store the step just compiled, before a preemption
+        self.rates = rates or []
+        self.sampler = sampler
 
     def on_train_start(self, train_ctx: Any) -> None:
         self.progress.restart_step_clock()
@@ -140,13 +167,30 @@ class ProgressHooks(hooks.TrainingHooks):  # type: ignore[misc]
         if self.after_first_step is not None:
             self.after_first_step()
             self.after_first_step = None
-        self.progress.step_done(train_step, loss, self.feed.step_tokens.pop(train_step, 0), self.feed.tokens_total)
+        rate = self.rates[train_step - 1] if 0 < train_step <= len(self.rates) else None
+        self.progress.step_done(
+            train_step, loss, self.feed.step_tokens.pop(train_step, 0), self.feed.tokens_total, learning_rate=rate
+        )
 
     def on_eval_step_start(self, train_ctx: Any) -> None:
         pass
 
     def on_eval_step_end(self, train_ctx: Any, eval_loss: float) -> None:
-        self.progress.eval_done(train_ctx.train_steps, train_ctx.take_eval_loss())
+        step = train_ctx.train_steps
+        loss = train_ctx.take_eval_loss()
+        self.progress.eval_done(step, loss)
+        if self.evals is not None:
+            self.evals.evaluated(step, loss)
+        if self.sampler is not None:
+            started = time.monotonic()
+            try:
+                samples = self.sampler.answers(train_ctx.model)
+            except Exception:  # the samples are for people to read; training goes on without them
+                log.exception("sample answers at step %d failed; the run goes on without them", step)
+                self.sampler = None
+            else:
+                log.info("%d sample answers at step %d in %.1f s", len(samples), step, time.monotonic() - started)
+                self.progress.samples_done(step, samples)
         self.progress.restart_step_clock()
 
 
@@ -258,7 +302,17 @@ def _train(
     if local:
         set_loss_denominator(local, [int(b["input_mask"][:, 1:].sum()) for b in whole])
     evals = [global_batch(b) for b in local]
-    feed = BatchFeed(iterator, g, plan.total_steps, watch, evals, global_batch, Agreement(hosts, "stop"))
+    tracking = EvalTracking(c.checkpoint.uri, c.training.early_stopping, write=hosts.primary) if evals else None
+    feed = BatchFeed(
+        iterator,
+        g,
+        plan.total_steps,
+        watch,
+        evals,
+        global_batch,
+        Agreement(hosts, "stop"),
+        early_stop=tracking.should_stop if tracking is not None else lambda: False,
+    )
     progress_box: list[RunProgress] = []
 
     checkpoints = TrainCheckpoints(
@@ -269,16 +323,24 @@ def _train(
         metadata=lambda: {"tokens": feed.tokens_total},
         on_saved=lambda step, s: progress_box[0].checkpoint_saved(step, s) if progress_box else None,
         on_committed=lambda step, s, n: progress_box[0].checkpoint_committed(step, s, n) if progress_box else None,
+        protect=tracking.protected_steps if tracking is not None and c.checkpoint.select == "best" else None,
     )
     started = time.monotonic()
+    grad_norms = GradNorms(lambda step, norm: progress_box[0].grad_norm(step, norm) if progress_box else None)
     with jax.set_mesh(mesh):
-        trainer = make_trainer(model, c, plan.total_steps, checkpoints)
+        trainer = make_trainer(model, c, plan.total_steps, checkpoints, grad_norms)
     timings["restore_s"] = time.monotonic() - started
     start_step = trainer.train_steps
+    if tracking is not None:
+        tracking.resumed_at(start_step)
+    # The last step is evaluated too (unless a preemption cut the run short), so that select: best weighs it.
+    trainer.final_eval = lambda: not feed.preempted
     feed.tokens_total = int(checkpoints.restored_metadata.get("tokens", 0))
     progress = progress_factory(start_step, checkpoints.committed_step)
     progress_box.append(progress)
-    hook = ProgressHooks(progress, feed, cache.push if cache is not None else None)
+    sampler = Sampler(plan.samples, plan.encoder, mesh, c.training.max_seq_len) if plan.samples and evals else None
+    rates = learning_rates(c.training, plan.total_steps)
+    hook = ProgressHooks(progress, feed, cache.push if cache is not None else None, rates, sampler, tracking)
     trainer.with_data_hooks(feed)
     trainer.with_training_hooks(hook)
 
@@ -309,4 +371,7 @@ def _train(
         start_step=start_step,
         preempted=step < plan.total_steps and feed.preempted,
         loss=hook.losses[last] if last is not None else None,
+        best=tracking.best() if tracking is not None else None,
+        last_eval=tracking.last if tracking is not None else None,
+        stopped_early=tracking.stopped_early if tracking is not None and feed.stopped_early else None,
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -19,7 +19,9 @@ from tpuforge.api.catalog import MODELS, ModelShape
 from tpuforge_workloads import gemma4, lora, storage
 from tpuforge_workloads.data.chat import ChatEncoder, TokenizerError, read_tokenizer
 from tpuforge_workloads.data.pipeline import BatchSpec, DataStats, Example, count_batches, prepare_examples
-from tpuforge_workloads.data.records import DatasetError, read_records
+from tpuforge_workloads.data.records import DatasetError, Record, read_dataset
+from tpuforge_workloads.data.split import split
+from tpuforge_workloads.train.samples import SamplePrompt, pick_prompts
 
 
 class BadInput(ValueError):
@@ -41,6 +43,13 @@ class Plan:
     rows: int  # rows per micro-batch: micro_batch_size per data-parallel (fsdp) replica
     total_steps: int
     manifest: lora.LoraManifest
+    skipped: list[str]  # malformed records left out (dataset.skipInvalid), one message each
+    samples: list[SamplePrompt] = field(default_factory=list)  # held-out prompts answered at each evaluation
+
+    @property
+    def skipped_records(self) -> int | None:
+        """For status.progress: None unless the job skips malformed records."""
+        return len(self.skipped) if self.config.data.skip_invalid else None
 
 
 def load_config(path: str | Path) -> TrainConfig:
@@ -77,6 +86,8 @@ def _make_plan(config: TrainConfig, write_manifest: bool) -> Plan:
     shape = MODELS.get(config.model_name)
     if shape is None:
         raise BadInput(f"modelName {config.model_name!r} is not in the model catalog; use one of {sorted(MODELS)}")
+    if not shape.supports("finetune"):
+        raise BadInput(f"modelName {shape.id}: the trainer does not support it yet: {shape.unsupported_because}")
     unknown = [m for m in config.lora.target_modules if m not in shape.lora_targets]
     if unknown:
         raise BadInput(f"lora.targetModules: {unknown} are not {shape.family} modules; use {list(shape.lora_targets)}")
@@ -93,16 +104,27 @@ def _make_plan(config: TrainConfig, write_manifest: bool) -> Plan:
         raise BadInput(
             f"model.uri: tokenizer.json has {tokenizer.get_vocab_size()} tokens but the model only {text.vocab_size}"
         )
-    encoder = ChatEncoder(tokenizer, t.loss_on)
-    examples, stats = prepare_examples(
-        read_records(config.dataset_uri), encoder, t.max_seq_len, t.over_length, config.dataset_uri
-    )
+    d = config.data
+    encoder = ChatEncoder(tokenizer, t.loss_on, d.keep_thinking)
+    train = read_dataset(config.dataset_uri, "dataset.uri", d.format, d.skip_invalid)
+    records, held = train.records, list[Record]()
+    if not config.eval_uri:
+        records, held = split(train.records, d.eval_fraction, d.split_seed, config.dataset_uri)
+    examples, stats = prepare_examples(records, encoder, t.max_seq_len, t.over_length, config.dataset_uri)
+    stats.skipped_invalid, stats.held_out = len(train.skipped), len(held)
+    skipped = list(train.skipped)
     eval_examples: list[Example] = []
     eval_stats = None
+    samples: list[SamplePrompt] = []
     if config.eval_uri:
-        eval_examples, eval_stats = prepare_examples(
-            read_records(config.eval_uri, "dataset.evalUri"), encoder, t.max_seq_len, t.over_length, config.eval_uri
-        )
+        evals = read_dataset(config.eval_uri, "dataset.evalUri", d.format, d.skip_invalid)
+        skipped += evals.skipped
+        held = evals.records
+    if held:
+        where = config.eval_uri or f"{config.dataset_uri} (held out)"
+        eval_examples, eval_stats = prepare_examples(held, encoder, t.max_seq_len, t.over_length, where)
+        eval_stats.skipped_invalid = len(skipped) - len(train.skipped)
+        samples = pick_prompts(held, encoder, t.eval_samples, t.max_seq_len)
 
     rows = t.micro_batch_size * config.mesh.fsdp
     batch = BatchSpec(
@@ -145,6 +167,8 @@ def _make_plan(config: TrainConfig, write_manifest: bool) -> Plan:
         rows=rows,
         total_steps=steps,
         manifest=manifest,
+        skipped=skipped,
+        samples=samples,
     )
 
 

@@ -8,12 +8,14 @@ once; train/loop.py runs it.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 from flax import nnx
-from tunix.sft import peft_trainer
+from tunix.sft import metrics_logger, peft_trainer
 
 from tpuforge.api import TrainConfig, TrainingSpec
 from tpuforge_workloads.data.pipeline import model_inputs
@@ -37,12 +39,18 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
     """PeftTrainer with our loss and checkpoint manager. The base class restores from its own manager in
     __init__; given no checkpoint directory that is a no-op, so the restore is redone here with ours. The
     evaluation's loss is the token-weighted mean of its batches (`take_eval_loss`), computed without LoRA
-    dropout (`create_eval_step_fn`)."""
+    dropout (`create_eval_step_fn`). When the run ends on a step not evaluated yet, that step is evaluated
+    before its final save (while `final_eval()` says so), so every run's last step has an eval loss."""
 
     def __init__(
-        self, model: nnx.Module, optimizer: Any, config: peft_trainer.TrainingConfig, checkpoints: TrainCheckpoints
+        self,
+        model: nnx.Module,
+        optimizer: Any,
+        config: peft_trainer.TrainingConfig,
+        checkpoints: TrainCheckpoints,
+        step_metrics: metrics_logger.MetricsLogger | None = None,
     ):
-        super().__init__(model, optimizer, config)
+        super().__init__(model, optimizer, config, metrics_logger=step_metrics)
         self.checkpoint_manager = checkpoints
         self._train_steps, self._restored_custom_metadata = checkpoints.maybe_restore(
             self.model, self.optimizer, restore_only_lora_params=self._lora_enabled
@@ -50,6 +58,24 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
         self._iter_steps = self._train_steps * config.get_with_default("gradient_accumulation_steps", 1)
         self.with_loss_fn(loss.loss_fn, has_aux=True)
         self._eval_sums: list[tuple[Any, Any]] = []
+        self._eval_ds: Any = None
+        self._evaluated_step: int | None = None
+        self.final_eval: Any = lambda: True
+
+    def train(self, train_ds: Any, eval_ds: Any = None, skip_jit: bool = False, **kwargs: Any) -> None:
+        self._eval_ds = eval_ds
+        super().train(train_ds, eval_ds, skip_jit, **kwargs)
+
+    def _run_eval(self, eval_ds: Any, eval_step_fn: Any) -> None:
+        super()._run_eval(eval_ds, eval_step_fn)
+        self._evaluated_step = self._train_steps
+
+    def close(self) -> None:
+        """PeftTrainer's close (the last step saved, the manager closed), after evaluating the last step."""
+        eval_step = self._jitted_eval_step_fn
+        if self._eval_ds and eval_step is not None and self._evaluated_step != self._train_steps and self.final_eval():
+            self._run_eval(self._eval_ds, eval_step)
+        super().close()
 
     def jit_train_and_eval_step(self, skip_jit: bool = False, cache_nnx_graph: bool = False) -> Any:
         """PeftTrainer's, but the train step is jitted by `jit_train_step` (the model donated too), and the
@@ -107,17 +133,46 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
         return total / max(count, 1.0)
 
 
-def optimizer(training: TrainingSpec, total_steps: int) -> optax.GradientTransformation:
-    """The gradient clipped to a global norm of `maxGradNorm`, then AdamW on a warmup-cosine schedule over the
-    optimizer steps. Gradient accumulation is PeftTrainer's optax.MultiSteps around this, so the schedule
-    advances once per optimizer step and the clip applies to the whole step's (accumulated) gradient."""
-    schedule = optax.warmup_cosine_decay_schedule(
+class GradNorms(metrics_logger.MetricsLogger):  # type: ignore[misc]
+    """Tunix's metrics logger, without backends, that also hands each training step's gradient norm to
+    `on_grad_norm(step, norm)`. PeftTrainer logs step s's metrics (the 1-based step, as its training hooks
+    get it) once step s+1 has been dispatched, from values already on the host: nothing waits on the device.
+    The norm is of the gradient before clipping; with gradient accumulation, Tunix's mean over the step's
+    micro-batches of each one's gradient norm."""
+
+    def __init__(self, on_grad_norm: Callable[[int, float], None]):
+        super().__init__(None)
+        self.on_grad_norm = on_grad_norm
+
+    def log(self, metrics_prefix: str, metric_name: str, scalar_value: Any, mode: Any, step: int | None) -> None:
+        super().log(metrics_prefix, metric_name, scalar_value, mode, step)
+        if metric_name == "grad_norm" and str(mode) == str(metrics_logger.Mode.TRAIN) and step is not None:
+            self.on_grad_norm(int(step), float(np.asarray(scalar_value)))
+
+
+def learning_rate_schedule(training: TrainingSpec, total_steps: int) -> optax.Schedule:
+    """The learning rate by optimizer-step count (0 for the first step): warmup-cosine to 0 at the end."""
+    return optax.warmup_cosine_decay_schedule(
         init_value=0.0,
         peak_value=training.learning_rate,
         warmup_steps=training.warmup_steps,
         decay_steps=total_steps,
         end_value=0.0,
     )
+
+
+def learning_rates(training: TrainingSpec, total_steps: int) -> list[float]:
+    """The learning rate step s (1-based) updates with, at index s-1: computed once on the host CPU, so
+    reporting it costs nothing per step and it is the rate the update used, not the next one."""
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        return [float(x) for x in np.asarray(learning_rate_schedule(training, total_steps)(np.arange(total_steps)))]
+
+
+def optimizer(training: TrainingSpec, total_steps: int) -> optax.GradientTransformation:
+    """The gradient clipped to a global norm of `maxGradNorm`, then AdamW on a warmup-cosine schedule over the
+    optimizer steps. Gradient accumulation is PeftTrainer's optax.MultiSteps around this, so the schedule
+    advances once per optimizer step and the clip applies to the whole step's (accumulated) gradient."""
+    schedule = learning_rate_schedule(training, total_steps)
     adamw = optax.inject_hyperparams(optax.adamw)(learning_rate=schedule, weight_decay=training.weight_decay)
     return clipped(adamw, training.max_grad_norm)
 
@@ -135,10 +190,17 @@ def clipped(inner: optax.GradientTransformation, max_norm: float) -> optax.Gradi
     return optax.GradientTransformationExtraArgs(inner.init, update)
 
 
-def make_trainer(model: Any, c: TrainConfig, total_steps: int, checkpoints: Any) -> SftTrainer:
+def make_trainer(
+    model: Any,
+    c: TrainConfig,
+    total_steps: int,
+    checkpoints: Any,
+    step_metrics: metrics_logger.MetricsLogger | None = None,
+) -> SftTrainer:
     """The trainer of a run, and of its preflight: the preflight compiles this trainer's own train step
     (`create_train_step_fn`) for the TPU slice, so whatever shapes the step (optimizer, gradient
-    accumulation, model inputs, loss) is set here, once. Call under the run's mesh."""
+    accumulation, model inputs, loss) is set here, once. Call under the run's mesh. `step_metrics` receives
+    Tunix's per-step metrics (e.g. GradNorms); None: Tunix's default logger."""
     g = c.training.gradient_accumulation_steps
     config = peft_trainer.TrainingConfig(
         eval_every_n_steps=c.checkpoint.every_steps,
@@ -148,6 +210,6 @@ def make_trainer(model: Any, c: TrainConfig, total_steps: int, checkpoints: Any)
         data_sharding_axis=("fsdp",),
         pbar_description=None,
     )
-    trainer = SftTrainer(model, optimizer(c.training, total_steps), config, checkpoints)
+    trainer = SftTrainer(model, optimizer(c.training, total_steps), config, checkpoints, step_metrics)
     trainer.with_gen_model_input_fn(model_inputs)
     return trainer
