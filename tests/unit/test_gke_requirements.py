@@ -217,5 +217,6 @@ def test_the_operators_default_runs_tpu_containers_as_root_where_a_spec_leaves_i
     trainer = pod_specs(root.apply(job_spec()))["trainer"]["containers"][0]
     assert trainer["securityContext"]["runAsUser"] == 0
     assert root.apply(job_spec(tpu={"runAsRoot": False})).tpu.run_as_root is False
-    assert OperatorDefaults().apply(job_spec()).tpu.run_as_root is False
+    assert OperatorDefaults().apply(job_spec()).tpu.run_as_root is True  # what works on GKE's TPU nodes
+    assert OperatorDefaults(tpu_run_as_root=False).apply(job_spec()).tpu.run_as_root is False
     assert root.apply(chat_inputs().spec).tpu.run_as_root is True

@@ -288,7 +288,7 @@ def test_operator_runs_tpuforge_operator_with_args_its_cli_accepts(name: str) ->
     args = parser().parse_args(ct["args"])  # exits (fails the test) on an argument the CLI does not know
     values = VALUES[name]
     assert args.namespace == values.get("operator", {}).get("watchNamespaces", [])
-    assert args.tpu_run_as_root is values.get("tpu", {}).get("runAsRoot", False)
+    assert args.tpu_run_as_root is values.get("tpu", {}).get("runAsRoot", True)
     assert args.spot_grace_seconds == values.get("tpu", {}).get("spotGraceSeconds", c.GKE_SPOT_GRACE_SECONDS)
     metrics_on = values.get("metrics", {}).get("enabled", True)
     assert args.metrics_port == (values.get("metrics", {}).get("port", 8080) if metrics_on else 0)

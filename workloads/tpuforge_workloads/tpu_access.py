@@ -14,8 +14,8 @@ import re
 _DENIED = re.compile(r"open\((?P<path>/dev/(?:vfio|accel)[^)]*)\): (?P<why>Permission denied|Operation not permitted)")
 FIX = (
     "run the TPU containers as root: set spec.tpu.runAsRoot: true on this object, or the Helm value "
-    "tpu.runAsRoot: true for every job (they stay unprivileged, without capabilities; docs/platform-team.md, "
-    "Pod security)"
+    "tpu.runAsRoot: true (the default) for every job (they stay unprivileged, without capabilities; "
+    "docs/platform-team.md, TPU containers and root)"
 )
 
 

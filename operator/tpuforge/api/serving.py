@@ -83,9 +83,9 @@ class ServingTpu(ApiModel):
     )
     run_as_root: bool | None = Field(
         default=None,
-        description="Run the vLLM container as root, still without privileges or capabilities, for nodes "
-        "whose TPU device files only root may open; unset: the operator's default (Helm value tpu.runAsRoot, "
-        "false unless set).",
+        description="Run the vLLM container as root, still without privileges or capabilities (GKE's TPU device "
+        "files are root's unless the node hands them to the pod's user); false: uid 65532; unset: the operator's "
+        "default (Helm value tpu.runAsRoot, true unless set).",
     )
     scheduling: PodScheduling = Field(
         default_factory=PodScheduling,

@@ -83,9 +83,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--tpu-run-as-root",
-        action="store_true",
-        help="run TPU containers as root (still unprivileged) where a spec leaves spec.tpu.runAsRoot unset: for "
-        "nodes whose TPU device files only root may open",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run TPU containers as root (still unprivileged, no capabilities) where a spec leaves "
+        "spec.tpu.runAsRoot unset (default: on; GKE's TPU device files are root's unless the node hands them to "
+        "the pod's user); --no-tpu-run-as-root runs them as uid 65532",
     )
     p.add_argument(
         "--spot-grace-seconds",

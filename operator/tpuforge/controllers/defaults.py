@@ -1,8 +1,10 @@
 """The operator's own defaults for spec fields a cluster decides rather than each object: set once from the
 command line (the Helm chart's values) when the operator starts, applied to every spec before it is built.
 
-`tpu_run_as_root` (`--tpu-run-as-root`, Helm value `tpu.runAsRoot`): run TPU containers as root when a spec
-leaves spec.tpu.runAsRoot unset, for clusters whose TPU device files only root may open.
+`tpu_run_as_root` (`--tpu-run-as-root` / `--no-tpu-run-as-root`, Helm value `tpu.runAsRoot`, on by default):
+run TPU containers as root (unprivileged, no capabilities) when a spec leaves spec.tpu.runAsRoot unset. GKE's
+TPU device files keep their host ownership (root) in the container unless the node's containerd is set to
+hand them to the pod's user, and GKE's own TPU examples run as root: so root is what works on first use.
 `spot_grace_seconds` (`--spot-grace-seconds`, Helm value `tpu.spotGraceSeconds`): the grace Spot TPU pods ask
 for when a spec leaves spec.tpu.spotGraceSeconds unset: what the cluster's Spot node pools give (GKE: 15 s).
 `images` (`--image-registry`, `--image-tag`, `--image-pull-secret`; Helm values `images.registry`, `images.tag`,
@@ -26,7 +28,7 @@ S = TypeVar("S", FineTuneJobSpec, ServingDeploymentSpec)
 
 @dataclass(frozen=True)
 class OperatorDefaults:
-    tpu_run_as_root: bool = False
+    tpu_run_as_root: bool = True
     spot_grace_seconds: int = GKE_SPOT_GRACE_SECONDS
     images: ImageDefaults = PUBLIC_IMAGES
     local_dataset_paths: bool = False
