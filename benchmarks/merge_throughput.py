@@ -96,7 +96,8 @@ def _self(*args: str) -> list[str]:
 def step_copy(src: str, dst: str) -> None:
     """Every safetensors file of `src` to `dst`, streamed through tpuforge_workloads.storage, read into one
     reused buffer as the merge reads (a fresh buffer per read costs more CPU than the read itself)."""
-    from tpuforge_workloads import staged_write, storage
+    from tpuforge_workloads import storage
+    from tpuforge_workloads.storage import staged as staged_write
 
     buf = memoryview(bytearray(COPY_CHUNK))
     for name in storage.list_files(src):
@@ -169,9 +170,9 @@ def make_inputs(root: Path, layers: int) -> tuple[str, str, int, int, float]:
     31B-shaped synthetic model."""
     from tpuforge.api import LoraSpec
     from tpuforge.api.catalog import model_shape
-    from tpuforge_workloads import lora
     from tpuforge_workloads.merge import synthetic
     from tpuforge_workloads.merge.plan import read_base_config
+    from tpuforge_workloads.model import lora
 
     shape = dataclasses.replace(model_shape("gemma4-31b"), num_layers=layers, sliding_per_global=1)
     base, ckpt = root / "base", root / "ckpt"
@@ -208,7 +209,8 @@ def merge_config(base: str, ckpt: str, out: str, path: Path) -> Path:
 
 
 def upload_dir(local: Path, uri: str) -> None:
-    from tpuforge_workloads import staged_write, storage
+    from tpuforge_workloads import storage
+    from tpuforge_workloads.storage import staged as staged_write
 
     for f in sorted(p for p in local.rglob("*") if p.is_file()):
         rel = f.relative_to(local).as_posix()

@@ -46,7 +46,8 @@ sys.path[:0] = [p for p in (str(REPO), str(REPO / "operator")) if p not in sys.p
 from benchmarks.scale.phases import measure  # noqa: E402
 from benchmarks.scale.processes import CpuLoad  # noqa: E402
 
-from tpuforge import crds, kube_client  # noqa: E402
+from tpuforge import crds  # noqa: E402
+from tpuforge.kube import client as kube_client  # noqa: E402
 from tpuforge.sandbox import Ports, Sandbox  # noqa: E402
 
 

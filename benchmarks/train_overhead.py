@@ -42,12 +42,12 @@ from benchmarks.training.tiny_config import train_config
 from tunix.sft import hooks, peft_trainer
 
 from tpuforge.api import MeshSpec, TrainConfig
-from tpuforge_workloads import tiny_model
 from tpuforge_workloads.data import demo
 from tpuforge_workloads.data.pipeline import BatchSpec, batches, model_inputs, prepare_examples, real_tokens
 from tpuforge_workloads.data.records import read_records
-from tpuforge_workloads.mesh import make_mesh
-from tpuforge_workloads.progress import RunProgress, RunSummary, TrainMetrics
+from tpuforge_workloads.model.mesh import make_mesh
+from tpuforge_workloads.runtime.progress import RunProgress, RunSummary, TrainMetrics
+from tpuforge_workloads.tiny import gemma4 as tiny_model
 from tpuforge_workloads.train import loop, plan
 from tpuforge_workloads.train.preemption import PreemptionWatch
 from tpuforge_workloads.train.trainer import optimizer as run_optimizer

@@ -39,10 +39,11 @@ from flax import nnx
 
 from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
 from tpuforge.api.catalog import model_shape
-from tpuforge_workloads import attention, gemma4, tiny_model
 from tpuforge_workloads.data.pipeline import BATCH_ARRAYS
-from tpuforge_workloads.mesh import make_mesh
+from tpuforge_workloads.model import attention, gemma4
+from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.preflight.step import NoCheckpoints, lower_train_step, lowered_flops, with_layers
+from tpuforge_workloads.tiny import gemma4 as tiny_model
 from tpuforge_workloads.train.loop import adapt_for_training
 from tpuforge_workloads.train.trainer import make_trainer
 

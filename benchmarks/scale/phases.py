@@ -22,8 +22,8 @@ from benchmarks.scale.processes import OperatorProcess, Profiler
 from benchmarks.scale.workload import create_all, namespace, run_baseline, run_steady
 from kubernetes import client
 
-from tpuforge.controllers.finetune_attempts import UNSCHEDULABLE_REPORT_SECONDS
-from tpuforge.controllers.finetunejob import API_CONCURRENCY
+from tpuforge.controllers.finetune.attempts import UNSCHEDULABLE_REPORT_SECONDS
+from tpuforge.controllers.finetune.controller import API_CONCURRENCY
 from tpuforge.manifests.finetune_common import train_job_name
 from tpuforge.sandbox import Sandbox
 

@@ -12,11 +12,12 @@ from typing import Any
 from benchmarks.scale.observe import JobWatch, cpu_by_process, cpu_spent
 from kubernetes import client
 
-from tpuforge import kube_events, kube_objects
 from tpuforge.api import FineTuneJobStatus
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
-from tpuforge.controllers.finetune_plan import Event, Observed, plan, status_patch
-from tpuforge.controllers.finetunejob import API_CONCURRENCY, creation_groups
+from tpuforge.controllers.finetune.controller import API_CONCURRENCY, creation_groups
+from tpuforge.controllers.finetune.plan import Event, Observed, plan, status_patch
+from tpuforge.kube import events as kube_events
+from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests.finetune_common import train_job_name
 
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 # command -> module whose main(argv) runs it
 COMMANDS = {
-    "operator": "tpuforge.controllers",
+    "operator": "tpuforge.controllers.main",
     "crds": "tpuforge.crds",
     "sandbox": "tpuforge.sandbox.cli",
     "demo": "tpuforge.sandbox.demo_cli",

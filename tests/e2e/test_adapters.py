@@ -21,8 +21,9 @@ from tests.integration.test_finetunejob_support import Cluster
 from tpuforge.api.constants import GROUP, SERVING_PLURAL, VERSION
 from tpuforge.sandbox import Sandbox, wait_for
 from tpuforge.sandbox.agent.runtimes import vllm_venv
-from tpuforge_workloads import commit, storage
+from tpuforge_workloads import storage
 from tpuforge_workloads.data import demo
+from tpuforge_workloads.storage import commit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

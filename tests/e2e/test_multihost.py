@@ -14,11 +14,11 @@ from tests.e2e.conftest import STEPS
 from tests.e2e.test_pipeline import JOB_TIMEOUT, TRAINER, finish, pod_logs, steps_logged, wait_for_log
 from tests.fixtures.models import read_summary
 from tests.integration.test_finetunejob_support import Cluster
-from tpuforge import kube_objects
 from tpuforge.api.constants import JOB_COMPLETION_INDEX
+from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
 from tpuforge.sandbox import Sandbox, wait_for
-from tpuforge_workloads import commit
+from tpuforge_workloads.storage import commit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

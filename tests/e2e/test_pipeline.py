@@ -21,13 +21,13 @@ import pytest
 from tests.e2e.conftest import STEPS
 from tests.fixtures.models import read_summary
 from tests.integration.test_finetunejob_support import Cluster
-from tpuforge import kube_objects
 from tpuforge.api.constants import LABEL_COMPONENT
+from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
 from tpuforge.manifests.finetune_training import TRAINER_CONTAINER
 from tpuforge.manifests.preflight import COMPONENT_PREFLIGHT
 from tpuforge.sandbox import Sandbox, wait_for
-from tpuforge_workloads import commit
+from tpuforge_workloads.storage import commit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -25,7 +25,8 @@ from tpuforge.api.constants import API_VERSION, GROUP, LABEL_SERVING, SERVING_PL
 from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
 from tpuforge.sandbox import Sandbox, wait_for
 from tpuforge.sandbox.agent.runtimes import vllm_venv
-from tpuforge_workloads import commit, storage
+from tpuforge_workloads import storage
+from tpuforge_workloads.storage import commit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

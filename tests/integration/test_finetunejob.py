@@ -11,9 +11,9 @@ from tests.integration.test_finetunejob_support import (
     Operator,
     eventually,
 )
-from tpuforge import kube_objects
 from tpuforge.api import TrainConfig
 from tpuforge.api.constants import CONFIG_FILE, EXIT_PREEMPTED
+from tpuforge.kube import objects as kube_objects
 
 pytestmark = pytest.mark.cluster
 

@@ -13,8 +13,9 @@ import pytest
 from kubernetes import client
 
 from tests.unit.test_finetune_status_events import NODE, flow_events, worst_cases
-from tpuforge import api, kube_events
+from tpuforge import api
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND, FINETUNEJOB_PLURAL, GROUP, VERSION
+from tpuforge.kube import events as kube_events
 
 pytestmark = pytest.mark.cluster
 

@@ -17,7 +17,6 @@ import pytest
 from kubernetes import client
 
 from tests.integration.test_finetunejob_support import Cluster, Operator, eventually, running_operator, until
-from tpuforge import kube_client, kube_objects
 from tpuforge.api.constants import (
     EXIT_PREEMPTED,
     JOB_COMPLETION_INDEX,
@@ -25,7 +24,9 @@ from tpuforge.api.constants import (
     JOBSET_KIND,
     LABEL_JOBSET_NAME,
 )
-from tpuforge.controllers import informer
+from tpuforge.controllers.runtime import informer
+from tpuforge.kube import client as kube_client
+from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests.finetune_common import train_job_name
 from tpuforge.manifests.finetune_training import TRAINER_CONTAINER
 from tpuforge.sandbox import Sandbox

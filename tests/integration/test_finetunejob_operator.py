@@ -14,8 +14,9 @@ from tests.integration.test_finetunejob_support import (
     Operator,
     eventually,
 )
-from tpuforge import kube_client, kube_objects
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
+from tpuforge.kube import client as kube_client
+from tpuforge.kube import objects as kube_objects
 
 pytestmark = pytest.mark.cluster
 

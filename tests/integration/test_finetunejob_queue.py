@@ -17,7 +17,7 @@ import yaml
 from kubernetes import client
 
 from tests.integration.test_finetunejob_support import Cluster, Operator, running_operator, until
-from tpuforge import kube_objects
+from tpuforge.kube import objects as kube_objects
 from tpuforge.sandbox import Sandbox
 from tpuforge.sandbox.demo_queue import KUEUE_PLURALS, kueue_objects
 from tpuforge.sandbox.kubeapi import Kube

@@ -19,8 +19,8 @@ from typing import Any, TypeVar, cast
 
 from kubernetes import client
 
-from tpuforge import kube_objects
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
+from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests.finetune_common import merge_job_name, train_job_name
 from tpuforge.sandbox import Sandbox, wait_for
 from tpuforge.sandbox.operator_command import operator_argv, operator_env

@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tpuforge import kube_async, kube_client, kube_objects
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
+from tpuforge.kube import async_client as kube_async
+from tpuforge.kube import client as kube_client
+from tpuforge.kube import objects as kube_objects
 from tpuforge.sandbox import Sandbox
 
 

@@ -2,7 +2,7 @@
 
 promtool checks the rule file and runs its unit tests (tests/integration/prometheus/alerts-test.yaml). Then a
 Prometheus server on loopback scrapes three real prometheus_client exporters: the operator's collectors
-(tpuforge.metrics) fed real api status objects, the trainer's metrics (tpuforge_workloads.progress) fed by
+(tpuforge.metrics) fed real api status objects, the trainer's metrics (tpuforge_workloads.runtime.progress) fed by
 its RunProgress, and the vLLM and GKE TPU series the serving dashboard reads, under their upstream names.
 Every dashboard query and template variable must parse and return data, and every alert rule must
 evaluate without error.
@@ -45,7 +45,7 @@ from tpuforge.api import (
     ServingDeploymentStatus,
     ServingPhase,
 )
-from tpuforge_workloads.progress import RunProgress, RunSummary, TrainMetrics
+from tpuforge_workloads.runtime.progress import RunProgress, RunSummary, TrainMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "helm" / "tpuforge" / "rules" / "tpuforge-alerts.yaml"

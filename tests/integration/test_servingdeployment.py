@@ -21,8 +21,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY, generate_latest
 
-from tpuforge import kube_client
 from tpuforge.api.constants import API_VERSION, GROUP, SERVING_PLURAL, VERSION
+from tpuforge.kube import client as kube_client
 from tpuforge.manifests import serving as manifests
 from tpuforge.manifests import serving_inputs
 from tpuforge.sandbox import Sandbox, wait_for
@@ -36,9 +36,9 @@ MODEL_V1, MODEL_V2 = "gs://models/merged-v1", "gs://models/merged-v2"
 def serving_only_registry() -> kopf.OperatorRegistry:
     """The operator's own settings and login, and the ServingDeployment controller; not the FineTuneJob
     controller, which would start training for the FineTuneJobs these tests only stand in for."""
-    import tpuforge.controllers  # noqa: F401 - registers every handler in kopf's default registry
+    import tpuforge.controllers.main  # noqa: F401 - registers every handler in kopf's default registry
 
-    keep = {"tpuforge.controllers", "tpuforge.controllers.servingdeployment"}
+    keep = {"tpuforge.controllers.main", "tpuforge.controllers.serving.controller"}
     default, out = registries.get_default_registry(), kopf.OperatorRegistry()
     for part in ("_activities", "_indexing", "_watching", "_spawning", "_changing", "_webhooks"):
         for handler in getattr(default, part).get_all_handlers():

@@ -68,7 +68,7 @@ _TYPED_CLIENT = re.compile(
 
 
 def _kube_client() -> Any:
-    return importlib.import_module("tpuforge.kube_client")
+    return importlib.import_module("tpuforge.kube.client")
 
 
 def group_of(api_version: str) -> str:
@@ -78,7 +78,7 @@ def group_of(api_version: str) -> str:
 def plural_of(kind: str) -> str:
     plurals: dict[str, str] = _kube_client().PLURALS
     if kind not in plurals:
-        raise AssertionError(f"tpuforge.kube_client.PLURALS lacks kind {kind!r}")
+        raise AssertionError(f"tpuforge.kube.client.PLURALS lacks kind {kind!r}")
     return plurals[kind]
 
 
@@ -256,7 +256,7 @@ class Scan:
 
     def __init__(self, paths: Iterable[Path] | None = None):
         self.modules = [
-            Module(p) for p in (paths if paths is not None else sorted((PACKAGE / "controllers").glob("*.py")))
+            Module(p) for p in (paths if paths is not None else sorted((PACKAGE / "controllers").rglob("*.py")))
         ]
         self.value_kinds = constructed_kinds(self.modules)
 
@@ -269,7 +269,7 @@ class Scan:
         return out
 
     def _informer_uses(self, mod: Module) -> Iterator[Use]:
-        """`Informer(api_version=..., kind=...)` (tpuforge.controllers.informer): a LIST and a WATCH."""
+        """`Informer(api_version=..., kind=...)` (tpuforge.controllers.runtime.informer): a LIST and a WATCH."""
         for node in ast.walk(mod.tree):
             if isinstance(node, ast.Call) and _dotted(node.func).rsplit(".", 1)[-1] == "Informer":
                 given = {k.arg: mod.value(k.value) for k in node.keywords}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpuforge_workloads.adapters import keys_as_values_layers, values_without_lora
+from tpuforge_workloads.model.adapters import keys_as_values_layers, values_without_lora
 
 LAYER_TYPES = ["sliding_attention", "full_attention"] * 3
 

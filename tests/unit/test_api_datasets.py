@@ -8,7 +8,7 @@ import pytest
 
 from tpuforge import api
 from tpuforge.api import DataOptions, SpecError
-from tpuforge.controllers import parser
+from tpuforge.controllers.main import parser
 
 
 def spec(dataset: dict[str, Any], **more: Any) -> dict[str, Any]:

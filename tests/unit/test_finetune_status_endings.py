@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tpuforge.controllers.finetune_children import config_view, job_view, pod_ending, pod_view
+from tpuforge.controllers.finetune.children import config_view, job_view, pod_ending, pod_view
 
 
 def raw_pod(

@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.unit.test_finetune_status_plan import NAME, World, raw_spec, train
 from tpuforge import api
 from tpuforge.api.constants import CONFIG_FILE, EXIT_BAD_CONFIG
-from tpuforge.controllers.finetune_children import JobView
-from tpuforge.controllers.finetune_evaluation import EVAL_MAX_DISRUPTIONS, with_storage_class
-from tpuforge.controllers.finetune_plan import (
+from tpuforge.controllers.finetune.children import JobView
+from tpuforge.controllers.finetune.evaluation import EVAL_MAX_DISRUPTIONS, with_storage_class
+from tpuforge.controllers.finetune.plan import (
     EVALUATED,
     EVALUATION_PASSED,
     FAILED,

@@ -18,10 +18,10 @@ from tests.unit import test_finetune_status_multihost as multihost_flows
 from tests.unit import test_finetune_status_plan as flows
 from tests.unit import test_finetune_status_preflight as preflight_flows
 from tests.unit import test_finetune_status_queue as queue_flows
-from tpuforge import kube_events
 from tpuforge.api.evaluation import Check
-from tpuforge.controllers import finetune_events as ev
-from tpuforge.controllers.finetune_plan import Event
+from tpuforge.controllers.finetune import events as ev
+from tpuforge.controllers.finetune.plan import Event
+from tpuforge.kube import events as kube_events
 
 NODE = "gke-tpuforge-prod-us-central1-v5p-8-spot-pool-3f2a1b2c-k9xz"
 URI = "gs://acme-ml-training-artifacts-us-central1/fine-tunes/gemma4-31b-verilog-2026-01-01/merged"

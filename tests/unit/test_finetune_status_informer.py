@@ -10,10 +10,10 @@ from typing import Any
 from tests.unit.test_finetune_status_plan import raw_spec
 from tests.unit.test_finetune_status_queue import NO_QUOTA, condition, workload
 from tpuforge import api
-from tpuforge.controllers.finetune_children import JobView, config_view, job_view, pod_view, workload_view
-from tpuforge.controllers.finetune_snapshot import snapshot
-from tpuforge.controllers.finetunejob import FineTuneJobController, fresh, owner_key, workload_key
-from tpuforge.controllers.informer import Informer
+from tpuforge.controllers.finetune.children import JobView, config_view, job_view, pod_view, workload_view
+from tpuforge.controllers.finetune.controller import FineTuneJobController, fresh, owner_key, workload_key
+from tpuforge.controllers.finetune.snapshot import snapshot
+from tpuforge.controllers.runtime.informer import Informer
 from tpuforge.manifests.finetune_common import owner
 from tpuforge.manifests.finetune_training import train_job
 

@@ -17,8 +17,8 @@ from tpuforge.api.constants import (
     JOBSET_KIND,
     LABEL_JOBSET_NAME,
 )
-from tpuforge.controllers.finetune_children import JobView, jobset_view
-from tpuforge.controllers.finetune_plan import TRAINING, ChildRef, Plan
+from tpuforge.controllers.finetune.children import JobView, jobset_view
+from tpuforge.controllers.finetune.plan import TRAINING, ChildRef, Plan
 from tpuforge.manifests.finetune_common import owner, train_job_name
 from tpuforge.manifests.finetune_training import train_workload
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from tpuforge import api
 from tpuforge.api.constants import CONFIG_FILE
-from tpuforge.controllers.finetune_children import ConfigView, JobView, config_view, pod_view
-from tpuforge.controllers.finetune_plan import (
+from tpuforge.controllers.finetune.children import ConfigView, JobView, config_view, pod_view
+from tpuforge.controllers.finetune.plan import (
     FAILED,
     SPEC_CHANGE_NOT_APPLIED,
     Observed,

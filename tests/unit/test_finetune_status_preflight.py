@@ -11,7 +11,7 @@ from typing import Any
 from tests.unit.test_finetune_status_plan import NAME, World, raw_spec, train
 from tpuforge import api
 from tpuforge.api.constants import TPU_RESOURCE
-from tpuforge.controllers.finetune_plan import FAILED, plan, status_patch
+from tpuforge.controllers.finetune.plan import FAILED, plan, status_patch
 from tpuforge.manifests import preflight as mp
 from tpuforge.manifests.finetune_common import owner
 

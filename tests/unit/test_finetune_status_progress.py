@@ -8,8 +8,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tpuforge import api
-from tpuforge.controllers.finetune_children import JobView, pod_view
-from tpuforge.controllers.finetune_plan import Observed, eta_seconds, plan, status_patch, tpu_hours
+from tpuforge.controllers.finetune.children import JobView, pod_view
+from tpuforge.controllers.finetune.plan import Observed, eta_seconds, plan, status_patch, tpu_hours
 from tpuforge.metrics import FineTuneJobCollector, finetunejob_sample
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

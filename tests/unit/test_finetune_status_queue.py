@@ -18,8 +18,8 @@ from tests.unit import test_finetune_status_preflight as preflight
 from tests.unit.test_finetune_status_plan import NAME, World, raw_spec, train
 from tpuforge import api
 from tpuforge.api.constants import EXIT_PREEMPTED, JOBSET_KIND, KUEUE_API_VERSION, LABEL_KUEUE_QUEUE
-from tpuforge.controllers.finetune_children import WorkloadView, workload_view
-from tpuforge.controllers.finetune_plan import Observed, Plan, plan, status_patch
+from tpuforge.controllers.finetune.children import WorkloadView, workload_view
+from tpuforge.controllers.finetune.plan import Observed, Plan, plan, status_patch
 from tpuforge.manifests.finetune_common import merge_job_name
 
 QUEUE = "tpu"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tpuforge.controllers.workqueue import KeyedQueue, backoff
+from tpuforge.controllers.runtime.workqueue import KeyedQueue, backoff
 
 
 def test_requests_during_a_run_fold_into_one_more_run_and_never_overlap() -> None:

@@ -154,7 +154,7 @@ def test_on_spot_every_tpu_pod_asks_for_the_15_s_a_reclaim_gives() -> None:
     # Node pools that lengthen their Spot shutdown (GKE 1.35, up to 120 s): the spec or the operator says so.
     longer = pod_specs(job_spec(tpu={"spot": True, "spotGraceSeconds": 120}))["trainer"]
     assert longer["terminationGracePeriodSeconds"] == 120
-    from tpuforge.controllers.defaults import OperatorDefaults
+    from tpuforge.controllers.runtime.defaults import OperatorDefaults
 
     cluster = OperatorDefaults(spot_grace_seconds=90)
     assert pod_specs(cluster.apply(job_spec(tpu={"spot": True})))["trainer"]["terminationGracePeriodSeconds"] == 90
@@ -211,7 +211,7 @@ def test_multi_host_trainers_declare_the_ports_their_hosts_talk_on() -> None:
 def test_the_operators_default_runs_tpu_containers_as_root_where_a_spec_leaves_it_unset() -> None:
     # The Helm value tpu.runAsRoot (operator flag --tpu-run-as-root) for clusters whose TPU device files only
     # root may open; a spec that says false keeps its pods non-root.
-    from tpuforge.controllers.defaults import OperatorDefaults
+    from tpuforge.controllers.runtime.defaults import OperatorDefaults
 
     root = OperatorDefaults(tpu_run_as_root=True)
     trainer = pod_specs(root.apply(job_spec()))["trainer"]["containers"][0]

@@ -235,7 +235,7 @@ def test_serving_volumes_default_to_a_hyperdisk_class_that_tpu_v6e_attaches() ->
     sc = find(objs, "StorageClass")
     assert (sc["provisioner"], sc["parameters"]["type"]) == ("pd.csi.storage.gke.io", "hyperdisk-balanced")
     assert sc["volumeBindingMode"] == "WaitForFirstConsumer"  # the disk in the TPU node's zone
-    from tpuforge.controllers.servingdeployment import ENV_STORAGE_CLASS
+    from tpuforge.controllers.serving.controller import ENV_STORAGE_CLASS
 
     env = {e["name"]: e.get("value") for e in operator_container(objs)["env"]}
     assert env[ENV_STORAGE_CLASS] == sc["metadata"]["name"]
@@ -280,7 +280,7 @@ def test_chart_version_matches_the_project() -> None:
 
 @pytest.mark.parametrize("name", VALUES)
 def test_operator_runs_tpuforge_operator_with_args_its_cli_accepts(name: str) -> None:
-    from tpuforge.controllers import parser
+    from tpuforge.controllers.main import parser
 
     objs = render(name)
     ct = operator_container(objs)

@@ -19,7 +19,8 @@ from tpuforge.api import FineTuneJobSpec, ServingDeploymentSpec, images, parse
 from tpuforge.api import constants as c
 from tpuforge.api.catalog import model_shape, tpu_slice
 from tpuforge.api.serving import ServingImagesSpec
-from tpuforge.controllers import defaults, image_defaults, parser
+from tpuforge.controllers.main import image_defaults, parser
+from tpuforge.controllers.runtime import defaults
 from tpuforge.manifests import serving, serving_inputs
 from tpuforge.manifests.finetune_common import owner
 from tpuforge.manifests.finetune_evaluation import eval_objects

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tpuforge import cli
-from tpuforge.controllers import parser
+from tpuforge.controllers.main import parser
 from tpuforge.sandbox.operator_command import operator_argv, operator_env
 
 

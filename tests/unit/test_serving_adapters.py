@@ -11,10 +11,10 @@ import pytest
 from tpuforge import api
 from tpuforge.api.constants import DEFAULT_VLLM_IMAGE
 from tpuforge.api.serving import AdapterPhase, AdapterStatus
-from tpuforge.controllers import serving_adapters as sa
-from tpuforge.controllers.finetune_events import MESSAGE_ROOM
-from tpuforge.controllers.finetune_snapshot import snapshot
-from tpuforge.controllers.servingdeployment import adapter_requeue, model_view, servingdeployments_by_job
+from tpuforge.controllers.finetune.events import MESSAGE_ROOM
+from tpuforge.controllers.finetune.snapshot import snapshot
+from tpuforge.controllers.serving import adapters as sa
+from tpuforge.controllers.serving.controller import adapter_requeue, model_view, servingdeployments_by_job
 
 BASE = "gs://models/gemma4-31b"
 OLD = "gs://runs/old/adapter"
@@ -224,8 +224,8 @@ def test_jobs_referenced_as_adapters_wake_their_deployments() -> None:
 
 
 def test_the_finetunejob_informer_wakes_the_deployments_that_reference_a_job_by_name() -> None:
-    from tpuforge.controllers.informer import Informer
-    from tpuforge.controllers.servingdeployment import ServingDeploymentController
+    from tpuforge.controllers.runtime.informer import Informer
+    from tpuforge.controllers.serving.controller import ServingDeploymentController
 
     async def scenario() -> list[tuple[str, str]]:
         informer: Informer[tuple[str, str], Any] = Informer(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tpuforge import api
-from tpuforge.controllers.servingdeployment import observe_rollout, pod_problem, resolve_model
+from tpuforge.controllers.serving.controller import observe_rollout, pod_problem, resolve_model
 from tpuforge.manifests.serving import ANNOTATION_MODEL_URI
 
 P = api.ServingPhase

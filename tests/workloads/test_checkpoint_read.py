@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tpuforge_workloads import checkpoint_read, gemma4
-from tpuforge_workloads.mesh import make_mesh
+from tpuforge_workloads.model import checkpoint_read, gemma4
+from tpuforge_workloads.model.mesh import make_mesh
 
 
 def tunix_preprocess(text: gemma4.Gemma4Text) -> Any:

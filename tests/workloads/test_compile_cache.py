@@ -12,9 +12,11 @@ import jax.numpy as jnp
 import pytest
 
 from tests.fixtures.models import TrainerProcess, read_summary, tiny_train_config
-from tpuforge_workloads import compile_cache, gemma4, storage
-from tpuforge_workloads.mesh import make_mesh
+from tpuforge_workloads import storage
+from tpuforge_workloads.model import gemma4
+from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.preflight.step import compile_train_step
+from tpuforge_workloads.runtime import compile_cache
 
 
 def _step_entries(uri: str) -> dict[str, list[str]]:

@@ -20,9 +20,10 @@ from tpuforge.api import CheckpointSpec, LoraSpec, TrainConfig
 from tpuforge.api.configs import EvalConfig, MergeConfig
 from tpuforge.api.constants import COMPLETE_MARKER, EXIT_BAD_CONFIG
 from tpuforge.sandbox.agent.runtimes import vllm_venv
-from tpuforge_workloads import commit, storage
+from tpuforge_workloads import storage
 from tpuforge_workloads.evaluate import loss
 from tpuforge_workloads.merge.merge import run_merge
+from tpuforge_workloads.storage import commit
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 ROOT = Path(__file__).resolve().parents[2]

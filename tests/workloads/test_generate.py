@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tpuforge_workloads import generate
+from tpuforge_workloads.evaluate import compare as generate
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +34,7 @@ def test_answers_are_greedy_and_formatted_as_the_trainer_formats_a_user_turn(tin
 
 
 def test_the_cli_prints_one_json_line_per_answer_and_names_a_bad_model(tiny_model_dir: Path, tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "tpuforge_workloads.generate", "--max-new-tokens", "4"]
+    cmd = [sys.executable, "-m", "tpuforge_workloads.evaluate.compare", "--max-new-tokens", "4"]
     out = subprocess.run(
         [*cmd, "--model", f"tiny={tiny_model_dir}", "Capital of Peru?"], capture_output=True, text=True, check=True
     )

@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from tpuforge.api.constants import COMPLETE_MARKER
-from tpuforge_workloads import commit, staged_write, storage
+from tpuforge_workloads import storage
 from tpuforge_workloads.merge.errors import MergeInputError
 from tpuforge_workloads.merge.safetensors_io import (
     OutTensor,
@@ -22,6 +22,8 @@ from tpuforge_workloads.merge.safetensors_io import (
     plan_shards,
     read_header,
 )
+from tpuforge_workloads.storage import commit
+from tpuforge_workloads.storage import staged as staged_write
 
 
 def test_header_locates_each_tensor(tmp_path: Path) -> None:

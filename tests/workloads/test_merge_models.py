@@ -16,12 +16,14 @@ from tests.workloads.test_merge_synthetic import DELTA_EINSUM  # Qwix's LoRA ein
 from tpuforge.api import LoraSpec
 from tpuforge.api.configs import MergeConfig
 from tpuforge.api.constants import ADAPTER_SUBDIR
-from tpuforge_workloads import checkpoint_read, commit, gemma4, lora, tiny_model
-from tpuforge_workloads.adapters import read_adapter_manifest
 from tpuforge_workloads.merge import synthetic, verify
 from tpuforge_workloads.merge.lora_checkpoint import LoraCheckpoint
 from tpuforge_workloads.merge.merge import run_merge
-from tpuforge_workloads.mesh import MESH_AXES
+from tpuforge_workloads.model import checkpoint_read, gemma4, lora
+from tpuforge_workloads.model.adapters import read_adapter_manifest
+from tpuforge_workloads.model.mesh import MESH_AXES
+from tpuforge_workloads.storage import commit
+from tpuforge_workloads.tiny import gemma4 as tiny_model
 from tpuforge_workloads.train.checkpoints import TrainCheckpoints
 
 # Tunix reads parameters with `.value`, which flax deprecates: one warning per access.

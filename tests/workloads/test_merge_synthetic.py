@@ -25,12 +25,14 @@ from tpuforge.api import LoraSpec
 from tpuforge.api.catalog import model_shape
 from tpuforge.api.configs import MergeConfig
 from tpuforge.api.constants import COMPLETE_MARKER, EXIT_BAD_CONFIG
-from tpuforge_workloads import commit, lora, storage
-from tpuforge_workloads.adapters import AdapterError, AdapterInfo, read_adapter_manifest
+from tpuforge_workloads import storage
 from tpuforge_workloads.merge import synthetic
 from tpuforge_workloads.merge.errors import MergeInputError
 from tpuforge_workloads.merge.merge import run_merge
 from tpuforge_workloads.merge.plan import read_base_config
+from tpuforge_workloads.model import lora
+from tpuforge_workloads.model.adapters import AdapterError, AdapterInfo, read_adapter_manifest
+from tpuforge_workloads.storage import commit
 
 RANK, ALPHA, STEP = 4, 8.0, 10
 TINY = model_shape("gemma4-tiny")

@@ -18,10 +18,11 @@ import yaml
 
 from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
 from tpuforge.api.catalog import TPU_SLICES, model_shape
-from tpuforge_workloads import gemma4, tiny_model
-from tpuforge_workloads.mesh import make_mesh
+from tpuforge_workloads.model import gemma4
+from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.preflight.step import GIB, compile_train_step, with_layers
 from tpuforge_workloads.preflight.topology import slice_devices
+from tpuforge_workloads.tiny import gemma4 as tiny_model
 
 pytestmark = pytest.mark.slow
 

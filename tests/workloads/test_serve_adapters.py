@@ -21,7 +21,7 @@ from tpuforge.api.constants import COMPLETE_MARKER
 from tpuforge.sandbox import wait_for
 from tpuforge.sandbox.gcs import free_port
 from tpuforge_workloads import storage
-from tpuforge_workloads.adapters import WEIGHTS_FILE
+from tpuforge_workloads.model.adapters import WEIGHTS_FILE
 from tpuforge_workloads.serve import adapters as sidecar
 
 

@@ -10,8 +10,9 @@ import pytest
 
 from tpuforge.api import ServeConfig
 from tpuforge.api.constants import COMPLETE_MARKER, EXIT_BAD_CONFIG
-from tpuforge_workloads import commit, storage
+from tpuforge_workloads import storage
 from tpuforge_workloads.serve import fetch
+from tpuforge_workloads.storage import commit
 
 FILES = {
     "config.json": b'{"model_type": "gemma4_text"}',

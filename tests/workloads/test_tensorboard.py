@@ -12,9 +12,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from tests.fixtures.models import RUNS_BUCKET, TrainingRun, eval_config, tiny_train_config
 from tpuforge.api.constants import TENSORBOARD_SUBDIR, TENSORBOARD_TRAIN_RUN
-from tpuforge_workloads import storage, tensorboard_log
+from tpuforge_workloads import storage
 from tpuforge_workloads.evaluate import score
-from tpuforge_workloads.progress import RunProgress, RunSummary, TrainMetrics, sample_markdown
+from tpuforge_workloads.runtime import tensorboard as tensorboard_log
+from tpuforge_workloads.runtime.progress import RunProgress, RunSummary, TrainMetrics, sample_markdown
 
 
 def read_run(uri: str, local: Path) -> EventAccumulator:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tpuforge_workloads import termination
+from tpuforge_workloads.runtime import termination
 
 WORKLOADS = Path(__file__).resolve().parents[2] / "workloads"
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tpuforge.api.catalog import model_shape
-from tpuforge_workloads import checkpoint_read, gemma4, lora
-from tpuforge_workloads.mesh import make_mesh
+from tpuforge_workloads.model import checkpoint_read, gemma4, lora
+from tpuforge_workloads.model.mesh import make_mesh
 
 pytestmark = pytest.mark.slow
 
@@ -82,8 +82,8 @@ def test_train_merge_verify_and_export_on_the_multimodal_layout(
     processor files come through untouched (byte for byte: test_merge_models)."""
     from tests.fixtures.models import TrainerProcess, tiny_train_config
     from tpuforge.api.configs import MergeConfig
-    from tpuforge_workloads import commit
     from tpuforge_workloads.merge.merge import run_merge
+    from tpuforge_workloads.storage import commit
 
     config = tiny_train_config(
         str(tiny_mm_model_dir), str(chat_dataset), str(tmp_path / "ckpt"), max_steps=2, warmup_steps=1

@@ -65,7 +65,7 @@ def mesh_larger_than_host(tmp: Path, cfg: TrainConfig) -> str:
 
 
 def resume_with_another_alpha(tmp: Path, cfg: TrainConfig) -> str:
-    from tpuforge_workloads import lora
+    from tpuforge_workloads.model import lora
 
     earlier = cfg.lora.model_copy(update={"alpha": 2 * cfg.lora.alpha})
     lora.write_manifest(cfg.checkpoint.uri, lora.manifest(cfg.model_name, cfg.model_uri, earlier))

@@ -14,13 +14,14 @@ from tests.fixtures.models import RUNS_BUCKET, TrainerProcess, tiny_train_config
 from tests.workloads.test_merge_synthetic import Inputs, config, make_inputs
 from tpuforge.api import EarlyStoppingSpec, TrainResult
 from tpuforge.api.configs import MergeConfig
-from tpuforge_workloads import eval_record, storage
-from tpuforge_workloads.adapters import read_adapter_manifest
+from tpuforge_workloads import storage
 from tpuforge_workloads.merge import synthetic
 from tpuforge_workloads.merge.errors import MergeInputError
 from tpuforge_workloads.merge.lora_checkpoint import checkpoint_steps
 from tpuforge_workloads.merge.merge import run_merge
 from tpuforge_workloads.merge.plan import make_plan
+from tpuforge_workloads.model.adapters import read_adapter_manifest
+from tpuforge_workloads.runtime import eval_record
 from tpuforge_workloads.train.eval_tracking import EvalTracking
 
 

@@ -15,8 +15,10 @@ from tests.fixtures.models import RUNS_BUCKET, TrainerProcess, TrainingRun, read
 from tpuforge.api import TrainResult
 from tpuforge.api.constants import EXIT_PREEMPTED
 from tpuforge.sandbox.gcs import free_port
-from tpuforge_workloads import eval_record, lora, storage
-from tpuforge_workloads.progress import METRICS_ADDR_ENV
+from tpuforge_workloads import storage
+from tpuforge_workloads.model import lora
+from tpuforge_workloads.runtime import eval_record
+from tpuforge_workloads.runtime.progress import METRICS_ADDR_ENV
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,6 @@ from tunix.sft import peft_trainer
 
 from tests.fixtures.models import eval_config, tiny_train_config
 from tpuforge.api import LoraSpec
-from tpuforge_workloads import attention, checkpoint_read, gemma4, lora
 from tpuforge_workloads.data import demo
 from tpuforge_workloads.data.chat import ChatEncoder
 from tpuforge_workloads.data.pipeline import (
@@ -39,7 +38,8 @@ from tpuforge_workloads.data.pipeline import (
     prepare_examples,
 )
 from tpuforge_workloads.data.records import parse_line
-from tpuforge_workloads.mesh import make_mesh
+from tpuforge_workloads.model import attention, checkpoint_read, gemma4, lora
+from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.train import loss
 from tpuforge_workloads.train.loop import BatchFeed
 from tpuforge_workloads.train.preemption import PreemptionWatch

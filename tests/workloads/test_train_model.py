@@ -14,8 +14,9 @@ from flax import nnx
 
 from tpuforge.api import LoraSpec
 from tpuforge.api.catalog import model_shape
-from tpuforge_workloads import checkpoint_read, gemma4, lora, tiny_model
-from tpuforge_workloads.mesh import make_mesh
+from tpuforge_workloads.model import checkpoint_read, gemma4, lora
+from tpuforge_workloads.model.mesh import make_mesh
+from tpuforge_workloads.tiny import gemma4 as tiny_model
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ import pytest
 from tpuforge.api import CheckpointSave, JobRef, Progress
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND, FINETUNEJOB_PLURAL, GROUP, VERSION
 from tpuforge.sandbox.gcs import free_port
-from tpuforge_workloads.progress import METRICS_ADDR_ENV, RunProgress, RunSummary, StatusReporter, TrainMetrics
+from tpuforge_workloads.runtime.progress import METRICS_ADDR_ENV, RunProgress, RunSummary, StatusReporter, TrainMetrics
 
 
 def _progress(tmp_path: Path, reporter: StatusReporter | None, port: int = 0) -> RunProgress:
@@ -90,7 +90,7 @@ def test_tokens_per_second_is_a_rate_over_the_window_not_the_last_step(
 
     clock.t += 120.0  # evaluation: not training time
     progress.restart_step_clock()
-    caplog.set_level(logging.INFO, logger="tpuforge_workloads.progress")
+    caplog.set_level(logging.INFO, logger="tpuforge_workloads.runtime.progress")
     steps(102, 121, seconds=0.5)
     p = progress.progress()
     assert p.tokens_per_second == pytest.approx(2000, rel=0.1)

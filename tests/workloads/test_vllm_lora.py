@@ -18,8 +18,8 @@ from tokenizers import Tokenizer
 from tests.fixtures.adapters import RANK, export_adapter
 from tests.workloads.test_chat_template import CONVERSATIONS
 from tpuforge.sandbox.agent.runtimes import VLLM_CPU_ENV, vllm_venv
-from tpuforge_workloads import tiny_model
 from tpuforge_workloads.data.chat import ChatEncoder
+from tpuforge_workloads.tiny import gemma4 as tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 SCRIPT = Path(__file__).with_name("vllm_prompt_logprobs.py")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "workloads"))
-from tpuforge_workloads import termination
+from tpuforge_workloads.runtime import termination
 
 
 def main(request_file: str, out_file: str) -> None:

@@ -40,7 +40,7 @@ CPU_USD_PER_VCPU_HOUR = 0.031611
 CPU_USD_PER_GIB_HOUR = 0.004237
 
 # --- Time model -------------------------------------------------------------------------------------------
-# Each host reads its share of the base model from GCS before the first step (tpuforge_workloads.checkpoint_read:
+# Each host reads its share of the base model from GCS before the first step (tpuforge_workloads.model.checkpoint_read:
 # ranged reads, 8 in flight). Assumed rate per host: a TPU VM reaches GCS at several hundred MB/s.
 LOAD_BYTES_PER_SECOND_PER_HOST = 400e6
 # The first attempt compiles the train step on the TPU host (minutes for the 31B; unmeasured on TPU) unless the

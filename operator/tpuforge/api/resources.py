@@ -23,11 +23,11 @@ _MIB = 1 << 20
 # A TPU program's host side beside the model's bytes: the Python process, JAX/libtpu's host runtime and the XLA
 # compiler, which runs on the host and for a 31B model holds tens of GB while it compiles.
 TPU_RUNTIME_BYTES = 32 * GIB
-# The trainer starts with 8 ranged checkpoint reads in flight (tpuforge_workloads.checkpoint_read), then runs the
+# The trainer starts with 8 ranged checkpoint reads in flight (tpuforge_workloads.model.checkpoint_read), then runs the
 # input pipeline and checkpoint writes beside the TPU steps.
 TRAINER_CPU = "8"
 # The trainer reads the base model straight from GCS, each host only its rows of each tensor
-# (tpuforge_workloads.checkpoint_read): at most the model over the hosts passes through a host's memory on its
+# (tpuforge_workloads.model.checkpoint_read): at most the model over the hosts passes through a host's memory on its
 # way to the chips, plus the reads in flight.
 LOAD_MARGIN_BYTES = 1 * GIB
 # Its TMPDIR (/dev/shm, memory-backed: a TPU VM's boot disk is small) holds the local layer of the compile

@@ -23,7 +23,6 @@ import time
 import urllib.request
 from typing import Any
 
-from tpuforge import kube_objects
 from tpuforge.api import ServingDeploymentSpec
 from tpuforge.api.catalog import TPU_SLICES
 from tpuforge.api.configs import TrainConfig
@@ -35,6 +34,7 @@ from tpuforge.api.constants import (
     SERVING_KIND,
     TENSORBOARD_SUBDIR,
 )
+from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests.finetune_common import merge_job_name
 from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
 from tpuforge.sandbox import gcs_objects
@@ -145,7 +145,7 @@ class Demo(SetupSteps, FollowSteps):
 
     def compare(self, job: DemoJob) -> None:
         heading(self.console, 6, self.sections, "Base model vs fine-tuned, same prompts (greedy, transformers on CPU)")
-        args = ["-m", "tpuforge_workloads.generate", "--model", f"base={job.spec.model.uri}"]
+        args = ["-m", "tpuforge_workloads.evaluate.compare", "--model", f"base={job.spec.model.uri}"]
         args += ["--model", f"fine-tuned={job.spec.output.uri}", *PROMPTS]
         out = self.run_tool(args, "loading both models and generating")
         answers = {(r["model"], r["prompt"]): r["answer"] for r in map(json.loads, out.splitlines())}

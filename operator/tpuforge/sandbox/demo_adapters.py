@@ -18,10 +18,10 @@ from typing import Any
 
 import yaml
 
-from tpuforge import kube_objects
 from tpuforge.api import FineTuneJobSpec, ServingDeploymentSpec
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND, LABEL_SERVING, SERVING_KIND
 from tpuforge.api.evaluation import checks
+from tpuforge.kube import objects as kube_objects
 from tpuforge.sandbox import gcs_objects
 from tpuforge.sandbox.agent.runtimes import vllm_venv
 from tpuforge.sandbox.demo import SERVE_TIMEOUT, VLLM_PORT, Demo

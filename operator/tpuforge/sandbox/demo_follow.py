@@ -13,9 +13,10 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from tpuforge import kube_client, kube_objects
 from tpuforge.api import FineTuneJobSpec
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
+from tpuforge.kube import client as kube_client
+from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests.finetune_training import TRAINER_CONTAINER
 from tpuforge.sandbox.demo_base import NAMESPACE, DemoBase
 from tpuforge.sandbox.demo_job import DemoError, DemoJob

@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from tpuforge import kube_objects
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
+from tpuforge.kube import objects as kube_objects
 from tpuforge.sandbox.demo_adapters import AdaptersDemo, load_jobs
 from tpuforge.sandbox.demo_base import NAMESPACE
 from tpuforge.sandbox.demo_job import DemoError, DemoJob

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tpuforge import kube_objects
 from tpuforge.api.catalog import TPU_SLICES
 from tpuforge.api.constants import (
     API_VERSION,
@@ -27,6 +26,7 @@ from tpuforge.api.constants import (
     SERVING_KIND,
     TPU_RESOURCE,
 )
+from tpuforge.kube import objects as kube_objects
 from tpuforge.sandbox import gcs_objects
 from tpuforge.sandbox.config import K8S_VERSION, cache_dir
 from tpuforge.sandbox.demo_base import NAMESPACE, DemoBase
@@ -123,7 +123,7 @@ class SetupSteps(DemoBase):
         if gcs_objects.exists(url, f"{model}/config.json"):
             self.say(f"{model}: the tiny Gemma 4 is already there")
         else:
-            args = ["-m", "tpuforge_workloads.tiny_model", "--out", model, "--tokenizer", tokenizer]
+            args = ["-m", "tpuforge_workloads.tiny.gemma4", "--out", model, "--tokenizer", tokenizer]
             self.run_tool(args, "writing the tiny Gemma 4")
         files = gcs_objects.list_objects(url, model)
         self.say(f"{model}: " + ", ".join(f"{o.name.rsplit('/', 1)[-1]} ({size(o.size)})" for o in files))

@@ -318,7 +318,7 @@ def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
     """A batch -> the keyword arguments of the loss functions (train/loss.py). The model's attention mask
     is the segment ids themselves where the step is traced for TPU (splash attention, attention.py), else
     the dense mask."""
-    from tpuforge_workloads import attention
+    from tpuforge_workloads.model import attention
 
     segment_ids = batch["segment_ids"]
     inputs = {

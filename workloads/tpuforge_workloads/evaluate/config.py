@@ -10,8 +10,8 @@ from pathlib import Path
 from tpuforge.api.configs import EvalConfig, ServeConfig
 from tpuforge.api.constants import EVAL_WORK_DIR_ENV
 from tpuforge_workloads import storage
-from tpuforge_workloads.adapters import AdapterInfo, config_sha256, read_adapter_manifest
-from tpuforge_workloads.config_file import read_config
+from tpuforge_workloads.model.adapters import AdapterInfo, config_sha256, read_adapter_manifest
+from tpuforge_workloads.runtime.config_file import read_config
 from tpuforge_workloads.serve.fetch import fetch
 
 log = logging.getLogger(__name__)

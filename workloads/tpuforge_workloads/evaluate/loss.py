@@ -29,8 +29,7 @@ from typing import Any
 
 from tpuforge.api.configs import EvalConfig
 from tpuforge.api.constants import EXIT_BAD_CONFIG, TERMINATION_LOG
-from tpuforge_workloads import gemma4, lora, storage, termination
-from tpuforge_workloads.adapters import AdapterError
+from tpuforge_workloads import storage
 from tpuforge_workloads.data.chat import ChatEncoder, TokenizerError, read_tokenizer
 from tpuforge_workloads.data.pipeline import Example, eval_batches, model_inputs, prepare_examples, to_global
 from tpuforge_workloads.data.records import DatasetError
@@ -40,7 +39,10 @@ from tpuforge_workloads.evaluate.config import (
     load_config,
 )
 from tpuforge_workloads.evaluate.records import EvalExample, config_examples
-from tpuforge_workloads.mesh import make_mesh
+from tpuforge_workloads.model import gemma4, lora
+from tpuforge_workloads.model.adapters import AdapterError
+from tpuforge_workloads.model.mesh import make_mesh
+from tpuforge_workloads.runtime import termination
 
 log = logging.getLogger("tpuforge_workloads.evaluate.loss")
 
@@ -120,7 +122,7 @@ def mean_loss(scores: list[tuple[float, float]]) -> float:
 def run_loss(cfg: EvalConfig) -> dict[str, Any]:
     import jax
 
-    from tpuforge_workloads.adapter_checkpoint import restore_lora_params
+    from tpuforge_workloads.model.adapter_checkpoint import restore_lora_params
 
     seconds: dict[str, float] = {}
     started = time.monotonic()

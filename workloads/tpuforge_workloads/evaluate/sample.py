@@ -25,13 +25,13 @@ from typing import Any
 
 from tpuforge.api.configs import EvalConfig
 from tpuforge.api.constants import EXIT_BAD_CONFIG, TERMINATION_LOG
-from tpuforge_workloads import termination
-from tpuforge_workloads.adapters import AdapterError
 from tpuforge_workloads.data.records import DatasetError
 from tpuforge_workloads.evaluate.answers import AnswerError, Samples, sample
 from tpuforge_workloads.evaluate.config import EvalInputError, check_adapter, fetch_models, load_config
 from tpuforge_workloads.evaluate.passk import code_hint, extract_code
 from tpuforge_workloads.evaluate.records import EvalExample, config_examples
+from tpuforge_workloads.model.adapters import AdapterError
+from tpuforge_workloads.runtime import termination
 from tpuforge_workloads.serve.fetch import FetchError
 
 log = logging.getLogger("tpuforge_workloads.evaluate.sample")

@@ -35,8 +35,7 @@ from typing import Any
 from tpuforge.api.code_eval import BOOTSTRAP_RESAMPLES, CONFIDENCE_LEVEL, PASS_AT_K
 from tpuforge.api.configs import EvalConfig
 from tpuforge.api.constants import EXIT_BAD_CONFIG, TENSORBOARD_EVAL_RUN, TENSORBOARD_SUBDIR, TERMINATION_LOG
-from tpuforge_workloads import commit, storage, tensorboard_log, termination
-from tpuforge_workloads.adapters import AdapterError, AdapterInfo
+from tpuforge_workloads import storage
 from tpuforge_workloads.data.records import DatasetError
 from tpuforge_workloads.evaluate.answers import AnswerError, Answers, generate
 from tpuforge_workloads.evaluate.config import EvalInputError, check_adapter, fetch_models, load_config
@@ -49,7 +48,11 @@ from tpuforge_workloads.evaluate.functional import (
     report_fields,
 )
 from tpuforge_workloads.evaluate.records import EvalExample, config_examples
+from tpuforge_workloads.model.adapters import AdapterError, AdapterInfo
+from tpuforge_workloads.runtime import tensorboard as tensorboard_log
+from tpuforge_workloads.runtime import termination
 from tpuforge_workloads.serve.fetch import FetchError
+from tpuforge_workloads.storage import commit
 
 log = logging.getLogger("tpuforge_workloads.evaluate.score")
 REPORT_FILE = "report.jsonl"

@@ -16,10 +16,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from tpuforge.api.configs import MergeConfig
 from tpuforge.api.constants import EXIT_BAD_CONFIG, TERMINATION_LOG
-from tpuforge_workloads import termination
-from tpuforge_workloads.config_file import read_config
 from tpuforge_workloads.merge.errors import MergeInputError
 from tpuforge_workloads.merge.merge import run_merge
+from tpuforge_workloads.runtime import termination
+from tpuforge_workloads.runtime.config_file import read_config
 
 log = logging.getLogger("tpuforge_workloads.merge")
 

@@ -16,9 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from tpuforge_workloads import eval_record, storage
-from tpuforge_workloads.adapter_checkpoint import PARAMS_ITEM
+from tpuforge_workloads import storage
 from tpuforge_workloads.merge.errors import MergeInputError
+from tpuforge_workloads.model.adapter_checkpoint import PARAMS_ITEM
+from tpuforge_workloads.runtime import eval_record
 
 log = logging.getLogger(__name__)
 

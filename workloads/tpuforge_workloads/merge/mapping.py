@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from tpuforge_workloads.gemma4 import HF_PREFIXES, Gemma4Text, ModelError, parse_config
 from tpuforge_workloads.merge.errors import MergeInputError
+from tpuforge_workloads.model.gemma4 import HF_PREFIXES, Gemma4Text, ModelError, parse_config
 
 # Tunix module -> (HF block, HF projections). kv_einsum's B stacks keys then values on its axis 1.
 TUNIX_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {

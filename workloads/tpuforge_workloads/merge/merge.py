@@ -21,13 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpuforge.api.configs import MergeConfig
-from tpuforge_workloads import adapters, commit, storage
-from tpuforge_workloads.commit import Manifest
+from tpuforge_workloads import storage
 from tpuforge_workloads.merge.peft import adapter_info, write_adapter
 from tpuforge_workloads.merge.plan import make_plan
 from tpuforge_workloads.merge.safetensors_io import SINGLE_FILE
 from tpuforge_workloads.merge.stream import CHUNK_BYTES, StagedFile, write_base_files, write_weights
 from tpuforge_workloads.merge.verify import spot_check, verify_logits
+from tpuforge_workloads.model import adapters
+from tpuforge_workloads.storage import commit
+from tpuforge_workloads.storage.commit import Manifest
 
 log = logging.getLogger(__name__)
 _OUR_WEIGHTS = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")

@@ -17,11 +17,11 @@ import json
 import re
 from itertools import groupby
 
-from tpuforge_workloads.adapters import CONFIG_FILE, WEIGHTS_FILE, AdapterInfo
 from tpuforge_workloads.merge.mapping import LoraTarget, peft_factors
 from tpuforge_workloads.merge.plan import MergePlan
 from tpuforge_workloads.merge.safetensors_io import OutTensor, encode_header
 from tpuforge_workloads.merge.stream import StagedFile, as_bytes, open_staged, write_small
+from tpuforge_workloads.model.adapters import CONFIG_FILE, WEIGHTS_FILE, AdapterInfo
 
 
 def peft_modules(target: LoraTarget) -> list[str]:

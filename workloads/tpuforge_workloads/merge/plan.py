@@ -13,10 +13,7 @@ from pydantic import ValidationError
 from tpuforge.api.catalog import model_shape
 from tpuforge.api.configs import MergeConfig
 from tpuforge.api.constants import COMPLETE_MARKER
-from tpuforge_workloads import adapters, storage
-from tpuforge_workloads.gemma4 import Gemma4Text
-from tpuforge_workloads.lora import MANIFEST_FILE
-from tpuforge_workloads.lora import read_manifest as read_lora_manifest
+from tpuforge_workloads import storage
 from tpuforge_workloads.merge.errors import MergeInputError
 from tpuforge_workloads.merge.lora_checkpoint import LoraCheckpoint
 from tpuforge_workloads.merge.mapping import TUNIX_MODULES, HfLayout, LoraTarget, parse_base_config, targets_of
@@ -30,6 +27,10 @@ from tpuforge_workloads.merge.safetensors_io import (
     TensorInfo,
     plan_shards,
 )
+from tpuforge_workloads.model import adapters
+from tpuforge_workloads.model.gemma4 import Gemma4Text
+from tpuforge_workloads.model.lora import MANIFEST_FILE
+from tpuforge_workloads.model.lora import read_manifest as read_lora_manifest
 
 CONFIG_FILE = "config.json"
 # Base files never copied: weights (rewritten), other weight formats, and commit bookkeeping.

@@ -33,12 +33,13 @@ from typing import Any, TypeVar
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from tpuforge_workloads import staged_write, storage
-from tpuforge_workloads.commit import ManifestFile
+from tpuforge_workloads import storage
 from tpuforge_workloads.merge import bf16
 from tpuforge_workloads.merge.mapping import peft_factors
 from tpuforge_workloads.merge.plan import CONFIG_FILE, MergePlan, TensorJob
 from tpuforge_workloads.merge.safetensors_io import FLOAT_DTYPES, ITEM_SIZES, index_json
+from tpuforge_workloads.storage import staged as staged_write
+from tpuforge_workloads.storage.commit import ManifestFile
 
 BF16 = FLOAT_DTYPES["BF16"]
 CHUNK_BYTES = 32 << 20

@@ -16,10 +16,7 @@ from typing import Any
 import numpy as np
 
 from tpuforge.api.catalog import ModelShape
-from tpuforge_workloads import staged_write, storage
-from tpuforge_workloads.adapter_checkpoint import PARAMS_ITEM
-from tpuforge_workloads.gemma4 import Gemma4Text
-from tpuforge_workloads.lora import LoraManifest, write_manifest
+from tpuforge_workloads import storage
 from tpuforge_workloads.merge.mapping import TUNIX_MODULES
 from tpuforge_workloads.merge.safetensors_io import (
     FLOAT_DTYPES,
@@ -30,6 +27,10 @@ from tpuforge_workloads.merge.safetensors_io import (
     index_json,
     plan_shards,
 )
+from tpuforge_workloads.model.adapter_checkpoint import PARAMS_ITEM
+from tpuforge_workloads.model.gemma4 import Gemma4Text
+from tpuforge_workloads.model.lora import LoraManifest, write_manifest
+from tpuforge_workloads.storage import staged as staged_write
 
 _ROWS_PER_BLOCK_BYTES = 16 << 20
 # Tensors of the multimodal checkpoint outside the text decoder; a vision q_proj checks that only decoder
@@ -92,7 +93,7 @@ def decoder_tensors(shape: ModelShape, prefix: str) -> list[TensorSpec]:
 
 def hf_config(shape: ModelShape) -> dict[str, Any]:
     """config.json for the shape: Gemma4ForCausalLM, or Gemma4ForConditionalGeneration when multimodal."""
-    from tpuforge_workloads import tiny_model
+    from tpuforge_workloads.tiny import gemma4 as tiny_model
 
     text = tiny_model.hf_config(shape)
     text["layer_types"] = layer_types(shape.num_layers, shape.sliding_per_global)

@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from tpuforge_workloads import gemma4, storage
+from tpuforge_workloads import storage
 from tpuforge_workloads.merge.mapping import LoraTarget, peft_factors
 from tpuforge_workloads.merge.plan import MergePlan
 from tpuforge_workloads.merge.safetensors_io import FLOAT_DTYPES, ITEM_SIZES
+from tpuforge_workloads.model import gemma4
 
 log = logging.getLogger(__name__)
 LOGIT_TOLERANCE = 1e-4  # float32: absolute, every logit; and the same argmax everywhere
@@ -176,7 +177,7 @@ def compare_logits(got: np.ndarray, want: np.ndarray, what: str, dtype: str = "f
 
 def lora_model_logits(plan: MergePlan, tokens: np.ndarray) -> np.ndarray:
     """Logits of the JAX LoRA model the merge started from: the base plus the step's adapters, unmerged."""
-    from tpuforge_workloads import lora
+    from tpuforge_workloads.model import lora
 
     model, _ = lora.load_lora_model(plan.config.base_model_uri, plan.config.checkpoint_uri, plan.lora.step)
     return lora.logits(model, tokens)

@@ -23,10 +23,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the TPU is only a compile targe
 
 from tpuforge.api.catalog import TPU_SLICES, model_shape
 from tpuforge.api.constants import EXIT_BAD_CONFIG, EXIT_DOES_NOT_FIT
-from tpuforge_workloads import gemma4, termination
+from tpuforge_workloads.model import gemma4
 from tpuforge_workloads.preflight import estimate as est
 from tpuforge_workloads.preflight.run import preflight
 from tpuforge_workloads.preflight.topology import TopologyError
+from tpuforge_workloads.runtime import termination
 from tpuforge_workloads.train.plan import BadInput, load_config, make_plan
 
 

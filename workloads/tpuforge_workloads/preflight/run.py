@@ -8,8 +8,8 @@ from typing import Any
 
 from tpuforge.api import TrainConfig
 from tpuforge.api.catalog import TpuSlice
-from tpuforge_workloads import gemma4
-from tpuforge_workloads.mesh import make_mesh
+from tpuforge_workloads.model import gemma4
+from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.preflight import estimate as est
 from tpuforge_workloads.preflight.step import GIB, CompiledStep, compile_train_step, with_layers
 from tpuforge_workloads.preflight.topology import slice_devices, topology_name

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuforge.api import TrainConfig
-from tpuforge_workloads import compile_cache, gemma4, lora
 from tpuforge_workloads.data.pipeline import BATCH_ARRAYS
+from tpuforge_workloads.model import gemma4, lora
+from tpuforge_workloads.runtime import compile_cache
 
 GIB = 1024**3
 # Splash attention's forward kernel with segment ids, as named in the lowered program.
@@ -102,7 +103,7 @@ def lower_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, to
     from flax import nnx
     from tunix.models.gemma4 import model as gm
 
-    from tpuforge_workloads import attention
+    from tpuforge_workloads.model import attention
     from tpuforge_workloads.train.trainer import jit_train_step, make_trainer
 
     cfg = gemma4.tunix_config(text)

@@ -38,8 +38,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from tpuforge.api.configs import ServeConfig
-from tpuforge_workloads import commit, storage
-from tpuforge_workloads.adapters import (
+from tpuforge_workloads import storage
+from tpuforge_workloads.merge.errors import MergeInputError
+from tpuforge_workloads.merge.safetensors_io import read_header
+from tpuforge_workloads.model.adapters import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     AdapterError,
@@ -47,9 +49,8 @@ from tpuforge_workloads.adapters import (
     read_adapter_manifest,
     values_without_lora,
 )
-from tpuforge_workloads.merge.errors import MergeInputError
-from tpuforge_workloads.merge.safetensors_io import read_header
 from tpuforge_workloads.serve import fetch
+from tpuforge_workloads.storage import commit
 
 ADAPTER_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 DIGEST_CHARS = 12

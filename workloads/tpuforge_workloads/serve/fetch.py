@@ -31,7 +31,9 @@ from pydantic import ValidationError
 
 from tpuforge.api.configs import ServeConfig
 from tpuforge.api.constants import COMPLETE_MARKER, EXIT_BAD_CONFIG, TERMINATION_LOG
-from tpuforge_workloads import commit, storage, termination
+from tpuforge_workloads import storage
+from tpuforge_workloads.runtime import termination
+from tpuforge_workloads.storage import commit
 
 # Written last into the target directory: which model (by its marker) the directory holds.
 FETCHED_STAMP = ".tpuforge-fetched.json"

@@ -32,8 +32,11 @@ from tpuforge.api.constants import (
     TERMINATION_LOG,
     TERMINATION_PREEMPTED,
 )
-from tpuforge_workloads import gemma4, storage, tensorboard_log, termination, tpu_access
-from tpuforge_workloads.progress import METRICS_ADDR_ENV, RunProgress, RunSummary, StatusReporter, TrainMetrics
+from tpuforge_workloads import storage
+from tpuforge_workloads.model import gemma4
+from tpuforge_workloads.runtime import tensorboard as tensorboard_log
+from tpuforge_workloads.runtime import termination, tpu_access
+from tpuforge_workloads.runtime.progress import METRICS_ADDR_ENV, RunProgress, RunSummary, StatusReporter, TrainMetrics
 from tpuforge_workloads.train import hosts as slice_hosts
 from tpuforge_workloads.train import rollcall
 from tpuforge_workloads.train.hosts import Hosts, HostsError, PeerStopped

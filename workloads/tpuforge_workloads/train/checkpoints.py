@@ -33,7 +33,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 
 from tpuforge_workloads import storage
-from tpuforge_workloads.adapter_checkpoint import PARAMS_ITEM, pytree_restore
+from tpuforge_workloads.model.adapter_checkpoint import PARAMS_ITEM, pytree_restore
 
 OPTIMIZER_ITEM = "optimizer_state"
 RNG_ITEM = "rng_counts"

@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 
 from tpuforge.api import EarlyStop, EarlyStoppingSpec, StepLoss
-from tpuforge_workloads import eval_record, storage
+from tpuforge_workloads import storage
+from tpuforge_workloads.runtime import eval_record
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from tpuforge.api.constants import (
     ENV_PROCESS_ID,
     JOIN_TIMEOUT_SECONDS,
 )
-from tpuforge_workloads import termination
+from tpuforge_workloads.runtime import termination
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,6 @@ from flax import nnx
 from tunix.sft import hooks
 
 from tpuforge.api import EarlyStop, StepLoss, TrainConfig
-from tpuforge_workloads import checkpoint_read, compile_cache, gemma4, lora
 from tpuforge_workloads.data.pipeline import (
     batches,
     eval_batches,
@@ -35,8 +34,10 @@ from tpuforge_workloads.data.pipeline import (
     real_tokens,
     to_global,
 )
-from tpuforge_workloads.mesh import make_mesh
-from tpuforge_workloads.progress import RunProgress
+from tpuforge_workloads.model import checkpoint_read, gemma4, lora
+from tpuforge_workloads.model.mesh import make_mesh
+from tpuforge_workloads.runtime import compile_cache
+from tpuforge_workloads.runtime.progress import RunProgress
 from tpuforge_workloads.train.checkpoints import TrainCheckpoints
 from tpuforge_workloads.train.eval_tracking import EvalTracking
 from tpuforge_workloads.train.hosts import Agreement, Hosts

@@ -16,11 +16,12 @@ from tokenizers import Tokenizer
 
 from tpuforge.api import SpecError, TrainConfig, parse
 from tpuforge.api.catalog import MODELS, ModelShape
-from tpuforge_workloads import gemma4, lora, storage
+from tpuforge_workloads import storage
 from tpuforge_workloads.data.chat import ChatEncoder, TokenizerError, read_tokenizer
 from tpuforge_workloads.data.pipeline import BatchSpec, DataStats, Example, count_batches, prepare_examples
 from tpuforge_workloads.data.records import DatasetError, Record, read_dataset
 from tpuforge_workloads.data.split import split
+from tpuforge_workloads.model import gemma4, lora
 from tpuforge_workloads.train.samples import SamplePrompt, pick_prompts
 
 

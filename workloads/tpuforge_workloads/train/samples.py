@@ -2,7 +2,7 @@
 is, LoRA weights of the step just taken, so a run shows what it has learnt as well as its loss.
 
 The prompts are the first records of the eval set (training.evalSamples of them), laid out as
-tpuforge_workloads.generate lays out a prompt: one conversation up to its last assistant turn, through the
+tpuforge_workloads.evaluate.compare lays out a prompt: one conversation up to its last assistant turn, through the
 trainer's chat encoder and its generation prompt, the answer stopping at the end of the model's turn. The
 decoding runs on the training mesh, in the training process, without a KV cache: one jitted loop of
 `max_new` full forward passes over a fixed-size row (the prompt and room for the answer, rounded up to 128
@@ -144,7 +144,7 @@ def _decode(
     from flax import nnx
 
     from tpuforge_workloads.data.pipeline import model_inputs
-    from tpuforge_workloads.lora_provider import without_dropout
+    from tpuforge_workloads.model.lora_provider import without_dropout
 
     adapters = jax.tree.map(lambda x: x.astype(dtype), adapters)
     rows = tokens.shape[0]

@@ -1,0 +1,351 @@
+"""FineTuneJob controller: observe -> desired -> apply -> status.
+
+Informers (LIST + WATCH, selected by label on the server for the children) keep the FineTuneJobs and their
+children (Jobs, JobSets, pods, training ConfigMaps) in memory, the children grouped by the owner's uid, and
+Kueue's Workloads (which carry none of our labels) grouped by the Job or JobSet that owns each. Any change to
+an object, to a child or to a child's Workload asks for a reconcile of the owner. kopf does not watch
+FineTuneJobs: its per-event bookkeeping (a deep copy of each object for the diff base, handler progress, a task
+per object) cost more CPU than the reconciles themselves.
+
+The reconcile reads memory (no API reads), lets the pure `finetune_plan.plan` decide, and applies the plan:
+create missing children, delete the ones to stop, patch the status on the resourceVersion it was computed
+from (a 409 means a newer object is on its way: reconcile that one), then post the Events. The children's
+informers finish their first LIST before the FineTuneJobs' informer starts, so an operator that restarts
+sees every child before it decides anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from tpuforge import metrics
+from tpuforge.api import FineTuneJobStatus
+from tpuforge.api.constants import (
+    API_VERSION,
+    FINETUNEJOB_KIND,
+    JOBSET_API_VERSION,
+    JOBSET_KIND,
+    KUEUE_API_VERSION,
+    KUEUE_WORKLOAD_KIND,
+    LABEL_COMPONENT,
+    LABEL_FINETUNEJOB,
+    LABEL_JOBSET_NAME,
+)
+from tpuforge.controllers.finetune.children import (
+    ConfigView,
+    JobView,
+    PodView,
+    WorkloadView,
+    config_view,
+    job_view,
+    jobset_view,
+    pod_view,
+    workload_owner_uid,
+    workload_view,
+)
+from tpuforge.controllers.finetune.plan import ChildRef, Event, Observed, Plan, plan, status_patch
+from tpuforge.controllers.finetune.snapshot import Snapshot, finetunejob_informer
+from tpuforge.controllers.runtime.informer import Informer
+from tpuforge.controllers.runtime.workqueue import KeyedQueue
+from tpuforge.kube import async_client as kube_async
+from tpuforge.kube import client as kube_client
+from tpuforge.manifests.common import LABEL_OWNER_UID
+from tpuforge.manifests.finetune_common import COMPONENT_TRAINER
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # namespace, owner uid
+Obj = dict[str, Any]
+WORKERS = 64  # reconciles at once
+API_CONCURRENCY = 128  # API calls at once, one connection each (a reconcile makes up to three at a time)
+# What a pod needs to exist when it is created (else the Job controller backs off for seconds).
+POD_PREREQUISITES = ("ServiceAccount", "ConfigMap")
+CONFLICT_RETRY_SECONDS = 1.0  # if the newer object's watch event is lost, look again anyway
+# A child created moments ago may not be in its informer yet: skip creating it again for this long.
+CREATED_MEMORY_SECONDS = 30.0
+CHILD_SELECTOR = f"{LABEL_FINETUNEJOB},{LABEL_OWNER_UID}"
+
+
+# --- The controller ---------------------------------------------------------------------------------------
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def creation_groups(objs: list[Obj]) -> list[list[Obj]]:
+    """What a pod needs at creation, then everything else; each group can be created at once."""
+    first = [o for o in objs if o["kind"] in POD_PREREQUISITES]
+    rest = [o for o in objs if o["kind"] not in POD_PREREQUISITES]
+    return [g for g in (first, rest) if g]
+
+
+def fresh(view: JobView | PodView | ConfigView) -> bool:
+    """A child as it looks just after its creation changes no decision: the reconcile that created the Job
+    or ConfigMap (or the Job whose controller made the pod) already counted on it. The next change of it
+    does count. A Job created suspended (Kueue's) counts: its Workload may be in memory before it is."""
+    if isinstance(view, JobView):
+        return not (view.finished or view.deleting or view.suspended)
+    if isinstance(view, PodView):
+        return view.phase == "Pending" and not (view.unschedulable or view.deleting or view.start_time)
+    return True
+
+
+def owner_key(obj: Mapping[str, Any]) -> Key | None:
+    meta = obj.get("metadata") or {}
+    uid = (meta.get("labels") or {}).get(LABEL_OWNER_UID)
+    return (meta.get("namespace", ""), uid) if uid else None
+
+
+def workload_key(obj: Mapping[str, Any]) -> Key | None:
+    """(namespace, uid of the Job or JobSet it queues): how Workloads are grouped."""
+    uid = workload_owner_uid(obj)
+    return ((obj.get("metadata") or {}).get("namespace", ""), uid) if uid else None
+
+
+class FineTuneJobController:
+    def __init__(self, namespaces: Sequence[str] | None = None):
+        self.objects: dict[Key, Snapshot] = {}
+        self.queue: KeyedQueue[Key] = KeyedQueue(self.reconcile, WORKERS, name="finetunejob")
+        self.finetunejobs: Informer[Key, Snapshot] = finetunejob_informer(namespaces, self.object_changed)
+
+        # Each informer lists and watches one kind of child (RBAC: list and watch on it).
+        trainer_configs = f"{CHILD_SELECTOR},{LABEL_COMPONENT}={COMPONENT_TRAINER}"
+        self.jobs: Informer[Key, JobView] = Informer(
+            api_version="batch/v1",
+            kind="Job",
+            # A JobSet's own Jobs are its business: the operator follows the JobSet and its pods.
+            label_selector=f"{CHILD_SELECTOR},!{LABEL_JOBSET_NAME}",
+            namespaces=namespaces,
+            view=job_view,
+            owner=owner_key,
+            on_change=self.child_changed,
+        )
+        # Multi-host attempts. Where JobSet is not installed this informer is empty and says so (`served`).
+        self.jobsets: Informer[Key, JobView] = Informer(
+            api_version=JOBSET_API_VERSION,
+            kind=JOBSET_KIND,
+            label_selector=CHILD_SELECTOR,
+            namespaces=namespaces,
+            view=jobset_view,
+            owner=owner_key,
+            on_change=self.child_changed,
+        )
+        self.pods: Informer[Key, PodView] = Informer(
+            api_version="v1",
+            kind="Pod",
+            label_selector=CHILD_SELECTOR,
+            namespaces=namespaces,
+            view=pod_view,
+            owner=owner_key,
+            on_change=self.child_changed,
+        )
+        self.configs: Informer[Key, ConfigView] = Informer(
+            api_version="v1",
+            kind="ConfigMap",
+            label_selector=trainer_configs,
+            namespaces=namespaces,
+            view=config_view,
+            owner=owner_key,
+            on_change=self.child_changed,
+        )
+        # Kueue's Workloads, by the Job or JobSet each queues (where Kueue is not installed: empty, unserved).
+        self.workloads: Informer[Key, WorkloadView] = Informer(
+            api_version=KUEUE_API_VERSION,
+            kind=KUEUE_WORKLOAD_KIND,
+            label_selector="",
+            namespaces=namespaces,
+            view=workload_view,
+            owner=workload_key,
+            on_change=self.workload_changed,
+        )
+        self._api: kube_async.AsyncApi | None = None  # made on the event loop, in start()
+        self._created: dict[tuple[str, str, str], float] = {}  # (owner uid, kind, name) -> when
+        # Our last status write per object: (resourceVersion it was based on, the new one, the new status).
+        # Until the watch brings the new version, the last event holds the old one; reading ours instead
+        # saves a second, doomed (409) write.
+        self._written: dict[Key, tuple[str, str, dict[str, Any]]] = {}
+
+    async def start(self) -> None:
+        """Start the informers; return once each has its first LIST in memory, the children's first."""
+        self._api = kube_async.AsyncApi(API_CONCURRENCY)
+        children = (self.jobs, self.jobsets, self.pods, self.configs, self.workloads)
+        await asyncio.gather(*(informer.start() for informer in children))
+        await self.finetunejobs.start()
+
+    def child_changed(self, owner: Key, before: Any, after: Any) -> None:
+        if before is None and after is not None and fresh(after):
+            return
+        self.queue.request(owner)
+
+    def workload_changed(self, job: Key, before: WorkloadView | None, after: WorkloadView | None) -> None:
+        """A Workload belongs to the FineTuneJob that owns its Job or JobSet, once that is in memory (if it is
+        not yet, the Job's own arrival asks for the reconcile: see `fresh`)."""
+        job_uid = job[1]
+        owner = self.jobs.owner_of(job_uid) or self.jobsets.owner_of(job_uid)
+        if owner is not None:
+            self.queue.request(owner)
+
+    def object_changed(self, key: Key, before: Snapshot | None, snap: Snapshot | None) -> None:
+        if snap is None:
+            if before is not None:
+                self.objects.pop(key, None)
+                self.forget(key)
+                metrics.forget_finetunejob(before.namespace, before.name)
+            return
+        self.objects[key] = snap
+        written = self._written.get(key)
+        if written is not None and written[1] == snap.resource_version:
+            return  # the echo of our own status write: the reconcile that made it already saw this state
+        self.queue.request(key)
+
+    def observe(self, key: Key) -> tuple[Snapshot, Observed] | None:
+        snap = self.objects.get(key)
+        if snap is None:
+            return None
+        written = self._written.get(key)
+        if written is not None:
+            if written[0] == snap.resource_version:
+                snap = dataclasses.replace(snap, resource_version=written[1], status=written[2])
+            else:
+                self._written.pop(key, None)
+        try:
+            status = FineTuneJobStatus.model_validate(snap.status)
+        except ValidationError as exc:
+            log.warning("%s/%s: unreadable status, treated as empty: %s", snap.namespace, snap.name, exc)
+            status = FineTuneJobStatus()
+        jobs = self.jobs.get(key) + self.jobsets.get(key)
+        observed = Observed(
+            namespace=snap.namespace,
+            name=snap.name,
+            uid=snap.uid,
+            generation=snap.generation,
+            spec=snap.spec,
+            status=status,
+            jobs=jobs,
+            pods=self.pods.get(key),
+            configs=self.configs.get(key),
+            workloads=tuple(w for j in jobs for w in self.workloads.get((snap.namespace, j.uid))),
+            deleting=snap.deleting,
+            jobset_served=self.jobsets.served,
+        )
+        return snap, observed
+
+    async def reconcile(self, key: Key) -> float | None:
+        seen = self.observe(key)
+        if seen is None:
+            return None
+        snap, observed = seen
+        metrics.RECONCILES.labels(FINETUNEJOB_KIND).inc()
+        started = time.perf_counter()
+        try:
+            return await self.apply(snap, observed, plan(observed, _now()))
+        except Exception:
+            metrics.RECONCILE_ERRORS.labels(FINETUNEJOB_KIND).inc()
+            raise
+        finally:
+            metrics.RECONCILE_DURATION.labels(FINETUNEJOB_KIND).observe(time.perf_counter() - started)
+
+    async def apply(self, snap: Snapshot, observed: Observed, p: Plan) -> float | None:
+        """The plan's API calls, on the event loop, in an order that is safe to interrupt anywhere:
+        children (what a pod needs at creation first, then the rest, each group at once), deletions, the
+        status, and last the Events."""
+        kube_api = self.api
+        for group in creation_groups(p.create):
+            await asyncio.gather(*(self.create_child(kube_api, snap.uid, obj) for obj in group))
+        await asyncio.gather(*(self.delete_child(kube_api, snap.namespace, c) for c in p.delete))
+        patch = status_patch(observed.status, p.status)
+        if patch:
+            try:
+                new = await kube_api.patch_status(snap.ref, patch, snap.resource_version)
+            except kube_client.ApiException as exc:
+                if not kube_client.is_conflict(exc):
+                    raise
+                metrics.RECONCILE_CONFLICTS.labels(FINETUNEJOB_KIND).inc()
+                log.debug("%s/%s: status changed meanwhile; reconciling the newer one", snap.namespace, snap.name)
+                return CONFLICT_RETRY_SECONDS
+            if observed.status.phase != p.status.phase:
+                log.info("%s/%s: %s -> %s", snap.namespace, snap.name, observed.status.phase, p.status.phase)
+            meta = new.get("metadata") or {}
+            self._written[(snap.namespace, snap.uid)] = (
+                snap.resource_version,
+                meta.get("resourceVersion", ""),
+                new.get("status") or {},
+            )
+        # After the status: an Event is only said once the transition it reports is recorded.
+        await asyncio.gather(*(self.post_event(kube_api, snap, e) for e in p.events))
+        if p.delete_self:
+            log.info("%s/%s: ttlSecondsAfterFinished has passed; deleting it", snap.namespace, snap.name)
+            await kube_api.delete(API_VERSION, FINETUNEJOB_KIND, snap.namespace, snap.name, uid=snap.uid)
+            metrics.forget_finetunejob(snap.namespace, snap.name)
+        else:
+            metrics.observe_finetunejob(snap.namespace, snap.name, snap.spec, p.status)
+        return p.requeue_after
+
+    @property
+    def api(self) -> kube_async.AsyncApi:
+        if self._api is None:
+            raise RuntimeError("FineTuneJobController.start() has not been called")
+        return self._api
+
+    async def create_child(self, kube_api: kube_async.AsyncApi, owner_uid: str, obj: Mapping[str, Any]) -> None:
+        key = (owner_uid, obj["kind"], obj["metadata"]["name"])
+        now = time.monotonic()
+        when = self._created.get(key)
+        if when is not None and now - when < CREATED_MEMORY_SECONDS:
+            return
+        if await kube_api.create_if_absent(obj):
+            log.debug("created %s %s/%s", obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        self._created[key] = now
+        if len(self._created) > 10_000:
+            self._created = {k: t for k, t in self._created.items() if now - t < CREATED_MEMORY_SECONDS}
+
+    async def delete_child(self, kube_api: kube_async.AsyncApi, namespace: str, child: ChildRef) -> None:
+        await kube_api.delete(child.api_version, child.kind, namespace, child.name)
+
+    async def post_event(self, kube_api: kube_async.AsyncApi, snap: Snapshot, event: Event) -> None:
+        await kube_api.post_event(snap.ref, event.type, event.reason, event.message)
+
+    def forget(self, key: Key) -> None:
+        self.queue.forget(key)
+        self._written.pop(key, None)
+        self._created = {k: t for k, t in self._created.items() if k[0] != key[1]}
+
+    async def close(self) -> None:
+        for informer in (self.finetunejobs, self.jobs, self.jobsets, self.pods, self.configs, self.workloads):
+            informer.stop()
+        await self.queue.close()
+        if self._api is not None:
+            await self._api.close()
+
+
+# --- Wiring -------------------------------------------------------------------------------------------------
+
+
+@kopf.on.startup()
+async def start_finetunejob_controller(memo: kopf.Memo, **_: Any) -> None:
+    # Startup handlers finish before kopf watches anything; this one returns once every FineTuneJob and
+    # child is in memory (the children first), so the first decisions see the whole cluster.
+    controller = FineTuneJobController(getattr(memo, "namespaces", None))
+    memo.finetunejobs = controller
+    await controller.start()
+    # What exists now (modules, kopf, the schemas, the objects just listed) mostly lives as long as the
+    # process: keep it out of the collector's full passes, which otherwise walk it again and again.
+    gc.freeze()
+
+
+@kopf.on.cleanup()
+async def stop_finetunejob_controller(memo: kopf.Memo, **_: Any) -> None:
+    controller: FineTuneJobController | None = getattr(memo, "finetunejobs", None)
+    if controller is not None:
+        await controller.close()

@@ -1,0 +1,72 @@
+"""What the controllers read of a FineTuneJob, out of its watch event: the FineTuneJob controller's
+reconcile and, from the same informer, the ServingDeployment controller's look at the models jobs make."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
+from tpuforge.controllers.runtime.informer import Informer
+
+Key = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the reconcile needs of a FineTuneJob, out of its watch event. `spec` and `status` are the event's
+    parsed JSON, which nothing mutates: each event brings new dicts."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    resource_version: str
+    deleting: bool
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any]
+
+    @property
+    def ref(self) -> dict[str, Any]:
+        """The object as kube_objects.patch_status and kube_events.post_event address it."""
+        return {
+            "apiVersion": API_VERSION,
+            "kind": FINETUNEJOB_KIND,
+            "metadata": {"namespace": self.namespace, "name": self.name, "uid": self.uid},
+        }
+
+
+def object_key(body: Mapping[str, Any]) -> Key:
+    """(namespace, uid): how the informer of FineTuneJobs keys them."""
+    meta = body.get("metadata") or {}
+    return meta.get("namespace", ""), meta.get("uid", "")
+
+
+def snapshot(body: Mapping[str, Any]) -> Snapshot:
+    meta = body.get("metadata") or {}
+    return Snapshot(
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        uid=meta.get("uid", ""),
+        generation=int(meta.get("generation") or 0),
+        resource_version=meta.get("resourceVersion", ""),
+        deleting=bool(meta.get("deletionTimestamp")),
+        spec=body.get("spec") or {},
+        status=body.get("status") or {},
+    )
+
+
+def finetunejob_informer(
+    namespaces: Sequence[str] | None, on_change: Callable[[Key, Snapshot | None, Snapshot | None], None]
+) -> Informer[Key, Snapshot]:
+    """An informer of every FineTuneJob in `namespaces`, as Snapshots keyed by object_key."""
+    return Informer(
+        api_version=API_VERSION,
+        kind=FINETUNEJOB_KIND,
+        label_selector="",
+        namespaces=namespaces,
+        view=snapshot,
+        owner=object_key,
+        on_change=on_change,
+    )

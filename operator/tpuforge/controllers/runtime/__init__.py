@@ -1,0 +1,1 @@
+"""What the controllers share: informers, the keyed work queue, operator-wide defaults."""

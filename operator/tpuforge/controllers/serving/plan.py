@@ -1,0 +1,236 @@
+"""The ServingDeployment decisions, pure: from what was observed to the children to apply, then, from what the
+applied Deployment, its pods and their adapters say, the status and the Events. The controller
+(servingdeployment) does the reads and writes around them:
+
+    observe -> plan_children (the objects; or a final status: invalid spec, nothing to serve yet)
+            -> apply them -> observe the replicas (and bring their adapters to the spec)
+            -> plan_status (status, adapter conditions, Events) -> one status write, then the Events
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tpuforge import api
+from tpuforge.api.conditions import ConditionStatus
+from tpuforge.controllers.runtime import defaults
+from tpuforge.controllers.serving import adapters as adapters
+from tpuforge.controllers.serving.rollout import ModelSource, current_model, observe_rollout, resolve_model
+from tpuforge.manifests import serving as manifests
+from tpuforge.manifests import serving_inputs, vllm_server
+
+Obj = dict[str, Any]
+
+DEFAULT_MODEL = "gemma4-31b"
+# Condition types.
+READY = "Ready"
+MODEL_AVAILABLE = "ModelAvailable"
+ROLLED_OUT = "RolledOut"
+ADAPTERS_READY = "AdaptersReady"
+ADAPTERS_PROMOTED = "AdaptersPromoted"
+ADAPTER_CONDITIONS = (ADAPTERS_READY, ADAPTERS_PROMOTED)
+# Reasons this module decides (the rollout's come from serving_rollout, the model's from resolve_model).
+INVALID_SPEC = "InvalidSpec"
+ROLLING_OUT = "RollingOut"
+WAITING_FOR_DELETION = "WaitingForDeletion"
+ADAPTER_FAILED = "AdapterFailed"
+ADAPTERS_LOADING = "AdaptersLoading"
+PROMOTED = "Promoted"
+ROLLING_MODEL = "RollingModel"  # an Event's
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the reconcile read before writing anything."""
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int | None
+    spec: Mapping[str, Any]  # as stored
+    status: api.ServingDeploymentStatus
+    job: Obj | None = None  # the FineTuneJob of spec.model.fineTuneJobRef
+    adapter_jobs: Mapping[str, Obj | None] = field(default_factory=dict)  # by name, for spec.adapters
+    existing: Obj | None = None  # the Deployment as it was
+    storage_class: str | None = None  # the operator's, for claims whose spec names none
+
+
+@dataclass(frozen=True)
+class Replicas:
+    """What runs, read after the children were applied: the Deployment, its pods, and each ready replica's
+    adapters after they were brought to the spec."""
+
+    deployment: Obj
+    pods: list[Obj]
+    adapters: Mapping[str, adapters.PodResult] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the children are built from, and the adapters each ready replica should serve."""
+
+    spec: api.ServingDeploymentSpec
+    inputs: serving_inputs.ServingInputs
+    adapters: list[adapters.DesiredAdapter]
+    # The objects to apply, in order; the Deployment last. Monitors: (group/version, plural, object), applied
+    # where the cluster serves their kind.
+    objects: list[Obj]
+    monitors: list[tuple[str, str, Obj]]
+
+
+@dataclass
+class Plan:
+    status: api.ServingDeploymentStatus
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # type, reason, message
+    target: Target | None = None  # None once the status is final: nothing to apply
+
+
+def parse_spec(spec: Mapping[str, Any]) -> api.ServingDeploymentSpec:
+    """The spec with the operator's defaults; raises api.SpecError."""
+    return defaults.current().apply(api.parse(api.ServingDeploymentSpec, spec or {}))
+
+
+def finish(p: Plan, old: api.ServingDeploymentStatus, phase: api.ServingPhase, reason: str, message: str) -> Plan:
+    """The phase and the Ready condition that says why; an Event when the phase changed."""
+    p.status.phase = phase
+    ready: ConditionStatus = "True" if phase == api.ServingPhase.READY else "False"
+    generation = p.status.observed_generation
+    p.status.conditions = api.set_condition(p.status.conditions, READY, ready, reason, message, generation)
+    if phase != old.phase:
+        p.events.append(("Warning" if phase == api.ServingPhase.FAILED else "Normal", phase.value, message))
+    p.target = None
+    return p
+
+
+def waiting_for_deletion(o: Observed, p: Plan, kind: str, name: str) -> Plan:
+    """A child's name is still held by an object being deleted (a same-named predecessor's): Pending, and
+    the Ready condition says what it waits for."""
+    message = f"waiting for {kind} {name}, still being deleted; it is created again once it is gone"
+    return finish(p, o.status, api.ServingPhase.PENDING, WAITING_FOR_DELETION, message)
+
+
+def waits_for_deletion(status: api.ServingDeploymentStatus) -> bool:
+    ready = next((c for c in status.conditions if c.type == READY), None)
+    return ready is not None and ready.reason == WAITING_FOR_DELETION
+
+
+def plan_children(o: Observed) -> Plan:
+    """The children the spec asks for; or, when there is nothing to apply, the final status saying why."""
+    status = o.status.model_copy(deep=True)
+    status.observed_generation = o.generation
+    p = Plan(status)
+    try:
+        spec = parse_spec(o.spec)
+    except api.SpecError as e:
+        return finish(p, o.status, api.ServingPhase.FAILED, INVALID_SPEC, str(e))
+    source = resolve_model(spec, o.job)
+    errors = serving_inputs.name_errors(o.name) + api.check_serving(
+        spec, source.model_id, serving_inputs.served_model_name(o.name, spec)
+    )
+    if errors:
+        return finish(p, o.status, api.ServingPhase.FAILED, INVALID_SPEC, str(api.SpecError(errors)))
+    model_status: ConditionStatus = "True" if source.available else "False"
+    status.conditions = api.set_condition(
+        status.conditions, MODEL_AVAILABLE, model_status, source.reason, source.message, o.generation
+    )
+    uri, revision = source.uri, source.revision
+    if uri is None:
+        # Nothing new to serve: keep serving what the Deployment already runs, if anything.
+        uri, revision = current_model(o.existing)
+        if uri is None:
+            status.ready_replicas = 0
+            phase = api.ServingPhase.FAILED if source.failed else api.ServingPhase.WAITING_FOR_MODEL
+            return finish(p, o.status, phase, source.reason, source.message)
+    inp = _inputs(o, spec, source, uri, revision)
+    if o.existing is not None and current_model(o.existing) != (uri, revision):
+        dep_name = serving_inputs.names(o.name).deployment
+        p.events.append(("Normal", ROLLING_MODEL, f"rolling the Deployment {dep_name} to model {uri}"))
+    explicit_rank = spec.vllm.lora.max_lora_rank
+    p.target = Target(
+        spec=spec,
+        inputs=inp,
+        adapters=adapters.resolve_adapters(
+            spec,
+            inp.model.id,
+            o.adapter_jobs,
+            o.status.adapters,
+            vllm_server.vllm_lora_rank(explicit_rank) if explicit_rank else None,
+        ),
+        objects=[
+            manifests.xla_cache_pvc(inp),
+            *([claim] if (claim := manifests.model_pvc(inp)) is not None else []),
+            manifests.service(inp),
+            manifests.deployment(inp),
+        ],
+        monitors=[(f"{m.group}/{m.version}", m.plural, m.build(inp)) for m in manifests.MONITOR_KINDS],
+    )
+    return p
+
+
+def _inputs(
+    o: Observed, spec: api.ServingDeploymentSpec, source: ModelSource, uri: str, revision: str
+) -> serving_inputs.ServingInputs:
+    return serving_inputs.ServingInputs(
+        owner=serving_inputs.owner(o.namespace, o.name, o.uid),
+        spec=spec,
+        model_uri=uri,
+        model=api.model_shape(source.model_id or DEFAULT_MODEL),
+        slice=api.tpu_slice(spec.tpu.slice),
+        model_revision=revision,
+        adapter_job_rank=adapters.max_job_rank(o.adapter_jobs),
+        storage_class=o.storage_class,
+    )
+
+
+def plan_status(o: Observed, p: Plan, t: Target, r: Replicas) -> Plan:
+    """The status from what runs: the rollout, the adapters on the ready replicas, the phase."""
+    status, generation = p.status, p.status.observed_generation
+    rollout = observe_rollout(t.spec.replicas, r.deployment, r.pods, t.inputs.model_uri, o.status.model_uri)
+    status.ready_replicas = rollout.ready_replicas
+    status.endpoint = manifests.endpoint(o.name, o.namespace)
+    status.model_uri = rollout.served_uri
+    status.conditions = api.set_condition(
+        status.conditions,
+        ROLLED_OUT,
+        "True" if rollout.rolled_out else "False",
+        ROLLED_OUT if rollout.rolled_out else ROLLING_OUT,
+        "every replica runs the current template" if rollout.rolled_out else "a rollout is in progress",
+        generation,
+    )
+    adapter_status(o, p, t, r)
+    return finish(p, o.status, rollout.phase, rollout.reason, rollout.message)
+
+
+def adapter_status(o: Observed, p: Plan, t: Target, r: Replicas) -> None:
+    """Per adapter, what serves it; the AdaptersReady and AdaptersPromoted conditions; Events for loads,
+    replacements, removals and new failures."""
+    status, generation = p.status, p.status.observed_generation
+    status.adapters = adapters.summarise(t.adapters, r.adapters, len(r.adapters))
+    status.adapters_ready = adapters.adapters_ready(status.adapters) if t.spec.adapters else None
+    for reason, text in adapters.adapter_events(o.status.adapters, status.adapters, list(r.adapters.values())):
+        p.events.append(("Warning" if reason == adapters.EVENT_FAILED else "Normal", reason, text))
+    if not t.spec.adapters:
+        status.conditions = [c for c in status.conditions if c.type not in ADAPTER_CONDITIONS]
+        return
+    failed = [a for a in status.adapters if a.phase == api.AdapterPhase.FAILED]
+    loading = [a for a in status.adapters if a.phase == api.AdapterPhase.LOADING]
+    unsupported = next((x.lora_unsupported for x in r.adapters.values() if x.lora_unsupported), None)
+    if unsupported is not None:
+        why = adapters.unsupported_message(t.spec.vllm.image, unsupported)
+        ready: tuple[ConditionStatus, str, str] = ("False", adapters.RUNTIME_LORA_UNSUPPORTED, why)
+    elif failed:
+        ready = ("False", ADAPTER_FAILED, f"{failed[0].name}: {failed[0].message}")
+    elif loading:
+        ready = ("False", ADAPTERS_LOADING, f"{loading[0].name}: {loading[0].message}")
+    else:
+        ready = ("True", ADAPTERS_READY, f"{status.adapters_ready} adapters ready on every ready replica")
+    status.conditions = api.set_condition(status.conditions, ADAPTERS_READY, *ready, generation)
+    held = [d.held_back for d in t.adapters if d.held_back is not None]
+    promoted: tuple[ConditionStatus, str, str] = (
+        ("False", held[0][0], "; ".join(m for _, m in held))
+        if held
+        else ("True", PROMOTED, "every adapter serves its newest output that may take traffic")
+    )
+    status.conditions = api.set_condition(status.conditions, ADAPTERS_PROMOTED, *promoted, generation)

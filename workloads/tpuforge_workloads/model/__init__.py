@@ -1,0 +1,1 @@
+"""The model: config, attention, LoRA, adapters, checkpoint reading, the device mesh."""

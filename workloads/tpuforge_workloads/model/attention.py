@@ -1,0 +1,181 @@
+"""Gemma 4 attention over packed rows: splash attention with segment ids on TPU, Tunix's masked path elsewhere.
+
+Tunix's Gemma 4 attention has two paths. The default one takes the [B, T, T] mask the trainer builds from the
+segment ids (data/pipeline.py: causal, block-diagonal per example) and computes every T x T score, sliding
+layers included. Its TPU path (`use_flash_attention`) runs splash attention but builds its own causal or
+local mask and ignores the trainer's, so packed examples would see each other. Splash attention itself takes
+segment ids; Tunix offers no hook to hand them through.
+
+So the model's attention modules become `SegmentAttention` (`install`): given a `Segments` in place of the
+mask it projects q, k and v with the module's own weights (LoRA included), as Tunix does, and runs splash
+attention with the segment ids and the layer's mask (causal on global layers, causal within the sliding
+window on sliding ones); given anything else (a dense mask, a KV cache) it is Tunix's attention unchanged.
+`model_inputs` (data/pipeline.py) chooses at trace time: `Segments` when the step is traced for TPU devices
+and the row length suits the kernel's blocks (`use_splash`), the dense mask otherwise. On CPU the kernel runs
+in Pallas interpret mode, which is how the tests compare both paths.
+
+The projection below restates Tunix's (q/k/v einsums, norms, RoPE, value normalisation). If a Tunix release
+changes its own, the two paths differ and tests/workloads/test_train_loss.py (segment-id path = masked path)
+fails; `install` refuses a model whose attention modules lack the parts it uses.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
+from tunix.models.gemma4 import model as gm
+from tunix.utils.sharding_utils import shard
+
+# Splash's key/value blocks are multiples of the TPU's 128 lanes; larger blocks run faster until the
+# backward kernels outgrow scoped VMEM (Tunix's 1024 does for the 31B's 512-wide global heads).
+_BLOCKS = (512, 256, 128)
+# What SegmentAttention reads from Tunix's module besides the einsums (k_einsum or kv_einsum).
+_PARTS = (
+    "q_einsum",
+    "attn_vec_einsum",
+    "_query_norm",
+    "_key_norm",
+    "attn_type",
+    "rope_base_frequency",
+    "rope_scale_factor",
+    "rope_proportion",
+)
+
+
+@jax.tree_util.register_dataclass
+@dataclass(frozen=True)
+class Segments:
+    """The model's `attention_mask` on the splash path: segment ids [B, T] (1, 2, ... per packed example,
+    0 on padding). Padding attends to padding only, which no loss target reads."""
+
+    ids: jax.Array
+
+
+def block_size(seq_len: int) -> int | None:
+    """The splash block for rows of `seq_len` tokens; None when no block divides it (the masked path)."""
+    return next((b for b in _BLOCKS if seq_len % b == 0), None)
+
+
+def target_platform() -> str:
+    """The platform the current trace is for: the mesh's devices under `jax.set_mesh` (a TPU topology's
+    compile-only devices in the preflight), else JAX's default backend."""
+    device = jax.sharding.get_abstract_mesh().abstract_device
+    return device.platform if device is not None else jax.default_backend()
+
+
+def use_splash(seq_len: int) -> bool:
+    """Whether a step over rows of `seq_len` tokens takes the splash path: on TPU, when a block fits."""
+    return target_platform() == "tpu" and block_size(seq_len) is not None
+
+
+def _kernel(seq_len: int, heads: int, window: int | None, interpret: bool) -> Any:
+    """Splash attention for one example's `heads` query heads: causal, within `window` tokens back when
+    given. Built inside the trace that uses it (its mask tables become that trace's constants); the numpy
+    work on the mask is cached by splash itself."""
+    shape = (seq_len, seq_len)
+    mask = mask_lib.CausalMask(shape) if window is None else mask_lib.LocalMask(shape, (window - 1, 0), offset=0)
+    b = block_size(seq_len)
+    if b is None:
+        raise ValueError(f"splash attention needs a row length divisible by {_BLOCKS[-1]}; got {seq_len}")
+    blocks = splash.BlockSizes(
+        block_q=b,
+        block_kv=b,
+        block_kv_compute=b,
+        block_q_dkv=b,
+        block_kv_dkv=b,
+        block_kv_dkv_compute=b,
+        block_q_dq=b,
+        block_kv_dq=b,
+    )
+    return splash.make_splash_mha(
+        mask_lib.MultiHeadMask([mask] * heads), block_sizes=blocks, head_shards=1, q_seq_shards=1, interpret=interpret
+    )
+
+
+def splash_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, segment_ids: jax.Array, window: int | None, btnh: tuple[Any, ...]
+) -> jax.Array:
+    """softmax(q k^T) v per example of each row: q [B, T, N, H], k and v [B, T, K, H] (N a multiple of K),
+    segment_ids [B, T]. Under a mesh, each device runs the kernel on its rows and heads (`btnh`: the
+    activations' partition axes, sequence unsharded)."""
+    interpret = target_platform() != "tpu"
+    seq_len = q.shape[1]
+
+    def local(q: jax.Array, k: jax.Array, v: jax.Array, ids: jax.Array) -> jax.Array:
+        kernel = _kernel(seq_len, q.shape[1], window, interpret)
+        out: jax.Array = jax.vmap(lambda q, k, v, s: kernel(q, k, v, splash.SegmentIds(q=s, kv=s)))(q, k, v, ids)
+        return out
+
+    q, k, v = (x.transpose(0, 2, 1, 3) for x in (q, k, v))  # the kernel's [heads, T, H] per example
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        out = local(q, k, v, segment_ids)
+    else:
+        batch, seq, heads, _ = (a if a in mesh.axis_names else None for a in btnh)
+        if seq is not None:
+            raise ValueError(f"splash attention here keeps the sequence whole; activations shard it over {seq!r}")
+        P = jax.sharding.PartitionSpec
+        qkv = P(batch, heads, None, None)  # type: ignore[no-untyped-call]
+        ids = P(batch, None)  # type: ignore[no-untyped-call]
+        out = jax.shard_map(local, in_specs=(qkv, qkv, qkv, ids), out_specs=qkv, check_vma=False)(q, k, v, segment_ids)
+    return out.transpose(0, 2, 1, 3)
+
+
+class SegmentAttention(gm.Attention):  # type: ignore[misc]
+    """Tunix's Gemma 4 attention that also takes `Segments` (see the module's docstring)."""
+
+    def block(
+        self, x: jax.Array, segment_pos: jax.Array, cache: Any, attn_mask: Any, kv_shared_cache: Any = None
+    ) -> tuple[Any, jax.Array, tuple[jax.Array, jax.Array]]:
+        if not isinstance(attn_mask, Segments):
+            return super().block(x, segment_pos, cache, attn_mask, kv_shared_cache=kv_shared_cache)  # type: ignore[no-any-return]
+        if cache is not None or kv_shared_cache is not None:
+            raise ValueError("segment ids are for training and scoring whole rows; decoding passes a mask")
+        cfg = self.config
+        rope = functools.partial(
+            gm.apply_rope,
+            positions=segment_pos,
+            base_frequency=self.rope_base_frequency,
+            scale_factor=self.rope_scale_factor,
+            rope_proportion=self.rope_proportion,
+        )
+        x = x.astype(cfg.dtype)
+        q = rope(self._query_norm(shard(self.q_einsum(x), cfg.shd_config.act_btnh)))
+        if hasattr(self, "k_einsum"):  # global layers with keys = values
+            k = v = self.k_einsum(x)
+        else:
+            k, v = self.kv_einsum(x)
+        k = shard(k, cfg.shd_config.act_btnh)
+        v = shard(v, cfg.shd_config.act_btnh)
+        v = v * jax.lax.rsqrt(jnp.mean(jnp.square(v), axis=-1, keepdims=True) + 1e-6)
+        k = rope(self._key_norm(k))
+        window = cfg.sliding_window_size if self.attn_type == gm.AttentionType.LOCAL_SLIDING else None
+        encoded = splash_attention(q, k, v, attn_mask.ids, window, tuple(cfg.shd_config.act_btnh))
+        out = shard(self.attn_vec_einsum(encoded), cfg.shd_config.act_btd)
+        return {"v": v, "k": k}, out, (k, v)
+
+
+def install(model: Any) -> Any:
+    """Make every Gemma 4 attention module of `model` a SegmentAttention (in place; returns `model`)."""
+    found = 0
+    for _, module in model.iter_modules():
+        if type(module) is gm.Attention:
+            missing = [p for p in _PARTS if not hasattr(module, p)]
+            if missing or not (hasattr(module, "k_einsum") or hasattr(module, "kv_einsum")):
+                raise TypeError(
+                    f"tunix.models.gemma4.model.Attention changed (no {missing or 'k_einsum/kv_einsum'}); "
+                    "update tpuforge_workloads.model.attention for this google-tunix version"
+                )
+            module.__class__ = SegmentAttention
+            found += 1
+        elif isinstance(module, SegmentAttention):
+            found += 1
+    if not found:
+        raise TypeError(f"{type(model).__name__} has no Gemma 4 attention module to install splash attention in")
+    return model

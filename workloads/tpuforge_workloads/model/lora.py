@@ -1,0 +1,268 @@
+"""LoRA on the Tunix Gemma 4 model with Qwix, the adapter manifest written beside the checkpoints, and the
+JAX LoRA model rebuilt from a base model + a training checkpoint (for checks against a merged model).
+
+Qwix adds `<weight>_lora_a` / `<weight>_lora_b` (nnx.LoRAParam) next to each targeted weight; their
+sharding follows the weight's: A keeps the sharding of the contracted axes, B that of the output axes, and
+the rank axis is never split, so any rank fits any mesh.
+
+Qwix creates the adapters in the base weight's dtype. We keep them (and so the optimizer's moments and the
+gradient accumulator) in float32: in bfloat16 an AdamW update of ~1e-4 of a weight's size is rounded away.
+The forward pass computes with them cast to the base's dtype (`adapters_in_compute_dtype`), so activations
+stay bfloat16 on a bfloat16 model; the gradient flows through the cast to the float32 weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict
+
+from tpuforge.api import LoraSpec
+from tpuforge_workloads import storage
+from tpuforge_workloads.model.adapter_checkpoint import PARAMS_ITEM, restore_lora_params
+from tpuforge_workloads.model.gemma4 import ModelError
+
+if TYPE_CHECKING:
+    import jax
+    import numpy as np
+
+# Beside the Orbax step directories under checkpoint.uri.
+MANIFEST_FILE = "lora.json"
+# The adapters' storage dtype (whatever the base's); see the module docstring.
+ADAPTER_DTYPE = "float32"
+
+
+class LoraManifest(BaseModel):
+    """What a reader needs to use the LoRA checkpoints without the training config."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_name: str
+    base_model_uri: str
+    rank: int
+    alpha: float
+    dropout: float
+    target_modules: list[str]
+    module_regex: str
+    params_item: str
+    layout: str
+
+    def differences(self, other: LoraManifest) -> list[str]:
+        """What would make `other`'s run resume these checkpoints as another adapter, each naming the
+        config field: the model and the shapes (a restore fails deep inside Orbax otherwise) and alpha
+        (the restored weights would silently be scaled by another alpha / rank). Dropout may change."""
+        fields = {
+            "modelName": (self.model_name, other.model_name),
+            "lora.rank": (self.rank, other.rank),
+            "lora.alpha": (self.alpha, other.alpha),
+            "lora.targetModules": (sorted(self.target_modules), sorted(other.target_modules)),
+        }
+        return [
+            f"{name} {mine} (checkpoints) vs {theirs} (this run)"
+            for name, (mine, theirs) in fields.items()
+            if mine != theirs
+        ]
+
+
+def module_regex(targets: Sequence[str]) -> str:
+    """Qwix matches this against module paths such as `layers/3/attn/q_einsum` (full match)."""
+    return r"layers/\d+/(?:attn|mlp)/(?:" + "|".join(re.escape(t) for t in targets) + ")"
+
+
+def manifest(model_name: str, base_model_uri: str, lora: LoraSpec) -> LoraManifest:
+    return LoraManifest(
+        model_name=model_name,
+        base_model_uri=base_model_uri,
+        rank=lora.rank,
+        alpha=lora.alpha,
+        dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        module_regex=module_regex(lora.target_modules),
+        params_item=PARAMS_ITEM,
+        layout=(
+            f"<step>/{PARAMS_ITEM}: nnx.state(model, nnx.LoRAParam) of the Tunix Gemma 4 model, leaves "
+            "layers/<i>/<attn|mlp>/<module>/<w|kernel>_lora_<a|b>/value; update = (alpha / rank) * A @ B "
+            "following each module's einsum"
+        ),
+    )
+
+
+def read_manifest(checkpoint_uri: str) -> LoraManifest | None:
+    uri = storage.join(checkpoint_uri, MANIFEST_FILE)
+    if not storage.is_file(uri):
+        return None
+    return LoraManifest.model_validate_json(storage.read_text(uri))
+
+
+def write_manifest(checkpoint_uri: str, m: LoraManifest) -> None:
+    storage.write_text(storage.join(checkpoint_uri, MANIFEST_FILE), m.model_dump_json(indent=2))
+
+
+def add_adapters(base: Any, lora: LoraSpec, batch: int, seed: int, adapter_dtype: str = ADAPTER_DTYPE) -> Any:
+    """Qwix's LoRA adapters on `lora.target_modules` of `base`, in `adapter_dtype`, created by running the
+    model once on a 2-token batch of `batch` rows. Traceable: `apply_lora` runs it under jit, the preflight
+    under nnx.eval_shape (no weights)."""
+    import jax
+    import jax.numpy as jnp
+    import qwix
+    from flax import nnx
+
+    from tpuforge_workloads.model.lora_provider import LoraProvider
+
+    # Ours: dropout off where the trainer evaluates (lora_provider.without_dropout).
+    provider = LoraProvider(
+        module_path=module_regex(lora.target_modules), rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout
+    )
+    inputs = {
+        "tokens": jnp.ones((batch, 2), jnp.int32),
+        "positions": jnp.zeros((batch, 2), jnp.int32),
+        "cache": None,
+        "attention_mask": jnp.ones((batch, 2, 2), bool),
+    }
+    model = qwix.apply_lora_to_model(base, provider, rngs=nnx.Rngs(params=seed, dropout=seed), **inputs)
+    nnx.update(model, jax.tree.map(lambda x: x.astype(adapter_dtype), nnx.state(model, nnx.LoRAParam)))
+    return model
+
+
+def apply_lora(
+    model: Any, lora: LoraSpec, mesh: jax.sharding.Mesh, seed: int, adapter_dtype: str = ADAPTER_DTYPE
+) -> Any:
+    """The model with LoRA adapters on `lora.target_modules`, initialised from `seed` (A random, B zero, so
+    training starts from the base model's outputs), stored in `adapter_dtype` and placed on `mesh`.
+
+    Qwix creates the adapters by running the model once. That runs under jit with the base weights donated:
+    eagerly, every op on sharded arrays is compiled on its own (seconds on CPU), and without donation the
+    base weights would briefly exist twice."""
+    import jax
+    from flax import nnx
+
+    @functools.partial(nnx.jit, donate_argnums=0)
+    def adapt(base: Any) -> Any:
+        return add_adapters(base, lora, mesh.shape["fsdp"], seed, adapter_dtype)
+
+    with jax.set_mesh(mesh):
+        lora_model = adapt(model)
+    # Values created under jit come back replicated; place them by their own sharding metadata.
+    state = nnx.state(lora_model, nnx.LoRAParam)
+    nnx.update(lora_model, jax.device_put(state, nnx.get_named_sharding(state, mesh)))
+    found = {str(path[-2]) for path, _ in nnx.to_flat_state(state)}
+    missing = [t for t in lora.target_modules if t not in found]
+    if missing:
+        raise ModelError(f"lora.targetModules: {missing} match no module of the model; adapted: {sorted(found)}")
+    if lora.dropout > 0:
+        set_dropout_seed(lora_model, seed, mesh)
+    return lora_model
+
+
+def attach_dropout_stream(model: Any, seed: int) -> None:
+    """The stream Qwix draws LoRA dropout masks from (traceable; `set_dropout_seed` also places it)."""
+    from flax import nnx
+
+    model.set_attributes(qwix_rngs=nnx.Rngs(dropout=seed + 1))
+
+
+def set_dropout_seed(model: Any, seed: int, mesh: jax.sharding.Mesh) -> None:
+    """Qwix draws LoRA dropout masks from `qwix_rngs` on each module: one stream for the whole model, whose
+    counter is part of the model state (and of the checkpoint, so a resumed run draws the same masks).
+    The stream is replicated on the mesh, as a restored one is, so fresh and resumed runs compile the same
+    train step."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    attach_dropout_stream(model, seed)
+    rng = nnx.state(model, nnx.RngState)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())  # type: ignore[no-untyped-call]
+
+    # Through host memory: the stream starts on one local device, and on a multi-host mesh an array can
+    # only be placed from the same host values on every process.
+    def place(x: Any) -> Any:
+        if jax.numpy.issubdtype(x.dtype, jax.dtypes.prng_key):
+            data = jax.device_put(np.asarray(jax.random.key_data(x)), replicated)
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+        return jax.device_put(np.asarray(x), replicated)
+
+    nnx.update(model, jax.tree.map(place, rng))
+
+
+@contextlib.contextmanager
+def adapters_in_compute_dtype(model: Any) -> Iterator[None]:
+    """Within the block the model's LoRA weights are cast to the model's compute dtype (a no-op when they
+    share it); the stored weights are put back on exit. Works eagerly and under jit/grad."""
+    import jax
+    from flax import nnx
+
+    stored = nnx.state(model, nnx.LoRAParam)
+    dtype = model.config.dtype
+    nnx.update(model, jax.tree.map(lambda x: x.astype(dtype), stored))
+    try:
+        yield
+    finally:
+        nnx.update(model, stored)
+
+
+def causal_inputs(tokens: np.ndarray) -> dict[str, Any]:
+    """Positions and a causal mask for unpadded rows of tokens [B, T]."""
+    import jax.numpy as jnp
+
+    b, t = tokens.shape
+    return {
+        "positions": jnp.tile(jnp.arange(t, dtype=jnp.int32)[None], (b, 1)),
+        "attention_mask": jnp.tile(jnp.tril(jnp.ones((t, t), bool))[None], (b, 1, 1)),
+    }
+
+
+def logits(model: Any, tokens: np.ndarray) -> np.ndarray:
+    """Float32 logits [B, T, V] of unpadded rows of token ids [B, T] (no dropout is applied when the model
+    was built by `load_lora_model`)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    x = causal_inputs(tokens)
+    with adapters_in_compute_dtype(model):
+        out, _ = model(jnp.asarray(tokens, jnp.int32), x["positions"], None, x["attention_mask"])
+    return np.asarray(out, dtype=np.float32)
+
+
+def load_lora_model(
+    base_model_uri: str,
+    checkpoint_uri: str,
+    step: int | None = None,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+) -> tuple[Any, int]:
+    """The trained JAX LoRA model: the base from `base_model_uri` (HF safetensors, gs:// or local), adapters
+    from `checkpoint_uri` at `step` (default: the latest). LoRA settings come from the manifest beside the
+    checkpoints; dropout is off. Returns (model, step). `mesh` defaults to one device."""
+    model = untrained_lora_model(base_model_uri, checkpoint_uri, mesh=mesh)
+    restored = restore_lora_params(checkpoint_uri, model, step)
+    return model, restored
+
+
+def untrained_lora_model(
+    base_model_uri: str,
+    checkpoint_uri: str,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+) -> Any:
+    """The base with the adapters that `checkpoint_uri`'s manifest describes, as training creates them (B is
+    zero: the model computes exactly what the base does) and without dropout; restore a step into it."""
+
+    import jax
+
+    from tpuforge_workloads.model import checkpoint_read, gemma4
+    from tpuforge_workloads.model.mesh import make_mesh
+
+    m = read_manifest(checkpoint_uri)
+    if m is None:
+        raise ModelError(f"{checkpoint_uri}: no {MANIFEST_FILE}; not a tpuforge training checkpoint directory")
+    text = gemma4.parse_config(gemma4.read_config(base_model_uri), storage.join(base_model_uri, "config.json"))
+    mesh = mesh or make_mesh(1, 1, jax.local_devices()[:1])
+    lora = LoraSpec(rank=m.rank, alpha=m.alpha, dropout=0.0, target_modules=m.target_modules)
+    with jax.set_mesh(mesh):
+        base = checkpoint_read.load_model(base_model_uri, text, gemma4.tunix_config(text), mesh)
+    return apply_lora(base, lora, mesh, seed=0)
