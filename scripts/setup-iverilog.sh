@@ -5,7 +5,7 @@ set -euo pipefail
 
 # awk, not head: head would close the pipe early and fail the pipeline under pipefail (SIGPIPE, 141).
 installed() { echo "iverilog $(iverilog -V 2>&1 | awk 'NR==1{print $4}') installed"; }
-# TPUFORGE_SETUP_FRESH=1 takes the install path even when installed (tests/test_setup_scripts.py).
+# TPUFORGE_SETUP_FRESH=1 takes the install path even when installed (tests/scripts/test_setup_scripts.py).
 if [ -z "${TPUFORGE_SETUP_FRESH:-}" ] && command -v iverilog >/dev/null 2>&1 && command -v vvp >/dev/null 2>&1; then
   installed
   exit 0

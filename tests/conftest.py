@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.fixtures.cluster",
     "tests.fixtures.models",
     "tests.fixtures.operator",
+    "tests.fixtures.pipelines",
 ]

@@ -31,7 +31,7 @@ def spec(name: str) -> dict[str, Any]:
         "output": {"uri": f"gs://bench/jobs/{name}/merged"},
         # What is measured is the operator taking a job to its training Job. With the preflight on, each job
         # would first wait for a preflight Job, which needs a CPU node this benchmark's sandbox does not run
-        # (tests/e2e/test_preflight.py covers that path).
+        # (tests/pipelines/test_preflight.py covers that path).
         "preflight": {"enabled": False},
         "serviceAccountName": "default",
     }

@@ -226,7 +226,7 @@ def train_workload(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
 def attempt_objects(o: Owner, spec: FineTuneJobSpec, attempt: int) -> list[Obj]:
     """Everything a training attempt needs, in creation order: the Job (or JobSet) comes last, so its pods
     never wait for a ServiceAccount or ConfigMap that does not exist yet."""
-    # finetune_rbac is imported whole: tests/unit/rbac_scan.py finds the kinds created here through the module.
+    # finetune_rbac is imported whole: tests/fixtures/rbac_scan.py finds the kinds created here through the module.
     return [*finetune_rbac.rbac_objects(o, spec), train_config_map(o, spec, attempt), train_workload(o, spec, attempt)]
 
 

@@ -10,7 +10,7 @@ user turn). Contents are trimmed, and thinking sections are dropped from model t
 A final assistant turn follows the template's generation prompt, which with thinking off closes an empty
 thought channel: `<turn>model\\n<|channel>thought\\n<channel|>{content}<end>\\n`. So a training row is,
 token for token, the prompt vLLM's /v1/chat/completions renders for the conversation so far, followed by
-the answer; earlier assistant turns are as the template renders history (tests/workloads/test_chat_template.py
+the answer; earlier assistant turns are as the template renders history (tests/workloads/data/test_chat_template.py
 checks this against the template file). Control tokens are inserted by id, never parsed out of text, so a
 record cannot forge them. Each piece of text is encoded on its own (role line, content), which is how the
 chat template's output tokenizes too: the pieces meet at control tokens and newlines.

@@ -6,7 +6,7 @@ LoRA product itself. Here both conversions are bit operations, fused with the ad
 vectorises (numba, compiled on first use, with the GIL released): 30-34 ms -> 5.5-6 ms per 32 MiB chunk.
 
 Rounding is to nearest, ties to even, as ml_dtypes and torch round; a NaN becomes the canonical quiet NaN of its
-sign (0x7FC0 or 0xFFC0), as ml_dtypes makes it (tests/workloads/test_merge_bf16.py checks the bits).
+sign (0x7FC0 or 0xFFC0), as ml_dtypes makes it (tests/workloads/merge/test_merge_bf16.py checks the bits).
 """
 
 from __future__ import annotations

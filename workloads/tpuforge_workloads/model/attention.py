@@ -15,7 +15,7 @@ and the row length suits the kernel's blocks (`use_splash`), the dense mask othe
 in Pallas interpret mode, which is how the tests compare both paths.
 
 The projection below restates Tunix's (q/k/v einsums, norms, RoPE, value normalisation). If a Tunix release
-changes its own, the two paths differ and tests/workloads/test_train_loss.py (segment-id path = masked path)
+changes its own, the two paths differ and tests/workloads/train/test_train_loss.py (segment-id path = masked path)
 fails; `install` refuses a model whose attention modules lack the parts it uses.
 """
 

@@ -37,7 +37,7 @@ MAX_POSITIONS = 4096
 # dropped from model turns, an image part as its placeholder between blank lines, and a generation prompt
 # that closes an empty thought channel. A message's content is a string or a list of parts, as in the
 # published template, so vLLM hands it OpenAI-style parts (images included). Serving renders prompts with it;
-# the data pipeline's format equals it (tests/workloads/test_chat_template.py checks both against the
+# the data pipeline's format equals it (tests/workloads/data/test_chat_template.py checks both against the
 # original).
 CHAT_TEMPLATE = (
     "{%- macro text(role, t) -%}"

