@@ -23,7 +23,7 @@ def test_exit_now_keeps_the_code_and_flushes_what_was_printed_and_logged() -> No
     # stdout to a pipe is block-buffered: os._exit alone would lose the print.
     program = (
         "import logging, threading, time\n"
-        "from tpuforge_workloads import termination\n"
+        "from tpuforge_workloads.runtime import termination\n"
         "logging.basicConfig(level=logging.INFO)\n"
         "threading.Thread(target=time.sleep, args=(60,)).start()\n"  # not joined, as an engine's threads
         "print('result line')\n"
