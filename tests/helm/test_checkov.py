@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helm.test_helm_chart import CHART, NAMESPACE, RELEASE, helm
+from tests.fixtures.helm import CHART, NAMESPACE, RELEASE, helm
 from tpuforge.api import FineTuneJobSpec, ServingDeploymentSpec, parse
 from tpuforge.api.catalog import model_shape, tpu_slice
 from tpuforge.manifests import serving, serving_inputs

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -16,79 +15,27 @@ import pytest
 import yaml
 
 from tests.fixtures import rbac_scan
+from tests.fixtures.helm import (
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    ROOT,
+    VALUES,
+    find,
+    helm,
+    operator_container,
+    render,
+    values_file,
+)
 from tpuforge import crds
 from tpuforge.api import FineTuneJobSpec, parse
 from tpuforge.api import constants as c
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "helm" / "tpuforge"
 RULES = CHART / "rules" / "tpuforge-alerts.yaml"
-NAMESPACE = "tpuforge-system"
-RELEASE = "tpf"
 # The chart's floor (Chart.yaml kubeVersion: the CRDs' validation rules name their field and reason, GA in
 # 1.30) and the newest schema kubernetes-validate ships.
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 
-VALUES: dict[str, dict[str, Any]] = {
-    "default": {},
-    "everything-on": {
-        "image": {"repository": "registry.example/tpuforge/operator", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
-        "imagePullSecrets": [{"name": "regcred"}],
-        "operator": {
-            "watchNamespaces": ["ml-team", "serving"],
-            "verbose": True,
-            "extraArgs": ["--context=prod"],
-            "env": [{"name": "TZ", "value": "UTC"}],
-        },
-        "tpu": {"runAsRoot": True, "spotGraceSeconds": 120},
-        "serviceAccount": {"annotations": {"iam.gke.io/gcp-service-account": "op@proj.iam.gserviceaccount.com"}},
-        "nodeSelector": {"cloud.google.com/gke-nodepool": "system"},
-        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "system", "effect": "NoSchedule"}],
-        "priorityClassName": "system-cluster-critical",
-        "podAnnotations": {"team": "ml-platform"},
-        "labels": {"cost-center": "ml"},
-        "metrics": {
-            "port": 9400,
-            "serviceMonitor": {
-                "enabled": True,
-                "additionalLabels": {"release": "kube-prometheus-stack"},
-                "namespace": "monitoring",
-            },
-            "podMonitoring": {"enabled": True},
-            "prometheusRule": {
-                "enabled": True,
-                "additionalLabels": {"release": "kube-prometheus-stack"},
-                "alertLabels": {"team": "ml-platform"},
-                "runbookBaseURL": "https://runbooks.example/tpuforge/sre.md",
-            },
-        },
-        "dashboards": {"namespace": "monitoring", "annotations": {"grafana_folder": "tpuforge"}},
-    },
-    "pinned": {
-        "image": {"digest": "sha256:" + "ab" * 32},
-        "networkPolicy": {"metricsFrom": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]},
-    },
-    "workloads-on": {
-        "operator": {"watchNamespaces": ["ml-team"]},
-        "kueue": {"enabled": True, "localQueues": [{"namespace": "ml-team", "name": "tpu"}]},
-        "networkPolicy": {
-            "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
-            "workloads": {"enabled": True},
-        },
-    },
-    "private-registry": {
-        "images": {"registry": "europe-docker.pkg.dev/ml-proj/tpuforge", "tag": "1.4.2"},
-        "imagePullSecrets": [{"name": "ar-reader"}, "team-robot"],
-    },
-    "bring-your-own": {
-        "fullnameOverride": "ml-operator",
-        "serviceAccount": {"create": False, "name": "ml-operator"},
-        "rbac": {"create": False},
-        "storage": {"create": False, "className": "team-hyperdisk"},
-        "metrics": {"enabled": False},
-        "dashboards": {"enabled": False},
-    },
-}
 
 # What kopf itself needs besides the handlers' resources (kopf/_core/reactor/observation.py): it lists and
 # watches the CRDs it serves, posts Events, and follows the namespaces when limited to some of them. The
@@ -101,59 +48,8 @@ KOPF_FRAMEWORK = {
 KOPF_NAMESPACED = {rbac_scan.Permission("", "namespaces", "list"), rbac_scan.Permission("", "namespaces", "watch")}
 
 
-@cache
-def helm() -> str:
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "get-helm.sh")], capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        pytest.fail(f"scripts/get-helm.sh failed (run `make setup`): {proc.stderr.strip()}")
-    return proc.stdout.strip().splitlines()[-1]
-
-
-def _values_file(tmp: Path, name: str) -> Path:
-    path = tmp / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(VALUES[name]))
-    return path
-
-
-@cache
-def render(name: str) -> tuple[dict[str, Any], ...]:
-    """`helm template` with one of VALUES, CRDs included, as parsed objects."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.run(
-            [
-                helm(),
-                "template",
-                RELEASE,
-                str(CHART),
-                "--namespace",
-                NAMESPACE,
-                "--include-crds",
-                "--values",
-                str(_values_file(Path(tmp), name)),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    assert proc.returncode == 0, proc.stderr
-    return tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
-
-
-def find(objs: tuple[dict[str, Any], ...], kind: str, name: str | None = None) -> dict[str, Any]:
-    found = [o for o in objs if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
-    assert len(found) == 1, f"expected one {kind} {name or ''}, found {[o['metadata']['name'] for o in found]}"
-    return found[0]
-
-
 def kinds(objs: tuple[dict[str, Any], ...]) -> list[str]:
     return sorted(o["kind"] for o in objs)
-
-
-def operator_container(objs: tuple[dict[str, Any], ...]) -> dict[str, Any]:
-    containers = find(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
-    return next(ct for ct in containers if ct["name"] == "operator")
 
 
 # --- Lint and schema validation ---------------------------------------------------------------------------
@@ -170,7 +66,7 @@ def test_helm_lint_strict(name: str, tmp_path: Path) -> None:
             "--namespace",
             NAMESPACE,
             "--values",
-            str(_values_file(tmp_path, name)),
+            str(values_file(tmp_path, name)),
         ],
         capture_output=True,
         text=True,

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from tests.fixtures import upstream
-from tests.helm.test_helm_chart import CHART, RELEASE, find, helm, render
+from tests.fixtures.helm import CHART, QUEUE, RELEASE, find, helm, render
 from tpuforge import api
 from tpuforge.api import resources
 from tpuforge.api.catalog import TPU_SLICES
@@ -33,7 +33,6 @@ from tpuforge.manifests.preflight import preflight_objects
 Obj = dict[str, Any]
 VALUES = "workloads-on"
 NAMESPACE = "ml-team"
-QUEUE = "tpu"
 TPU_FLAVORS = ["tpu-v5p-8", "tpu-v5p-16", "tpu-v6e-8", "tpu-v6e-16"]
 
 

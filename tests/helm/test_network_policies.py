@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.helm.test_helm_chart import NAMESPACE, find, render
-from tests.helm.test_kueue import QUEUE
+from tests.fixtures.helm import NAMESPACE, QUEUE, find, render
 from tpuforge import api
 from tpuforge.api.catalog import model_shape, tpu_slice
 from tpuforge.api.constants import COORDINATOR_PORT, LABEL_JOBSET_NAME, TPU_RUNTIME_PORT

@@ -528,7 +528,7 @@ def test_promtool_finds_no_lint_problems_in_tpuforge_metrics(exporters: Exporter
 
 
 def test_helm_test_pod_script_passes_against_the_operator_metrics(exporters: Exporters) -> None:
-    from tests.helm.test_helm_chart import NAMESPACE, find, render
+    from tests.fixtures.helm import NAMESPACE, find, render
 
     objs = render("default")
     script = find(objs, "Pod")["spec"]["containers"][0]["args"][0]

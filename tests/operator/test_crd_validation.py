@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.operator.api.test_admission_rules import EXAMPLES, INVALID, ROOT, InvalidSpec, refusals
-from tests.sandbox.test_sandbox import kubectl
+from tests.fixtures.admission import EXAMPLES, INVALID, ROOT, InvalidSpec, refusals
+from tests.fixtures.cluster import kubectl
 from tpuforge.sandbox import Sandbox
 
 pytestmark = pytest.mark.cluster

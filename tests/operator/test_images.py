@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helm.test_helm_chart import find, operator_container, render
+from tests.fixtures.helm import find, operator_container, render
 from tpuforge import build_images
 from tpuforge.api import FineTuneJobSpec, ServingDeploymentSpec, images, parse
 from tpuforge.api import constants as c

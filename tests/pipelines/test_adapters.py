@@ -17,8 +17,7 @@ import pytest
 from kubernetes import client
 
 from tests.fixtures.finetunejob import Cluster
-from tests.pipelines.test_pipeline import finish, pod_logs
-from tpuforge.api.constants import GROUP, SERVING_PLURAL, VERSION
+from tests.fixtures.pipelines import Serving, finish, pod_logs, report_head
 from tpuforge.sandbox import Sandbox, wait_for
 from tpuforge.sandbox.agent.runtimes import vllm_venv
 from tpuforge_workloads import storage
@@ -39,7 +38,6 @@ TRAINING = {
     "warmupSteps": 10,
     "packing": True,
 }
-SERVE_TIMEOUT = 600.0
 VLLM = "http://127.0.0.1:8000"  # the sandbox's serving pod listens on this machine's loopback
 CPU_ARGS = ["--dtype", "float32", "--enforce-eager", "--host", "127.0.0.1", "--gpu-memory-utilization", "0.1"]
 QUESTION = {"capitals": "What is the capital of Norway?", "languages": "What language is spoken in Brazil?"}
@@ -52,14 +50,6 @@ def upload_task(bucket: str, namespace: str, task: demo.Task) -> tuple[str, str]
     storage.write_text(f"{root}/train.jsonl", demo.jsonl(demo.records(task)))
     storage.write_text(f"{root}/eval.jsonl", demo.jsonl(demo.eval_records(task)))
     return f"{root}/train.jsonl", f"{root}/eval.jsonl"
-
-
-def report_head(evaluation: dict[str, Any], lines: int = 4) -> str:
-    """The first examples of an evaluation's report, to say what the models answered."""
-    uri = evaluation.get("reportUri")
-    if not uri:
-        return "(no report)"
-    return "\n".join(storage.read_text(storage.join(uri, "report.jsonl")).splitlines()[:lines])
 
 
 def chat(model: str, question: str) -> str:
@@ -75,55 +65,6 @@ def served_models() -> dict[str, str | None]:
     """Served name -> the base it is an adapter of (None for the base)."""
     with urllib.request.urlopen(f"{VLLM}/v1/models", timeout=30) as r:
         return {m["id"]: m.get("parent") for m in json.load(r)["data"]}
-
-
-class Serving:
-    def __init__(self, api: client.ApiClient, namespace: str, name: str):
-        self.custom = client.CustomObjectsApi(api)
-        self.core = client.CoreV1Api(api)
-        self.ns, self.name = namespace, name
-
-    def create(self, spec: dict[str, Any]) -> None:
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "ServingDeployment", "metadata": {"name": self.name}}
-        self.custom.create_namespaced_custom_object(GROUP, VERSION, self.ns, SERVING_PLURAL, {**body, "spec": spec})
-
-    def status(self) -> dict[str, Any]:
-        obj = self.custom.get_namespaced_custom_object(GROUP, VERSION, self.ns, SERVING_PLURAL, self.name)
-        return dict(obj.get("status") or {})
-
-    def set_adapters(self, adapters: list[dict[str, Any]]) -> None:
-        self.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, self.ns, SERVING_PLURAL, self.name, {"spec": {"adapters": adapters}}
-        )
-
-    def adapter(self, name: str) -> dict[str, Any]:
-        return next((a for a in self.status().get("adapters") or [] if a["name"] == name), {})
-
-    def wait(
-        self, check: Callable[[dict[str, Any]], bool], what: str, timeout: float = SERVE_TIMEOUT
-    ) -> dict[str, Any]:
-        last: dict[str, Any] = {}
-
-        def ok() -> bool:
-            nonlocal last
-            last = self.status()
-            if last.get("phase") == "Failed":
-                raise AssertionError(f"the ServingDeployment failed: {last}")
-            return check(last)
-
-        try:
-            wait_for(ok, timeout, what, interval=2)
-        except TimeoutError as e:
-            raise AssertionError(f"{e}; status: {last}") from None
-        return last
-
-    def pod(self) -> dict[str, Any]:
-        pods = [p for p in self.core.list_namespaced_pod(self.ns).items if p.metadata.name.startswith(self.name)]
-        assert len(pods) == 1, [p.metadata.name for p in pods]
-        return {
-            "uid": pods[0].metadata.uid,
-            "restarts": sum(c.restart_count for c in pods[0].status.container_statuses or []),
-        }
 
 
 def ready(names: list[str]) -> Callable[[dict[str, Any]], bool]:

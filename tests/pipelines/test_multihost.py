@@ -12,8 +12,7 @@ import pytest
 
 from tests.fixtures.finetunejob import Cluster
 from tests.fixtures.models import read_summary
-from tests.fixtures.pipelines import STEPS
-from tests.pipelines.test_pipeline import JOB_TIMEOUT, TRAINER, finish, pod_logs, steps_logged, wait_for_log
+from tests.fixtures.pipelines import JOB_TIMEOUT, STEPS, TRAINER, finish, pod_logs, steps_logged, wait_for_log
 from tpuforge.api.constants import JOB_COMPLETION_INDEX
 from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests.finetune_merge import MERGER_CONTAINER

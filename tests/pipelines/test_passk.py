@@ -18,8 +18,7 @@ import pytest
 from kubernetes import client
 
 from tests.fixtures.finetunejob import Cluster
-from tests.pipelines.test_adapters import Serving, report_head
-from tests.pipelines.test_pipeline import finish, pod_logs
+from tests.fixtures.pipelines import Serving, finish, pod_logs, report_head
 from tpuforge.sandbox import Sandbox
 from tpuforge.sandbox.agent.runtimes import vllm_venv
 from tpuforge_workloads import storage

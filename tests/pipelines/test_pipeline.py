@@ -20,47 +20,15 @@ import pytest
 
 from tests.fixtures.finetunejob import Cluster
 from tests.fixtures.models import read_summary
-from tests.fixtures.pipelines import STEPS
+from tests.fixtures.pipelines import JOB_TIMEOUT, STEPS, TRAINER, finish, pod_logs, steps_logged, wait_for_log
 from tpuforge.api.constants import LABEL_COMPONENT
 from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
-from tpuforge.manifests.finetune_training import TRAINER_CONTAINER
 from tpuforge.manifests.preflight import COMPONENT_PREFLIGHT
 from tpuforge.sandbox import Sandbox, wait_for
 from tpuforge_workloads.storage import commit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
-
-# A training pod loads JAX and the model and compiles before its first step: minutes on a busy 2-core machine.
-JOB_TIMEOUT = 600.0
-TRAINER = TRAINER_CONTAINER
-
-
-def finish(cluster: Cluster, sandbox: Sandbox, name: str, timeout: float = JOB_TIMEOUT) -> dict[str, Any]:
-    """The job's status once it has Succeeded or Failed (with the pods' log tails when it times out)."""
-    last: dict[str, Any] = {}
-
-    def done() -> bool:
-        nonlocal last
-        last = cluster.status(name)
-        return last.get("phase") in ("Succeeded", "Failed")
-
-    try:
-        wait_for(done, timeout, f"FineTuneJob {name} to finish", interval=1.0)
-    except TimeoutError:
-        raise AssertionError(f"{name} did not finish; status: {last}\n{pod_logs(cluster, sandbox, name)}") from None
-    return last
-
-
-def pod_logs(cluster: Cluster, sandbox: Sandbox, name: str) -> str:
-    out = []
-    for pod in cluster.children("Pod", name):
-        pod_name = pod["metadata"]["name"]
-        for c in pod["spec"]["containers"]:
-            path = sandbox.pod_log(cluster.ns, pod_name, c["name"])
-            tail = path.read_text(errors="replace").splitlines()[-15:] if path.exists() else ["(no log)"]
-            out.append(f"--- {pod_name}/{c['name']}\n" + "\n".join(tail))
-    return "\n".join(out)
 
 
 def trainer_pod(cluster: Cluster, name: str, attempt: int) -> dict[str, Any]:
@@ -76,19 +44,6 @@ def trainer_pod(cluster: Cluster, name: str, attempt: int) -> dict[str, Any]:
         running, JOB_TIMEOUT, f"the training pod of attempt {attempt} of {name}", interval=0.2
     )
     return pod
-
-
-def wait_for_log(path: Path, pattern: str, timeout: float = JOB_TIMEOUT) -> re.Match[str]:
-    def found() -> re.Match[str] | None:
-        return re.search(pattern, path.read_text(errors="replace")) if path.exists() else None
-
-    match: re.Match[str] = wait_for(found, timeout, f"{pattern!r} in {path}", interval=0.1)
-    return match
-
-
-def steps_logged(path: Path, total: int) -> list[int]:
-    """The optimizer steps a trainer log reports, in order."""
-    return [int(s) for s in re.findall(rf"\bstep (\d+)/{total} loss", path.read_text(errors="replace"))]
 
 
 def preflight_pods(cluster: Cluster, name: str) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.finetunejob import Cluster
-from tests.pipelines.test_pipeline import finish, pod_logs
+from tests.fixtures.pipelines import finish, pod_logs
 from tpuforge.api.constants import LABEL_COMPONENT
 from tpuforge.manifests import preflight as mp
 from tpuforge.sandbox import Sandbox

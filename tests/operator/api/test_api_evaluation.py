@@ -7,19 +7,9 @@ from typing import Any
 
 import pytest
 
-from tests.operator.api.test_api_validation import errors_of, spec
+from tests.fixtures.api_specs import errors_of, spec, with_eval
 from tpuforge import api
 from tpuforge.api.configs import evaluation_mesh
-
-
-def with_eval(evaluation: dict[str, Any] | None = None, **overrides: Any) -> dict[str, Any]:
-    raw = spec(
-        dataset={"uri": "gs://d/train.jsonl", "evalUri": "gs://d/eval.jsonl"},
-        merge={"enabled": False, "writeAdapter": True},
-        evaluation=evaluation if evaluation is not None else {},
-    )
-    raw.update(overrides)
-    return raw
 
 
 def test_an_adapter_only_job_with_an_evaluation_is_valid_with_the_defaults() -> None:

@@ -7,33 +7,10 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.api_specs import errors_of, spec
 from tpuforge import api
 from tpuforge.api import catalog
 from tpuforge.api.images import PUBLIC_IMAGES
-
-
-def spec(**overrides: Any) -> dict[str, Any]:
-    raw: dict[str, Any] = {
-        "model": {"name": "gemma4-31b", "uri": "gs://m/gemma"},
-        "dataset": {"uri": "gs://d/train.jsonl"},
-        "training": {"maxSeqLen": 4096},
-        "checkpoint": {"uri": "gs://r/job/checkpoints"},
-        "output": {"uri": "gs://r/job/merged"},
-        "serviceAccountName": "tpuforge-gcs",
-    }
-    for path, value in overrides.items():
-        node = raw
-        keys = path.split("__")
-        for k in keys[:-1]:
-            node = node.setdefault(k, {})
-        node[keys[-1]] = value
-    return raw
-
-
-def errors_of(raw: dict[str, Any]) -> dict[str, str]:
-    with pytest.raises(api.SpecError) as info:
-        api.validate_finetune(raw)
-    return {e.field: e.message for e in info.value.errors}
 
 
 def test_defaults_follow_the_recipe() -> None:

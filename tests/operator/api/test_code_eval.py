@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.operator.api.test_api_evaluation import with_eval
-from tests.operator.api.test_api_validation import errors_of
+from tests.fixtures.api_specs import errors_of, with_eval
 from tpuforge import api
 from tpuforge.api.code_eval import ConfidenceInterval
 from tpuforge_workloads.evaluate.passk import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.operator.manifests.test_manifests_finetune import spec
+from tests.fixtures.finetune.specs import spec
 from tpuforge.api import cost
 from tpuforge.api.catalog import TPU_SLICES, model_shape
 from tpuforge.api.preflight import PreflightStatus

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.operator.manifests.test_manifests_finetune import OWNER, pod, spec
-from tests.operator.manifests.test_manifests_serving import inputs
+from tests.fixtures.finetune.specs import OWNER, pod, spec
+from tests.fixtures.serving import inputs
 from tpuforge import api
 from tpuforge.api.constants import GKE_SPOT, GKE_TPU_ACCELERATOR, GKE_TPU_TOPOLOGY, INSTANCE_TYPE, TPU_RESOURCE
 from tpuforge.api.scheduling import GKE_FLEX_START, GKE_QUEUED, GKE_RESERVATION_AFFINITY, GKE_RESERVATION_NAME

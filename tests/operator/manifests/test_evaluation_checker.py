@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.operator.manifests.test_manifests_finetune import OWNER, spec
+from tests.fixtures.finetune.specs import OWNER, spec
 from tpuforge.api.constants import CPU_SLICE
 from tpuforge.manifests.finetune_evaluation import (
     CHECK_DIR,

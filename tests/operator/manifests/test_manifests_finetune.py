@@ -10,6 +10,7 @@ import kubernetes_validate
 import pytest
 
 from tests.fixtures import upstream
+from tests.fixtures.finetune.specs import OWNER, pod, spec
 from tpuforge import api
 from tpuforge.api.constants import (
     CONFIG_FILE,
@@ -43,25 +44,6 @@ from tpuforge.manifests.finetune_training import (
     train_workload,
 )
 from tpuforge.manifests.preflight import preflight_objects
-
-OWNER = owner("team-a", "gemma-verilog", "uid-1")
-
-
-def spec(**overrides: Any) -> api.FineTuneJobSpec:
-    raw: dict[str, Any] = {
-        "model": {"name": "gemma4-31b", "uri": "gs://b/models/gemma4-31b"},
-        "dataset": {"uri": "gs://b/data/train.jsonl"},
-        "training": {"maxSeqLen": 3072},
-        "checkpoint": {"uri": "gs://b/jobs/gemma-verilog/checkpoints"},
-        "output": {"uri": "gs://b/jobs/gemma-verilog/merged"},
-        "serviceAccountName": "tpuforge-gcs",
-        **overrides,
-    }
-    return api.validate_finetune(raw)
-
-
-def pod(job: dict[str, Any]) -> dict[str, Any]:
-    return dict(job["spec"]["template"]["spec"])
 
 
 def test_training_job_targets_the_slices_tpu_pool_with_all_its_chips() -> None:

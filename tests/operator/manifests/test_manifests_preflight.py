@@ -8,7 +8,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from tests.operator.controllers.finetune.test_finetune_status_plan import raw_spec
+from tests.fixtures.finetune.world import raw_spec
 from tpuforge import api
 from tpuforge.api.constants import EXIT_BAD_CONFIG, EXIT_DOES_NOT_FIT
 from tpuforge.manifests import preflight as mp

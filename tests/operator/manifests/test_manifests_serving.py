@@ -9,24 +9,11 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.fixtures.serving import URI, inputs
 from tpuforge import api
 from tpuforge.api.catalog import model_shape, tpu_slice
 from tpuforge.api.constants import DEFAULT_VLLM_IMAGE
 from tpuforge.manifests import serving, serving_inputs, vllm_server
-
-URI = "gs://bucket/jobs/demo/merged"
-
-
-def inputs(model: str = "gemma4-31b", name: str = "chat", **spec: Any) -> serving_inputs.ServingInputs:
-    raw: dict[str, Any] = {"model": {"uri": URI}, "serviceAccountName": "vllm", **spec}
-    s = api.validate_serving(raw, model)
-    return serving_inputs.ServingInputs(
-        owner=serving_inputs.owner("team-a", name, "0000-1111"),
-        spec=s,
-        model_uri=URI,
-        model=model_shape(model),
-        slice=tpu_slice(s.tpu.slice),
-    )
 
 
 def flag(args: list[str], name: str) -> str:

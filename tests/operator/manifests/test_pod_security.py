@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.operator.manifests.test_manifests_finetune import spec as job_spec
+from tests.fixtures.finetune.specs import spec as job_spec
 from tpuforge import api
 from tpuforge.api.catalog import model_shape, tpu_slice
 from tpuforge.manifests import common, serving, serving_inputs

@@ -10,30 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.fixtures.conversations import CONVERSATIONS
 from tpuforge_workloads.data.chat import ChatEncoder, strip_thinking
 from tpuforge_workloads.data.records import Message
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "fixtures" / "chat_templates" / "gemma-4-31B-it.jinja"
-
-CONVERSATIONS = {
-    "system and two exchanges": (
-        Message("system", "You answer geography questions in one sentence."),
-        Message("user", "What is the capital of Peru?"),
-        Message("assistant", "The capital of Peru is Lima."),
-        Message("user", "And of Chile?"),
-        Message("assistant", "The capital of Chile is Santiago."),
-    ),
-    "one exchange, untrimmed": (
-        Message("user", "  Spell cat backwards.\n"),
-        Message("assistant", "\ntac \n"),
-    ),
-    "thinking left in an earlier answer": (
-        Message("user", "2 + 2?"),
-        Message("assistant", "<|channel>thought\nadd them<channel|>4"),
-        Message("user", "and 3 + 3?"),
-        Message("assistant", "6"),
-    ),
-}
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tests.workloads.merge.test_merge_synthetic import DELTA_EINSUM  # Qwix's LoRA einsums, in Tunix's layout
+from tests.fixtures.merge_inputs import DELTA_EINSUM  # Qwix's LoRA einsums, in Tunix's layout
 from tpuforge.api import LoraSpec
 from tpuforge.api.configs import MergeConfig
 from tpuforge.api.constants import ADAPTER_SUBDIR

@@ -21,8 +21,18 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from tpuforge.api import LoraSpec
-from tpuforge.api.catalog import model_shape
+from tests.fixtures.merge_inputs import (
+    ALPHA,
+    DELTA_EINSUM,
+    RANK,
+    STEP,
+    TARGETS,
+    TINY,
+    Inputs,
+    config,
+    make_inputs,
+    trained_with,
+)
 from tpuforge.api.configs import MergeConfig
 from tpuforge.api.constants import COMPLETE_MARKER, EXIT_BAD_CONFIG
 from tpuforge_workloads import storage
@@ -34,22 +44,7 @@ from tpuforge_workloads.model import lora
 from tpuforge_workloads.model.adapters import AdapterError, AdapterInfo, read_adapter_manifest
 from tpuforge_workloads.storage import commit
 
-RANK, ALPHA, STEP = 4, 8.0, 10
-TINY = model_shape("gemma4-tiny")
-TARGETS = list(TINY.lora_targets)
 REPO = Path(__file__).resolve().parents[3]
-
-# Qwix's LoRA einsums, with the delta in the Tunix weight's own layout, and Tunix -> HF conversions as
-# documented for Gemma 4: an independent route to what mapping.peft_factors computes.
-DELTA_EINSUM = {
-    "q_einsum": "Dr,rNH->NDH",
-    "kv_einsum": "Dr,rCKH->CKDH",
-    "k_einsum": "Dr,rKH->KDH",
-    "attn_vec_einsum": "NHr,rD->NHD",
-    "gate_proj": "Dr,rF->DF",
-    "up_proj": "Dr,rF->DF",
-    "down_proj": "Fr,rD->FD",
-}
 
 
 def _heads_to_hf(w: np.ndarray) -> np.ndarray:  # (N, D, h) -> (N*h, D)
@@ -93,41 +88,6 @@ def load_dir(uri: str, tmp: Path) -> dict[str, np.ndarray]:
     for f in sorted(local.glob("*.safetensors")):
         out.update(load_file(str(f)))
     return out
-
-
-@dataclasses.dataclass
-class Inputs:
-    base: str
-    ckpt: str
-    tree: dict[str, Any]
-    prefix: str
-
-
-def make_inputs(root: str, shape: Any = TINY, dtype: str = "F32", shard_bytes: int | None = 300_000) -> Inputs:
-    base, ckpt = storage.join(root, "base"), storage.join(root, "ckpt")
-    synthetic.write_base(base, shape, dtype=dtype, shard_bytes=shard_bytes)
-    text = read_base_config(base)
-    tree = synthetic.lora_tree(text, RANK, TARGETS)
-    synthetic.write_lora_checkpoint(ckpt, tree, STEP, trained_with(base))
-    return Inputs(base, ckpt, tree, shape.hf_prefix)
-
-
-def trained_with(base: str, rank: int = RANK) -> lora.LoraManifest:
-    """The manifest the trainer writes beside its checkpoints."""
-    return lora.manifest("gemma4-tiny", base, LoraSpec(rank=rank, alpha=ALPHA, target_modules=TARGETS))
-
-
-def config(inputs: Inputs, out: str, **kw: Any) -> MergeConfig:
-    fields: dict[str, Any] = {
-        "model_name": "gemma4-tiny",
-        "base_model_uri": inputs.base,
-        "checkpoint_uri": inputs.ckpt,
-        "output_uri": out,
-        "shard_size_mb": 1,
-        "lora": {"rank": RANK, "alpha": ALPHA},
-    }
-    fields.update(kw)
-    return MergeConfig.model_validate(fields)
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.merge_inputs import Inputs, config, make_inputs
 from tests.fixtures.models import RUNS_BUCKET, TrainerProcess, tiny_train_config
-from tests.workloads.merge.test_merge_synthetic import Inputs, config, make_inputs
 from tpuforge.api import EarlyStoppingSpec, TrainResult
 from tpuforge.api.configs import MergeConfig
 from tpuforge_workloads import storage

@@ -6,12 +6,12 @@ outputs are fine) with EvaluationPassed False; an evaluation Job that fails ends
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.operator.controllers.finetune.test_finetune_status_plan import NAME, World, raw_spec, train
+from tests.fixtures.finetune.evaluation import EVAL, OUT, REPORT, eval_pod, eval_spec, result
+from tests.fixtures.finetune.world import NAME, World, raw_spec, train
 from tpuforge import api
 from tpuforge.api.constants import CONFIG_FILE, EXIT_BAD_CONFIG
 from tpuforge.controllers.finetune.children import JobView
@@ -26,57 +26,12 @@ from tpuforge.controllers.finetune.plan import (
     plan,
     status_patch,
 )
-from tpuforge.manifests.finetune_common import eval_job_name, merge_job_name
+from tpuforge.manifests.finetune_common import merge_job_name
 from tpuforge.manifests.finetune_evaluation import EVAL_BACKOFF_LIMIT
 from tpuforge.metrics import FineTuneJobCollector, finetunejob_sample
 
-OUT = "gs://b/jobs/gemma-verilog/merged"
 ADAPTER = f"{OUT}/adapter"
-REPORT = f"{OUT}/evaluation"
-EVAL = eval_job_name(NAME)
 MERGE = merge_job_name(NAME)
-
-
-def eval_spec(merged: bool = False, **evaluation: Any) -> dict[str, Any]:
-    return raw_spec(
-        dataset={"uri": "gs://b/data/train.jsonl", "evalUri": "gs://b/data/eval.jsonl"},
-        merge={"enabled": merged, "writeAdapter": True},
-        evaluation={"thresholds": {"minExactMatch": 0.5, "maxLoss": 1.5}, **evaluation},
-    )
-
-
-def result(em: float = 1.0, loss: float = 0.5, **extra: Any) -> str:
-    return json.dumps(
-        {
-            "metrics": {"exactMatch": em, "loss": loss},
-            "baseMetrics": {"exactMatch": 0.0, "loss": 3.25},
-            "examples": 20,
-            "reportUri": REPORT,
-            **extra,
-        }
-    )
-
-
-def eval_pod(
-    w: World, phase: str, name: str = "eval-pod", exit_code: int | None = None, message: str = "", init: bool = False
-) -> str:
-    """An evaluation pod: the `score` container's state, or (init) the `loss` init container's."""
-    status: dict[str, Any] = {"phase": phase, "startTime": "2026-01-01T00:00:00Z"}
-    if phase == "Running":
-        status["containerStatuses"] = [{"name": "score", "state": {"running": {"startedAt": "2026-01-01T00:00:01Z"}}}]
-    elif exit_code is not None:
-        term = {"exitCode": exit_code, "message": message, "reason": "Completed" if exit_code == 0 else "Error"}
-        if init:
-            status["initContainerStatuses"] = [{"name": "loss", "state": {"terminated": term}}]
-            status["containerStatuses"] = [{"name": "score", "state": {"waiting": {"reason": "PodInitializing"}}}]
-        else:
-            status["containerStatuses"] = [{"name": "score", "state": {"terminated": term}}]
-    w.pods[name] = {
-        "metadata": {"name": name, "labels": {"job-name": EVAL, "app.kubernetes.io/component": "evaluator"}},
-        "spec": {"initContainers": [{"name": "loss"}], "containers": [{"name": "score"}], "nodeName": "tpu-v6e-node"},
-        "status": status,
-    }
-    return name
 
 
 def to_evaluating(w: World) -> None:

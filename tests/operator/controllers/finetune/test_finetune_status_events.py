@@ -8,24 +8,12 @@ step numbers). They are laid out as `kubectl describe` lays out its Events table
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Iterator
-
 import pytest
 
-from tests.operator.controllers.finetune import test_finetune_status_evaluation as evaluation_flows
-from tests.operator.controllers.finetune import test_finetune_status_multihost as multihost_flows
-from tests.operator.controllers.finetune import test_finetune_status_plan as flows
-from tests.operator.controllers.finetune import test_finetune_status_preflight as preflight_flows
-from tests.operator.controllers.finetune import test_finetune_status_queue as queue_flows
+from tests.fixtures.finetune.events import NODE, flow_events, worst_cases
 from tpuforge.api.evaluation import Check
 from tpuforge.controllers.finetune import events as ev
-from tpuforge.controllers.finetune.plan import Event
 from tpuforge.kube import events as kube_events
-
-NODE = "gke-tpuforge-prod-us-central1-v5p-8-spot-pool-3f2a1b2c-k9xz"
-URI = "gs://acme-ml-training-artifacts-us-central1/fine-tunes/gemma4-31b-verilog-2026-01-01/merged"
-FIELDS = ["spec.lora.rank", "spec.lora.targetModules", "spec.training.learningRate", "spec.training.maxSeqLen"]
 
 
 def describe_events(rows: list[tuple[str, str, str, str, str]]) -> list[str]:
@@ -35,84 +23,6 @@ def describe_events(rows: list[tuple[str, str, str, str, str]]) -> list[str]:
     table += [("  " + t, r, a, f, m) for t, r, a, f, m in rows]
     widths = [max(len(row[i]) for row in table) + 2 for i in range(4)]
     return ["".join(cell.ljust(w) for cell, w in zip(row[:4], widths, strict=True)) + row[4] for row in table]
-
-
-def flow_events(monkeypatch: pytest.MonkeyPatch) -> list[Event]:
-    """The Events of every lifecycle the planner tests drive."""
-    seen: list[Event] = []
-    step = flows.World.step
-
-    def recording(self: flows.World, seconds: float = 1.0) -> flows.Plan:
-        p = step(self, seconds)
-        seen.extend(p.events)
-        return p
-
-    monkeypatch.setattr(flows.World, "step", recording)
-    for module in (flows, multihost_flows, evaluation_flows, preflight_flows, queue_flows):
-        for name, fn in vars(module).items():
-            if name.startswith("test_") and inspect.isfunction(fn) and not inspect.signature(fn).parameters:
-                fn()
-    return seen
-
-
-def worst_cases() -> Iterator[str]:
-    """Each builder with the longest inputs it can be given."""
-    big = 1_234_567
-    yield ev.created("v5p-128", "4x4x4", spot=True)
-    yield ev.created("v5p-128", "4x4x4", spot=True, hosts=16)
-    yield ev.started_on_hosts(big, 16)
-    yield ev.host_preempted(big, 15, 16, NODE)
-    yield ev.host_preempted(big, None, 16, None)
-    yield ev.no_jobset("v5p-128")
-    yield ev.started(big, NODE)
-    yield ev.started(0, None)
-    yield ev.preempted(big, NODE)
-    yield ev.preempted(3, None)
-    yield ev.retrying(big, "ContainerCannotRunBecauseOfSomethingLong", big, big)
-    yield ev.resuming(big, big, big)
-    yield ev.resuming(1, None, None)
-    yield ev.resumed(big, big)
-    yield ev.merging(URI)
-    yield ev.merged(URI)
-    yield ev.trained_only()
-    yield ev.stopped_early(big, big)
-    yield ev.stopped_early(big, None)
-    yield ev.suspended()
-    for role in ("training", "preflight", "merge", "evaluation"):
-        yield ev.queued(role, "team-a-tpu-v5p-spot-high-priority-queue")
-        yield ev.queued(role, "tpu")
-        yield ev.queued(role, "")
-        yield ev.admitted(role)
-    yield ev.frozen(FIELDS)
-    yield ev.frozen(FIELDS[:1])
-    yield ev.invalid_spec(FIELDS)
-    yield ev.invalid_spec([])
-    yield ev.invalid_edit(FIELDS)
-    yield ev.deadline("729d23h")
-    yield ev.gave_up(big, "ContainerCannotRunBecauseOfSomethingLong", big)
-    yield ev.rejected_config(big)
-    yield ev.merge_failed()
-    yield ev.exporting(URI + "/adapter")
-    yield ev.adapter_exported(URI + "/adapter")
-    yield ev.evaluating("v6e-8")
-    yield ev.evaluating("cpu")
-    worst = {"exactMatch": 0.99, "loss": 123.456789, "someNewMetricName": 1234.5678}
-    yield ev.eval_passed(worst, worst)
-    yield ev.eval_passed({"loss": 123.456789}, {"loss": 123.456789})
-    yield ev.eval_passed(worst, {})
-    yield ev.eval_below(Check("loss", "maxLoss", 0.0001234, 123.456789, False))
-    yield ev.eval_below(Check("exactMatch", "minExactMatch", 1.0, 0.99, False))
-    yield ev.eval_below(Check("exactMatch", "minExactMatch", 1.0, None, False))
-    yield ev.eval_below(None)
-    code = {"pass@1": 0.99, "pass@5": 1.0, "pass@10": 1.0, "loss": 123.456789}
-    yield ev.eval_passed(code, code)
-    yield ev.eval_below(Check("pass@10", "minPassAt.10", 0.99, 0.01, False))
-    yield ev.eval_failed()
-    yield ev.eval_unreadable()
-    yield ev.preflight_started("v5p-128")
-    yield ev.preflight_result("fits: 12,345.6 of 95 GiB per chip; ~1,234,567 tok/s at 100% MFU", True, 12345.6, 95, 1e6)
-    yield ev.preflight_result("does not fit: at least 12,345.6 of 32 GiB per chip", False, 12345.6, 32, 0)
-    yield ev.preflight_failed()
 
 
 def test_the_room_is_what_describe_leaves() -> None:

@@ -7,8 +7,8 @@ import asyncio
 import dataclasses
 from typing import Any
 
-from tests.operator.controllers.finetune.test_finetune_status_plan import raw_spec
-from tests.operator.controllers.finetune.test_finetune_status_queue import NO_QUOTA, condition, workload
+from tests.fixtures.finetune.queue import NO_QUOTA, condition, workload
+from tests.fixtures.finetune.world import raw_spec
 from tpuforge import api
 from tpuforge.controllers.finetune.children import JobView, config_view, job_view, pod_view, workload_view
 from tpuforge.controllers.finetune.controller import FineTuneJobController, fresh, owner_key, workload_key

@@ -5,69 +5,18 @@ that says what to install, and nothing is created."""
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
-from tests.operator.controllers.finetune.test_finetune_status_plan import NAME, World, raw_spec
+from tests.fixtures.finetune.multihost import HOSTS, Slice, running, train
+from tests.fixtures.finetune.world import NAME, raw_spec
 from tpuforge import api
 from tpuforge.api.constants import (
     EXIT_PREEMPTED,
-    JOB_COMPLETION_INDEX,
     JOBSET_API_VERSION,
     JOBSET_KIND,
-    LABEL_JOBSET_NAME,
 )
 from tpuforge.controllers.finetune.children import JobView, jobset_view
-from tpuforge.controllers.finetune.plan import TRAINING, ChildRef, Plan
-from tpuforge.manifests.finetune_common import owner, train_job_name
+from tpuforge.controllers.finetune.plan import TRAINING, ChildRef
+from tpuforge.manifests.finetune_common import owner
 from tpuforge.manifests.finetune_training import train_workload
-
-HOSTS = 2  # v5p-16
-
-
-def train(n: int) -> str:
-    return train_job_name(NAME, n, HOSTS)
-
-
-class Slice(World):
-    """World, with the JobSet controller's part: JobSets become JobViews, and their pods are one per host."""
-
-    def __init__(self, spec: dict[str, Any] | None = None, served: bool = True):
-        super().__init__(spec or raw_spec(tpu={"slice": "v5p-16"}))
-        self.served = served
-
-    def observed(self) -> Any:
-        return dataclasses.replace(super().observed(), jobset_served=self.served)
-
-    def step(self, seconds: float = 1.0) -> Plan:
-        p = super().step(seconds)
-        for obj in p.create:
-            if obj["kind"] == JOBSET_KIND and obj["metadata"]["name"] not in self.jobs:
-                self.jobs[obj["metadata"]["name"]] = jobset_view(obj)
-        for ref in p.delete:
-            for pod in self.pods.values():
-                if pod["metadata"]["labels"].get(LABEL_JOBSET_NAME) == ref.name:
-                    pod["metadata"]["deletionTimestamp"] = "now"
-        return p
-
-    def host(self, jobset: str, host: int, phase: str, **state: Any) -> str:
-        """Move host `host`'s pod of `jobset` to `phase`, as its kubelet would."""
-        name = self.pod(jobset, phase, name=f"{jobset}-trainer-0-{host}-x", **state)
-        pod = self.pods[name]
-        pod["metadata"]["labels"].update({"job-name": f"{jobset}-trainer-0", LABEL_JOBSET_NAME: jobset})
-        pod["metadata"]["annotations"] = {JOB_COMPLETION_INDEX: str(host)}
-        pod["spec"]["nodeName"] = f"gke-v5p-16-{host}"
-        return name
-
-    def jobset_done(self, jobset: str, complete: bool = True) -> None:
-        v = self.jobs[jobset]
-        self.jobs[jobset] = dataclasses.replace(v, complete=complete, failed=not complete)
-
-
-def running(w: Slice, n: int) -> None:
-    for h in range(HOSTS):
-        w.host(train(n), h, "Running")
-    w.step()
 
 
 def test_an_attempt_is_a_jobset_and_training_starts_when_every_host_runs() -> None:

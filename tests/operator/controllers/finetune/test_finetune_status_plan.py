@@ -5,138 +5,21 @@ creates and deletes is applied to the simulated children, its status is stored, 
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
+from tests.fixtures.finetune.world import NAME, World, raw_spec, train
 from tpuforge import api
 from tpuforge.api.constants import CONFIG_FILE
-from tpuforge.controllers.finetune.children import ConfigView, JobView, config_view, pod_view
 from tpuforge.controllers.finetune.plan import (
     FAILED,
     SPEC_CHANGE_NOT_APPLIED,
-    Observed,
     Plan,
     plan,
     status_patch,
 )
-from tpuforge.manifests.finetune_common import merge_job_name, train_job_name
+from tpuforge.manifests.finetune_common import merge_job_name
 from tpuforge.manifests.finetune_training import SPEC_KEY
-
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-NAME = "gemma-verilog"
-
-
-def raw_spec(**overrides: Any) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "model": {"name": "gemma4-31b", "uri": "gs://b/models/gemma4-31b"},
-        "dataset": {"uri": "gs://b/data/train.jsonl"},
-        "training": {"maxSeqLen": 3072, "maxSteps": 1000, "warmupSteps": 10},
-        "checkpoint": {"uri": "gs://b/jobs/gemma-verilog/checkpoints"},
-        "output": {"uri": "gs://b/jobs/gemma-verilog/merged"},
-        "serviceAccountName": "tpuforge-gcs",
-        "preflight": {"enabled": False},  # its own lifecycle: test_finetune_status_preflight
-    }
-    spec.update(overrides)
-    return spec
-
-
-class World:
-    """A FineTuneJob and its children as the operator would observe them."""
-
-    def __init__(self, spec: dict[str, Any] | None = None):
-        self.spec = spec or raw_spec()
-        self.generation = 1
-        self.status = api.FineTuneJobStatus()
-        self.jobs: dict[str, JobView] = {}
-        self.pods: dict[str, dict[str, Any]] = {}
-        self.configs: dict[str, ConfigView] = {}
-        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
-        self.now = T0
-        self.events: list[tuple[str, str, str]] = []
-        self.deleted_self = False
-
-    def observed(self) -> Observed:
-        return Observed(
-            namespace="team-a",
-            name=NAME,
-            uid="uid-1",
-            generation=self.generation,
-            spec=self.spec,
-            status=self.status,
-            jobs=tuple(self.jobs.values()),
-            pods=tuple(pod_view(p) for p in self.pods.values()),
-            configs=tuple(self.configs.values()),
-        )
-
-    def step(self, seconds: float = 1.0) -> Plan:
-        self.now += timedelta(seconds=seconds)
-        p = plan(self.observed(), self.now)
-        for obj in p.create:
-            key = (obj["kind"], obj["metadata"]["name"])
-            self.objects.setdefault(key, obj)
-            if obj["kind"] == "Job" and obj["metadata"]["name"] not in self.jobs:
-                labels = obj["metadata"]["labels"]
-                self.jobs[obj["metadata"]["name"]] = JobView(
-                    name=obj["metadata"]["name"],
-                    component=labels["app.kubernetes.io/component"],
-                    attempt=int(labels["tpuforge.dev/attempt"]) if "tpuforge.dev/attempt" in labels else None,
-                    complete=False,
-                    failed=False,
-                    failure="",
-                    deleting=False,
-                )
-            if obj["kind"] == "ConfigMap" and SPEC_KEY in obj["data"]:
-                self.configs[obj["metadata"]["name"]] = config_view(obj)
-        for ref in p.delete:
-            self.jobs.pop(ref.name, None)
-            for name in [n for n, pod in self.pods.items() if pod["metadata"]["labels"]["job-name"] == ref.name]:
-                self.pods[name]["metadata"]["deletionTimestamp"] = "now"
-        self.status = p.status
-        self.events += [(e.type, e.reason, e.message) for e in p.events]
-        self.deleted_self = self.deleted_self or p.delete_self
-        return p
-
-    # --- moving pods by hand ---
-
-    def pod(self, job: str, phase: str, name: str | None = None, **state: Any) -> str:
-        name = name or f"{job}-pod"
-        status: dict[str, Any] = {"phase": phase, "conditions": list(state.pop("conditions", []))}
-        if phase != "Pending":
-            status["startTime"] = (self.now - timedelta(seconds=1)).isoformat().replace("+00:00", "Z")
-        status.update(state.pop("pod_status", {}))
-        if phase == "Running":
-            status["containerStatuses"] = [{"name": "c", "state": {"running": {"startedAt": status["startTime"]}}}]
-        if "exit_code" in state:
-            term = {"exitCode": state.pop("exit_code"), "message": state.pop("message", ""), "reason": "Error"}
-            status["containerStatuses"] = [{"name": "c", "state": {"terminated": term}}]
-        self.pods[name] = {
-            "metadata": {"name": name, "labels": {"job-name": job, "app.kubernetes.io/component": "trainer"}},
-            "spec": {"containers": [{"name": "c"}], "nodeName": "tpu-node"},
-            "status": status,
-        }
-        return name
-
-    def job_done(self, job: str, complete: bool = True) -> None:
-        v = self.jobs[job]
-        self.jobs[job] = JobView(
-            v.name, v.component, v.attempt, complete, not complete, "" if complete else "BackoffLimitExceeded", False
-        )
-
-    def gone(self, pod: str) -> None:
-        del self.pods[pod]
-
-    def phase(self) -> api.FineTunePhase | None:
-        return self.status.phase
-
-    def reasons(self) -> list[str]:
-        return [r for _, r, _ in self.events]
-
-    def condition(self, type_: str) -> api.Condition:
-        return next(c for c in self.status.conditions if c.type == type_)
-
-
-def train(n: int) -> str:
-    return train_job_name(NAME, n)
 
 
 def test_happy_path_to_succeeded_with_the_merged_uri() -> None:

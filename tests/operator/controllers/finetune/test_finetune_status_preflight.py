@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Any
 
-from tests.operator.controllers.finetune.test_finetune_status_plan import NAME, World, raw_spec, train
+from tests.fixtures.finetune.preflight import JOB, preflight_pod, report
+from tests.fixtures.finetune.world import NAME, World, raw_spec, train
 from tpuforge import api
 from tpuforge.api.constants import TPU_RESOURCE
 from tpuforge.controllers.finetune.plan import FAILED, plan, status_patch
@@ -16,44 +16,10 @@ from tpuforge.manifests import preflight as mp
 from tpuforge.manifests.finetune_common import owner
 
 PREFLIGHT = "Preflight"
-JOB = mp.preflight_job_name(NAME)
-
-
-def report(fits: bool = True, **extra: Any) -> str:
-    """What `python -m tpuforge_workloads.preflight --json` writes (the keys the operator reads, and more)."""
-    body: dict[str, Any] = {
-        "slice": "v5p-8",
-        "topology": "v5p:2x2x1",
-        "fits": fits,
-        "headline": "fits: 31.2 of 95 GiB per chip; ~2,900 tok/s at 8% MFU"
-        if fits
-        else "does not fit: at least 120.5 of 95 GiB per chip",
-        "lowerBound": not fits,
-        "hbmPerChipGiB": 31.2 if fits else 120.5,
-        "argumentsGiB": 15.6,
-        "hbmCapacityGiB": 95.0,
-        "tflopsPerStep": 1234.0,
-        "assumedMFU": 0.08,
-        "estimatedTokensPerSecond": 2900,
-        "estimatedSeconds": 7800.0,
-        "estimatedUSD": 41.2,
-        "compileSeconds": 95.3,
-        "compiledLayers": [1, 2, 2],
-        "fixes": [] if fits else ["turn on spec.training.remat", "use a larger slice (spec.tpu.slice)"],
-    }
-    body.update(extra)
-    return json.dumps(body)
 
 
 def preflight_world() -> World:
     return World(raw_spec(preflight={"enabled": True}))
-
-
-def preflight_pod(w: World, phase: str, **state: Any) -> str:
-    """The preflight Job's pod, labelled as its template labels it."""
-    name = w.pod(JOB, phase, **state)
-    w.pods[name]["metadata"]["labels"]["app.kubernetes.io/component"] = mp.COMPONENT_PREFLIGHT
-    return name
 
 
 def test_the_preflight_runs_first_on_a_cpu_node_and_training_follows_when_it_fits() -> None:

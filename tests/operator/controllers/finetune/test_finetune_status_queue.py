@@ -7,71 +7,18 @@ and no decision fights Kueue's `suspend`."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, cast
+from typing import Any
 
-import jsonschema
-
-from tests.fixtures import upstream
-from tests.operator.controllers.finetune import test_finetune_status_evaluation as evaluation
-from tests.operator.controllers.finetune import test_finetune_status_multihost as multihost
-from tests.operator.controllers.finetune import test_finetune_status_preflight as preflight
-from tests.operator.controllers.finetune.test_finetune_status_plan import NAME, World, raw_spec, train
+from tests.fixtures.finetune import evaluation, multihost, preflight
+from tests.fixtures.finetune.queue import NO_QUOTA, condition, workload
+from tests.fixtures.finetune.world import NAME, World, raw_spec, train
 from tpuforge import api
-from tpuforge.api.constants import EXIT_PREEMPTED, JOBSET_KIND, KUEUE_API_VERSION, LABEL_KUEUE_QUEUE
+from tpuforge.api.constants import EXIT_PREEMPTED, JOBSET_KIND, LABEL_KUEUE_QUEUE
 from tpuforge.controllers.finetune.children import WorkloadView, workload_view
 from tpuforge.controllers.finetune.plan import Observed, Plan, plan, status_patch
 from tpuforge.manifests.finetune_common import merge_job_name
 
 QUEUE = "tpu"
-# What Kueue v0.17.0's scheduler writes (pkg/scheduler/flavorassigner) when the flavor's quota is in use.
-NO_QUOTA = (
-    "couldn't assign flavors to pod set main: insufficient unused quota for google.com/tpu in flavor tpu-v5p-8, "
-    "4 more needed"
-)
-SINCE = "2026-01-01T00:00:00Z"
-
-
-def condition(type_: str, status: str, reason: str, message: str) -> dict[str, Any]:
-    return {"type": type_, "status": status, "reason": reason, "message": message, "lastTransitionTime": SINCE}
-
-
-def workload(job: dict[str, Any], uid: str, conditions: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The Workload Kueue's Job (or JobSet) integration makes for `job`: owned by it, one pod set per pod
-    template, in the LocalQueue its label names."""
-    meta = job["metadata"]
-    if job["kind"] == JOBSET_KIND:
-        sets = [
-            (rj["name"], rj["template"]["spec"]["parallelism"], rj["template"]["spec"]["template"])
-            for rj in job["spec"]["replicatedJobs"]
-        ]
-    else:
-        sets = [("main", job["spec"]["parallelism"], job["spec"]["template"])]
-    raw: dict[str, Any] = {
-        "apiVersion": KUEUE_API_VERSION,
-        "kind": "Workload",
-        "metadata": {
-            "name": f"{job['kind'].lower()}-{meta['name']}-3f2a1",
-            "namespace": meta["namespace"],
-            "ownerReferences": [
-                {
-                    "apiVersion": job["apiVersion"],
-                    "kind": job["kind"],
-                    "name": meta["name"],
-                    "uid": uid,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
-        },
-        "spec": {
-            "queueName": meta["labels"][LABEL_KUEUE_QUEUE],
-            "podSets": [{"name": n, "count": count, "template": t} for n, count, t in sets],
-        },
-        "status": {"conditions": conditions or []},
-    }
-    schema = upstream.kueue_schema("Workload")
-    cast(jsonschema.protocols.Validator, jsonschema.validators.validator_for(schema)(schema)).validate(raw)
-    return raw
 
 
 class Kueue(World):

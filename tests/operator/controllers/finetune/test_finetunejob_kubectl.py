@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.operator.controllers.finetune.test_finetune_status_events import NODE, flow_events, worst_cases
+from tests.fixtures.finetune.events import NODE, flow_events, worst_cases
 from tpuforge import api
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND, FINETUNEJOB_PLURAL, GROUP, VERSION
 from tpuforge.kube import events as kube_events
