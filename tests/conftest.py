@@ -6,4 +6,5 @@ pytest_plugins = [
     "tests.fixtures.models",
     "tests.fixtures.operator",
     "tests.fixtures.pipelines",
+    "tests.fixtures.tiers",
 ]

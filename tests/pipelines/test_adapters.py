@@ -24,7 +24,7 @@ from tpuforge_workloads import storage
 from tpuforge_workloads.data import demo
 from tpuforge_workloads.storage import commit
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
 
 JOB_TIMEOUT = 900.0
 # Long enough for the tiny model to answer most of a task's questions word for word (the pipeline tests'

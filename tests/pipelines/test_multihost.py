@@ -19,7 +19,7 @@ from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
 from tpuforge.sandbox import Sandbox, wait_for
 from tpuforge_workloads.storage import commit
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
 
 HOSTS = ("v5p-16-spot-0-0", "v5p-16-spot-0-1")
 V5P_16 = {"slice": "v5p-16", "spot": True, "mesh": {"fsdp": 2, "tp": 4}}

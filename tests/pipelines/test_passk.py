@@ -24,7 +24,7 @@ from tpuforge.sandbox.agent.runtimes import vllm_venv
 from tpuforge_workloads import storage
 from tpuforge_workloads.data import demo, verilog_tasks
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
 
 JOB_TIMEOUT = 900.0
 # Measured with the workload CLIs (docs/performance.md): 40 steps of the 4 problems at once take the loss to

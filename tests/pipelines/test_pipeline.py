@@ -28,7 +28,7 @@ from tpuforge.manifests.preflight import COMPONENT_PREFLIGHT
 from tpuforge.sandbox import Sandbox, wait_for
 from tpuforge_workloads.storage import commit
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
 
 
 def trainer_pod(cluster: Cluster, name: str, attempt: int) -> dict[str, Any]:

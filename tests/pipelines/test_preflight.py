@@ -22,7 +22,7 @@ from tpuforge.api.constants import LABEL_COMPONENT
 from tpuforge.manifests import preflight as mp
 from tpuforge.sandbox import Sandbox
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
 
 
 def test_a_job_that_cannot_fit_fails_without_a_tpu_pod(cluster: Cluster, sandbox: Sandbox, job_spec: Any) -> None:

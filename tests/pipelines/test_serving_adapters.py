@@ -29,7 +29,7 @@ from tpuforge.sandbox.agent.runtimes import vllm_venv
 from tpuforge.sandbox.gcs import GcsServer, create_bucket
 from tpuforge_workloads import storage
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
 
 BUCKET = "tpuforge-test-adapters"
 VLLM = "http://127.0.0.1:8000"

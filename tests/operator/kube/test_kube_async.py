@@ -18,6 +18,8 @@ from tpuforge.kube import client as kube_client
 from tpuforge.kube import objects as kube_objects
 from tpuforge.sandbox import Sandbox
 
+pytestmark = pytest.mark.cluster
+
 
 def config_map(ns: str, name: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": ns}, "data": {"k": "v"}}
