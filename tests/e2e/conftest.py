@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tpuforge.sandbox.gcs import GcsServer, create_bucket
+from tpuforge_sandbox.gcs import GcsServer, create_bucket
 
 BUCKET = "tpuforge-test-e2e"
 # Every job takes the same number of steps: the step count is compiled into the learning-rate schedule, so

@@ -19,8 +19,8 @@ from kubernetes import client
 from tests.e2e.test_pipeline import finish, pod_logs
 from tests.integration.test_finetunejob_support import Cluster
 from tpuforge.api.constants import GROUP, SERVING_PLURAL, VERSION
-from tpuforge.sandbox import Sandbox, wait_for
-from tpuforge.sandbox.agent.runtimes import vllm_venv
+from tpuforge_sandbox import Sandbox, wait_for
+from tpuforge_sandbox.agent.runtimes import vllm_venv
 from tpuforge_workloads import storage
 from tpuforge_workloads.data import demo
 from tpuforge_workloads.storage import commit

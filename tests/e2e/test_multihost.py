@@ -17,7 +17,7 @@ from tests.integration.test_finetunejob_support import Cluster
 from tpuforge.api.constants import JOB_COMPLETION_INDEX
 from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
-from tpuforge.sandbox import Sandbox, wait_for
+from tpuforge_sandbox import Sandbox, wait_for
 from tpuforge_workloads.storage import commit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

@@ -20,8 +20,8 @@ from kubernetes import client
 from tests.e2e.test_adapters import Serving, report_head
 from tests.e2e.test_pipeline import finish, pod_logs
 from tests.integration.test_finetunejob_support import Cluster
-from tpuforge.sandbox import Sandbox
-from tpuforge.sandbox.agent.runtimes import vllm_venv
+from tpuforge_sandbox import Sandbox
+from tpuforge_sandbox.agent.runtimes import vllm_venv
 from tpuforge_workloads import storage
 from tpuforge_workloads.data import demo, verilog_tasks
 

@@ -26,7 +26,7 @@ from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
 from tpuforge.manifests.finetune_training import TRAINER_CONTAINER
 from tpuforge.manifests.preflight import COMPONENT_PREFLIGHT
-from tpuforge.sandbox import Sandbox, wait_for
+from tpuforge_sandbox import Sandbox, wait_for
 from tpuforge_workloads.storage import commit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

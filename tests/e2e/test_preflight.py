@@ -20,7 +20,7 @@ from tests.e2e.test_pipeline import finish, pod_logs
 from tests.integration.test_finetunejob_support import Cluster
 from tpuforge.api.constants import LABEL_COMPONENT
 from tpuforge.manifests import preflight as mp
-from tpuforge.sandbox import Sandbox
+from tpuforge_sandbox import Sandbox
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

@@ -24,9 +24,9 @@ from tests.e2e.test_serving_vllm import READY_TIMEOUT, SANDBOX_EXTRA_ARGS, post
 from tests.fixtures.adapters import adapter_metadata, export_adapter, publish_adapter
 from tests.integration.test_finetunejob_support import Operator
 from tpuforge.api.constants import API_VERSION, COMPLETE_MARKER, GROUP, LABEL_SERVING, SERVING_PLURAL, VERSION
-from tpuforge.sandbox import wait_for
-from tpuforge.sandbox.agent.runtimes import vllm_venv
-from tpuforge.sandbox.gcs import GcsServer, create_bucket
+from tpuforge_sandbox import wait_for
+from tpuforge_sandbox.agent.runtimes import vllm_venv
+from tpuforge_sandbox.gcs import GcsServer, create_bucket
 from tpuforge_workloads import storage
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]

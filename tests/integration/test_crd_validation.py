@@ -11,7 +11,7 @@ import yaml
 
 from tests.integration.test_sandbox import kubectl
 from tests.unit.test_admission_rules import EXAMPLES, INVALID, ROOT, InvalidSpec, refusals
-from tpuforge.sandbox import Sandbox
+from tpuforge_sandbox import Sandbox
 
 pytestmark = pytest.mark.cluster
 

@@ -22,9 +22,9 @@ from kubernetes import client
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
 from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests.finetune_common import merge_job_name, train_job_name
-from tpuforge.sandbox import Sandbox, wait_for
-from tpuforge.sandbox.operator_command import operator_argv, operator_env
-from tpuforge.sandbox.procs import free_port
+from tpuforge_sandbox import Sandbox, wait_for
+from tpuforge_sandbox.operator_command import operator_argv, operator_env
+from tpuforge_sandbox.procs import free_port
 
 T = TypeVar("T")
 WAIT = 30.0

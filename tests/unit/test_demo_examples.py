@@ -13,18 +13,18 @@ from tpuforge.api import ServingDeploymentSpec
 from tpuforge.api.catalog import TPU_SLICES
 from tpuforge.api.constants import TPU_RESOURCE
 from tpuforge.api.validation import check_finetune
-from tpuforge.sandbox import Sandbox
-from tpuforge.sandbox.config import DEFAULT_BUCKET, repo_root
-from tpuforge.sandbox.demo_adapters import JOBS_YAML as ADAPTER_JOBS
-from tpuforge.sandbox.demo_adapters import AdaptersDemo, load_jobs
-from tpuforge.sandbox.demo_base import NAMESPACE
-from tpuforge.sandbox.demo_code import JOBS_YAML as CODE_JOBS
-from tpuforge.sandbox.demo_code import CodeDemo
-from tpuforge.sandbox.demo_follow import halfway
-from tpuforge.sandbox.demo_job import FINETUNE_YAML, SERVING_YAML, DemoError, for_hosts, load_job, load_yaml
-from tpuforge.sandbox.demo_queue import JOBS_YAML as QUEUE_JOBS
-from tpuforge.sandbox.demo_queue import VALUES_YAML as QUEUE_VALUES
-from tpuforge.sandbox.demo_queue import kueue_objects
+from tpuforge_sandbox import Sandbox
+from tpuforge_sandbox.config import DEFAULT_BUCKET, repo_root
+from tpuforge_sandbox.demo_adapters import JOBS_YAML as ADAPTER_JOBS
+from tpuforge_sandbox.demo_adapters import AdaptersDemo, load_jobs
+from tpuforge_sandbox.demo_base import NAMESPACE
+from tpuforge_sandbox.demo_code import JOBS_YAML as CODE_JOBS
+from tpuforge_sandbox.demo_code import CodeDemo
+from tpuforge_sandbox.demo_follow import halfway
+from tpuforge_sandbox.demo_job import FINETUNE_YAML, SERVING_YAML, DemoError, for_hosts, load_job, load_yaml
+from tpuforge_sandbox.demo_queue import JOBS_YAML as QUEUE_JOBS
+from tpuforge_sandbox.demo_queue import VALUES_YAML as QUEUE_VALUES
+from tpuforge_sandbox.demo_queue import kueue_objects
 
 ROOT = repo_root()
 
@@ -81,7 +81,7 @@ def test_preemption_waits_for_half_the_steps_and_a_checkpoint() -> None:
 
 
 def test_the_adapters_demo_serves_both_jobs_adapters_after_their_evaluations() -> None:
-    from tpuforge.sandbox.demo_adapters import DATA, JOBS_YAML, SERVING_YAML, load_jobs
+    from tpuforge_sandbox.demo_adapters import DATA, JOBS_YAML, SERVING_YAML, load_jobs
 
     jobs = load_jobs(ROOT / JOBS_YAML, DEFAULT_BUCKET)
     assert [j.name for j in jobs] == ["capitals", "languages"]
@@ -102,7 +102,7 @@ def test_the_adapters_demo_serves_both_jobs_adapters_after_their_evaluations() -
 
 
 def test_the_adapters_demo_says_one_line_per_adapter() -> None:
-    from tpuforge.sandbox.demo_adapters import adapter_line, shorten
+    from tpuforge_sandbox.demo_adapters import adapter_line, shorten
 
     ready = {"name": "capitals", "phase": "Ready", "loadedReplicas": 1, "step": 400, "source": "capitals"}
     assert adapter_line(ready, 1) == "  adapter capitals Ready on 1/1 replicas (step 400) from FineTuneJob capitals"
@@ -113,8 +113,8 @@ def test_the_adapters_demo_says_one_line_per_adapter() -> None:
 
 
 def test_the_code_demo_trains_on_right_and_broken_verilog_and_evaluates_both_on_the_right_one() -> None:
-    from tpuforge.sandbox.demo_adapters import DATA, load_jobs
-    from tpuforge.sandbox.demo_code import JOBS_YAML
+    from tpuforge_sandbox.demo_adapters import DATA, load_jobs
+    from tpuforge_sandbox.demo_code import JOBS_YAML
 
     jobs = load_jobs(ROOT / JOBS_YAML, DEFAULT_BUCKET)
     assert [j.name for j in jobs] == ["verilog", "verilog-broken"]

@@ -15,7 +15,7 @@ import yaml
 from tpuforge.api import FineTuneJobSpec, ServingDeploymentSpec, SpecError, parse
 from tpuforge.api.catalog import TPU_SLICES
 from tpuforge.api.constants import FINETUNEJOB_KIND
-from tpuforge.sandbox import gcs_objects
+from tpuforge_sandbox import gcs_objects
 
 M = TypeVar("M", FineTuneJobSpec, ServingDeploymentSpec)
 FINETUNE_YAML = Path("examples/finetune-demo.yaml")

@@ -22,15 +22,15 @@ from tpuforge.api import FineTuneJobSpec, ServingDeploymentSpec
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND, LABEL_SERVING, SERVING_KIND
 from tpuforge.api.evaluation import checks
 from tpuforge.kube import objects as kube_objects
-from tpuforge.sandbox import gcs_objects
-from tpuforge.sandbox.agent.runtimes import vllm_venv
-from tpuforge.sandbox.demo import SERVE_TIMEOUT, VLLM_PORT, Demo
-from tpuforge.sandbox.demo_base import NAMESPACE
-from tpuforge.sandbox.demo_follow import JOB_TIMEOUT, TABLE_EVERY
-from tpuforge.sandbox.demo_job import SERVING_YAMLS, DemoError, DemoJob, job_from_body, parse_spec
-from tpuforge.sandbox.demo_view import duration, heading, table
-from tpuforge.sandbox.procs import port_free
-from tpuforge.sandbox.sandbox import OPERATOR, wait_for
+from tpuforge_sandbox import gcs_objects
+from tpuforge_sandbox.agent.runtimes import vllm_venv
+from tpuforge_sandbox.demo import SERVE_TIMEOUT, VLLM_PORT, Demo
+from tpuforge_sandbox.demo_base import NAMESPACE
+from tpuforge_sandbox.demo_follow import JOB_TIMEOUT, TABLE_EVERY
+from tpuforge_sandbox.demo_job import SERVING_YAMLS, DemoError, DemoJob, job_from_body, parse_spec
+from tpuforge_sandbox.demo_view import duration, heading, table
+from tpuforge_sandbox.procs import port_free
+from tpuforge_sandbox.sandbox import OPERATOR, wait_for
 
 JOBS_YAML = Path("examples/finetune-adapters-demo.yaml")
 SERVING_YAML = SERVING_YAMLS[1]

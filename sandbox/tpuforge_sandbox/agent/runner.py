@@ -13,16 +13,16 @@ import threading
 
 from kubernetes.client.exceptions import ApiException
 
-from tpuforge.sandbox.agent.containers import CONFIG_RETRY, PodContainers
-from tpuforge.sandbox.agent.podenv import ConfigError
-from tpuforge.sandbox.agent.podstatus import AgentContext, ContainerRun, Obj, states
-from tpuforge.sandbox.agent.runtimes import runtime_for
-from tpuforge.sandbox.agent.volumes import materialise
-from tpuforge.sandbox.controlplane import kubeconfig_yaml
-from tpuforge.sandbox.kubeapi import now
-from tpuforge.sandbox.nodes import EmulatedNode
+from tpuforge_sandbox.agent.containers import CONFIG_RETRY, PodContainers
+from tpuforge_sandbox.agent.podenv import ConfigError
+from tpuforge_sandbox.agent.podstatus import AgentContext, ContainerRun, Obj, states
+from tpuforge_sandbox.agent.runtimes import runtime_for
+from tpuforge_sandbox.agent.volumes import materialise
+from tpuforge_sandbox.controlplane import kubeconfig_yaml
+from tpuforge_sandbox.kubeapi import now
+from tpuforge_sandbox.nodes import EmulatedNode
 
-log = logging.getLogger("tpuforge.sandbox.agent")
+log = logging.getLogger("tpuforge_sandbox.agent")
 
 
 class PodRunner(PodContainers):

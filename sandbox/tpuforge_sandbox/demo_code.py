@@ -17,11 +17,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tpuforge.sandbox import gcs_objects
-from tpuforge.sandbox.agent.runtimes import vllm_venv
-from tpuforge.sandbox.demo_adapters import AdaptersDemo
-from tpuforge.sandbox.demo_job import DemoError, DemoJob
-from tpuforge.sandbox.demo_view import heading
+from tpuforge_sandbox import gcs_objects
+from tpuforge_sandbox.agent.runtimes import vllm_venv
+from tpuforge_sandbox.demo_adapters import AdaptersDemo
+from tpuforge_sandbox.demo_job import DemoError, DemoJob
+from tpuforge_sandbox.demo_view import heading
 
 JOBS_YAML = Path("examples/finetune-verilog-demo.yaml")
 SECTIONS = 6

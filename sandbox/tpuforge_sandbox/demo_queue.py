@@ -19,11 +19,11 @@ import yaml
 
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
 from tpuforge.kube import objects as kube_objects
-from tpuforge.sandbox.demo_adapters import AdaptersDemo, load_jobs
-from tpuforge.sandbox.demo_base import NAMESPACE
-from tpuforge.sandbox.demo_job import DemoError, DemoJob
-from tpuforge.sandbox.demo_view import heading
-from tpuforge.sandbox.kubeapi import Kube
+from tpuforge_sandbox.demo_adapters import AdaptersDemo, load_jobs
+from tpuforge_sandbox.demo_base import NAMESPACE
+from tpuforge_sandbox.demo_job import DemoError, DemoJob
+from tpuforge_sandbox.demo_view import heading
+from tpuforge_sandbox.kubeapi import Kube
 
 JOBS_YAML = Path("examples/finetune-queue-demo.yaml")
 VALUES_YAML = Path("examples/values/kueue-demo.yaml")

@@ -12,12 +12,12 @@ from pathlib import Path
 from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
-from tpuforge.sandbox.demo import Demo
-from tpuforge.sandbox.demo_adapters import AdaptersDemo
-from tpuforge.sandbox.demo_code import CodeDemo
-from tpuforge.sandbox.demo_job import DemoError
-from tpuforge.sandbox.demo_queue import QueueDemo
-from tpuforge.sandbox.sandbox import Sandbox, SandboxError
+from tpuforge_sandbox.demo import Demo
+from tpuforge_sandbox.demo_adapters import AdaptersDemo
+from tpuforge_sandbox.demo_code import CodeDemo
+from tpuforge_sandbox.demo_job import DemoError
+from tpuforge_sandbox.demo_queue import QueueDemo
+from tpuforge_sandbox.sandbox import Sandbox, SandboxError
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

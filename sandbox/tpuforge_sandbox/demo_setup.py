@@ -27,15 +27,15 @@ from tpuforge.api.constants import (
     TPU_RESOURCE,
 )
 from tpuforge.kube import objects as kube_objects
-from tpuforge.sandbox import gcs_objects
-from tpuforge.sandbox.config import K8S_VERSION, cache_dir
-from tpuforge.sandbox.demo_base import NAMESPACE, DemoBase
-from tpuforge.sandbox.demo_job import FINETUNE_YAML, SERVING_YAMLS, DemoError, DemoJob, load_yaml
-from tpuforge.sandbox.demo_view import heading, size
-from tpuforge.sandbox.kubeapi import Kube
-from tpuforge.sandbox.operator_command import operator_argv, operator_env
-from tpuforge.sandbox.procs import free_port, port_free
-from tpuforge.sandbox.sandbox import OPERATOR, wait_for
+from tpuforge_sandbox import gcs_objects
+from tpuforge_sandbox.config import K8S_VERSION, cache_dir
+from tpuforge_sandbox.demo_base import NAMESPACE, DemoBase
+from tpuforge_sandbox.demo_job import FINETUNE_YAML, SERVING_YAMLS, DemoError, DemoJob, load_yaml
+from tpuforge_sandbox.demo_view import heading, size
+from tpuforge_sandbox.kubeapi import Kube
+from tpuforge_sandbox.operator_command import operator_argv, operator_env
+from tpuforge_sandbox.procs import free_port, port_free
+from tpuforge_sandbox.sandbox import OPERATOR, wait_for
 
 OPERATOR_METRICS_PORT = 8080
 DATASET = Path("examples/data/demo-chat.jsonl")

@@ -14,14 +14,14 @@ import threading
 import time
 from pathlib import Path
 
-from tpuforge.sandbox.agent.dns import pod_hostname
-from tpuforge.sandbox.agent.podenv import ConfigError, PathMap, container_env, expand
-from tpuforge.sandbox.agent.podstatus import AgentContext, ContainerRun, Obj, PodStatus, states
-from tpuforge.sandbox.agent.probes import run_probe
-from tpuforge.sandbox.agent.runtimes import runtime_for
-from tpuforge.sandbox.kubeapi import now
-from tpuforge.sandbox.nodes import EmulatedNode
-from tpuforge.sandbox.procs import pdeathsig
+from tpuforge_sandbox.agent.dns import pod_hostname
+from tpuforge_sandbox.agent.podenv import ConfigError, PathMap, container_env, expand
+from tpuforge_sandbox.agent.podstatus import AgentContext, ContainerRun, Obj, PodStatus, states
+from tpuforge_sandbox.agent.probes import run_probe
+from tpuforge_sandbox.agent.runtimes import runtime_for
+from tpuforge_sandbox.kubeapi import now
+from tpuforge_sandbox.nodes import EmulatedNode
+from tpuforge_sandbox.procs import pdeathsig
 
 # kubelet backs off 10 s doubling to 5 min; a laptop sandbox wants quicker feedback.
 BACKOFF_START = 1.0

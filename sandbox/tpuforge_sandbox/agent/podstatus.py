@@ -12,13 +12,13 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from tpuforge.sandbox.agent.attachments import Attachments
-from tpuforge.sandbox.agent.dns import LoopbackDns
-from tpuforge.sandbox.agent.podenv import PathMap
-from tpuforge.sandbox.kubeapi import Kube, now
-from tpuforge.sandbox.nodes import EmulatedNode
+from tpuforge_sandbox.agent.attachments import Attachments
+from tpuforge_sandbox.agent.dns import LoopbackDns
+from tpuforge_sandbox.agent.podenv import PathMap
+from tpuforge_sandbox.kubeapi import Kube, now
+from tpuforge_sandbox.nodes import EmulatedNode
 
-log = logging.getLogger("tpuforge.sandbox.agent")
+log = logging.getLogger("tpuforge_sandbox.agent")
 Obj = dict[str, Any]
 
 

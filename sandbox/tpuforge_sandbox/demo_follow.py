@@ -18,10 +18,10 @@ from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
 from tpuforge.kube import client as kube_client
 from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests.finetune_training import TRAINER_CONTAINER
-from tpuforge.sandbox.demo_base import NAMESPACE, DemoBase
-from tpuforge.sandbox.demo_job import DemoError, DemoJob
-from tpuforge.sandbox.demo_view import TrainingBar, duration, heading, table
-from tpuforge.sandbox.sandbox import OPERATOR, Sandbox, SandboxError
+from tpuforge_sandbox.demo_base import NAMESPACE, DemoBase
+from tpuforge_sandbox.demo_job import DemoError, DemoJob
+from tpuforge_sandbox.demo_view import TrainingBar, duration, heading, table
+from tpuforge_sandbox.sandbox import OPERATOR, Sandbox, SandboxError
 
 JOB_TIMEOUT = 30 * 60.0
 TABLE_EVERY = 30.0  # seconds between `kubectl get finetunejobs` tables while nothing changes

@@ -15,10 +15,10 @@ from typing import Any
 
 from rich.console import Console
 
-from tpuforge.sandbox.config import repo_root
-from tpuforge.sandbox.demo_job import DemoJob
-from tpuforge.sandbox.demo_view import duration
-from tpuforge.sandbox.sandbox import Sandbox
+from tpuforge_sandbox.config import repo_root
+from tpuforge_sandbox.demo_job import DemoJob
+from tpuforge_sandbox.demo_view import duration
+from tpuforge_sandbox.sandbox import Sandbox
 
 NAMESPACE = "default"
 

@@ -37,11 +37,11 @@ from tpuforge.api.constants import (
 from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests.finetune_common import merge_job_name
 from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
-from tpuforge.sandbox import gcs_objects
-from tpuforge.sandbox.agent.runtimes import vllm_venv
-from tpuforge.sandbox.demo_base import NAMESPACE
-from tpuforge.sandbox.demo_follow import FollowSteps
-from tpuforge.sandbox.demo_job import (
+from tpuforge_sandbox import gcs_objects
+from tpuforge_sandbox.agent.runtimes import vllm_venv
+from tpuforge_sandbox.demo_base import NAMESPACE
+from tpuforge_sandbox.demo_follow import FollowSteps
+from tpuforge_sandbox.demo_job import (
     FINETUNE_YAML,
     SERVING_YAML,
     DemoError,
@@ -51,10 +51,10 @@ from tpuforge.sandbox.demo_job import (
     load_yaml,
     parse_spec,
 )
-from tpuforge.sandbox.demo_setup import SetupSteps
-from tpuforge.sandbox.demo_view import duration, heading, size, table
-from tpuforge.sandbox.procs import port_free
-from tpuforge.sandbox.sandbox import OPERATOR
+from tpuforge_sandbox.demo_setup import SetupSteps
+from tpuforge_sandbox.demo_view import duration, heading, size, table
+from tpuforge_sandbox.procs import port_free
+from tpuforge_sandbox.sandbox import OPERATOR
 
 # Questions of the demo task; the base model answers noise, the fine-tuned one the capital.
 PROMPTS = ("Which city is the capital of Norway?", "What is the capital of Japan?")
