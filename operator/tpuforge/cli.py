@@ -18,7 +18,7 @@ COMMANDS = {
     "operator": "tpuforge.controllers.main",
     "crds": "tpuforge.crds",
     "sandbox": "tpuforge_sandbox.cli",
-    "demo": "tpuforge_sandbox.demo_cli",
+    "demo": "tpuforge_sandbox.demo.cli",
     "preflight": "tpuforge.preflight",
     "images": "tpuforge.build_images",
 }

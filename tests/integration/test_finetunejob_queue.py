@@ -19,7 +19,7 @@ from kubernetes import client
 from tests.integration.test_finetunejob_support import Cluster, Operator, running_operator, until
 from tpuforge.kube import objects as kube_objects
 from tpuforge_sandbox import Sandbox
-from tpuforge_sandbox.demo_queue import KUEUE_PLURALS, kueue_objects
+from tpuforge_sandbox.demo.kueue import KUEUE_PLURALS, kueue_objects
 from tpuforge_sandbox.kubeapi import Kube
 
 pytestmark = pytest.mark.cluster
