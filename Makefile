@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml scripts/build-control-plane.sh | sha1sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml sandbox/pyproject.toml scripts/build-control-plane.sh | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
 .PHONY: setup control-plane test lint types contracts pytest crds crds-check demo bench clean sandbox-down vllm \
@@ -18,7 +18,9 @@ $(STAMP):
 	# torch only for checks on the HuggingFace side; ==2.13.0 takes a local CPU wheel where one is on hand, else
 	# PyPI's build of that version (it runs on the CPU as well).
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[operator,workloads,merge,dev,tpu]'
+	# The operator and workloads, and the sandbox with its demo (sandbox/: a distribution of its own, which the
+	# operator's image leaves out).
+	$(BIN)/pip install -q -e '.[operator,workloads,merge,dev,tpu]' -e ./sandbox
 	rm -f $(VENV)/.installed-* && touch $@
 
 control-plane:
@@ -45,11 +47,11 @@ iverilog:
 	bash scripts/setup-iverilog.sh
 
 lint: $(STAMP)
-	$(BIN)/ruff check operator workloads tests benchmarks
-	$(BIN)/ruff format --check operator workloads tests benchmarks
+	$(BIN)/ruff check operator workloads sandbox tests benchmarks
+	$(BIN)/ruff format --check operator workloads sandbox tests benchmarks
 
 types: $(STAMP)
-	$(BIN)/mypy operator/tpuforge workloads/tpuforge_workloads
+	$(BIN)/mypy operator/tpuforge workloads/tpuforge_workloads sandbox/tpuforge_sandbox
 
 contracts: $(STAMP)
 	$(BIN)/lint-imports

@@ -283,7 +283,7 @@ def run_config(root: Path, layers: int, gcs: bool, whole_model: bool, rounds: in
         record("local", _measure("whole-model", _self("--step", "whole-model", str(cfg))))
         shutil.rmtree(root / "whole")
     if gcs:
-        from tpuforge.sandbox.gcs import create_bucket, start_gcs
+        from tpuforge_sandbox.gcs import create_bucket, start_gcs
 
         server = start_gcs(root / "gcs", log=root / "fake-gcs-server.log")
         saved = dict(os.environ)

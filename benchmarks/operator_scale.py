@@ -48,7 +48,7 @@ from benchmarks.scale.processes import CpuLoad  # noqa: E402
 
 from tpuforge import crds  # noqa: E402
 from tpuforge.kube import client as kube_client  # noqa: E402
-from tpuforge.sandbox import Ports, Sandbox  # noqa: E402
+from tpuforge_sandbox import Ports, Sandbox  # noqa: E402
 
 
 def main() -> int:

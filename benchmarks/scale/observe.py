@@ -20,7 +20,7 @@ from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
 from tpuforge.controllers.finetune.attempts import UNSCHEDULABLE_REPORT_SECONDS
 from tpuforge.kube import client as kube_client
 from tpuforge.kube import objects as kube_objects
-from tpuforge.sandbox import Sandbox, wait_for
+from tpuforge_sandbox import Sandbox, wait_for
 
 CHILD_KINDS = {
     "ServiceAccount": "v1",

@@ -25,7 +25,7 @@ from kubernetes import client
 from tpuforge.controllers.finetune.attempts import UNSCHEDULABLE_REPORT_SECONDS
 from tpuforge.controllers.finetune.controller import API_CONCURRENCY
 from tpuforge.manifests.finetune_common import train_job_name
-from tpuforge.sandbox import Sandbox
+from tpuforge_sandbox import Sandbox
 
 TARGET_BURST_RATIO = 1.5
 TARGET_P99_SECONDS = 1.0

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import psutil
 
-from tpuforge.sandbox import Sandbox, wait_for
-from tpuforge.sandbox.operator_command import operator_argv, operator_env
-from tpuforge.sandbox.procs import free_port
+from tpuforge_sandbox import Sandbox, wait_for
+from tpuforge_sandbox.operator_command import operator_argv, operator_env
+from tpuforge_sandbox.procs import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 

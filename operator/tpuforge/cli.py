@@ -1,12 +1,15 @@
 """The `tpuforge` command: operator, crds, sandbox, demo, preflight, images.
 
 Each subcommand's own options live with the code it runs; this module only dispatches, importing lazily so
-that `tpuforge crds` never pays for kopf and `tpuforge operator` never imports the sandbox.
+that `tpuforge crds` never pays for kopf and `tpuforge operator` never imports the sandbox. `sandbox` and `demo`
+belong to the package `tpuforge_sandbox` (sandbox/ in the repository, its own distribution `tpuforge-sandbox`):
+the operator's image does not carry it, so when it is not installed these two say how to get it.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Sequence
 
@@ -14,11 +17,18 @@ from collections.abc import Callable, Sequence
 COMMANDS = {
     "operator": "tpuforge.controllers.main",
     "crds": "tpuforge.crds",
-    "sandbox": "tpuforge.sandbox.cli",
-    "demo": "tpuforge.sandbox.demo_cli",
+    "sandbox": "tpuforge_sandbox.cli",
+    "demo": "tpuforge_sandbox.demo.cli",
     "preflight": "tpuforge.preflight",
     "images": "tpuforge.build_images",
 }
+
+SANDBOX_PACKAGE = "tpuforge_sandbox"
+SANDBOX_MISSING = (
+    "tpuforge {cmd}: the sandbox is a package of its own (tpuforge-sandbox, in sandbox/ of the tpuforge "
+    "repository) and it is not installed here: from a checkout, `make setup` installs it, or "
+    "`pip install -e ./sandbox` into this environment"
+)
 
 USAGE = """usage: tpuforge COMMAND [ARGS]
 
@@ -42,6 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd, rest = args[0], args[1:]
     if cmd not in COMMANDS:
         print(f"tpuforge: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    if COMMANDS[cmd].startswith(SANDBOX_PACKAGE + ".") and importlib.util.find_spec(SANDBOX_PACKAGE) is None:
+        print(SANDBOX_MISSING.format(cmd=cmd), file=sys.stderr)
         return 2
     run: Callable[[list[str]], int | None] = importlib.import_module(COMMANDS[cmd]).main
     return int(run(rest) or 0)

@@ -11,7 +11,7 @@ import yaml
 
 from tests.fixtures.admission import EXAMPLES, INVALID, ROOT, InvalidSpec, refusals
 from tests.fixtures.cluster import kubectl
-from tpuforge.sandbox import Sandbox
+from tpuforge_sandbox import Sandbox
 
 pytestmark = pytest.mark.cluster
 

@@ -16,7 +16,7 @@ from tests.fixtures.pipelines import JOB_TIMEOUT, STEPS, TRAINER, finish, pod_lo
 from tpuforge.api.constants import JOB_COMPLETION_INDEX
 from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
-from tpuforge.sandbox import Sandbox, wait_for
+from tpuforge_sandbox import Sandbox, wait_for
 from tpuforge_workloads.storage import commit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]

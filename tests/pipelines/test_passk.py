@@ -19,8 +19,8 @@ from kubernetes import client
 
 from tests.fixtures.finetunejob import Cluster
 from tests.fixtures.pipelines import Serving, finish, pod_logs, report_head
-from tpuforge.sandbox import Sandbox
-from tpuforge.sandbox.agent.runtimes import vllm_venv
+from tpuforge_sandbox import Sandbox
+from tpuforge_sandbox.agent.runtimes import vllm_venv
 from tpuforge_workloads import storage
 from tpuforge_workloads.data import demo, verilog_tasks
 

@@ -25,7 +25,7 @@ from tpuforge.api.constants import LABEL_COMPONENT
 from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
 from tpuforge.manifests.preflight import COMPONENT_PREFLIGHT
-from tpuforge.sandbox import Sandbox, wait_for
+from tpuforge_sandbox import Sandbox, wait_for
 from tpuforge_workloads.storage import commit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]

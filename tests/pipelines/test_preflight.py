@@ -20,7 +20,7 @@ from tests.fixtures.finetunejob import Cluster
 from tests.fixtures.pipelines import finish, pod_logs
 from tpuforge.api.constants import LABEL_COMPONENT
 from tpuforge.manifests import preflight as mp
-from tpuforge.sandbox import Sandbox
+from tpuforge_sandbox import Sandbox
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
 

@@ -24,9 +24,9 @@ from tests.fixtures.adapters import adapter_metadata, export_adapter, publish_ad
 from tests.fixtures.finetunejob import Operator
 from tests.fixtures.pipelines import READY_TIMEOUT, SANDBOX_EXTRA_ARGS, post
 from tpuforge.api.constants import API_VERSION, COMPLETE_MARKER, GROUP, LABEL_SERVING, SERVING_PLURAL, VERSION
-from tpuforge.sandbox import wait_for
-from tpuforge.sandbox.agent.runtimes import vllm_venv
-from tpuforge.sandbox.gcs import GcsServer, create_bucket
+from tpuforge_sandbox import wait_for
+from tpuforge_sandbox.agent.runtimes import vllm_venv
+from tpuforge_sandbox.gcs import GcsServer, create_bucket
 from tpuforge_workloads import storage
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]

@@ -23,8 +23,8 @@ from tests.fixtures.finetunejob import Cluster, Operator
 from tests.fixtures.pipelines import READY_TIMEOUT, SANDBOX_EXTRA_ARGS, finish, pod_logs, post
 from tpuforge.api.constants import API_VERSION, GROUP, LABEL_SERVING, SERVING_PLURAL, VERSION
 from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
-from tpuforge.sandbox import Sandbox, wait_for
-from tpuforge.sandbox.agent.runtimes import vllm_venv
+from tpuforge_sandbox import Sandbox, wait_for
+from tpuforge_sandbox.agent.runtimes import vllm_venv
 from tpuforge_workloads import storage
 from tpuforge_workloads.storage import commit
 

@@ -13,18 +13,17 @@ from tpuforge.api import ServingDeploymentSpec
 from tpuforge.api.catalog import TPU_SLICES
 from tpuforge.api.constants import TPU_RESOURCE
 from tpuforge.api.validation import check_finetune
-from tpuforge.sandbox import Sandbox
-from tpuforge.sandbox.config import DEFAULT_BUCKET, repo_root
-from tpuforge.sandbox.demo_adapters import JOBS_YAML as ADAPTER_JOBS
-from tpuforge.sandbox.demo_adapters import AdaptersDemo, load_jobs
-from tpuforge.sandbox.demo_base import NAMESPACE
-from tpuforge.sandbox.demo_code import JOBS_YAML as CODE_JOBS
-from tpuforge.sandbox.demo_code import CodeDemo
-from tpuforge.sandbox.demo_follow import halfway
-from tpuforge.sandbox.demo_job import FINETUNE_YAML, SERVING_YAML, DemoError, for_hosts, load_job, load_yaml
-from tpuforge.sandbox.demo_queue import JOBS_YAML as QUEUE_JOBS
-from tpuforge.sandbox.demo_queue import VALUES_YAML as QUEUE_VALUES
-from tpuforge.sandbox.demo_queue import kueue_objects
+from tpuforge_sandbox import Sandbox
+from tpuforge_sandbox.config import DEFAULT_BUCKET, repo_root
+from tpuforge_sandbox.demo.evaluation import adapter_line, check_evaluations, shorten
+from tpuforge_sandbox.demo.follow import halfway
+from tpuforge_sandbox.demo.job import FINETUNE_YAML, SERVING_YAML, DemoError, for_hosts, load_job, load_jobs, load_yaml
+from tpuforge_sandbox.demo.kueue import VALUES_YAML as QUEUE_VALUES
+from tpuforge_sandbox.demo.kueue import kueue_objects
+from tpuforge_sandbox.demo.results import chosen_checkpoint
+from tpuforge_sandbox.demo.scenarios import ADAPTERS, CAPITALS, CODE, QUEUE, SCENARIOS
+from tpuforge_sandbox.demo.session import NAMESPACE, DemoSession, Section
+from tpuforge_sandbox.demo.setup import DATA
 
 ROOT = repo_root()
 
@@ -81,9 +80,9 @@ def test_preemption_waits_for_half_the_steps_and_a_checkpoint() -> None:
 
 
 def test_the_adapters_demo_serves_both_jobs_adapters_after_their_evaluations() -> None:
-    from tpuforge.sandbox.demo_adapters import DATA, JOBS_YAML, SERVING_YAML, load_jobs
+    from tpuforge_sandbox.demo.evaluation import SERVING_YAML
 
-    jobs = load_jobs(ROOT / JOBS_YAML, DEFAULT_BUCKET)
+    jobs = load_jobs(ROOT / ADAPTERS.jobs_yaml, DEFAULT_BUCKET)
     assert [j.name for j in jobs] == ["capitals", "languages"]
     for job in jobs:
         s = job.spec
@@ -102,8 +101,6 @@ def test_the_adapters_demo_serves_both_jobs_adapters_after_their_evaluations() -
 
 
 def test_the_adapters_demo_says_one_line_per_adapter() -> None:
-    from tpuforge.sandbox.demo_adapters import adapter_line, shorten
-
     ready = {"name": "capitals", "phase": "Ready", "loadedReplicas": 1, "step": 400, "source": "capitals"}
     assert adapter_line(ready, 1) == "  adapter capitals Ready on 1/1 replicas (step 400) from FineTuneJob capitals"
     failed = {"name": "x", "phase": "Failed", "loadedReplicas": 0, "message": "no _COMPLETE"}
@@ -113,11 +110,9 @@ def test_the_adapters_demo_says_one_line_per_adapter() -> None:
 
 
 def test_the_code_demo_trains_on_right_and_broken_verilog_and_evaluates_both_on_the_right_one() -> None:
-    from tpuforge.sandbox.demo_adapters import DATA, load_jobs
-    from tpuforge.sandbox.demo_code import JOBS_YAML
-
-    jobs = load_jobs(ROOT / JOBS_YAML, DEFAULT_BUCKET)
+    jobs = load_jobs(ROOT / CODE.jobs_yaml, DEFAULT_BUCKET)
     assert [j.name for j in jobs] == ["verilog", "verilog-broken"]
+    assert CODE.held_back == ("verilog-broken",)  # the one the demo means not to be promoted
     good, broken = (j.spec for j in jobs)
     assert good.dataset.uri.endswith("verilog-train.jsonl") and broken.dataset.uri.endswith("verilog-broken.jsonl")
     assert good.dataset.eval_uri == broken.dataset.eval_uri == good.dataset.uri
@@ -133,7 +128,7 @@ def test_the_code_demo_trains_on_right_and_broken_verilog_and_evaluates_both_on_
 
 
 def test_the_queue_demo_puts_two_jobs_in_the_queue_the_charts_objects_make() -> None:
-    jobs = load_jobs(ROOT / QUEUE_JOBS, DEFAULT_BUCKET)
+    jobs = load_jobs(ROOT / QUEUE.jobs_yaml, DEFAULT_BUCKET)
     assert len(jobs) == 2 and len({j.spec.output.uri for j in jobs}) == 2
     objs = kueue_objects(ROOT, ROOT / QUEUE_VALUES)
     queues = [o for o in objs if o["kind"] == "LocalQueue"]
@@ -153,23 +148,65 @@ def test_the_queue_demo_puts_two_jobs_in_the_queue_the_charts_objects_make() -> 
 
 def test_a_demo_whose_outcome_is_wrong_says_so_last_and_exits_non_zero(tmp_path: Path) -> None:
     out = io.StringIO()
-    adapters = AdaptersDemo(Sandbox(tmp_path), Console(file=out, width=200), preempt=False, serve=True)
-    jobs = load_jobs(ROOT / ADAPTER_JOBS, DEFAULT_BUCKET)
-    first, second = (j.name for j in jobs)
-    adapters.check_evaluations(
-        jobs,
-        {
-            first: {"evaluation": {"passed": False, "message": "exactMatch 0.438 below 0.5"}},
-            second: {"evaluation": {"passed": True}},
-        },
-    )
+    adapters = DemoSession(Sandbox(tmp_path), Console(file=out, width=200), ADAPTERS)
+    adapters.jobs = load_jobs(ROOT / ADAPTERS.jobs_yaml, DEFAULT_BUCKET)
+    first, second = (j.name for j in adapters.jobs)
+    adapters.statuses = {
+        first: {"evaluation": {"passed": False, "message": "exactMatch 0.438 below 0.5"}},
+        second: {"evaluation": {"passed": True}},
+    }
+    check_evaluations(adapters)
     assert adapters.finish() == 1
     assert out.getvalue().strip().splitlines()[-1] == (
         f"demo failed: {first}'s evaluation was meant to pass: exactMatch 0.438 below 0.5"
     )
     # The code demo means its fine-tune on broken solutions to be held back: that is its outcome, not a failure.
-    code = CodeDemo(Sandbox(tmp_path), Console(file=io.StringIO()), preempt=False, serve=True)
-    verilog = load_jobs(ROOT / CODE_JOBS, DEFAULT_BUCKET)
-    passed = {j.name: {"evaluation": {"passed": not j.name.endswith("-broken")}} for j in verilog}
-    code.check_evaluations(verilog, passed)
+    code = DemoSession(Sandbox(tmp_path), Console(file=io.StringIO()), CODE)
+    code.jobs = load_jobs(ROOT / CODE.jobs_yaml, DEFAULT_BUCKET)
+    code.statuses = {j.name: {"evaluation": {"passed": not j.name.endswith("-broken")}} for j in code.jobs}
+    check_evaluations(code)
     assert code.finish() == 0
+
+
+def test_every_demo_is_a_scenario_of_numbered_sections_ending_in_how_to_explore() -> None:
+    assert set(SCENARIOS) == {"capitals", "adapters", "code", "queue"}
+    for scenario in SCENARIOS.values():
+        assert (ROOT / scenario.jobs_yaml).exists()
+        load_jobs(ROOT / scenario.jobs_yaml, DEFAULT_BUCKET)  # its documents are valid jobs of the sandbox
+        assert scenario.steps[0].__name__ in ("read_job", "read_jobs")  # read and checked before anything starts
+        assert scenario.steps[-1].__name__ == "explore"
+    titles = [s.title for s in CAPITALS.steps if isinstance(s, Section) and isinstance(s.title, str)]
+    assert "TensorBoard event files and the checkpoint chosen" in titles
+    assert CAPITALS.sections == 8
+
+
+def test_the_demo_numbers_its_headings_in_the_order_it_runs_them(tmp_path: Path) -> None:
+    out = io.StringIO()
+    session = DemoSession(Sandbox(tmp_path), Console(file=out, width=200), QUEUE)
+    for _ in range(QUEUE.sections):
+        session.heading("a section")
+    assert [line.split()[0] for line in out.getvalue().splitlines() if "a section" in line] == [
+        f"{n}/{QUEUE.sections}" for n in range(1, QUEUE.sections + 1)
+    ]
+
+
+def test_the_checkpoint_chosen_is_told_from_the_jobs_status() -> None:
+    best = {
+        "checkpoint": {
+            "select": "best",
+            "lastStep": 400,
+            "bestStep": 300,
+            "bestEvalLoss": 0.2512,
+            "selectedStep": 300,
+            "message": "step 300 has the lowest eval loss",
+        }
+    }
+    assert chosen_checkpoint(best) == (
+        "checkpoint chosen (best): step 300; best step 300 (eval loss 0.2512); last step 400: "
+        "step 300 has the lowest eval loss"
+    )
+    last = {"checkpoint": {"select": "last", "lastStep": 400, "selectedStep": 400}}
+    assert chosen_checkpoint(last) == (
+        "checkpoint chosen (last): step 400; no best step (no evaluation during training); last step 400"
+    )
+    assert chosen_checkpoint({}) == "checkpoint chosen: not reported (status.checkpoint is empty)"

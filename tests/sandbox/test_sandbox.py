@@ -12,7 +12,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.fixtures.cluster import kubectl
 from tpuforge.api.constants import FINETUNEJOB_PLURAL, GROUP, SERVING_PLURAL, VERSION
-from tpuforge.sandbox import Sandbox
+from tpuforge_sandbox import Sandbox
 
 pytestmark = pytest.mark.cluster
 

@@ -19,9 +19,9 @@ from tpuforge.api.constants import (
     LABEL_JOBSET_NAME,
     TPU_RESOURCE,
 )
-from tpuforge.sandbox import Sandbox, wait_for
-from tpuforge.sandbox.agent.scheduling import EXCLUSIVE_TOPOLOGY
-from tpuforge.sandbox.nodes import GKE_NODEPOOL
+from tpuforge_sandbox import Sandbox, wait_for
+from tpuforge_sandbox.agent.scheduling import EXCLUSIVE_TOPOLOGY
+from tpuforge_sandbox.nodes import GKE_NODEPOOL
 
 pytestmark = pytest.mark.cluster
 

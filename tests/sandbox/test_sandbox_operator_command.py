@@ -11,7 +11,7 @@ import pytest
 
 from tpuforge import cli
 from tpuforge.controllers.main import parser
-from tpuforge.sandbox.operator_command import operator_argv, operator_env
+from tpuforge_sandbox.operator_command import operator_argv, operator_env
 
 
 def test_the_operator_runs_with_this_interpreter_against_the_kubeconfig_given() -> None:

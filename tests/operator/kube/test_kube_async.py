@@ -16,7 +16,7 @@ from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
 from tpuforge.kube import async_client as kube_async
 from tpuforge.kube import client as kube_client
 from tpuforge.kube import objects as kube_objects
-from tpuforge.sandbox import Sandbox
+from tpuforge_sandbox import Sandbox
 
 pytestmark = pytest.mark.cluster
 

@@ -24,7 +24,7 @@ from tpuforge.manifests.finetune_evaluation import (
     WORK_VOLUME,
     eval_job,
 )
-from tpuforge.sandbox import wait_for
+from tpuforge_sandbox import wait_for
 from tpuforge_workloads.data.verilog_tasks import PROBLEMS, VERILOG_CHECK_COMMAND
 
 pytestmark = [pytest.mark.cluster, pytest.mark.skipif(shutil.which("iverilog") is None, reason="needs iverilog")]

@@ -14,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from tpuforge.api.catalog import TPU_SLICES
 from tpuforge.api.constants import GKE_TPU_ACCELERATOR, GKE_TPU_TOPOLOGY, TPU_RESOURCE
 from tpuforge.manifests.common import locked_down
-from tpuforge.sandbox import Sandbox, wait_for
+from tpuforge_sandbox import Sandbox, wait_for
 
 pytestmark = pytest.mark.cluster
 

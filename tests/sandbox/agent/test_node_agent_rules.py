@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from tpuforge.api.constants import GKE_SPOT, GKE_TPU_ACCELERATOR, GKE_TPU_TOPOLOGY, TPU_RESOURCE
-from tpuforge.sandbox.agent.attachments import Attachments
-from tpuforge.sandbox.agent.podenv import ConfigError, PathMap, container_env, expand
-from tpuforge.sandbox.agent.runtimes import project_bin, runtime_for
-from tpuforge.sandbox.agent.scheduling import pick_node, tolerates, tpu_in_use, tpu_request
-from tpuforge.sandbox.config import parse_node_pools
-from tpuforge.sandbox.nodes import emulated_nodes, node_status
+from tpuforge_sandbox.agent.attachments import Attachments
+from tpuforge_sandbox.agent.podenv import ConfigError, PathMap, container_env, expand
+from tpuforge_sandbox.agent.runtimes import project_bin, runtime_for
+from tpuforge_sandbox.agent.scheduling import pick_node, tolerates, tpu_in_use, tpu_request
+from tpuforge_sandbox.config import parse_node_pools
+from tpuforge_sandbox.nodes import emulated_nodes, node_status
 
 
 def api_nodes(spec: str) -> list[dict[str, Any]]:

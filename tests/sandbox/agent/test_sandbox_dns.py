@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpuforge.sandbox.agent.dns import LoopbackDns, loopback_ip, pod_hostname
-from tpuforge.sandbox.agent.scheduling import EXCLUSIVE_TOPOLOGY, JOB_KEY, exclusive_nodes
-from tpuforge.sandbox.nodes import GKE_NODEPOOL
+from tpuforge_sandbox.agent.dns import LoopbackDns, loopback_ip, pod_hostname
+from tpuforge_sandbox.agent.scheduling import EXCLUSIVE_TOPOLOGY, JOB_KEY, exclusive_nodes
+from tpuforge_sandbox.nodes import GKE_NODEPOOL
 
 
 def pod(uid: str, hostname: str = "", subdomain: str = "run", ns: str = "ns") -> dict[str, Any]:

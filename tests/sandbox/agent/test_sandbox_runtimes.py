@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from tpuforge.api.constants import DEFAULT_EVALUATOR_IMAGE, DEFAULT_MERGER_IMAGE, DEFAULT_TRAINER_IMAGE
-from tpuforge.sandbox.agent.runtimes import VLLM_CPU_ENV, project_bin, repository, runtime_for, source_path
-from tpuforge.sandbox.agent.runtimes import vllm_venv as real_vllm_venv
+from tpuforge_sandbox.agent.runtimes import VLLM_CPU_ENV, project_bin, repository, runtime_for, source_path
+from tpuforge_sandbox.agent.runtimes import vllm_venv as real_vllm_venv
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -19,7 +19,7 @@ from tests.fixtures.models import RUNS_BUCKET, TrainerProcess, TrainingRun, eval
 from tpuforge.api import CheckpointSpec, LoraSpec, TrainConfig
 from tpuforge.api.configs import EvalConfig, MergeConfig
 from tpuforge.api.constants import COMPLETE_MARKER, EXIT_BAD_CONFIG
-from tpuforge.sandbox.agent.runtimes import vllm_venv
+from tpuforge_sandbox.agent.runtimes import vllm_venv
 from tpuforge_workloads import storage
 from tpuforge_workloads.evaluate import loss
 from tpuforge_workloads.merge.merge import run_merge

@@ -36,7 +36,7 @@ def texts(acc: EventAccumulator, tag: str) -> dict[int, str]:
 
 
 def test_scalars_and_text_at_their_steps_and_a_resumed_attempt_beside_the_first(gcs: Any, tmp_path: Path) -> None:
-    from tpuforge.sandbox.gcs import create_bucket
+    from tpuforge_sandbox.gcs import create_bucket
 
     create_bucket(gcs.url, RUNS_BUCKET)
     uri = f"gs://{RUNS_BUCKET}/tensorboard-unit/tensorboard/train"
@@ -121,7 +121,7 @@ def test_the_reference_run_logs_its_curves_and_samples(tiny_training_run: Traini
 
 
 def test_the_evaluation_scores_go_beside_the_training_run(gcs: Any, tmp_path: Path) -> None:
-    from tpuforge.sandbox.gcs import create_bucket
+    from tpuforge_sandbox.gcs import create_bucket
 
     create_bucket(gcs.url, RUNS_BUCKET)
     c = tiny_train_config("gs://models/m", "gs://data/d.jsonl", f"gs://{RUNS_BUCKET}/scores/checkpoints")

@@ -13,7 +13,7 @@ import pytest
 
 from tpuforge.api import CheckpointSave, JobRef, Progress
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND, FINETUNEJOB_PLURAL, GROUP, VERSION
-from tpuforge.sandbox.gcs import free_port
+from tpuforge_sandbox.gcs import free_port
 from tpuforge_workloads.runtime.progress import METRICS_ADDR_ENV, RunProgress, RunSummary, StatusReporter, TrainMetrics
 
 

@@ -18,8 +18,8 @@ from safetensors.numpy import load_file, save_file
 
 from tests.fixtures.adapters import RANK, STEP, adapter_metadata, export_adapter, publish_adapter
 from tpuforge.api.constants import COMPLETE_MARKER
-from tpuforge.sandbox import wait_for
-from tpuforge.sandbox.gcs import free_port
+from tpuforge_sandbox import wait_for
+from tpuforge_sandbox.gcs import free_port
 from tpuforge_workloads import storage
 from tpuforge_workloads.model.adapters import WEIGHTS_FILE
 from tpuforge_workloads.serve import adapters as sidecar

@@ -17,7 +17,7 @@ from tokenizers import Tokenizer
 
 from tests.fixtures.adapters import RANK, export_adapter
 from tests.fixtures.conversations import CONVERSATIONS
-from tpuforge.sandbox.agent.runtimes import VLLM_CPU_ENV, vllm_venv
+from tpuforge_sandbox.agent.runtimes import VLLM_CPU_ENV, vllm_venv
 from tpuforge_workloads.data.chat import ChatEncoder
 from tpuforge_workloads.tiny import gemma4 as tiny_model
 

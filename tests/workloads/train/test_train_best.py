@@ -120,7 +120,7 @@ def test_select_best_without_an_eval_record_names_the_missing_eval_set(tmp_path:
 def test_a_run_that_stops_early_keeps_its_best_step_exits_0_and_the_merge_exports_that_step(
     gcs: Any, tiny_model_gs: str, chat_dataset_gs: str, tmp_path: Path
 ) -> None:
-    from tpuforge.sandbox.gcs import create_bucket
+    from tpuforge_sandbox.gcs import create_bucket
 
     create_bucket(gcs.url, RUNS_BUCKET)
     ckpt = f"gs://{RUNS_BUCKET}/early/checkpoints"

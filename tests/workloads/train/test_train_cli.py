@@ -14,7 +14,7 @@ import pytest
 from tests.fixtures.models import RUNS_BUCKET, TrainerProcess, TrainingRun, read_summary
 from tpuforge.api import TrainResult
 from tpuforge.api.constants import EXIT_PREEMPTED
-from tpuforge.sandbox.gcs import free_port
+from tpuforge_sandbox.gcs import free_port
 from tpuforge_workloads import storage
 from tpuforge_workloads.model import lora
 from tpuforge_workloads.runtime import eval_record

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from tpuforge.sandbox.gcs import free_port
+from tpuforge_sandbox.gcs import free_port
 from tpuforge_workloads.train.hosts import JOIN_TIMEOUT_SECONDS, Agreement, Hosts, HostsError, from_env, metrics_port
 from tpuforge_workloads.train.rollcall import roll_call
 

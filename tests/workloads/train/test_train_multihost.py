@@ -25,7 +25,7 @@ from tests.fixtures.models import (
 )
 from tpuforge.api import MeshSpec, TrainConfig, TrainResult
 from tpuforge.api.constants import EXIT_PREEMPTED
-from tpuforge.sandbox.gcs import create_bucket, free_port
+from tpuforge_sandbox.gcs import create_bucket, free_port
 from tpuforge_workloads import storage
 from tpuforge_workloads.runtime.progress import METRICS_ADDR_ENV
 from tpuforge_workloads.train.hosts import ENV_METRICS_PORT

@@ -29,9 +29,9 @@ from tpuforge.kube import client as kube_client
 from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests.finetune_common import train_job_name
 from tpuforge.manifests.finetune_training import TRAINER_CONTAINER
-from tpuforge.sandbox import Sandbox
-from tpuforge.sandbox.agent.agent import CONTAINERS_PLAYED
-from tpuforge.sandbox.kubeapi import Kube
+from tpuforge_sandbox import Sandbox
+from tpuforge_sandbox.agent.agent import CONTAINERS_PLAYED
+from tpuforge_sandbox.kubeapi import Kube
 
 pytestmark = pytest.mark.cluster
 

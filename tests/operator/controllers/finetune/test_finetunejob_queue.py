@@ -18,9 +18,9 @@ from kubernetes import client
 
 from tests.fixtures.finetunejob import Cluster, Operator, running_operator, until
 from tpuforge.kube import objects as kube_objects
-from tpuforge.sandbox import Sandbox
-from tpuforge.sandbox.demo_queue import KUEUE_PLURALS, kueue_objects
-from tpuforge.sandbox.kubeapi import Kube
+from tpuforge_sandbox import Sandbox
+from tpuforge_sandbox.demo.kueue import KUEUE_PLURALS, kueue_objects
+from tpuforge_sandbox.kubeapi import Kube
 
 pytestmark = pytest.mark.cluster
 

@@ -16,7 +16,7 @@ from kubernetes import client
 from tpuforge import api
 from tpuforge.api.catalog import model_shape, tpu_slice
 from tpuforge.manifests import serving, serving_inputs
-from tpuforge.sandbox import Sandbox, wait_for
+from tpuforge_sandbox import Sandbox, wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -25,7 +25,7 @@ from tpuforge.api.constants import API_VERSION, GROUP, SERVING_PLURAL, VERSION
 from tpuforge.kube import client as kube_client
 from tpuforge.manifests import serving as manifests
 from tpuforge.manifests import serving_inputs
-from tpuforge.sandbox import Sandbox, wait_for
+from tpuforge_sandbox import Sandbox, wait_for
 
 pytestmark = pytest.mark.cluster
 

@@ -15,7 +15,7 @@ import yaml
 from tpuforge.api import FineTuneJobSpec, ServingDeploymentSpec, SpecError, parse
 from tpuforge.api.catalog import TPU_SLICES
 from tpuforge.api.constants import FINETUNEJOB_KIND
-from tpuforge.sandbox import gcs_objects
+from tpuforge_sandbox import gcs_objects
 
 M = TypeVar("M", FineTuneJobSpec, ServingDeploymentSpec)
 FINETUNE_YAML = Path("examples/finetune-demo.yaml")
@@ -30,7 +30,7 @@ class DemoError(RuntimeError):
 
 @dataclass(frozen=True)
 class DemoJob:
-    """examples/finetune-demo.yaml, read and checked against the sandbox."""
+    """A FineTuneJob document of a demo (examples/finetune-*demo.yaml), read and checked against the sandbox."""
 
     body: dict[str, Any]
     spec: FineTuneJobSpec
@@ -56,6 +56,14 @@ def parse_spec(path: Path, model: type[M], body: Mapping[str, Any]) -> M:
 
 def load_job(path: Path, bucket: str) -> DemoJob:
     return job_from_body(path, load_yaml(path, FINETUNEJOB_KIND), bucket)
+
+
+def load_jobs(path: Path, bucket: str) -> list[DemoJob]:
+    """Every FineTuneJob document of `path` (a demo of several jobs), each checked as `load_job` checks one."""
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
+    if not docs or any(not isinstance(d, dict) or d.get("kind") != FINETUNEJOB_KIND for d in docs):
+        raise DemoError(f"{path}: expected {FINETUNEJOB_KIND} documents only")
+    return [job_from_body(path, doc, bucket) for doc in docs]
 
 
 def job_from_body(path: Path, body: dict[str, Any], bucket: str) -> DemoJob:

@@ -10,8 +10,8 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from tpuforge.sandbox.pki import Pki
-from tpuforge.sandbox.podlogs import follow, pod_finished, tail
+from tpuforge_sandbox.pki import Pki
+from tpuforge_sandbox.podlogs import follow, pod_finished, tail
 
 
 def serve_logs(pods_dir: Path, stopping: threading.Event, port: int, pki: Pki) -> ThreadingHTTPServer:

@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tpuforge.sandbox.config import cache_dir, repo_root
+from tpuforge_sandbox.config import cache_dir, repo_root
 
 PROJECT_IMAGES = ("tpuforge/trainer", "tpuforge/merger", "tpuforge/operator")
 # Our images built on the vLLM image (images/evaluator.Dockerfile, images/serving.Dockerfile).

@@ -39,8 +39,9 @@ def cache_dir() -> Path:
 
 
 def repo_root() -> Path:
-    # operator/tpuforge/sandbox/config.py -> the checkout root
-    return Path(__file__).resolve().parents[3]
+    # sandbox/tpuforge_sandbox/config.py -> the checkout root (the sandbox runs from a tpuforge checkout: it
+    # reads scripts/, examples/ and the chart)
+    return Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """A pod's status as kubelet reports it, and what the node agent's pod runners share: the pod's phase and
-conditions, each container's state, the events, and the pods/status patch that publishes them."""
+conditions, each container's state, the events, and the pods/status patch that publishes them. A pod runner
+owns one `PodStatus` and hands it to its containers (`containers.PodContainers`): both change it under its lock."""
 
 from __future__ import annotations
 
@@ -12,13 +13,13 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from tpuforge.sandbox.agent.attachments import Attachments
-from tpuforge.sandbox.agent.dns import LoopbackDns
-from tpuforge.sandbox.agent.podenv import PathMap
-from tpuforge.sandbox.kubeapi import Kube, now
-from tpuforge.sandbox.nodes import EmulatedNode
+from tpuforge_sandbox.agent.attachments import Attachments
+from tpuforge_sandbox.agent.dns import LoopbackDns
+from tpuforge_sandbox.agent.podenv import PathMap
+from tpuforge_sandbox.kubeapi import Kube, now
+from tpuforge_sandbox.nodes import EmulatedNode
 
-log = logging.getLogger("tpuforge.sandbox.agent")
+log = logging.getLogger("tpuforge_sandbox.agent")
 Obj = dict[str, Any]
 
 
@@ -100,7 +101,7 @@ class PodStatus:
         self.forced: tuple[str, str] | None = None  # (reason, message) that fails the pod when it ends
         self.conditions: dict[str, Obj] = {}
         self.start_time: str | None = None
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()
         self._published: Obj | None = None
         self._events_seen: set[str] = set()
 
@@ -112,7 +113,7 @@ class PodStatus:
             self._events_seen.add(message)
         self.ctx.kube.event(self.pod, type_, reason, message, host=self.node.name)
 
-    def _set_condition(self, type_: str, status: bool, reason: str | None = None, message: str | None = None) -> None:
+    def set_condition(self, type_: str, status: bool, reason: str | None = None, message: str | None = None) -> None:
         value = "True" if status else "False"
         old = self.conditions.get(type_)
         changed = old is None or old["status"] != value
@@ -125,18 +126,19 @@ class PodStatus:
             "lastTransitionTime": now() if changed else old["lastTransitionTime"],  # type: ignore[index]
         }
 
-    def _update_ready(self) -> None:
+    def update_ready(self) -> None:
         unready = [c.name for c in self.apps if not c.ready]
         if unready:
             msg = f"containers with unready status: [{' '.join(unready)}]"
-            self._set_condition("ContainersReady", False, "ContainersNotReady", msg)
-            self._set_condition("Ready", False, "ContainersNotReady", msg)
+            self.set_condition("ContainersReady", False, "ContainersNotReady", msg)
+            self.set_condition("Ready", False, "ContainersNotReady", msg)
         else:
-            self._set_condition("ContainersReady", True)
-            self._set_condition("Ready", True)
+            self.set_condition("ContainersReady", True)
+            self.set_condition("Ready", True)
 
-    def _finish(self) -> None:
-        with self._lock:
+    def finish(self) -> None:
+        """The pod has ended: its phase from the containers' exits (or the reason it was forced to fail)."""
+        with self.lock:
             for c in self.inits + self.apps:
                 if c.state.get("running"):  # only when the agent itself failed mid-run
                     c.state = states(
@@ -160,12 +162,12 @@ class PodStatus:
                 self.phase = "Succeeded"
             else:
                 self.phase = "Failed"
-            self._set_condition("ContainersReady", False, "PodCompleted")
-            self._set_condition("Ready", False, "PodCompleted")
+            self.set_condition("ContainersReady", False, "PodCompleted")
+            self.set_condition("Ready", False, "PodCompleted")
         self.publish()
 
     def status(self) -> Obj:
-        with self._lock:
+        with self.lock:
             return {
                 "phase": self.phase,
                 "reason": self.reason,
@@ -182,7 +184,7 @@ class PodStatus:
     def publish(self) -> None:
         """Patch pods/status when it changed (strategic merge: conditions merge by type, so a condition
         someone else set stays)."""
-        with self._lock:
+        with self.lock:
             status = self.status()
             if status == self._published:
                 return

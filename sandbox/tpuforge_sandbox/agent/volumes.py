@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tpuforge.sandbox.agent.podenv import ConfigError, Lookup, field_value
+from tpuforge_sandbox.agent.podenv import ConfigError, Lookup, field_value
 
 Obj = Mapping[str, Any]
 Token = Callable[[str | None, int | None], str]  # (audience, expirationSeconds) -> token

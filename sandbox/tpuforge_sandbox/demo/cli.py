@@ -1,6 +1,6 @@
-"""`tpuforge demo`: its options, and which demo they pick (the pipeline of `demo`, the adapters' of
-`demo_adapters`, functional evaluation's of `demo_code`, or the Kueue queue's of `demo_queue`). Above them,
-so that none imports this way back."""
+"""`tpuforge demo`: its options, and which demo they pick (`scenarios`: the capitals pipeline, the adapters',
+functional evaluation's on Verilog code, or the Kueue queue's), run on a fresh session. Above them, so that
+none imports this way back."""
 
 from __future__ import annotations
 
@@ -12,12 +12,10 @@ from pathlib import Path
 from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
-from tpuforge.sandbox.demo import Demo
-from tpuforge.sandbox.demo_adapters import AdaptersDemo
-from tpuforge.sandbox.demo_code import CodeDemo
-from tpuforge.sandbox.demo_job import DemoError
-from tpuforge.sandbox.demo_queue import QueueDemo
-from tpuforge.sandbox.sandbox import Sandbox, SandboxError
+from tpuforge_sandbox.demo.job import DemoError
+from tpuforge_sandbox.demo.scenarios import ADAPTERS, CAPITALS, CODE, QUEUE
+from tpuforge_sandbox.demo.session import DemoSession, run
+from tpuforge_sandbox.sandbox import Sandbox, SandboxError
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -69,12 +67,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.hosts != 1 or args.preempt or len(alone) > 1:
             console.print(f"tpuforge demo: {alone[0]} runs on its own (without other options)", style="bold red")
             return 2
-        kind = AdaptersDemo if args.adapters else CodeDemo if args.eval else QueueDemo
-        demo: Demo = kind(sb, console, preempt=False, serve=True)
+        scenario = ADAPTERS if args.adapters else CODE if args.eval else QUEUE
+        demo = DemoSession(sb, console, scenario, serve=True)
     else:
-        demo = Demo(sb, console, preempt=args.preempt, serve=args.serve, hosts=args.hosts)
+        demo = DemoSession(sb, console, CAPITALS, preempt=args.preempt, serve=args.serve, hosts=args.hosts)
     try:
-        return demo.run()
+        return run(demo)
     except (DemoError, SandboxError, TimeoutError, ApiException, OSError) as e:
         console.print(f"\ntpuforge demo: {e}", style="bold red", highlight=False, markup=False)
         console.print(f"the sandbox stays up for a look; stop it with `{demo.tpuforge} sandbox down`", markup=False)

@@ -14,14 +14,13 @@ import threading
 import time
 from pathlib import Path
 
-from tpuforge.sandbox.agent.dns import pod_hostname
-from tpuforge.sandbox.agent.podenv import ConfigError, PathMap, container_env, expand
-from tpuforge.sandbox.agent.podstatus import AgentContext, ContainerRun, Obj, PodStatus, states
-from tpuforge.sandbox.agent.probes import run_probe
-from tpuforge.sandbox.agent.runtimes import runtime_for
-from tpuforge.sandbox.kubeapi import now
-from tpuforge.sandbox.nodes import EmulatedNode
-from tpuforge.sandbox.procs import pdeathsig
+from tpuforge_sandbox.agent.dns import pod_hostname
+from tpuforge_sandbox.agent.podenv import ConfigError, PathMap, container_env, expand
+from tpuforge_sandbox.agent.podstatus import ContainerRun, PodStatus, states
+from tpuforge_sandbox.agent.probes import run_probe
+from tpuforge_sandbox.agent.runtimes import runtime_for
+from tpuforge_sandbox.kubeapi import now
+from tpuforge_sandbox.procs import pdeathsig
 
 # kubelet backs off 10 s doubling to 5 min; a laptop sandbox wants quicker feedback.
 BACKOFF_START = 1.0
@@ -64,13 +63,17 @@ def _killpg(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-class PodContainers(PodStatus):
-    """The pod's directory, its containers' processes and their probes."""
+class PodContainers:
+    """The pod's directory, its containers' processes and their probes; what they do shows in `status`, the
+    pod's status its runner owns."""
 
-    def __init__(self, pod: Obj, node: EmulatedNode, ctx: AgentContext) -> None:
-        super().__init__(pod, node, ctx)
-        spec = pod["spec"]
-        self.dir: Path = ctx.pods_dir / self.ns / self.name
+    def __init__(self, status: PodStatus) -> None:
+        self.status = status
+        # Who the pod is, for paths, events and the environment (they never change).
+        self.pod, self.node, self.ctx = status.pod, status.node, status.ctx
+        self.ns, self.name, self.uid = status.ns, status.name, status.uid
+        spec = self.pod["spec"]
+        self.dir: Path = self.ctx.pods_dir / self.ns / self.name
         self.restart_policy = spec.get("restartPolicy") or "Always"
         self.grace = int(spec.get("terminationGracePeriodSeconds", 30))
         self.volumes: dict[str, Path] = {}
@@ -87,7 +90,7 @@ class PodContainers(PodStatus):
         digest = hashlib.sha1(str(self.dir).encode()).hexdigest()[:12]
         return Path(tempfile.gettempdir()) / "tpf" / digest
 
-    def _lookup(self, kind: str, name: str) -> dict[str, bytes] | None:
+    def lookup(self, kind: str, name: str) -> dict[str, bytes] | None:
         return self.ctx.kube.key_data(self.ns, kind, name)
 
     # -- one container ------------------------------------------------------------------------------------
@@ -122,13 +125,13 @@ class PodContainers(PodStatus):
                 **runtime.env,
                 # Python images set this; without it, logs arrive only when the process exits.
                 "PYTHONUNBUFFERED": "1",
-                METRICS_ADDR: self.ip,
+                METRICS_ADDR: self.status.ip,
                 **self.ctx.gcs_env,
             }
         )
         if self.kubeconfig:
             env["KUBECONFIG"] = str(self.kubeconfig)
-        own = container_env(self.pod, c.spec, self._lookup, self.node.resources())
+        own = container_env(self.pod, c.spec, self.lookup, self.node.resources())
         env.update({k: paths.apply(v) for k, v in own.items()})
         env = {k: self.ctx.dns.rewrite(v, self.pod) for k, v in env.items()}  # the sandbox's DNS
         env["PATH"] = f"{runtime.bin_dir}:{env.get('PATH') or SYSTEM_PATH}"
@@ -166,7 +169,7 @@ class PodContainers(PodStatus):
                 close_fds=True,
             )
 
-    def _run_container(self, c: ContainerRun) -> bool:
+    def run(self, c: ContainerRun) -> bool:
         """Run `c` until it ends for good under the restart policy; True when it last exited 0."""
         backoff = BACKOFF_START
         while not self.stopping.is_set():
@@ -175,34 +178,34 @@ class PodContainers(PodStatus):
             try:
                 proc = self._spawn(c)
             except ConfigError as e:
-                with self._lock:
+                with self.status.lock:
                     c.state = states("waiting", {"reason": e.reason, "message": e.message})
-                self.publish()
-                self.event("Warning", "Failed", f"Error: {e.message}", once=True)
+                self.status.publish()
+                self.status.event("Warning", "Failed", f"Error: {e.message}", once=True)
                 self.stopping.wait(CONFIG_RETRY)
                 continue
             except OSError as e:
                 rc, message, reason = 128, f"failed to start {c.name}: {e}", "StartError"
-                self.event("Warning", "Failed", message)
+                self.status.event("Warning", "Failed", message)
             else:
-                with self._lock:
+                with self.status.lock:
                     c.proc = proc
                     c.container_id = f"sandbox://{self.uid[:8]}/{c.name}/{c.restarts}"
                     c.state = states("running", {"startedAt": started_at})
                     c.started = not c.spec.get("startupProbe")
                     c.ready = c.init or not (c.spec.get("readinessProbe") or c.spec.get("startupProbe"))
                     if not c.init:
-                        self.phase = "Running"
-                    self._update_ready()
-                self.publish()
-                self.event("Normal", "Started", f"Started container {c.name}")
+                        self.status.phase = "Running"
+                    self.status.update_ready()
+                self.status.publish()
+                self.status.event("Normal", "Started", f"Started container {c.name}")
                 if not c.init and any(c.spec.get(p) for p in ("startupProbe", "readinessProbe", "livenessProbe")):
                     threading.Thread(target=self._probe_loop, args=(c, proc), daemon=True).start()
                 rc = _exit_code(proc.wait())
                 _killpg(proc.pid, signal.SIGKILL)  # whatever the container left behind in its group
                 reason = "Completed" if rc == 0 else "Error"
                 message = self._termination_message(c, rc, log_offset)
-            with self._lock:
+            with self.status.lock:
                 c.proc = None
                 c.exit_code = rc
                 c.ready = c.started = False
@@ -218,8 +221,8 @@ class PodContainers(PodStatus):
                         "containerID": c.container_id or None,
                     },
                 )
-                self._update_ready()
-            self.publish()
+                self.status.update_ready()
+            self.status.publish()
             if self.stopping.is_set():
                 break
             if c.init:
@@ -231,11 +234,11 @@ class PodContainers(PodStatus):
             if time.monotonic() - t0 > BACKOFF_RESET_AFTER:
                 backoff = BACKOFF_START
             msg = f"back-off {backoff:.0f}s restarting failed container={c.name} pod={self.name}"
-            with self._lock:
+            with self.status.lock:
                 c.last_state = c.state
                 c.state = states("waiting", {"reason": "CrashLoopBackOff", "message": msg})
-            self.publish()
-            self.event("Warning", "BackOff", f"Back-off restarting failed container {c.name}")
+            self.status.publish()
+            self.status.event("Warning", "BackOff", f"Back-off restarting failed container {c.name}")
             if self.stopping.wait(backoff):
                 break
             c.restarts += 1
@@ -258,14 +261,14 @@ class PodContainers(PodStatus):
             return ""
         return "\n".join(tail.decode(errors="replace").splitlines()[-FALLBACK_LINES:])
 
-    def _signal_all(self, sig: int) -> None:
-        for c in self.inits + self.apps:
+    def signal_all(self, sig: int) -> None:
+        for c in self.status.inits + self.status.apps:
             proc = c.proc
             if proc is not None:
                 _killpg(proc.pid, sig)
 
     def _kill_container(self, c: ContainerRun, proc: subprocess.Popen[bytes], why: str) -> None:
-        self.event("Normal", "Killing", f"Container {c.name} {why}, will be restarted")
+        self.status.event("Normal", "Killing", f"Container {c.name} {why}, will be restarted")
         _killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(self.grace)
@@ -297,7 +300,7 @@ class PodContainers(PodStatus):
                 return
             probe = probes[kind]
             due[kind] = time.monotonic() + float(probe.get("periodSeconds") or 10)
-            ok, msg = run_probe(probe, spec, lambda cmd, t: self._exec_probe(c, cmd, t), host=self.ip)
+            ok, msg = run_probe(probe, spec, lambda cmd, t: self._exec_probe(c, cmd, t), host=self.status.ip)
             if ok:
                 ok_n[kind] += 1
                 fail_n[kind] = 0
@@ -305,11 +308,11 @@ class PodContainers(PodStatus):
                 fail_n[kind] += 1
                 ok_n[kind] = 0
                 label = {"startupProbe": "Startup", "readinessProbe": "Readiness", "livenessProbe": "Liveness"}[kind]
-                self.event("Warning", "Unhealthy", f"{label} probe failed: {msg}")
+                self.status.event("Warning", "Unhealthy", f"{label} probe failed: {msg}")
             success_needed = int(probe.get("successThreshold") or 1)
             failures_allowed = int(probe.get("failureThreshold") or 3)
             changed = False
-            with self._lock:
+            with self.status.lock:
                 if kind == "startupProbe" and ok_n[kind] >= success_needed:
                     c.started = True
                     c.ready = not spec.get("readinessProbe")
@@ -320,9 +323,9 @@ class PodContainers(PodStatus):
                     elif fail_n[kind] >= failures_allowed and c.ready:
                         c.ready, changed = False, True
                 if changed:
-                    self._update_ready()
+                    self.status.update_ready()
             if changed:
-                self.publish()
+                self.status.publish()
             if kind in ("startupProbe", "livenessProbe") and fail_n[kind] >= failures_allowed:
                 what = "failed startup probe" if kind == "startupProbe" else "failed liveness probe"
                 self._kill_container(c, proc, what)

@@ -18,9 +18,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from tpuforge.sandbox import addons as addon_procs
-from tpuforge.sandbox import controlplane as cp
-from tpuforge.sandbox.config import (
+from tpuforge_sandbox import addons as addon_procs
+from tpuforge_sandbox import controlplane as cp
+from tpuforge_sandbox.config import (
     DEFAULT_BUCKET,
     DEFAULT_NODES,
     Binaries,
@@ -31,11 +31,11 @@ from tpuforge.sandbox.config import (
     parse_node_pools,
     repo_root,
 )
-from tpuforge.sandbox.gcs import create_bucket, gcs_argv, gcs_env, wait_gcs
-from tpuforge.sandbox.kubeapi import Kube, new_api_client
-from tpuforge.sandbox.nodes import EMULATED_LABEL, PREEMPT_ANNOTATION, node_ready
-from tpuforge.sandbox.pki import Pki
-from tpuforge.sandbox.procs import Daemon, port_free
+from tpuforge_sandbox.gcs import create_bucket, gcs_argv, gcs_env, wait_gcs
+from tpuforge_sandbox.kubeapi import Kube, new_api_client
+from tpuforge_sandbox.nodes import EMULATED_LABEL, PREEMPT_ANNOTATION, node_ready
+from tpuforge_sandbox.pki import Pki
+from tpuforge_sandbox.procs import Daemon, port_free
 
 ETCD = "etcd"
 APISERVER = "kube-apiserver"
@@ -215,7 +215,7 @@ class Sandbox:
                 install_crds(api, crd_files, max(1.0, deadline - time.monotonic()))
                 self._install_addons(api, bins, max(1.0, deadline - time.monotonic()), running, started)
                 if NODE_AGENT not in running:
-                    agent = [sys.executable, "-m", "tpuforge.sandbox.agent", "--dir", str(cfg.root)]
+                    agent = [sys.executable, "-m", "tpuforge_sandbox.agent", "--dir", str(cfg.root)]
                     self._start(NODE_AGENT, agent, started)
                 self._await(
                     CONTROLLER_MANAGER,

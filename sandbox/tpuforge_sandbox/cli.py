@@ -13,11 +13,11 @@ from pathlib import Path
 from kubernetes.client.exceptions import ApiException
 
 from tpuforge.api.constants import GKE_SPOT, GKE_TPU_ACCELERATOR, TPU_RESOURCE
-from tpuforge.sandbox.config import DEFAULT_NODES, Ports, default_dir
-from tpuforge.sandbox.kubeapi import Kube
-from tpuforge.sandbox.nodes import node_ready
-from tpuforge.sandbox.podlogs import containers_with_logs, follow, pod_finished, tail
-from tpuforge.sandbox.sandbox import Sandbox, SandboxError
+from tpuforge_sandbox.config import DEFAULT_NODES, Ports, default_dir
+from tpuforge_sandbox.kubeapi import Kube
+from tpuforge_sandbox.nodes import node_ready
+from tpuforge_sandbox.podlogs import containers_with_logs, follow, pod_finished, tail
+from tpuforge_sandbox.sandbox import Sandbox, SandboxError
 
 
 def _parser() -> argparse.ArgumentParser:

