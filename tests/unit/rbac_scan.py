@@ -1,7 +1,7 @@
 """The Kubernetes API permissions the operator needs, read from its code with `ast` (nothing is imported but
 the constants the code names).
 
-Every API call of the controllers goes through the `tpuforge.kube_*` modules (`kube_objects`, `kube_client`,
+Every API call of the controllers goes through the `tpuforge.kube` modules (`kube_objects`, `kube_client`,
 `kube_events`); the scan reads each call of them in operator/tpuforge/controllers/:
 - `get`, `list_objects`, `delete`, `patch` name (apiVersion, kind) as arguments: constants are resolved;
   `x.api_version` / `x.kind` of a value object are the kinds the controllers construct such objects with
