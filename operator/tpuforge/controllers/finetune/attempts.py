@@ -12,7 +12,7 @@ multi-host slice) with its own name; how it ended is classified once (`finetune_
 from __future__ import annotations
 
 from tpuforge.api import Restarts, tpu_slice
-from tpuforge.controllers.finetune import conditions as c
+from tpuforge.api import finetune_reasons as c
 from tpuforge.controllers.finetune import events as ev
 from tpuforge.controllers.finetune import queue as queue
 from tpuforge.controllers.finetune.children import (

@@ -8,10 +8,10 @@ from __future__ import annotations
 import os
 
 from tpuforge.api import FineTuneJobSpec, display, eval_dataset, evaluation_verdict
+from tpuforge.api import finetune_reasons as c
 from tpuforge.api.configs import output_subdir
 from tpuforge.api.constants import EVALUATION_SUBDIR
 from tpuforge.api.evaluation import checks
-from tpuforge.controllers.finetune import conditions as c
 from tpuforge.controllers.finetune import events as ev
 from tpuforge.controllers.finetune import onepod as onepod
 from tpuforge.controllers.finetune.children import JobView, PodView, eval_result

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tpuforge.api import FineTunePhase
+from tpuforge.api import finetune_reasons as c
 from tpuforge.controllers.finetune import attempts as attempts
-from tpuforge.controllers.finetune import conditions as c
 from tpuforge.controllers.finetune import evaluation as evaluation
 from tpuforge.controllers.finetune import events as ev
 from tpuforge.controllers.finetune import merge as merge

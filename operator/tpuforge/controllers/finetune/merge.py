@@ -6,7 +6,7 @@ machine's (finetune/machine.py)."""
 from __future__ import annotations
 
 from tpuforge.api import CheckpointStatus, FineTuneJobSpec, Outputs, TrainResult, adapter_uri
-from tpuforge.controllers.finetune import conditions as c
+from tpuforge.api import finetune_reasons as c
 from tpuforge.controllers.finetune import events as ev
 from tpuforge.controllers.finetune import onepod as onepod
 from tpuforge.controllers.finetune.context import Ctx

@@ -32,11 +32,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from tpuforge.api import FineTuneJobStatus
-from tpuforge.controllers.finetune import machine as machine
-from tpuforge.controllers.finetune import policies as policies
-from tpuforge.controllers.finetune import queue as queue
-from tpuforge.controllers.finetune import spec as spec_changes
-from tpuforge.controllers.finetune.conditions import (
+from tpuforge.api.finetune_reasons import (
     EVALUATED,
     EVALUATION_PASSED,
     FAILED,
@@ -47,6 +43,10 @@ from tpuforge.controllers.finetune.conditions import (
     TERMINAL,
     TRAINING,
 )
+from tpuforge.controllers.finetune import machine as machine
+from tpuforge.controllers.finetune import policies as policies
+from tpuforge.controllers.finetune import queue as queue
+from tpuforge.controllers.finetune import spec as spec_changes
 from tpuforge.controllers.finetune.context import Base, ChildRef, Event, Obj, Observed, Plan
 from tpuforge.controllers.finetune.policies import eta_seconds, tpu_hours
 

@@ -22,7 +22,7 @@ from tpuforge.api import (
     display,
     tpu_slice,
 )
-from tpuforge.controllers.finetune import conditions as c
+from tpuforge.api import finetune_reasons as c
 from tpuforge.controllers.finetune import events as ev
 from tpuforge.controllers.finetune.context import Base, Ctx, attempt_entry, parse_time
 from tpuforge.controllers.finetune.transitions import to_failed

@@ -13,8 +13,8 @@ Preflight True is stored in the status, so an operator that restarts never compi
 from __future__ import annotations
 
 from tpuforge.api import PreflightStatus, cost
+from tpuforge.api import finetune_reasons as c
 from tpuforge.api.constants import EXIT_DOES_NOT_FIT
-from tpuforge.controllers.finetune import conditions as c
 from tpuforge.controllers.finetune import events as ev
 from tpuforge.controllers.finetune import onepod as onepod
 from tpuforge.controllers.finetune.children import JobView, PodView, termination_record

@@ -4,7 +4,7 @@ afresh (or runs the preflight first, when it had not passed)."""
 
 from __future__ import annotations
 
-from tpuforge.controllers.finetune import conditions as c
+from tpuforge.api import finetune_reasons as c
 from tpuforge.controllers.finetune.context import Ctx
 from tpuforge.controllers.finetune.outcomes import RESUME, RESUME_TO_PREFLIGHT, Outcome
 from tpuforge.controllers.finetune.transitions import to_resumed, to_suspended

@@ -9,7 +9,7 @@ that reports it, together. Nothing else assigns `status.phase`.
 from __future__ import annotations
 
 from tpuforge.api import FineTunePhase, Restarts, adapter_uri, tpu_slice
-from tpuforge.controllers.finetune import conditions as c
+from tpuforge.api import finetune_reasons as c
 from tpuforge.controllers.finetune import events as ev
 from tpuforge.controllers.finetune.children import PodView, WorkloadView
 from tpuforge.controllers.finetune.context import Base, Ctx

@@ -1,6 +1,7 @@
 """The FineTuneJob's condition types, their reasons, and the messages the controller writes into them: the long
-form of what its Events (finetune_events) say in one `kubectl describe` line. Every reason the controller
-matches on or writes is a name here, never a literal elsewhere.
+form of what its Events (controllers/finetune/events) say in one `kubectl describe` line. What the API shows,
+so kept in api/, in one place, as JobSet keeps its reasons. Every reason the controller matches on or writes is
+a name here, never a literal elsewhere.
 """
 
 from __future__ import annotations
