@@ -35,6 +35,13 @@ COMPLETED = "Completed"
 STOPPED_EARLY = "StoppedEarly"
 RETRYING = "Retrying"
 PREEMPTED = "Preempted"
+# How an attempt (or a one-pod Job's pod) ended: status.attempts[].reason, beside COMPLETED and the pod's own
+# reasons; INVALID_CONFIG (exit code 2: the pod refused its config) also ends the job as the Failed reason.
+EVICTED = "Evicted"
+DISRUPTION_TARGET = "DisruptionTarget"
+TRAINER_CHECKPOINTED = "TrainerCheckpointed"
+POD_FAILED = "PodFailed"
+INVALID_CONFIG = "InvalidConfig"
 # Of the Preflight condition (DoesNotFit and PreflightFailed also end the job as the Failed condition's reason).
 COMPILING = "Compiling"
 FITS = "Fits"

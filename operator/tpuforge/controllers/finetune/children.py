@@ -17,6 +17,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from tpuforge.api import AttemptStatus, EvaluationStatus, TrainResult
+from tpuforge.api import finetune_reasons as r
 from tpuforge.api.constants import (
     EXIT_BAD_CONFIG,
     EXIT_PREEMPTED,
@@ -45,7 +46,6 @@ MESSAGE_LIMIT = 1000  # status messages and Events stay readable in `kubectl des
 # emptyDir's sizeLimit, a container's or the pod's ephemeral-storage limit). Running the pod again does the
 # same: a failure, not a preemption. An eviction under pressure that names none of these (the node ran short
 # through other pods or the system) is the node's doing, like a drain.
-EVICTED = "Evicted"
 M = TypeVar("M", bound=BaseModel)
 Check = Callable[[dict[str, Any]], bool]
 SELF_EVICTION = re.compile(
@@ -376,7 +376,7 @@ def self_evicted(pod: PodView) -> bool:
     """The kubelet evicted the pod for its own use (see SELF_EVICTION): its memory or disk beyond its requests or
     limits. The pod-pressure eviction also sets DisruptionTarget (TerminationByKubelet); this tells it apart from
     the node's shutdown, which sets that same reason."""
-    return pod.reason == EVICTED and SELF_EVICTION.search(pod.message) is not None
+    return pod.reason == r.EVICTED and SELF_EVICTION.search(pod.message) is not None
 
 
 def pod_ending(pod: PodView) -> AttemptEnd | None:
@@ -384,30 +384,30 @@ def pod_ending(pod: PodView) -> AttemptEnd | None:
     term = pod.terminated
     at = term.finished_at if term else None
     if pod.phase == "Succeeded":
-        return AttemptEnd("Succeeded", "Completed", f"pod {pod.name} completed", at)
+        return AttemptEnd("Succeeded", r.COMPLETED, f"pod {pod.name} completed", at)
     if pod.phase != "Failed":
         return None
     said = clip(term.message) if term else ""
     if self_evicted(pod):
         detail = "; ".join(p for p in (pod.message.strip(), said) if p)
         return AttemptEnd(
-            "Failed", EVICTED, f"pod {pod.name} was evicted for using more than it asked for: {clip(detail)}", at
+            "Failed", r.EVICTED, f"pod {pod.name} was evicted for using more than it asked for: {clip(detail)}", at
         )
     if pod.disruption is not None:
         detail = "; ".join(p for p in (pod.disruption, said) if p)
-        return AttemptEnd("Preempted", "DisruptionTarget", f"pod {pod.name} was disrupted: {clip(detail)}", at)
+        return AttemptEnd("Preempted", r.DISRUPTION_TARGET, f"pod {pod.name} was disrupted: {clip(detail)}", at)
     if pod.reason in PREEMPTION_POD_REASONS:
         detail = "; ".join(p for p in (_why(pod.reason, pod.message), said) if p)
         return AttemptEnd("Preempted", pod.reason, f"pod {pod.name} was stopped: {clip(detail)}", at)
     if term is None:
         return AttemptEnd(
-            "Failed", pod.reason or "PodFailed", clip(f"pod {pod.name} failed: {_why(pod.reason, pod.message)}")
+            "Failed", pod.reason or r.POD_FAILED, clip(f"pod {pod.name} failed: {_why(pod.reason, pod.message)}")
         )
     if term.exit_code == EXIT_PREEMPTED or said.startswith(TERMINATION_PREEMPTED):
-        return AttemptEnd("Preempted", "TrainerCheckpointed", f"pod {pod.name}: {said or 'preempted'}", at)
+        return AttemptEnd("Preempted", r.TRAINER_CHECKPOINTED, f"pod {pod.name}: {said or 'preempted'}", at)
     detail = f"{term.reason or 'Error'}, exit code {term.exit_code}" + (f": {said}" if said else "")
     if term.exit_code == EXIT_BAD_CONFIG:
-        return AttemptEnd("Failed", "InvalidConfig", f"pod {pod.name} rejected its config ({detail})", at, True)
+        return AttemptEnd("Failed", r.INVALID_CONFIG, f"pod {pod.name} rejected its config ({detail})", at, True)
     return AttemptEnd("Failed", term.reason or "Error", f"pod {pod.name} failed ({detail})", at)
 
 
@@ -428,7 +428,7 @@ def attempt_end(job: JobView, pods: list[PodView], hosts: int, entry: AttemptSta
     if endings:
         return endings[-1]
     if job.complete:
-        return AttemptEnd("Succeeded", "Completed", f"Job {job.name} completed")
+        return AttemptEnd("Succeeded", r.COMPLETED, f"Job {job.name} completed")
     if job.failed:
         return AttemptEnd("Failed", "JobFailed", f"Job {job.name} failed: {job.failure}")
     return _gone(pods, (entry.pod_name,) if entry.pod_name else ())
@@ -451,14 +451,14 @@ def _hosts_end(job: JobView, pods: list[PodView], hosts: int, recorded: tuple[st
     ended = [(p, e) for p in pods if (e := pod_ending(p)) is not None]
     failed = next(((p, e) for p, e in ended if e.outcome == "Failed"), None)
     # The evidence of a preemption, best first: the host that was taken away, not a peer that checkpointed.
-    taken = [(p, e) for p, e in ended if e.outcome == "Preempted" and e.reason != "TrainerCheckpointed"]
+    taken = [(p, e) for p, e in ended if e.outcome == "Preempted" and e.reason != r.TRAINER_CHECKPOINTED]
     if ended:
         taken += [
-            (p, AttemptEnd("Preempted", "DisruptionTarget", f"pod {p.name} is being disrupted: {p.disruption}"))
+            (p, AttemptEnd("Preempted", r.DISRUPTION_TARGET, f"pod {p.name} is being disrupted: {p.disruption}"))
             for p in pods
             if p.disruption is not None and not p.terminal
         ]
-    taken += [(p, e) for p, e in ended if e.reason == "TrainerCheckpointed"]
+    taken += [(p, e) for p, e in ended if e.reason == r.TRAINER_CHECKPOINTED]
     if taken:
         return _from_host(*taken[0], hosts)
     gone = _gone(pods, recorded)
@@ -468,7 +468,7 @@ def _hosts_end(job: JobView, pods: list[PodView], hosts: int, recorded: tuple[st
         return _from_host(*failed, hosts)
     if len(ended) >= hosts or job.complete:
         at = ended[-1][1].at if ended else None
-        return AttemptEnd("Succeeded", "Completed", f"all {hosts} hosts of JobSet {job.name} completed", at)
+        return AttemptEnd("Succeeded", r.COMPLETED, f"all {hosts} hosts of JobSet {job.name} completed", at)
     if job.failed:
         return AttemptEnd("Failed", "JobSetFailed", f"JobSet {job.name} failed: {job.failure}")
     return None

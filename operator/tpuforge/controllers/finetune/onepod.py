@@ -8,8 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from tpuforge.api import finetune_reasons as r
 from tpuforge.controllers.finetune import queue as queue
-from tpuforge.controllers.finetune.children import EVICTED, JobView, PodView, pod_ending
+from tpuforge.controllers.finetune.children import JobView, PodView, pod_ending
 from tpuforge.controllers.finetune.context import Ctx
 
 State = Literal[
@@ -79,7 +80,7 @@ def follow(
     if rejected is not None:
         return Standing("rejected", job, detail=rejected.message, reason=rejected.reason)
     if max_disruptions is not None:
-        evicted = next((e for e in failures if e.reason == EVICTED), None)
+        evicted = next((e for e in failures if e.reason == r.EVICTED), None)
         if evicted is not None:
             return Standing("evicted", job, detail=evicted.message)
         disrupted = [e for e in endings if e.outcome == "Preempted"]
