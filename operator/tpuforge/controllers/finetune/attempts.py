@@ -11,7 +11,7 @@ multi-host slice) with its own name; how it ended is classified once (`finetune_
 
 from __future__ import annotations
 
-from tpuforge.api import Restarts, tpu_slice
+from tpuforge.api import Restarts
 from tpuforge.api import finetune_reasons as c
 from tpuforge.controllers.finetune import events as ev
 from tpuforge.controllers.finetune import queue as queue
@@ -47,7 +47,7 @@ def step(ctx: Ctx) -> Outcome | None:
             return None
         to_pending(ctx, 0)
         st.start_time = st.start_time or ctx.stamp  # set already when a preflight ran first
-        s = tpu_slice(ctx.spec.tpu.slice)
+        s = ctx.slice
         ctx.event("Normal", ev.CREATED, ev.created(s.id, s.topology, ctx.spec.tpu.spot, s.hosts))
     n = st.attempt
     assert n is not None
