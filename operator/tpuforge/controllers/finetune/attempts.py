@@ -21,10 +21,10 @@ from tpuforge.controllers.finetune.children import (
     PodView,
     attempt_end,
     host_order,
-    train_result,
 )
 from tpuforge.controllers.finetune.context import Ctx, attempt_entry, parse_time, rfc3339
 from tpuforge.controllers.finetune.outcomes import Outcome, trained
+from tpuforge.controllers.finetune.records import train_result
 from tpuforge.controllers.finetune.transitions import pending_if_new, to_failed, to_pending, to_training
 from tpuforge.manifests import finetune_training as m
 from tpuforge.manifests.finetune_common import COMPONENT_TRAINER

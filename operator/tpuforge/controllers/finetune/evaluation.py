@@ -14,8 +14,9 @@ from tpuforge.api.constants import EVALUATION_SUBDIR
 from tpuforge.api.evaluation import checks
 from tpuforge.controllers.finetune import events as ev
 from tpuforge.controllers.finetune import onepod as onepod
-from tpuforge.controllers.finetune.children import JobView, PodView, eval_result
+from tpuforge.controllers.finetune.children import JobView, PodView
 from tpuforge.controllers.finetune.context import Ctx
+from tpuforge.controllers.finetune.records import eval_result
 from tpuforge.controllers.finetune.transitions import to_evaluating, to_exported, to_failed
 from tpuforge.manifests import finetune_evaluation as m
 from tpuforge.manifests.common import Obj

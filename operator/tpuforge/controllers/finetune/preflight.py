@@ -17,9 +17,10 @@ from tpuforge.api import finetune_reasons as c
 from tpuforge.api.constants import EXIT_DOES_NOT_FIT
 from tpuforge.controllers.finetune import events as ev
 from tpuforge.controllers.finetune import onepod as onepod
-from tpuforge.controllers.finetune.children import JobView, PodView, termination_record
+from tpuforge.controllers.finetune.children import JobView, PodView
 from tpuforge.controllers.finetune.context import Ctx
 from tpuforge.controllers.finetune.outcomes import FITS, Outcome
+from tpuforge.controllers.finetune.records import termination_record
 from tpuforge.controllers.finetune.transitions import to_failed, to_preflight
 from tpuforge.manifests import preflight as mp
 
