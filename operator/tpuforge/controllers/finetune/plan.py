@@ -15,8 +15,8 @@ Where each decision lives (one module per phase, each a handful of functions ove
     preflight    Preflight: the step compiled for the slice on a CPU node before the first attempt
     attempts     Pending and Training: create, follow and end attempts; a preemption becomes a resume in
                  `preempted`, a failure a retry (or the end) in `failed`
-    children     what the children say, how an attempt ended (`attempt_end`, beside `pod_ending`), and the
-                 termination-message records (`termination_record`)
+    children     what the children say, and how an attempt ended (`attempt_end`, beside `pod_ending`)
+    records      what a pod wrote as its termination message (`termination_record`: one parser)
     onepod       where a one-pod Job (preflight, merge, evaluation) stands: the one follower
     suspend      Suspended, and back
     queue        Queued: a Job that Kueue holds (spec.queueName), and back to its stage
