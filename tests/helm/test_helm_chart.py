@@ -272,19 +272,34 @@ def trainer_role_rules() -> list[dict[str, Any]]:
     return [rule for o in objs if o["kind"] == "Role" for rule in o["rules"]]
 
 
-@pytest.mark.parametrize("name", ["default", "everything-on"])
-def test_cluster_role_grants_exactly_what_the_operator_uses(name: str) -> None:
+def test_the_permission_table_covers_every_call_and_grants_nothing_unused() -> None:
+    from tpuforge.controllers import permissions
+
     uses = rbac_scan.Scan().uses()
-    needed = {u.permission for u in uses} | KOPF_FRAMEWORK
+    declared = rbac_scan.granted(permissions.cluster_role_rules(namespaced=True))
+    missing = sorted(f"{u.permission} (needed at {u.where})" for u in uses if u.permission not in declared)
+    assert not missing, "tpuforge/controllers/permissions.py lacks:\n" + "\n".join(missing)
+    needed = {u.permission for u in uses} | KOPF_FRAMEWORK | KOPF_NAMESPACED
     needed |= rbac_scan.granted(trainer_role_rules())
-    if VALUES[name].get("operator", {}).get("watchNamespaces"):
-        needed |= KOPF_NAMESPACED
+    extra = sorted(str(p) for p in declared - needed)
+    assert not extra, "tpuforge/controllers/permissions.py grants what no code uses:\n" + "\n".join(extra)
+    only_namespaced = declared - rbac_scan.granted(permissions.cluster_role_rules(namespaced=False))
+    assert only_namespaced == KOPF_NAMESPACED
+
+
+@pytest.mark.parametrize("name", ["default", "everything-on"])
+def test_cluster_role_is_the_declared_permission_table(name: str) -> None:
+    from tpuforge.controllers import permissions
+
+    namespaced = bool(VALUES[name].get("operator", {}).get("watchNamespaces"))
+    declared = rbac_scan.granted(permissions.cluster_role_rules(namespaced))
     granted = rbac_scan.granted(find(render(name), "ClusterRole")["rules"])
-    where = {u.permission: u.where for u in uses}
-    missing = sorted(f"{p} (needed at {where.get(p, 'kopf / the trainer Role')})" for p in needed - granted)
+    missing = sorted(str(p) for p in declared - granted)
     assert not missing, "helm/tpuforge/templates/clusterrole.yaml lacks:\n" + "\n".join(missing)
-    extra = sorted(str(p) for p in granted - needed)
-    assert not extra, "helm/tpuforge/templates/clusterrole.yaml grants what no code uses:\n" + "\n".join(extra)
+    extra = sorted(str(p) for p in granted - declared)
+    assert not extra, "helm/tpuforge/templates/clusterrole.yaml grants what permissions.py does not:\n" + "\n".join(
+        extra
+    )
 
 
 def test_rbac_objects_bind_the_operator_service_account() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from tpuforge.api.catalog import TpuSlice
 from tpuforge.api.constants import (
@@ -161,8 +161,19 @@ def tpu_scheduling(slc: TpuSlice, spot: bool = False, spot_grace: int | None = N
     if spot:
         selector[GKE_SPOT] = "true"
         tolerations.append({"key": GKE_SPOT, "operator": "Equal", "value": "true", "effect": "NoSchedule"})
-        out["terminationGracePeriodSeconds"] = spot_grace or GKE_SPOT_GRACE_SECONDS
+        out["terminationGracePeriodSeconds"] = grace_seconds(spot, spot_grace, None)
     return out
+
+
+@overload
+def grace_seconds(spot: bool, spot_grace: int | None, off_spot: int) -> int: ...
+@overload
+def grace_seconds(spot: bool, spot_grace: int | None, off_spot: None) -> int | None: ...
+def grace_seconds(spot: bool, spot_grace: int | None, off_spot: int | None) -> int | None:
+    """The one decision of a TPU pod's terminationGracePeriodSeconds: on Spot, what a reclaim actually gives
+    (`spot_grace`, else GKE's GKE_SPOT_GRACE_SECONDS), whatever the pod would ask; off Spot, `off_spot` (None:
+    Kubernetes' default)."""
+    return (spot_grace or GKE_SPOT_GRACE_SECONDS) if spot else off_spot
 
 
 def with_scheduling(pod_spec: Obj, sched: PodScheduling) -> Obj:

@@ -34,6 +34,7 @@ from tpuforge.manifests.common import (
     Obj,
     Owner,
     config_map,
+    grace_seconds,
     image_pull_secrets,
     locked_down,
     metadata,
@@ -67,6 +68,12 @@ SPEC_KEY = "finetunejob-spec.json"
 # (common.tpu_scheduling): the checkpoint durations the trainer reports say whether one fits, and the trainer
 # also checkpoints every checkpoint.everySteps.
 TRAINER_TERMINATION_GRACE_SECONDS = 300
+
+
+def trainer_grace_seconds(spec: FineTuneJobSpec) -> int:
+    """The grace period a training pod gets after SIGTERM: the time its checkpoint has."""
+    return grace_seconds(spec.tpu.spot, spec.tpu.spot_grace_seconds, TRAINER_TERMINATION_GRACE_SECONDS)
+
 
 # The trainer's TMPDIR (the compile cache's local layer) is /dev/shm, memory-backed, rather than the small boot
 # disk of a TPU VM; its sizeLimit is counted in the pod's memory request.
@@ -131,8 +138,8 @@ def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
     pod_spec: Obj = {
         "restartPolicy": "Never",
         "serviceAccountName": service_account_name(o.name, spec),
-        "terminationGracePeriodSeconds": TRAINER_TERMINATION_GRACE_SECONDS,
-        **tpu_scheduling(slc, spec.tpu.spot, spec.tpu.spot_grace_seconds),  # on Spot: the grace a reclaim gives
+        "terminationGracePeriodSeconds": trainer_grace_seconds(spec),
+        **tpu_scheduling(slc, spec.tpu.spot, spec.tpu.spot_grace_seconds),  # on Spot: the same grace
         "containers": [container],
         "volumes": [config_volume(name), {"name": "dshm", "emptyDir": shm}],
         **image_pull_secrets(spec.images.pull_secrets),
@@ -240,4 +247,5 @@ __all__ = [
     "train_pod_template",
     "train_ports",
     "train_workload",
+    "trainer_grace_seconds",
 ]

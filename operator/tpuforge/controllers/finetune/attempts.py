@@ -1,7 +1,7 @@
 """Training attempts: the phases Pending and Training. Each attempt is one training Job (a JobSet on a
 multi-host slice) with its own name; how it ended is classified once (`finetune_children.attempt_end`), then:
 
-    Succeeded -> the merge (finetune_merge.begin)
+    Succeeded -> `trained` (the state machine, finetune/machine.py, begins the merge)
     Preempted -> the next attempt, resuming from the last checkpoint, while spec.runPolicy.maxPreemptions
                  allows (`preempted`), else the job fails
     Failed    -> the next attempt while spec.runPolicy.maxRestarts allows (`failed`), else the job fails;
@@ -11,10 +11,9 @@ multi-host slice) with its own name; how it ended is classified once (`finetune_
 
 from __future__ import annotations
 
-from tpuforge.api import Restarts, tpu_slice
-from tpuforge.controllers.finetune import conditions as c
+from tpuforge.api import Restarts
+from tpuforge.api import finetune_reasons as c
 from tpuforge.controllers.finetune import events as ev
-from tpuforge.controllers.finetune import merge as merge
 from tpuforge.controllers.finetune import queue as queue
 from tpuforge.controllers.finetune.children import (
     AttemptEnd,
@@ -22,9 +21,10 @@ from tpuforge.controllers.finetune.children import (
     PodView,
     attempt_end,
     host_order,
-    train_result,
 )
 from tpuforge.controllers.finetune.context import Ctx, attempt_entry, parse_time, rfc3339
+from tpuforge.controllers.finetune.outcomes import Outcome, trained
+from tpuforge.controllers.finetune.records import train_result
 from tpuforge.controllers.finetune.transitions import pending_if_new, to_failed, to_pending, to_training
 from tpuforge.manifests import finetune_training as m
 from tpuforge.manifests.finetune_common import COMPONENT_TRAINER
@@ -38,43 +38,45 @@ UNSCHEDULABLE_REPORT_SECONDS = 300.0
 COST_REFRESH_SECONDS = 60.0
 
 
-def step(ctx: Ctx) -> None:
-    """Pending or Training (or a job just taken up): start, follow or end the current attempt."""
+def step(ctx: Ctx) -> Outcome | None:
+    """Pending or Training (or a job just taken up): start, follow or end the current attempt (`trained`:
+    it succeeded)."""
     st = ctx.st
     if st.attempt is None:
         if jobset_missing(ctx):
-            return
+            return None
         to_pending(ctx, 0)
         st.start_time = st.start_time or ctx.stamp  # set already when a preflight ran first
-        s = tpu_slice(ctx.spec.tpu.slice)
+        s = ctx.slice
         ctx.event("Normal", ev.CREATED, ev.created(s.id, s.topology, ctx.spec.tpu.spot, s.hosts))
     n = st.attempt
     assert n is not None
     job = ctx.train_job(n)
     if job is None:
         create(ctx, n)
-        return
+        return None
     if job.deleting:
-        return  # someone removed it: it is recreated once it is gone
+        return None  # someone removed it: it is recreated once it is gone
     pods = ctx.pods_of(job)
     record_start(ctx, n, pods)
     end = attempt_end(job, pods, ctx.hosts, ctx.entry(n))
     if end is None:
         if queue.waiting(ctx, job):
-            return
+            return None
         running = [p for p in pods if p.phase == "Running" and not p.deleting]
         if running and len(running) >= ctx.hosts:
             started(ctx, n, running)
         elif ctx.hosts > 1 or not any(p.phase == "Running" for p in pods):
             pending(ctx, n, pods)
-        return
+        return None
     ctx.close_attempt(n, end.outcome, end.reason, end.message, end.at)
     if end.outcome == "Succeeded":
-        merge.begin(ctx, train_result(pods))
-    elif end.outcome == "Preempted":
+        return trained(train_result(pods))
+    if end.outcome == "Preempted":
         preempted(ctx, n, job, end)
     else:
         failed(ctx, n, job, end)
+    return None
 
 
 def record_start(ctx: Ctx, n: int, pods: list[PodView]) -> None:

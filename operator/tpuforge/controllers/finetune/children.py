@@ -14,9 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import ValidationError
-
-from tpuforge.api import AttemptStatus, EvaluationStatus, TrainResult
+from tpuforge.api import AttemptStatus
+from tpuforge.api import finetune_reasons as r
 from tpuforge.api.constants import (
     EXIT_BAD_CONFIG,
     EXIT_PREEMPTED,
@@ -25,7 +24,6 @@ from tpuforge.api.constants import (
     LABEL_ATTEMPT,
     LABEL_COMPONENT,
     LABEL_JOBSET_NAME,
-    TERMINATION_LOG,
     TERMINATION_PREEMPTED,
 )
 from tpuforge.manifests.finetune_training import SPEC_KEY
@@ -45,7 +43,6 @@ MESSAGE_LIMIT = 1000  # status messages and Events stay readable in `kubectl des
 # emptyDir's sizeLimit, a container's or the pod's ephemeral-storage limit). Running the pod again does the
 # same: a failure, not a preemption. An eviction under pressure that names none of these (the node ran short
 # through other pods or the system) is the node's doing, like a drain.
-EVICTED = "Evicted"
 SELF_EVICTION = re.compile(
     r"(Container|Pod) \S+ was using \S+, request is \S+"
     r"|Usage of EmptyDir volume \S+ exceeds the limit"
@@ -284,56 +281,6 @@ def config_view(raw: Raw) -> ConfigView:
     return ConfigView(name=meta.get("name", ""), attempt=_attempt(meta.get("labels") or {}), spec=spec)
 
 
-# What the `score` container's result carries into status.evaluation.
-RESULT_KEYS = (
-    "metrics",
-    "baseMetrics",
-    "intervals",
-    "baseIntervals",
-    "failures",
-    "baseFailures",
-    "examples",
-    "reportUri",
-)
-
-
-def eval_result(pod: PodView) -> EvaluationStatus:
-    """The scores an evaluation pod that succeeded wrote as its `score` container's termination message:
-    {"metrics": {...}, "baseMetrics": {...}, "examples": n, "reportUri": "..."}, with passAtK also "intervals",
-    "baseIntervals", "failures" and "baseFailures". Raises ValueError, saying
-    what is wrong, when the message is not that."""
-    text = pod.terminated.message.strip() if pod.terminated else ""
-    if not text:
-        raise ValueError(f"pod {pod.name} succeeded without writing its result to {TERMINATION_LOG}")
-    try:
-        raw = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"pod {pod.name} wrote a result that is not JSON ({exc}): {clip(text, 200)}") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("metrics"), dict) or not raw["metrics"]:
-        raise ValueError(f"pod {pod.name} wrote a result without metrics: {clip(text, 200)}")
-    try:
-        result = EvaluationStatus.model_validate({k: raw.get(k) for k in RESULT_KEYS if raw.get(k) is not None})
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ValueError(f"pod {pod.name} wrote an unreadable result ({where}: {first['msg']})") from None
-    return result
-
-
-def train_result(pods: list[PodView]) -> TrainResult | None:
-    """What a finished trainer reported in its termination message (a TrainResult: the last step, the best
-    evaluated one, early stopping): the first host's that reads as one. None where no pod holds one (the pods are
-    gone, or an older trainer wrote words only)."""
-    for pod in sorted(pods, key=host_order):
-        text = pod.terminated.message.strip() if pod.terminated and pod.phase == "Succeeded" else ""
-        if text.startswith("{"):
-            try:
-                return TrainResult.model_validate_json(text)
-            except ValidationError:
-                continue
-    return None
-
-
 Outcome = Literal["Succeeded", "Preempted", "Failed"]
 
 
@@ -355,7 +302,7 @@ def self_evicted(pod: PodView) -> bool:
     """The kubelet evicted the pod for its own use (see SELF_EVICTION): its memory or disk beyond its requests or
     limits. The pod-pressure eviction also sets DisruptionTarget (TerminationByKubelet); this tells it apart from
     the node's shutdown, which sets that same reason."""
-    return pod.reason == EVICTED and SELF_EVICTION.search(pod.message) is not None
+    return pod.reason == r.EVICTED and SELF_EVICTION.search(pod.message) is not None
 
 
 def pod_ending(pod: PodView) -> AttemptEnd | None:
@@ -363,30 +310,30 @@ def pod_ending(pod: PodView) -> AttemptEnd | None:
     term = pod.terminated
     at = term.finished_at if term else None
     if pod.phase == "Succeeded":
-        return AttemptEnd("Succeeded", "Completed", f"pod {pod.name} completed", at)
+        return AttemptEnd("Succeeded", r.COMPLETED, f"pod {pod.name} completed", at)
     if pod.phase != "Failed":
         return None
     said = clip(term.message) if term else ""
     if self_evicted(pod):
         detail = "; ".join(p for p in (pod.message.strip(), said) if p)
         return AttemptEnd(
-            "Failed", EVICTED, f"pod {pod.name} was evicted for using more than it asked for: {clip(detail)}", at
+            "Failed", r.EVICTED, f"pod {pod.name} was evicted for using more than it asked for: {clip(detail)}", at
         )
     if pod.disruption is not None:
         detail = "; ".join(p for p in (pod.disruption, said) if p)
-        return AttemptEnd("Preempted", "DisruptionTarget", f"pod {pod.name} was disrupted: {clip(detail)}", at)
+        return AttemptEnd("Preempted", r.DISRUPTION_TARGET, f"pod {pod.name} was disrupted: {clip(detail)}", at)
     if pod.reason in PREEMPTION_POD_REASONS:
         detail = "; ".join(p for p in (_why(pod.reason, pod.message), said) if p)
         return AttemptEnd("Preempted", pod.reason, f"pod {pod.name} was stopped: {clip(detail)}", at)
     if term is None:
         return AttemptEnd(
-            "Failed", pod.reason or "PodFailed", clip(f"pod {pod.name} failed: {_why(pod.reason, pod.message)}")
+            "Failed", pod.reason or r.POD_FAILED, clip(f"pod {pod.name} failed: {_why(pod.reason, pod.message)}")
         )
     if term.exit_code == EXIT_PREEMPTED or said.startswith(TERMINATION_PREEMPTED):
-        return AttemptEnd("Preempted", "TrainerCheckpointed", f"pod {pod.name}: {said or 'preempted'}", at)
+        return AttemptEnd("Preempted", r.TRAINER_CHECKPOINTED, f"pod {pod.name}: {said or 'preempted'}", at)
     detail = f"{term.reason or 'Error'}, exit code {term.exit_code}" + (f": {said}" if said else "")
     if term.exit_code == EXIT_BAD_CONFIG:
-        return AttemptEnd("Failed", "InvalidConfig", f"pod {pod.name} rejected its config ({detail})", at, True)
+        return AttemptEnd("Failed", r.INVALID_CONFIG, f"pod {pod.name} rejected its config ({detail})", at, True)
     return AttemptEnd("Failed", term.reason or "Error", f"pod {pod.name} failed ({detail})", at)
 
 
@@ -407,7 +354,7 @@ def attempt_end(job: JobView, pods: list[PodView], hosts: int, entry: AttemptSta
     if endings:
         return endings[-1]
     if job.complete:
-        return AttemptEnd("Succeeded", "Completed", f"Job {job.name} completed")
+        return AttemptEnd("Succeeded", r.COMPLETED, f"Job {job.name} completed")
     if job.failed:
         return AttemptEnd("Failed", "JobFailed", f"Job {job.name} failed: {job.failure}")
     return _gone(pods, (entry.pod_name,) if entry.pod_name else ())
@@ -430,14 +377,14 @@ def _hosts_end(job: JobView, pods: list[PodView], hosts: int, recorded: tuple[st
     ended = [(p, e) for p in pods if (e := pod_ending(p)) is not None]
     failed = next(((p, e) for p, e in ended if e.outcome == "Failed"), None)
     # The evidence of a preemption, best first: the host that was taken away, not a peer that checkpointed.
-    taken = [(p, e) for p, e in ended if e.outcome == "Preempted" and e.reason != "TrainerCheckpointed"]
+    taken = [(p, e) for p, e in ended if e.outcome == "Preempted" and e.reason != r.TRAINER_CHECKPOINTED]
     if ended:
         taken += [
-            (p, AttemptEnd("Preempted", "DisruptionTarget", f"pod {p.name} is being disrupted: {p.disruption}"))
+            (p, AttemptEnd("Preempted", r.DISRUPTION_TARGET, f"pod {p.name} is being disrupted: {p.disruption}"))
             for p in pods
             if p.disruption is not None and not p.terminal
         ]
-    taken += [(p, e) for p, e in ended if e.reason == "TrainerCheckpointed"]
+    taken += [(p, e) for p, e in ended if e.reason == r.TRAINER_CHECKPOINTED]
     if taken:
         return _from_host(*taken[0], hosts)
     gone = _gone(pods, recorded)
@@ -447,7 +394,7 @@ def _hosts_end(job: JobView, pods: list[PodView], hosts: int, recorded: tuple[st
         return _from_host(*failed, hosts)
     if len(ended) >= hosts or job.complete:
         at = ended[-1][1].at if ended else None
-        return AttemptEnd("Succeeded", "Completed", f"all {hosts} hosts of JobSet {job.name} completed", at)
+        return AttemptEnd("Succeeded", r.COMPLETED, f"all {hosts} hosts of JobSet {job.name} completed", at)
     if job.failed:
         return AttemptEnd("Failed", "JobSetFailed", f"JobSet {job.name} failed: {job.failure}")
     return None

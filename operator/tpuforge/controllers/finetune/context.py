@@ -145,7 +145,8 @@ class Ctx(Base):
         self.o, self.now, self.stamp, self.st, self.plan = base.o, base.now, base.stamp, base.st, base.plan
         self.spec = spec
         self.owner = m.owner(self.o.namespace, self.o.name, self.o.uid)
-        self.hosts = tpu_slice(spec.tpu.slice).hosts  # more than one means a JobSet per attempt
+        self.slice = tpu_slice(spec.tpu.slice)  # resolved once: the phases read it from here
+        self.hosts = self.slice.hosts  # more than one means a JobSet per attempt
 
     def train_name(self, attempt: int) -> str:
         return m.train_job_name(self.o.name, attempt, self.hosts)

@@ -8,14 +8,15 @@ from __future__ import annotations
 import os
 
 from tpuforge.api import FineTuneJobSpec, display, eval_dataset, evaluation_verdict
+from tpuforge.api import finetune_reasons as c
 from tpuforge.api.configs import output_subdir
 from tpuforge.api.constants import EVALUATION_SUBDIR
 from tpuforge.api.evaluation import checks
-from tpuforge.controllers.finetune import conditions as c
 from tpuforge.controllers.finetune import events as ev
-from tpuforge.controllers.finetune import queue as queue
-from tpuforge.controllers.finetune.children import EVICTED, JobView, PodView, eval_result, pod_ending
+from tpuforge.controllers.finetune import onepod as onepod
+from tpuforge.controllers.finetune.children import JobView, PodView
 from tpuforge.controllers.finetune.context import Ctx
+from tpuforge.controllers.finetune.records import eval_result
 from tpuforge.controllers.finetune.transitions import to_evaluating, to_exported, to_failed
 from tpuforge.manifests import finetune_evaluation as m
 from tpuforge.manifests.common import Obj
@@ -54,57 +55,41 @@ def begin(ctx: Ctx) -> None:
 
 def step(ctx: Ctx) -> None:
     """Evaluating: (re)create the evaluation Job and follow it to its result."""
-    job = ctx.job(eval_job_name(ctx.o.name))
     if ctx.spec.evaluation is None:
         # The evaluation was taken out of the spec while it ran: there is nothing left to wait for.
+        job = ctx.job(eval_job_name(ctx.o.name))
         if job is not None and ctx.live(job):
             ctx.delete_job(job)
         ctx.condition(c.EVALUATED, "False", c.NOT_EVALUATED, c.EVALUATION_REMOVED)
         to_exported(ctx, c.NOT_EVALUATED_SUFFIX)
         return
-    if job is None:
+    at = onepod.follow(ctx, eval_job_name(ctx.o.name), max_disruptions=EVAL_MAX_DISRUPTIONS)
+    name = at.job.name if at.job is not None else ""
+    if at.state == "absent":
         ctx.plan.create.extend(objects(ctx))
-        return
-    if job.deleting:
-        return  # someone removed it: it is recreated once it is gone
-    pods = ctx.pods_of(job)
-    done = next((p for p in pods if p.phase == "Succeeded"), None)
-    if done is not None:
-        evaluated(ctx, job, done)
-        return
-    endings = [e for e in (pod_ending(p) for p in pods) if e is not None]
-    failures = [e for e in endings if e.outcome == "Failed"]
-    rejected = next((e for e in failures if e.permanent), None)
-    # Ignored by the Job's pod failure policy (DisruptionTarget), so counted here: the pods taken away, and
-    # those the kubelet evicted for their own use (the same every time: not retried).
-    disrupted = [e for e in endings if e.outcome == "Preempted"]
-    evicted = next((e for e in failures if e.reason == EVICTED), None)
-    if rejected is not None:
-        failed(ctx, c.EVALUATION_FAILED, c.evaluation_rejected(job.name, rejected.message), rejected.message)
-    elif evicted is not None:
-        failed(ctx, c.EVALUATION_FAILED, c.evaluation_evicted(job.name, evicted.message), evicted.message)
-    elif len(disrupted) > EVAL_MAX_DISRUPTIONS:
-        detail = disrupted[-1].message
-        message = c.evaluation_job_failed(job.name, f"after its pod was taken away {len(disrupted)} times", detail)
-        failed(ctx, c.EVALUATION_FAILED, message, detail)
-    elif job.failed:
-        detail = failures[-1].message if failures else job.failure
-        # The Job's pod failure policy ends it at the first rejected config (its reason says so), which
-        # can be seen before the pod's own ending.
-        if job.failure.startswith("PodFailurePolicy"):
+    elif at.state == "done":
+        assert at.job is not None and at.pod is not None
+        evaluated(ctx, at.job, at.pod)
+    elif at.state == "rejected":
+        failed(ctx, c.EVALUATION_FAILED, c.evaluation_rejected(name, at.detail), at.detail)
+    elif at.state == "evicted":
+        failed(ctx, c.EVALUATION_FAILED, c.evaluation_evicted(name, at.detail), at.detail)
+    elif at.state == "disrupted":
+        message = c.evaluation_job_failed(name, f"after its pod was taken away {at.count} times", at.detail)
+        failed(ctx, c.EVALUATION_FAILED, message, at.detail)
+    elif at.state == "failed":
+        if at.at_once:
             tries = "at once (a rejected config)"
-        elif job.failure.startswith("DeadlineExceeded"):
+        elif at.past_deadline:
             limit = ctx.spec.evaluation.active_deadline_seconds
             tries = f"past spec.evaluation.activeDeadlineSeconds={limit} (raise it for a larger model or dataset)"
         else:
             tries = f"after {m.EVAL_BACKOFF_LIMIT + 1} tries"
-        failed(ctx, c.EVALUATION_FAILED, c.evaluation_job_failed(job.name, tries, detail), detail)
-    elif job.complete and not any(not p.terminal for p in pods):
-        failed(ctx, c.EVALUATION_RESULT_MISSING, c.evaluation_result_missing(job.name), c.EVALUATION_POD_GONE)
-    elif not queue.waiting(ctx, job):
-        running = next((p for p in pods if p.phase == "Running" and not p.deleting), None)
-        if running is not None:
-            ctx.condition(c.EVALUATED, "False", c.EVALUATING, c.evaluating_on(running.name, running.node_name))
+        failed(ctx, c.EVALUATION_FAILED, c.evaluation_job_failed(name, tries, at.detail), at.detail)
+    elif at.state == "missing":
+        failed(ctx, c.EVALUATION_RESULT_MISSING, c.evaluation_result_missing(name), c.EVALUATION_POD_GONE)
+    elif at.state == "running" and at.pod is not None:
+        ctx.condition(c.EVALUATED, "False", c.EVALUATING, c.evaluating_on(at.pod.name, at.pod.node_name))
 
 
 def evaluated(ctx: Ctx, job: JobView, pod: PodView) -> None:

@@ -1,18 +1,17 @@
 """The merge: after training, one merge Job exports what spec.merge asks for (the merged model, the PEFT
 adapter, or both) from the checkpoint step spec.checkpoint.select picks (status.checkpoint); the phase Merging,
-then the evaluation (which scores the exported adapter, so that same step) when the spec has one, else
-Succeeded."""
+what follows (the evaluation, which scores the exported adapter, so that same step, or Succeeded) is the state
+machine's (finetune/machine.py)."""
 
 from __future__ import annotations
 
 from tpuforge.api import CheckpointStatus, FineTuneJobSpec, Outputs, TrainResult, adapter_uri
-from tpuforge.controllers.finetune import conditions as c
-from tpuforge.controllers.finetune import evaluation as evaluation
+from tpuforge.api import finetune_reasons as c
 from tpuforge.controllers.finetune import events as ev
-from tpuforge.controllers.finetune import queue as queue
-from tpuforge.controllers.finetune.children import pod_ending
+from tpuforge.controllers.finetune import onepod as onepod
 from tpuforge.controllers.finetune.context import Ctx
-from tpuforge.controllers.finetune.transitions import to_exported, to_failed, to_merging, to_succeeded
+from tpuforge.controllers.finetune.outcomes import EXPORTED, NOTHING_TO_EXPORT, Outcome
+from tpuforge.controllers.finetune.transitions import to_failed, to_merging
 from tpuforge.manifests import finetune_merge as m
 from tpuforge.manifests.finetune_common import merge_job_name
 
@@ -47,7 +46,7 @@ def selected_step(ctx: Ctx) -> int | None:
     return chosen.selected_step if chosen and ctx.spec.checkpoint.select == "best" else None
 
 
-def begin(ctx: Ctx, result: TrainResult | None = None) -> None:
+def begin(ctx: Ctx, result: TrainResult | None = None) -> Outcome | None:
     """Training succeeded (to its last step, or stopped early): record the checkpoint and the step chosen from
     it, then merge (or, with nothing to export, succeed)."""
     st, spec = ctx.st, ctx.spec
@@ -67,30 +66,29 @@ def begin(ctx: Ctx, result: TrainResult | None = None) -> None:
             trained = result.step
         ctx.condition(c.TRAINING, "False", c.COMPLETED, f"{c.training_finished(trained)}; {st.checkpoint.message}")
     if not spec.merge.enabled and not spec.merge.write_adapter:
-        to_succeeded(ctx, c.trained_only(spec.checkpoint.uri), ev.trained_only())
-        return
+        return NOTHING_TO_EXPORT
     to_merging(ctx, adapter_uri(spec) if spec.merge.write_adapter else None)
     ctx.plan.create.extend(m.merge_objects(ctx.owner, spec, selected_step(ctx)))
+    return None
 
 
-def step(ctx: Ctx) -> None:
-    """Merging: (re)create the merge Job, and follow it to its end (it may wait in Kueue first)."""
-    job = ctx.job(merge_job_name(ctx.o.name))
-    if job is None:
+def step(ctx: Ctx) -> Outcome | None:
+    """Merging: (re)create the merge Job, and follow it to its end (it may wait in Kueue first). Its result is
+    the outputs it commits to GCS, so its completion is enough."""
+    at = onepod.follow(ctx, merge_job_name(ctx.o.name), result=None, reject=False)
+    if at.state == "absent":
         ctx.plan.create.extend(m.merge_objects(ctx.owner, ctx.spec, selected_step(ctx)))
-        return
-    if job.complete:
-        merged(ctx)
-    elif job.failed:
-        ends = [e for e in (pod_ending(p) for p in ctx.pods_of(job)) if e is not None]
-        detail = ends[-1].message if ends else job.failure
-        ctx.condition(c.MERGED, "False", c.MERGE_FAILED, detail)
-        to_failed(ctx, c.MERGE_FAILED, c.merge_failed(job.name, m.MERGE_BACKOFF_LIMIT + 1, detail), ev.merge_failed())
-    else:
-        queue.waiting(ctx, job)
+    elif at.state == "done":
+        return merged(ctx)
+    elif at.state == "failed":
+        assert at.job is not None
+        ctx.condition(c.MERGED, "False", c.MERGE_FAILED, at.detail)
+        message = c.merge_failed(at.job.name, m.MERGE_BACKOFF_LIMIT + 1, at.detail)
+        to_failed(ctx, c.MERGE_FAILED, message, ev.merge_failed())
+    return None
 
 
-def merged(ctx: Ctx) -> None:
+def merged(ctx: Ctx) -> Outcome:
     """The merge Job committed its outputs: the merged model, the adapter, or both."""
     spec, merge = ctx.spec, ctx.spec.merge
     update: dict[str, str] = {}
@@ -104,7 +102,4 @@ def merged(ctx: Ctx) -> None:
         ctx.condition(c.MERGED, "True", c.MERGED_REASON, said)
     else:
         ctx.condition(c.MERGED, "True", c.ADAPTER_EXPORTED, c.adapter_exported(adapter_uri(spec)))
-    if spec.evaluation is not None:
-        evaluation.begin(ctx)
-    else:
-        to_exported(ctx)
+    return EXPORTED

@@ -8,35 +8,31 @@ computed from, so a stale plan is refused by the apiserver rather than applied.
 
 Where each decision lives (one module per phase, each a handful of functions over a small context):
 
-    finetune_context      Observed, Plan, and the context the decisions share (Base; Ctx adds the spec)
-    finetune_spec         the spec a job runs with: invalid specs, frozen fields after the start
-    finetune_preflight    Preflight: the step compiled for the slice on a CPU node before the first attempt
-    finetune_attempts     Pending and Training: create, follow and end attempts; a preemption becomes a
-                          resume in `preempted`, a failure a retry (or the end) in `failed`
-    finetune_children     what the children say, and how an attempt ended (`attempt_end`, beside `pod_ending`)
-    finetune_suspend      Suspended, and back
-    finetune_queue        Queued: a Job that Kueue holds (spec.queueName), and back to its stage
-    finetune_merge        Merging
-    finetune_evaluation   Evaluating
-    finetune_policies     the deadline, the TTL after finishing, and the derived status (percent, ETA, cost)
-    finetune_transitions  every phase change, with its condition and Event
-    finetune_conditions   condition types, reasons and messages; finetune_events, the Event texts
+    context      Observed, Plan, and the context the decisions share (Base; Ctx adds the spec)
+    spec         the spec a job runs with: invalid specs, frozen fields after the start
+    machine      which phase follows which: the one table from a phase's outcome to what begins next
+    outcomes     what a phase's step can end in
+    preflight    Preflight: the step compiled for the slice on a CPU node before the first attempt
+    attempts     Pending and Training: create, follow and end attempts; a preemption becomes a resume in
+                 `preempted`, a failure a retry (or the end) in `failed`
+    children     what the children say, and how an attempt ended (`attempt_end`, beside `pod_ending`)
+    records      what a pod wrote as its termination message (`termination_record`: one parser)
+    onepod       where a one-pod Job (preflight, merge, evaluation) stands: the one follower
+    suspend      Suspended, and back
+    queue        Queued: a Job that Kueue holds (spec.queueName), and back to its stage
+    merge        Merging
+    evaluation   Evaluating
+    policies     the deadline, the TTL after finishing, and the derived status (percent, ETA, cost)
+    transitions  every phase change, with its condition and Event
+    conditions   condition types, reasons and messages; events, the Event texts
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from tpuforge.api import FineTuneJobStatus, FineTunePhase
-from tpuforge.controllers.finetune import attempts as attempts
-from tpuforge.controllers.finetune import evaluation as evaluation
-from tpuforge.controllers.finetune import merge as merge
-from tpuforge.controllers.finetune import policies as policies
-from tpuforge.controllers.finetune import preflight as preflight
-from tpuforge.controllers.finetune import queue as queue
-from tpuforge.controllers.finetune import spec as spec_changes
-from tpuforge.controllers.finetune import suspend as suspend
-from tpuforge.controllers.finetune.conditions import (
+from tpuforge.api import FineTuneJobStatus
+from tpuforge.api.finetune_reasons import (
     EVALUATED,
     EVALUATION_PASSED,
     FAILED,
@@ -47,7 +43,11 @@ from tpuforge.controllers.finetune.conditions import (
     TERMINAL,
     TRAINING,
 )
-from tpuforge.controllers.finetune.context import Base, ChildRef, Ctx, Event, Obj, Observed, Plan
+from tpuforge.controllers.finetune import machine as machine
+from tpuforge.controllers.finetune import policies as policies
+from tpuforge.controllers.finetune import queue as queue
+from tpuforge.controllers.finetune import spec as spec_changes
+from tpuforge.controllers.finetune.context import Base, ChildRef, Event, Obj, Observed, Plan
 from tpuforge.controllers.finetune.policies import eta_seconds, tpu_hours
 
 __all__ = [
@@ -87,31 +87,13 @@ def run(b: Base) -> None:
     else:
         ctx = spec_changes.resolve(b)  # None: the spec is invalid and the job has failed
         if ctx is not None and not policies.deadline_passed(ctx):
-            step(ctx)
+            machine.step(ctx)
             policies.wake_at_deadline(ctx)
     queue.settle(b)
     if b.st.phase in TERMINAL:
         policies.expire(b)
     policies.derive(b, ctx.spec if ctx is not None else None)
     b.st.observed_generation = b.o.generation
-
-
-def step(ctx: Ctx) -> None:
-    """The current phase's step (while Queued, that of the stage its Job waits in)."""
-    phase = queue.stage(ctx)
-    if phase == FineTunePhase.MERGING:
-        merge.step(ctx)
-    elif phase == FineTunePhase.EVALUATING:
-        evaluation.step(ctx)
-    elif phase == FineTunePhase.SUSPENDED:
-        suspend.step(ctx)
-    elif ctx.spec.run_policy.suspend:
-        suspend.stop(ctx)
-    elif preflight.needed(ctx):
-        preflight.step(ctx)
-    else:
-        preflight.stop(ctx)  # one switched off while it ran
-        attempts.step(ctx)
 
 
 # Status fields the operator writes. `progress` belongs to the trainer except the derived keys.

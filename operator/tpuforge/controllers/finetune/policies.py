@@ -22,11 +22,11 @@ from tpuforge.api import (
     display,
     tpu_slice,
 )
-from tpuforge.controllers.finetune import conditions as c
+from tpuforge.api import finetune_reasons as c
 from tpuforge.controllers.finetune import events as ev
 from tpuforge.controllers.finetune.context import Base, Ctx, attempt_entry, parse_time
 from tpuforge.controllers.finetune.transitions import to_failed
-from tpuforge.manifests.finetune_training import TRAINER_TERMINATION_GRACE_SECONDS
+from tpuforge.manifests.finetune_training import trainer_grace_seconds
 
 TPU_HOURS_DIGITS = 3
 
@@ -109,8 +109,7 @@ def checkpoint_grace(b: Base, spec: FineTuneJobSpec) -> None:
     last = b.st.progress.last_checkpoint if b.st.progress is not None else None
     if last is None:
         return
-    grace = spec.tpu.spot_grace_seconds if spec.tpu.spot else None
-    grace = grace or TRAINER_TERMINATION_GRACE_SECONDS
+    grace = trainer_grace_seconds(spec)
     fits = last.seconds <= grace
     b.condition(
         c.CHECKPOINT_WITHIN_GRACE,

@@ -9,7 +9,7 @@ A Queued job's stage is told by that stage's own condition, which queueing leave
 from __future__ import annotations
 
 from tpuforge.api import FineTunePhase
-from tpuforge.controllers.finetune import conditions as c
+from tpuforge.api import finetune_reasons as c
 from tpuforge.controllers.finetune.children import JobView
 from tpuforge.controllers.finetune.context import Base, Ctx
 from tpuforge.controllers.finetune.transitions import to_admitted, to_queued

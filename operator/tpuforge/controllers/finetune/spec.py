@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tpuforge.api import FineTuneJobSpec, SpecError, validate_finetune
-from tpuforge.controllers.finetune import conditions as c
+from tpuforge.api import finetune_reasons as c
 from tpuforge.controllers.finetune import events as ev
 from tpuforge.controllers.finetune.children import ConfigView, clip
 from tpuforge.controllers.finetune.context import Base, Ctx

@@ -8,8 +8,8 @@ that reports it, together. Nothing else assigns `status.phase`.
 
 from __future__ import annotations
 
-from tpuforge.api import FineTunePhase, Restarts, adapter_uri, tpu_slice
-from tpuforge.controllers.finetune import conditions as c
+from tpuforge.api import FineTunePhase, Restarts, adapter_uri
+from tpuforge.api import finetune_reasons as c
 from tpuforge.controllers.finetune import events as ev
 from tpuforge.controllers.finetune.children import PodView, WorkloadView
 from tpuforge.controllers.finetune.context import Base, Ctx
@@ -27,7 +27,7 @@ def to_pending(ctx: Ctx, attempt: int) -> None:
 
 def to_preflight(ctx: Ctx) -> None:
     """Before the first attempt, the preflight Job compiles the step for the slice (finetune_preflight)."""
-    s = tpu_slice(ctx.spec.tpu.slice)
+    s = ctx.slice
     ctx.st.phase = FineTunePhase.PREFLIGHT
     ctx.st.start_time = ctx.st.start_time or ctx.stamp
     ctx.condition(c.PREFLIGHT, "False", c.COMPILING, c.preflight_compiling(s.id, s.topology))

@@ -1,6 +1,7 @@
 """The FineTuneJob's condition types, their reasons, and the messages the controller writes into them: the long
-form of what its Events (finetune_events) say in one `kubectl describe` line. Every reason the controller
-matches on or writes is a name here, never a literal elsewhere.
+form of what its Events (controllers/finetune/events) say in one `kubectl describe` line. What the API shows,
+so kept in api/, in one place, as JobSet keeps its reasons. Every reason the controller matches on or writes is
+a name here, never a literal elsewhere.
 """
 
 from __future__ import annotations
@@ -34,6 +35,13 @@ COMPLETED = "Completed"
 STOPPED_EARLY = "StoppedEarly"
 RETRYING = "Retrying"
 PREEMPTED = "Preempted"
+# How an attempt (or a one-pod Job's pod) ended: status.attempts[].reason, beside COMPLETED and the pod's own
+# reasons; INVALID_CONFIG (exit code 2: the pod refused its config) also ends the job as the Failed reason.
+EVICTED = "Evicted"
+DISRUPTION_TARGET = "DisruptionTarget"
+TRAINER_CHECKPOINTED = "TrainerCheckpointed"
+POD_FAILED = "PodFailed"
+INVALID_CONFIG = "InvalidConfig"
 # Of the Preflight condition (DoesNotFit and PreflightFailed also end the job as the Failed condition's reason).
 COMPILING = "Compiling"
 FITS = "Fits"

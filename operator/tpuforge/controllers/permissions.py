@@ -1,0 +1,59 @@
+"""The operator's Kubernetes permissions, declared once: what the Helm chart's ClusterRole grants
+(helm/tpuforge/templates/clusterrole.yaml must equal `cluster_role_rules`). tests/unit/test_helm_chart.py
+checks both ways: every API call the controllers make is covered here, and nothing here goes unused (by the
+controllers, by kopf itself, or by the trainer's Role, which the operator can only grant what it holds)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tpuforge.api.constants import GROUP
+
+
+@dataclass(frozen=True)
+class Rule:
+    group: str  # "" for the core group
+    resources: tuple[str, ...]
+    verbs: tuple[str, ...]
+    why: str
+    # Only when the operator watches some namespaces, not the whole cluster.
+    namespaced_only: bool = False
+
+
+RULES: tuple[Rule, ...] = (
+    # kopf itself (kopf/_core/reactor/observation.py): it follows the CRDs it serves and posts Events.
+    Rule("apiextensions.k8s.io", ("customresourcedefinitions",), ("list", "watch"), "kopf: the CRDs it serves"),
+    Rule("", ("events",), ("create",), "kopf and the controllers: Events"),
+    Rule("", ("namespaces",), ("list", "watch"), "kopf, limited to some namespaces", namespaced_only=True),
+    Rule(
+        GROUP,
+        ("finetunejobs",),
+        ("get", "list", "watch", "delete"),
+        "FineTuneJobs: watched, deleted after ttlSecondsAfterFinished, read by ServingDeployments",
+    ),
+    # `get` and `patch`: the operator's status writes, and what it grants the trainer's Role.
+    Rule(GROUP, ("finetunejobs/status",), ("get", "patch"), "FineTuneJob status (and the trainer's Role)"),
+    Rule(GROUP, ("servingdeployments",), ("get", "list", "watch"), "ServingDeployments: watched"),
+    Rule(GROUP, ("servingdeployments/status",), ("patch",), "ServingDeployment status"),
+    Rule("batch", ("jobs",), ("list", "watch", "create", "delete"), "preflight, training, merge, evaluation Jobs"),
+    Rule("jobset.x-k8s.io", ("jobsets",), ("list", "watch", "create", "delete"), "multi-host training attempts"),
+    Rule("kueue.x-k8s.io", ("workloads",), ("list", "watch"), "Kueue's Workloads: why a job is Queued"),
+    Rule("", ("configmaps",), ("list", "watch", "create"), "the Jobs' configs"),
+    Rule("", ("serviceaccounts",), ("create",), "the trainer's identity (jobs started before it was required)"),
+    Rule("rbac.authorization.k8s.io", ("roles", "rolebindings"), ("create",), "the trainer's progress Role"),
+    Rule("", ("pods",), ("list", "watch"), "both kinds' pods: progress, failures, readiness"),
+    Rule("apps", ("deployments",), ("get", "list", "watch", "create", "update"), "the vLLM Deployment"),
+    Rule("", ("services", "persistentvolumeclaims"), ("get", "create", "update"), "vLLM Service, XLA cache PVC"),
+    Rule("monitoring.googleapis.com", ("podmonitorings",), ("get", "create", "update"), "scrape config (GMP)"),
+    Rule("monitoring.coreos.com", ("servicemonitors",), ("get", "create", "update"), "scrape config (Prometheus)"),
+)
+
+
+def cluster_role_rules(namespaced: bool) -> list[dict[str, Any]]:
+    """The ClusterRole's rules; `namespaced`: the operator watches some namespaces only."""
+    return [
+        {"apiGroups": [r.group], "resources": list(r.resources), "verbs": list(r.verbs)}
+        for r in RULES
+        if namespaced or not r.namespaced_only
+    ]
