@@ -324,11 +324,13 @@ class Scan:
             elif fn == "post_event":
                 yield Use(Permission("", "events", "create"), where)
             elif fn == "request":
-                yield from self._request_uses(mod, node)
+                yield from self._request_uses(mod, node, shift=receiver == "kube_api")
 
-    def _request_uses(self, mod: Module, call: ast.Call) -> Iterator[Use]:
-        method = mod.value(call.args[1]) if len(call.args) > 1 else None
-        path = call.args[2] if len(call.args) > 2 else None
+    def _request_uses(self, mod: Module, call: ast.Call, shift: bool = False) -> Iterator[Use]:
+        """A request's (method, path); an AsyncApi's has no client argument before them (`shift`)."""
+        i = 1 - shift
+        method = mod.value(call.args[i]) if len(call.args) > i else None
+        path = call.args[i + 1] if len(call.args) > i + 1 else None
         built = _resource_path_call(mod, path)
         if built is None:
             return  # a discovery request (/apis/<group>/<version>): every authenticated user may read those
