@@ -1,4 +1,6 @@
-"""FineTuneJob operator at scale, on a sandbox of its own (real kube-apiserver, kube-controller-manager).
+"""The operator at scale, on a sandbox of its own (real kube-apiserver, kube-controller-manager): a burst of
+FineTuneJobs (the default, phases below) or of ServingDeployments (--kind servingdeployment: the burst only,
+see benchmarks/scale/serving.py).
 
 Phases, all in one run against the same apiserver:
   baseline  for N FineTuneJobs created beforehand (untimed, no operator), one client makes exactly the writes
@@ -23,6 +25,7 @@ fell behind (apiserver_forced_watch_closes): on a saturated machine these are wh
     python benchmarks/operator_scale.py --jobs 200 --duration 20 --json out.json
     python benchmarks/operator_scale.py --jobs 500 --burst-only --profile burst.prof   # where the CPU goes
     python benchmarks/operator_scale.py --load 2           # the same with two busy processes beside it
+    python benchmarks/operator_scale.py --kind servingdeployment   # 1000 ServingDeployments in a burst
 
 --load K starts K processes that spin on the CPU (at the same priority) before the first baseline and stops
 them at the end: a loaded machine that every run can reproduce, where other work's load is whatever it was.
@@ -42,7 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 # file's own folder is on the path.
 sys.path[:0] = [p for p in (str(REPO), str(REPO / "operator")) if p not in sys.path]
 
-# The parts (benchmarks/scale/): workload.py, processes.py, observe.py, phases.py.
+# The parts (benchmarks/scale/): workload.py, processes.py, observe.py, phases.py; serving.py for --kind.
+from benchmarks.scale import serving  # noqa: E402
 from benchmarks.scale.phases import measure  # noqa: E402
 from benchmarks.scale.processes import CpuLoad  # noqa: E402
 
@@ -53,7 +57,13 @@ from tpuforge_sandbox import Ports, Sandbox  # noqa: E402
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--jobs", type=int, default=1000, help="FineTuneJobs in the burst (default 1000)")
+    p.add_argument(
+        "--kind",
+        choices=("finetunejob", "servingdeployment"),
+        default="finetunejob",
+        help="what the burst creates (default finetunejob)",
+    )
+    p.add_argument("--jobs", type=int, default=1000, help="objects in the burst (default 1000)")
     p.add_argument("--rate", type=float, default=10.0, help="steady creations per second (default 10)")
     p.add_argument("--duration", type=float, default=60.0, help="steady phase seconds (default 60)")
     p.add_argument("--json", type=Path, help="also write the results here")
@@ -84,7 +94,8 @@ def main() -> int:
         try:
             kube_client.configure(sandbox.kubeconfig)
             api = kube_client.api_client()
-            results = {"load_processes": args.load, **measure(api, sandbox, tmp, args)}
+            run = serving.measure if args.kind == "servingdeployment" else measure
+            results = {"load_processes": args.load, **run(api, sandbox, tmp, args)}
         finally:
             load.stop()
             sandbox.down()

@@ -12,7 +12,7 @@ from typing import Any
 import kopf
 
 from tpuforge import metrics
-from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS, LABEL_SERVING, PROJECT_VERSION
+from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS, PROJECT_VERSION
 from tpuforge.api.images import ImageDefaults, unique
 from tpuforge.controllers.finetune import controller as finetunejob
 from tpuforge.controllers.runtime import defaults
@@ -40,11 +40,6 @@ def configure_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
     )
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
     settings.posting.reporting_component = kube_events.COMPONENT
-    # Server-side label selectors for the child kinds kopf watches (the ServingDeployment controller's), so
-    # that the rest of the cluster's pods never reach the operator. The FineTuneJob controller watches its
-    # children with informers of its own (controllers/runtime/informer.py), with their own selectors.
-    settings.watching.label_selectors["v1", "pods"] = LABEL_SERVING
-    settings.watching.label_selectors["apps", "v1", "deployments"] = LABEL_SERVING
 
 
 @kopf.on.login()

@@ -7,7 +7,8 @@ its bookkeeping for that costs more than linear time in the number of objects: w
 an operator restart stalled for minutes. An informer knows when its LIST is in memory (`ready`), which is
 the one guarantee the decisions need: a child that is absent from the store is absent from the cluster.
 A kind the apiserver does not serve (404: its CRD is not installed) lists as empty with `served` False, and
-is looked for again every UNSERVED_RETRY_SECONDS.
+is looked for again every UNSERVED_RETRY_SECONDS; `on_served` hears when it is served again (a CRD installed
+since), for a controller whose decisions depend on whether it is.
 
 Each informer streams in a thread of its own and hands every change to the event loop, where the store lives;
 `on_change(owner_key, before, after)` is called there when an object's view changed (most status updates of
@@ -51,6 +52,7 @@ class Informer(Generic[K, V]):
         view: Callable[[Obj], V],
         owner: Callable[[Obj], K | None],
         on_change: Callable[[K, V | None, V | None], None],
+        on_served: Callable[[], None] | None = None,
     ):
         self.api_version, self.kind, self.selector = api_version, kind, label_selector
         self._namespaces: list[str | None] = list(namespaces) if namespaces else [None]
@@ -62,6 +64,7 @@ class Informer(Generic[K, V]):
         self._ready = asyncio.Event()
         # False while the apiserver answers 404 for the kind: the store is empty and counts as listed.
         self.served = True
+        self._on_served = on_served  # called when a kind that was not served is served again
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -73,14 +76,22 @@ class Informer(Generic[K, V]):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def owners(self) -> list[K]:
+        """The owner keys that have objects in the store."""
+        return list(self._by_owner)
+
     def owner_of(self, uid: str) -> K | None:
         """The owner key of the object with `uid`, if it is in the store."""
         entry = self._entries.get(uid)
         return entry[0] if entry is not None else None
 
     def listen(self, on_change: Callable[[K, V | None, V | None], None]) -> None:
-        """Also call `on_change` for every change, after the owner's callback."""
+        """Also call `on_change` for every change, after the owner's callback; first, for every object in the
+        store now, as a new one (a listener that comes after the first LIST misses nothing)."""
         self._listeners.append(on_change)
+        for owner, views in list(self._by_owner.items()):
+            for view in list(views.values()):
+                on_change(owner, None, view)
 
     def _changed(self, owner: K, before: V | None, after: V | None) -> None:
         for on_change in self._listeners:
@@ -118,6 +129,7 @@ class Informer(Generic[K, V]):
 
     def _replace(self, namespace: str | None, listed: list[tuple[str, K | None, V, str]], served: bool = True) -> None:
         """A fresh LIST: what is not in it is gone."""
+        became_served = served and not self.served
         self.served = served
         present = {uid for uid, *_ in listed}
         for uid, (_, _, ns) in list(self._entries.items()):
@@ -126,6 +138,8 @@ class Informer(Generic[K, V]):
         for uid, owner, view, ns in listed:
             self._put(uid, owner, view, ns)
         self._listed.add(namespace)
+        if became_served and self._on_served is not None:
+            self._on_served()
         if len(self._listed) == len(self._namespaces):
             self._ready.set()
 

@@ -1,15 +1,21 @@
 """ServingDeployment controller: observe -> a pure plan (serving_plan) -> apply -> one status write.
 
-One level-based `reconcile(namespace, name)` does all the work and is safe to run at any time. Watch events
-on the object, on its Deployment and pods, and changes of the FineTuneJob it serves (an informer of its own,
-cheaper than kopf's watch) ask for it through a keyed work queue (one run per object at a time, failures
-retried with backoff). It reads what it needs from the API (`observe`), applies the children the pure
-`serving_plan.plan_children` asks for (`apply`, through `serving_children`), reads the replicas back, lets
+It runs on the same runtime as the FineTuneJob controller: informers (LIST + WATCH) keep the
+ServingDeployments, their children (Deployment, pods, Service, claims, scrape configurations; selected by label
+on the server) and the FineTuneJobs in memory, a keyed work queue runs one reconcile per object at a time
+(folding repeated requests, retrying failures with backoff), and the API calls go through the async client on
+the event loop. A change of an object, of one of its children, or of what decides the model a FineTuneJob it
+names gives (`model_view`) asks for its reconcile. kopf watches nothing of this kind: its indices held every
+handler back until each object had been indexed, which stalled a restart for minutes at about a thousand.
+
+The reconcile reads memory (`observe`), applies the children the pure `serving_plan.plan_children` asks for
+(`apply`, through `serving_children`: an unchanged child costs no call), reads the replicas, lets
 `serving_plan.plan_status` derive the status from the Deployment and its pods (`serving_rollout`), and patches
-it once, on the resourceVersion it read (`write`). Children carry owner references, so deleting
-the object lets the garbage collector remove them; the XLA cache PVC is owned only when the spec does not
-retain it. LoRA adapters (spec.adapters) are brought to every ready replica over HTTP by
-`serving_adapters`, without touching the pod template; while one loads, the reconcile asks to run again soon.
+it once, on the resourceVersion it was computed from (`write`; a 409 means a newer object is on its way).
+Children carry owner references, so deleting the object lets the garbage collector remove them; the XLA
+cache PVC is owned only when the spec does not retain it. LoRA adapters (spec.adapters) are brought to every
+ready replica over HTTP by `serving_adapters` (in a thread: those calls block), without touching the pod
+template; while one loads, the reconcile asks to run again soon.
 """
 
 from __future__ import annotations
@@ -19,24 +25,13 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kopf
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from tpuforge import api, metrics
-from tpuforge.api.constants import (
-    API_VERSION,
-    FINETUNEJOB_KIND,
-    GROUP,
-    LABEL_SERVING,
-    SERVING_KIND,
-    SERVING_PLURAL,
-    VERSION,
-)
+from tpuforge.api.constants import API_VERSION, SERVING_KIND
 from tpuforge.controllers.finetune.snapshot import Snapshot, finetunejob_informer
 from tpuforge.controllers.runtime import defaults
 from tpuforge.controllers.runtime.informer import Informer
@@ -45,19 +40,21 @@ from tpuforge.controllers.serving import adapters as adapters
 from tpuforge.controllers.serving import plan as plan
 from tpuforge.controllers.serving.children import Children, ChildTerminating
 from tpuforge.controllers.serving.rollout import observe_rollout, pod_problem, pod_ready, resolve_model
+from tpuforge.kube import async_client as kube_async
 from tpuforge.kube import client as kube_client
-from tpuforge.kube import events as kube_events
-from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests import serving_inputs, vllm_server
-from tpuforge.manifests.common import LABEL_OWNER_UID
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+Key = tuple[str, str]  # namespace, name
 
 # The StorageClass of the serving volumes a spec names none for; the chart sets it to its Hyperdisk Balanced
 # class (TPU v6e VMs attach Hyperdisk only). Unset: the cluster's default class.
 ENV_STORAGE_CLASS = "TPUFORGE_STORAGE_CLASS"
+WORKERS = 64  # reconciles at once
+API_CONCURRENCY = 128  # API calls at once, one connection each
+CONFLICT_RETRY_SECONDS = 1.0  # if the newer object's watch event is lost, look again anyway
 
 __all__ = [
     "ServingDeploymentController",
@@ -65,177 +62,278 @@ __all__ = [
     "model_view",
     "observe_rollout",
     "pod_problem",
-    "reconcile",
+    "referenced_jobs",
     "resolve_model",
-    "servingdeployments_by_job",
 ]
 
 
-# --- Reconcile ------------------------------------------------------------------------------------------
-
-
-class Conflict(Exception):
-    """The object changed after it was read: reconcile the newer one."""
-
-
-def reconcile(api_client: client.ApiClient, namespace: str, name: str) -> api.ServingDeploymentStatus | None:
-    """Bring one ServingDeployment's children and status to what its spec asks; returns the status written
-    (None when the object is gone). Raises Conflict when the object changed meanwhile."""
-    body = kube_objects.get(api_client, API_VERSION, SERVING_KIND, namespace, name)
-    if body is None:
-        # Also after a run that was in flight when the object went: its series must not outlive it.
-        metrics.forget_servingdeployment(namespace, name)
-        return None
-    if body["metadata"].get("deletionTimestamp"):
-        return None
-    children = Children(api_client)
-    o = observe(children, body)
-    p = plan.plan_children(o)
-    if p.target is not None:
-        try:
-            deployment = apply(children, p.target)
-        except ChildTerminating as e:
-            return write(children, body, o, plan.waiting_for_deletion(o, p, e.kind, e.name))
-        p = plan.plan_status(o, p, p.target, replicas(children, o, p.target, deployment))
-    return write(children, body, o, p)
-
-
-def observe(children: Children, body: Obj) -> plan.Observed:
-    """The object, the FineTuneJobs it references and its Deployment as they are now."""
-    meta = body["metadata"]
-    namespace, api_client = meta["namespace"], children.api_client
-    o = plan.Observed(
-        namespace=namespace,
-        name=meta["name"],
-        uid=meta["uid"],
-        generation=meta.get("generation"),
-        spec=body.get("spec") or {},
-        status=api.ServingDeploymentStatus.model_validate(body.get("status") or {}),
-    )
-    try:
-        spec = plan.parse_spec(o.spec)
-    except api.SpecError:
-        return o  # the plan says why
-    ref = spec.model.fine_tune_job_ref
-    job = kube_objects.get(api_client, API_VERSION, FINETUNEJOB_KIND, namespace, ref.name) if ref is not None else None
-    adapter_jobs = {
-        a.fine_tune_job_ref.name: kube_objects.get(api_client, API_VERSION, FINETUNEJOB_KIND, namespace, r)
-        for a in spec.adapters
-        if a.fine_tune_job_ref is not None and (r := a.fine_tune_job_ref.name)
+def servingdeployment_view(obj: Mapping[str, Any]) -> Obj:
+    """What the reconcile reads of a ServingDeployment (and addresses its status and Events with)."""
+    meta = obj.get("metadata") or {}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": SERVING_KIND,
+        "metadata": {
+            "namespace": meta.get("namespace", ""),
+            "name": meta.get("name", ""),
+            "uid": meta.get("uid", ""),
+            "generation": meta.get("generation"),
+            "resourceVersion": meta.get("resourceVersion", ""),
+            "deletionTimestamp": meta.get("deletionTimestamp"),
+        },
+        "spec": obj.get("spec") or {},
+        "status": obj.get("status") or {},
     }
-    existing = kube_objects.get(api_client, "apps/v1", "Deployment", namespace, serving_inputs.names(o.name).deployment)
-    storage_class = os.environ.get(ENV_STORAGE_CLASS) or None
-    return dataclasses.replace(o, job=job, adapter_jobs=adapter_jobs, existing=existing, storage_class=storage_class)
 
 
-def apply(children: Children, t: plan.Target) -> Obj:
-    """The plan's objects, in order; monitors where their kind is served. Returns the applied Deployment."""
-    applied = [children.apply(obj) for obj in t.objects]
-    for group_version, plural, obj in t.monitors:
-        if children.served(group_version, plural):
-            children.apply(obj)
-    return applied[-1]
+def object_key(obj: Mapping[str, Any]) -> Key:
+    meta = obj.get("metadata") or {}
+    return meta.get("namespace", ""), meta.get("name", "")
 
 
-def replicas(children: Children, o: plan.Observed, t: plan.Target, deployment: Obj) -> plan.Replicas:
-    """The serving pods, and each ready replica's adapters brought to the plan's (over HTTP to the pod)."""
-    pods = children.serving_pods(o.namespace, o.uid)
-    results: dict[str, adapters.PodResult] = {}
-    if vllm_server.lora_enabled(t.spec):
-        for pod in pods:
-            ip = (pod.get("status") or {}).get("podIP")
-            if ip and pod_ready(pod) and not pod["metadata"].get("deletionTimestamp"):
-                results[pod["metadata"]["name"]] = adapters.sync_pod(adapters.PodClient(ip), t.adapters)
-    for result in results.values():
-        for adapter, _, seconds in result.loaded:
-            metrics.observe_adapter_load(o.namespace, o.name, adapter, seconds)
-    return plan.Replicas(deployment, pods, results)
+def referenced_jobs(spec: Mapping[str, Any]) -> set[str]:
+    """The FineTuneJobs a spec serves, as its model or as adapters, by name."""
+    spec = spec or {}
+    refs = [((spec.get("model") or {}).get("fineTuneJobRef") or {}).get("name")]
+    refs += [(a.get("fineTuneJobRef") or {}).get("name") for a in spec.get("adapters") or []]
+    return {ref for ref in refs if ref}
 
 
-def write(children: Children, body: Obj, o: plan.Observed, p: plan.Plan) -> api.ServingDeploymentStatus:
-    """One status write, on the resourceVersion read; then the Events (an Event is only said once what it
-    reports is recorded); then the metrics."""
-    if p.status != o.status:
-        try:
-            patch = p.status.model_dump(mode="json", by_alias=True)
-            resource_version = body["metadata"]["resourceVersion"]
-            kube_objects.patch_status(children.api_client, body, patch, resource_version=resource_version)
-        except ApiException as e:
-            if kube_client.is_conflict(e):
-                raise Conflict(f"{o.namespace}/{o.name}") from e
-            raise
-    for type_, reason, message in p.events:
-        kube_events.post_event(children.api_client, body, type_, reason, message)
-    metrics.observe_servingdeployment(o.namespace, o.name, o.spec, p.status, defaults.current().images.serving)
-    return p.status
-
-
-# --- Wiring -------------------------------------------------------------------------------------------------
-
-Key = tuple[str, str]  # namespace, name
-WORKERS = 8  # reconciles applying at once; each holds one worker thread while it talks to the apiserver
-CONFLICT_RETRY_SECONDS = 1.0  # if the newer object's watch event is lost, look again anyway
-CHILD = {LABEL_SERVING: kopf.PRESENT, LABEL_OWNER_UID: kopf.PRESENT}
+def job_object(job: Snapshot | None) -> Obj | None:
+    """A FineTuneJob as resolve_model and resolve_adapter read it."""
+    if job is None:
+        return None
+    meta = {"namespace": job.namespace, "name": job.name, "uid": job.uid}
+    return {"metadata": meta, "spec": job.spec, "status": job.status}
 
 
 class ServingDeploymentController:
-    """Watch events ask for reconciles by (namespace, name); the queue runs one at a time per object, folds
-    repeated requests together and retries failures with backoff."""
-
-    def __init__(
-        self,
-        by_job: Mapping[Key, Iterable[str]],
-        finetunejobs: Informer[Any, Snapshot] | None = None,
-        namespaces: Sequence[str] | None = None,
-    ) -> None:
+    def __init__(self, finetunejobs: Informer[Any, Snapshot] | None = None, namespaces: Sequence[str] | None = None):
         self.queue: KeyedQueue[Key] = KeyedQueue(self.reconcile, WORKERS, name="servingdeployment")
-        self.executor = ThreadPoolExecutor(WORKERS, thread_name_prefix="servingdeployment")
-        self._by_job = by_job
-        # A change of what decides a model to serve asks for the reconcile of the ServingDeployments that
-        # reference the job. The FineTuneJobs come from the FineTuneJob controller's informer when it runs
-        # (one watch of the kind for the operator); without it, from an informer of this controller's own.
+        self.servingdeployments: Informer[Key, Obj] = Informer(
+            api_version=API_VERSION,
+            kind=SERVING_KIND,
+            label_selector="",
+            namespaces=namespaces,
+            view=servingdeployment_view,
+            owner=object_key,
+            on_change=self.object_changed,
+        )
+        self.children = Children(namespaces, self.child_changed, self.request_all)
+        self.jobs: dict[Key, Snapshot] = {}  # FineTuneJobs by (namespace, name)
+        self.by_job: dict[Key, set[str]] = {}  # (namespace, job name) -> the deployments that serve it
+        self._refs: dict[Key, set[str]] = {}  # deployment -> the jobs it serves
+        # The FineTuneJobs come from the FineTuneJob controller's informer when it runs (one watch of the kind
+        # for the operator); without it, from an informer of this controller's own.
         self._own: Informer[Any, Snapshot] | None = None
         if finetunejobs is None:
             finetunejobs = self._own = finetunejob_informer(namespaces, self.finetunejob_changed)
         else:
             finetunejobs.listen(self.finetunejob_changed)
+        self._api: kube_async.AsyncApi | None = None  # made on the event loop, in start()
+        # Our last status write per object: (resourceVersion it was based on, the new one, the new status).
+        self._written: dict[Key, tuple[str, str, Obj]] = {}
 
     async def start(self) -> None:
-        if self._own is not None:
-            await self._own.start()
+        """Start the informers; return once each has its first LIST in memory, the objects' last."""
+        self._api = kube_async.AsyncApi(API_CONCURRENCY)
+        own: list[Informer[Any, Any]] = [self._own] if self._own is not None else []
+        await asyncio.gather(*(informer.start() for informer in (*self.children.informers, *own)))
+        await self.servingdeployments.start()
+
+    @property
+    def async_api(self) -> kube_async.AsyncApi:
+        if self._api is None:
+            raise RuntimeError("ServingDeploymentController.start() has not been called")
+        return self._api
+
+    # --- What asks for a reconcile (event loop thread) ------------------------------------------------
+
+    def object_changed(self, key: Key, before: Obj | None, after: Obj | None) -> None:
+        refs = referenced_jobs(after["spec"]) if after is not None else set()
+        for job in self._refs.pop(key, set()) - refs:
+            self.by_job.get((key[0], job), set()).discard(key[1])
+        for job in refs:
+            self.by_job.setdefault((key[0], job), set()).add(key[1])
+        if refs:
+            self._refs[key] = refs
+        if after is None:
+            metrics.forget_servingdeployment(*key)
+            self._written.pop(key, None)
+            # Deleted too: that run finds it gone and drops its series, after any run still in flight.
+            self.queue.request(key)
+            return
+        written = self._written.get(key)
+        if written is not None and written[1] == after["metadata"]["resourceVersion"]:
+            return  # the echo of our own status write: the reconcile that made it already saw this state
+        self.queue.request(key)
+
+    def child_changed(self, owner: Key, before: Obj | None, after: Obj | None) -> None:
+        # A child that just appeared is the one the reconcile created (a pod's arrival does count).
+        if before is None and after is not None and after.get("kind"):
+            return
+        self.queue.request(owner)
+
+    def request_all(self) -> None:
+        """A scrape configuration's CRD was installed: every deployment gets its scrape configuration."""
+        for key in self.servingdeployments.owners():
+            self.queue.request(key)
 
     def finetunejob_changed(self, _key: Any, before: Snapshot | None, after: Snapshot | None) -> None:
         job = after or before
-        if job is None or (before is not None and after is not None and model_view(before) == model_view(after)):
+        if job is None:
             return
-        for sdep in self._by_job.get((job.namespace, job.name), ()):
+        name = (job.namespace, job.name)
+        if after is not None:
+            self.jobs[name] = after
+        elif self.jobs.get(name) is before:
+            self.jobs.pop(name, None)
+        if before is not None and after is not None and model_view(before) == model_view(after):
+            return
+        for sdep in self.by_job.get(name, ()):
             self.queue.request((job.namespace, sdep))
 
+    # --- Reconcile --------------------------------------------------------------------------------------
+
+    def current(self, key: Key) -> Obj | None:
+        """The object as last seen, with our own status write where its echo has not arrived yet."""
+        body = next(iter(self.servingdeployments.get(key)), None)
+        if body is None:
+            return None
+        written = self._written.get(key)
+        if written is not None:
+            if written[0] == body["metadata"]["resourceVersion"]:
+                meta = {**body["metadata"], "resourceVersion": written[1]}
+                body = {**body, "metadata": meta, "status": written[2]}
+            else:
+                self._written.pop(key, None)
+        return body
+
     async def reconcile(self, key: Key) -> float | None:
+        body = self.current(key)
+        if body is None:
+            # Also after a run that was in flight when the object went: its series must not outlive it.
+            metrics.forget_servingdeployment(*key)
+            self.queue.forget(key)
+            return None
+        if body["metadata"].get("deletionTimestamp"):
+            return None
         metrics.RECONCILES.labels(SERVING_KIND).inc()
         started = time.perf_counter()
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.executor, self.apply, key)
+            status = await self.run(key, body)
+        except kube_client.ApiException as exc:
+            if not kube_client.is_conflict(exc):
+                metrics.RECONCILE_ERRORS.labels(SERVING_KIND).inc()
+                raise
+            metrics.RECONCILE_CONFLICTS.labels(SERVING_KIND).inc()
+            log.debug("%s/%s: changed meanwhile; reconciling the newer one", *key)
+            return CONFLICT_RETRY_SECONDS
         except Exception:
             metrics.RECONCILE_ERRORS.labels(SERVING_KIND).inc()
             raise
         finally:
             metrics.RECONCILE_DURATION.labels(SERVING_KIND).observe(time.perf_counter() - started)
-
-    def apply(self, key: Key) -> float | None:
-        try:
-            status = reconcile(kube_client.api_client(), *key)
-        except Conflict:
-            metrics.RECONCILE_CONFLICTS.labels(SERVING_KIND).inc()
-            log.debug("%s/%s: changed meanwhile; reconciling the newer one", *key)
-            return CONFLICT_RETRY_SECONDS
         return adapter_requeue(status)
 
+    async def run(self, key: Key, body: Obj) -> api.ServingDeploymentStatus:
+        """Bring one ServingDeployment's children and status to what its spec asks; the status written."""
+        o = self.observe(key, body)
+        p = plan.plan_children(o)
+        if p.target is not None:
+            try:
+                deployment = await self.apply(key, p.target)
+            except ChildTerminating as e:
+                return await self.write(key, body, o, plan.waiting_for_deletion(o, p, e.kind, e.name))
+            p = plan.plan_status(o, p, p.target, await self.replicas(key, o, p.target, deployment))
+        return await self.write(key, body, o, p)
+
+    def observe(self, key: Key, body: Obj) -> plan.Observed:
+        """The object, the FineTuneJobs it references and its Deployment, from memory."""
+        meta = body["metadata"]
+        namespace = meta["namespace"]
+        o = plan.Observed(
+            namespace=namespace,
+            name=meta["name"],
+            uid=meta["uid"],
+            generation=meta.get("generation"),
+            spec=body.get("spec") or {},
+            status=api.ServingDeploymentStatus.model_validate(body.get("status") or {}),
+        )
+        try:
+            spec = plan.parse_spec(o.spec)
+        except api.SpecError:
+            return o  # the plan says why
+        ref = spec.model.fine_tune_job_ref
+        job = job_object(self.jobs.get((namespace, ref.name))) if ref is not None else None
+        adapter_jobs = {
+            r: job_object(self.jobs.get((namespace, r)))
+            for a in spec.adapters
+            if a.fine_tune_job_ref is not None and (r := a.fine_tune_job_ref.name)
+        }
+        existing = self.children.get(key, "Deployment", serving_inputs.names(o.name).deployment)
+        storage_class = os.environ.get(ENV_STORAGE_CLASS) or None
+        return dataclasses.replace(
+            o, job=job, adapter_jobs=adapter_jobs, existing=existing, storage_class=storage_class
+        )
+
+    async def apply(self, key: Key, t: plan.Target) -> Obj:
+        """The plan's objects, in order; monitors where their kind is served. Returns the applied Deployment."""
+        applied = [await self.children.apply(self.async_api, key, obj) for obj in t.objects]
+        for _group_version, _plural, obj in t.monitors:
+            if self.children.served(obj["kind"]):
+                await self.children.apply(self.async_api, key, obj)
+        return applied[-1]
+
+    async def replicas(self, key: Key, o: plan.Observed, t: plan.Target, deployment: Obj) -> plan.Replicas:
+        """The serving pods, and each ready replica's adapters brought to the plan's (over HTTP to the pod, in
+        threads: those calls block)."""
+        pods = self.children.serving_pods(key, o.uid)
+        results: dict[str, adapters.PodResult] = {}
+        if vllm_server.lora_enabled(t.spec):
+            ready = [
+                p
+                for p in pods
+                if (p.get("status") or {}).get("podIP") and pod_ready(p) and not p["metadata"].get("deletionTimestamp")
+            ]
+            synced = await asyncio.gather(
+                *(
+                    asyncio.to_thread(adapters.sync_pod, adapters.PodClient(p["status"]["podIP"]), t.adapters)
+                    for p in ready
+                )
+            )
+            results = {p["metadata"]["name"]: r for p, r in zip(ready, synced, strict=True)}
+        for result in results.values():
+            for adapter, _, seconds in result.loaded:
+                metrics.observe_adapter_load(o.namespace, o.name, adapter, seconds)
+        return plan.Replicas(deployment, pods, results)
+
+    async def write(self, key: Key, body: Obj, o: plan.Observed, p: plan.Plan) -> api.ServingDeploymentStatus:
+        """One status write, on the resourceVersion the decision was computed from; then the Events (an Event
+        is only said once what it reports is recorded); then the metrics."""
+        kube_api = self.async_api
+        if p.status != o.status:
+            patch = p.status.model_dump(mode="json", by_alias=True)
+            resource_version = body["metadata"]["resourceVersion"]
+            new = await kube_api.patch_status(body, patch, resource_version)
+            self._written[key] = (
+                resource_version,
+                (new.get("metadata") or {}).get("resourceVersion", ""),
+                new.get("status") or {},
+            )
+        await asyncio.gather(
+            *(kube_api.post_event(body, type_, reason, message) for type_, reason, message in p.events)
+        )
+        metrics.observe_servingdeployment(o.namespace, o.name, o.spec, p.status, defaults.current().images.serving)
+        return p.status
+
     async def close(self) -> None:
-        if self._own is not None:
-            self._own.stop()
+        own: list[Informer[Any, Any]] = [self._own] if self._own is not None else []
+        for informer in (self.servingdeployments, *self.children.informers, *own):
+            informer.stop()
         await self.queue.close()
-        self.executor.shutdown(wait=False, cancel_futures=True)
+        if self._api is not None:
+            await self._api.close()
 
 
 DELETION_POLL_SECONDS = 2.0  # while a child's name is held by an object being deleted
@@ -277,28 +375,16 @@ def model_view(job: Snapshot) -> tuple[str, ...]:
     )
 
 
-@kopf.index(GROUP, VERSION, SERVING_PLURAL)
-def servingdeployments_by_job(
-    namespace: str | None, name: str, spec: Mapping[str, Any], **_: Any
-) -> dict[Key, str] | None:
-    """The ServingDeployments that serve each FineTuneJob, as their model or as an adapter, so that a job's
-    events reach them. (kopf keeps one value per key and object: a job referenced twice maps once.)"""
-    spec = spec or {}
-    refs = [((spec.get("model") or {}).get("fineTuneJobRef") or {}).get("name")]
-    refs += [(a.get("fineTuneJobRef") or {}).get("name") for a in spec.get("adapters") or []]
-    keys = {(namespace or "", ref) for ref in refs if ref}
-    return dict.fromkeys(keys, name) or None
+# --- Wiring -------------------------------------------------------------------------------------------------
 
 
 @kopf.on.startup()
-async def start_servingdeployment_controller(memo: kopf.Memo, **kwargs: Any) -> None:
-    # kopf passes every index to every handler as a keyword argument named after its function; it stays live.
-    by_job: kopf.Index[Key, str] = kwargs["servingdeployments_by_job"]
+async def start_servingdeployment_controller(memo: kopf.Memo, **_: Any) -> None:
     # The FineTuneJob controller's startup handler is registered first (its module is imported first): when it
     # runs, its informer of FineTuneJobs serves both controllers.
     finetunejobs = getattr(memo, "finetunejobs", None)
     controller = ServingDeploymentController(
-        by_job, finetunejobs.finetunejobs if finetunejobs else None, getattr(memo, "namespaces", None)
+        finetunejobs.finetunejobs if finetunejobs else None, getattr(memo, "namespaces", None)
     )
     memo.servingdeployments = controller
     await controller.start()
@@ -309,24 +395,3 @@ async def stop_servingdeployment_controller(memo: kopf.Memo, **_: Any) -> None:
     controller: ServingDeploymentController | None = getattr(memo, "servingdeployments", None)
     if controller is not None:
         await controller.close()
-
-
-@kopf.on.event(GROUP, VERSION, SERVING_PLURAL)
-async def servingdeployment_changed(
-    event: Mapping[str, Any], namespace: str | None, name: str, memo: kopf.Memo, **_: Any
-) -> None:
-    controller: ServingDeploymentController = memo.servingdeployments
-    key = (namespace or "", name)
-    if event.get("type") == "DELETED":
-        metrics.forget_servingdeployment(*key)
-    # Deleted too: that run finds it gone and drops its series, after any run still in flight.
-    controller.queue.request(key)
-
-
-@kopf.on.event("apps", "v1", "deployments", labels=CHILD)
-@kopf.on.event("v1", "pods", labels=CHILD)
-async def servingdeployment_child_changed(
-    namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any
-) -> None:
-    # The label holds the owner's name: names are DNS labels (they name the Service), never shortened.
-    memo.servingdeployments.queue.request((namespace or "", labels[LABEL_SERVING]))

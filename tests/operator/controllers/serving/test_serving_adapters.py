@@ -14,7 +14,7 @@ from tpuforge.api.serving import AdapterPhase, AdapterStatus
 from tpuforge.controllers.finetune.events import MESSAGE_ROOM
 from tpuforge.controllers.finetune.snapshot import snapshot
 from tpuforge.controllers.serving import adapters as sa
-from tpuforge.controllers.serving.controller import adapter_requeue, model_view, servingdeployments_by_job
+from tpuforge.controllers.serving.controller import adapter_requeue, model_view, referenced_jobs
 
 BASE = "gs://models/gemma4-31b"
 OLD = "gs://runs/old/adapter"
@@ -208,11 +208,8 @@ def test_loading_adapters_are_looked_at_again_soon() -> None:
 
 def test_jobs_referenced_as_adapters_wake_their_deployments() -> None:
     raw = {"model": {"fineTuneJobRef": {"name": "base-ft"}}, "adapters": [REF, {"name": "u", "uri": OLD}]}
-    assert servingdeployments_by_job(namespace="ns", name="sd", spec=raw) == {
-        ("ns", "base-ft"): "sd",
-        ("ns", "ft"): "sd",
-    }
-    assert servingdeployments_by_job(namespace="ns", name="sd", spec={"model": {"uri": BASE}}) is None
+    assert referenced_jobs(raw) == {"base-ft", "ft"}
+    assert referenced_jobs({"model": {"uri": BASE}}) == set()
     # An evaluation result or a new adapter changes what the informer hands on.
     assert model_view(snapshot(job(passed=True))) != model_view(snapshot(job(passed=False)))
     assert model_view(snapshot(job(adapter=OLD))) != model_view(snapshot(job(adapter=NEW)))
@@ -225,7 +222,7 @@ def test_jobs_referenced_as_adapters_wake_their_deployments() -> None:
 
 def test_the_finetunejob_informer_wakes_the_deployments_that_reference_a_job_by_name() -> None:
     from tpuforge.controllers.runtime.informer import Informer
-    from tpuforge.controllers.serving.controller import ServingDeploymentController
+    from tpuforge.controllers.serving.controller import ServingDeploymentController, servingdeployment_view
 
     async def scenario() -> list[tuple[str, str]]:
         informer: Informer[tuple[str, str], Any] = Informer(
@@ -237,9 +234,12 @@ def test_the_finetunejob_informer_wakes_the_deployments_that_reference_a_job_by_
             owner=lambda obj: ("ns", obj["metadata"]["uid"]),
             on_change=lambda *_: None,
         )
-        controller = ServingDeploymentController({("ns", "ft"): ["sd"]}, informer)
+        controller = ServingDeploymentController(informer)
         requested: list[tuple[str, str]] = []
         controller.queue.request = lambda key, delay=0.0: requested.append(key)  # type: ignore[method-assign]
+        sd = {"metadata": {"namespace": "ns", "name": "sd", "uid": "s1"}, "spec": {"adapters": [REF]}}
+        controller.servingdeployments._put("s1", ("ns", "sd"), servingdeployment_view(sd), "ns")  # wakes "sd"
+        requested.clear()
         running = job(adapter=None, phase="Running")
         running["metadata"]["namespace"] = "ns"
         informer._put("u1", ("ns", "u1"), snapshot(running), "ns")  # new: wakes "sd"

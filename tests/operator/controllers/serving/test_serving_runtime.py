@@ -1,0 +1,79 @@
+"""The ServingDeployment controller's wiring on the runtime, without a cluster: a listener that comes after the
+first LIST hears the store, a kind installed later says so, the echo of its own status write asks for no
+reconcile, and a child it just created asks for none either. (Against a real apiserver:
+tests/integration/test_servingdeployment.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tpuforge.controllers.runtime.informer import Informer
+from tpuforge.controllers.serving.children import child_view, deployment_view
+from tpuforge.controllers.serving.controller import ServingDeploymentController, servingdeployment_view
+
+
+def informer(heard: list[Any], on_served: Any = None) -> Informer[str, int]:
+    return Informer(
+        api_version="v1",
+        kind="Pod",
+        label_selector="",
+        namespaces=["ns"],
+        view=lambda obj: int(obj["v"]),
+        owner=lambda obj: obj.get("owner"),
+        on_change=lambda *change: heard.append(change),
+        on_served=on_served,
+    )
+
+
+def test_a_late_listener_hears_the_store_and_a_kind_served_later_is_announced() -> None:
+    async def scenario() -> tuple[Any, ...]:
+        served: list[bool] = []
+        inf = informer([], on_served=lambda: served.append(True))
+        inf._replace("ns", [], False)  # 404: the CRD is not installed
+        before = list(served)
+        inf._replace("ns", [("u1", "a", 1, "ns")])  # installed since
+        late: list[Any] = []
+        inf.listen(lambda *change: late.append(change))
+        return before, served, late, inf.owners()
+
+    before, served, late, owners = asyncio.run(scenario())
+    assert (before, served, late, owners) == ([], [True], [("a", None, 1)], ["a"])
+
+
+def sdep(rv: str, status: dict[str, Any] | None = None) -> dict[str, Any]:
+    meta = {"namespace": "ns", "name": "chat", "uid": "u1", "generation": 1, "resourceVersion": rv}
+    return servingdeployment_view({"metadata": meta, "spec": {"model": {"uri": "gs://m"}}, "status": status or {}})
+
+
+def test_the_echo_of_its_status_write_and_its_own_new_children_ask_for_no_reconcile() -> None:
+    async def scenario() -> tuple[Any, ...]:
+        ftjs: Informer[Any, Any] = Informer(
+            api_version="tpuforge.dev/v1alpha1",
+            kind="FineTuneJob",
+            label_selector="",
+            namespaces=None,
+            view=lambda o: o,
+            owner=lambda o: None,
+            on_change=lambda *_: None,
+        )
+        controller = ServingDeploymentController(ftjs)
+        requested: list[Any] = []
+        controller.queue.request = lambda key, delay=0.0: requested.append(key)  # type: ignore[method-assign]
+        store = controller.servingdeployments
+        store._put("u1", ("ns", "chat"), sdep("1"), "ns")  # new: reconciled
+        controller._written[("ns", "chat")] = ("1", "2", {"phase": "Pending"})
+        # Until the echo arrives, the reconcile reads what it wrote.
+        current = controller.current(("ns", "chat"))
+        store._put("u1", ("ns", "chat"), sdep("2", {"phase": "Pending"}), "ns")  # the echo
+        service = child_view({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "chat", "namespace": "ns"}})
+        controller.child_changed(("ns", "chat"), None, service)  # created by the reconcile
+        controller.child_changed(("ns", "chat"), service, None)  # deleted by someone: made again
+        dep = deployment_view({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "chat-vllm"}})
+        controller.child_changed(("ns", "chat"), dep, {**dep, "status": {"readyReplicas": 1}})
+        return current, requested
+
+    current, requested = asyncio.run(scenario())
+    assert current is not None
+    assert (current["status"], current["metadata"]["resourceVersion"]) == ({"phase": "Pending"}, "2")
+    assert requested == [("ns", "chat")] * 3
