@@ -25,7 +25,7 @@ from kubernetes import client
 from tpuforge.api.constants import API_VERSION, LABEL_SERVING, SERVING_KIND
 from tpuforge.kube import client as kube_client
 from tpuforge.kube import objects as kube_objects
-from tpuforge.sandbox import Sandbox, wait_for
+from tpuforge_sandbox import Sandbox, wait_for
 
 API_CONCURRENCY = 128  # the burst's client threads, as the FineTuneJob burst's
 QUIET_SECONDS = 10.0

@@ -29,12 +29,12 @@ RULES: tuple[Rule, ...] = (
     Rule(
         GROUP,
         ("finetunejobs",),
-        ("get", "list", "watch", "delete"),
-        "FineTuneJobs: watched, deleted after ttlSecondsAfterFinished, read by ServingDeployments",
+        ("list", "watch", "delete"),
+        "FineTuneJobs: watched (by ServingDeployments too), deleted after ttlSecondsAfterFinished",
     ),
     # `get` and `patch`: the operator's status writes, and what it grants the trainer's Role.
     Rule(GROUP, ("finetunejobs/status",), ("get", "patch"), "FineTuneJob status (and the trainer's Role)"),
-    Rule(GROUP, ("servingdeployments",), ("get", "list", "watch"), "ServingDeployments: watched"),
+    Rule(GROUP, ("servingdeployments",), ("list", "watch"), "ServingDeployments: watched"),
     Rule(GROUP, ("servingdeployments/status",), ("patch",), "ServingDeployment status"),
     Rule("batch", ("jobs",), ("list", "watch", "create", "delete"), "preflight, training, merge, evaluation Jobs"),
     Rule("jobset.x-k8s.io", ("jobsets",), ("list", "watch", "create", "delete"), "multi-host training attempts"),
@@ -44,9 +44,24 @@ RULES: tuple[Rule, ...] = (
     Rule("rbac.authorization.k8s.io", ("roles", "rolebindings"), ("create",), "the trainer's progress Role"),
     Rule("", ("pods",), ("list", "watch"), "both kinds' pods: progress, failures, readiness"),
     Rule("apps", ("deployments",), ("get", "list", "watch", "create", "update"), "the vLLM Deployment"),
-    Rule("", ("services", "persistentvolumeclaims"), ("get", "create", "update"), "vLLM Service, XLA cache PVC"),
-    Rule("monitoring.googleapis.com", ("podmonitorings",), ("get", "create", "update"), "scrape config (GMP)"),
-    Rule("monitoring.coreos.com", ("servicemonitors",), ("get", "create", "update"), "scrape config (Prometheus)"),
+    Rule(
+        "",
+        ("services", "persistentvolumeclaims"),
+        ("get", "list", "watch", "create", "update"),
+        "vLLM Service, XLA cache PVC",
+    ),
+    Rule(
+        "monitoring.googleapis.com",
+        ("podmonitorings",),
+        ("get", "list", "watch", "create", "update"),
+        "scrape config (GMP)",
+    ),
+    Rule(
+        "monitoring.coreos.com",
+        ("servicemonitors",),
+        ("get", "list", "watch", "create", "update"),
+        "scrape config (Prometheus)",
+    ),
 )
 
 
