@@ -115,3 +115,38 @@ def test_the_chat_template_renders_thinking_as_qwen3s(tiny_qwen3_model_dir: Path
     prompt = tok.apply_chat_template(messages[:4], tokenize=False, add_generation_prompt=True, enable_thinking=False)
     assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert json.loads((tiny_qwen3_model_dir / "config.json").read_text())["architectures"] == ["Qwen3ForCausalLM"]
+
+
+@pytest.mark.slow
+def test_the_preflight_compiles_a_qwen3_8b_layer_for_its_slice() -> None:
+    """The preflight's path for Qwen3: one Qwen3-8B layer, LoRA on Qwen3's targets, compiled for the v6e-4
+    topology (libtpu, no TPU) with its weights sharded over the chips, on the masked attention path."""
+    from tpuforge.api import CheckpointSpec, MeshSpec, TrainConfig, TrainingSpec
+    from tpuforge.api.catalog import HF_CONFIGS, TPU_SLICES
+    from tpuforge_workloads.model.mesh import make_mesh
+    from tpuforge_workloads.preflight.step import GIB, compile_train_step, with_layers
+    from tpuforge_workloads.preflight.topology import slice_devices
+
+    entry = MODELS["qwen3-8b"]
+    slc = TPU_SLICES[entry.train_slice]
+    text = family.parse_config(HF_CONFIGS["qwen3-8b"])
+    with pytest.raises(ValueError, match="full_attention"):
+        with_layers(text, ("sliding_attention",))
+    one = with_layers(text, ("full_attention",))
+    config = TrainConfig(
+        model_name="qwen3-8b",
+        model_uri="gs://models/qwen3-8b",
+        dataset_uri="gs://data/train.jsonl",
+        lora=LoraSpec(rank=64, alpha=64, target_modules=list(QWEN3_LORA_TARGETS)),
+        training=TrainingSpec(max_seq_len=256, warmup_steps=1),
+        mesh=MeshSpec(fsdp=slc.default_fsdp, tp=slc.default_tp),
+        checkpoint=CheckpointSpec(uri="gs://runs/checkpoints"),
+    )
+    step = compile_train_step(one, config, make_mesh(slc.default_fsdp, slc.default_tp, slice_devices(slc)), 10)
+    assert step.platform == "tpu" and step.layers == 1 and step.attention == "masked"
+    # The bfloat16 base: embedding and untied lm_head, one layer's attention and MLP, spread over the chips.
+    d, f, v = text.embed_dim, text.hidden_dim, text.vocab_size
+    attn = 2 * d * text.num_heads * text.head_dim + 2 * d * text.num_kv_heads * text.head_dim
+    share = 2 * (2 * v * d + attn + 3 * d * f) / slc.chips
+    assert share <= step.argument_bytes <= 2 * share, (step.argument_bytes / GIB, share / GIB)
+    assert step.hbm_bytes < slc.hbm_gib_per_chip * GIB
