@@ -49,6 +49,7 @@ class Family:
     check_tensors: Callable[[Iterable[str], Any, str], None]
     set_remat: Callable[[Any, bool], None]
     install_attention: Callable[[Any], Any]  # the loaded model, its attention ready for the trainer's inputs
+    lora_modules: Mapping[str, tuple[str, tuple[str, ...]]]  # Tunix LoRA module -> (HF block, HF projections)
 
     def build(self, text: Decoder, seed: int = 0) -> Any:
         """The model with fresh weights (call under nnx.eval_shape for shapes alone)."""
@@ -71,6 +72,7 @@ FAMILIES: dict[str, Family] = {
             gemma4.check_tensors,
             gemma4.set_remat,
             _segment_attention,
+            gemma4.LORA_MODULES,
         ),
         Family(
             "qwen3",
@@ -83,6 +85,7 @@ FAMILIES: dict[str, Family] = {
             qwen3.check_tensors,
             qwen3.set_remat,
             lambda model: model,
+            qwen3.LORA_MODULES,
         ),
     )
 }

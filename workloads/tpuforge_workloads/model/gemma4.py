@@ -201,6 +201,19 @@ def set_remat(model: Any, remat: bool) -> None:
     decoder.set_remat(model, remat, gm.ModelConfig, gm.RematConfig)
 
 
+# Tunix LoRA module -> (HF block, HF projections) it stands for (merge/mapping.py). kv_einsum's B stacks keys
+# then values on its axis 1; k_einsum is a global layer's one projection when keys = values.
+LORA_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "q_einsum": ("self_attn", ("q_proj",)),
+    "kv_einsum": ("self_attn", ("k_proj", "v_proj")),
+    "k_einsum": ("self_attn", ("k_proj",)),
+    "attn_vec_einsum": ("self_attn", ("o_proj",)),
+    "gate_proj": ("mlp", ("gate_proj",)),
+    "up_proj": ("mlp", ("up_proj",)),
+    "down_proj": ("mlp", ("down_proj",)),
+}
+
+
 # ---- loading -------------------------------------------------------------------------------------------
 
 

@@ -136,6 +136,13 @@ def tunix_config(text: Qwen3Text) -> qwen3_model.ModelConfig:
     )
 
 
+# Tunix LoRA module -> (HF block, HF projections): Tunix's Qwen3 names its modules as HF does.
+LORA_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
+    **{p: ("self_attn", (p,)) for p in ("q_proj", "k_proj", "v_proj", "o_proj")},
+    **{p: ("mlp", (p,)) for p in ("gate_proj", "up_proj", "down_proj")},
+}
+
+
 def set_remat(model: Any, remat: bool) -> None:
     from tunix.models.qwen3 import model as qm
 
