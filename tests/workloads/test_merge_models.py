@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests.fixtures.adapters import save_lora_checkpoint
 from tests.workloads.test_merge_synthetic import DELTA_EINSUM  # Qwix's LoRA einsums, in Tunix's layout
 from tpuforge.api import LoraSpec
 from tpuforge.api.catalog import model_shape
@@ -27,7 +28,6 @@ from tpuforge_workloads.model.mesh import MESH_AXES
 from tpuforge_workloads.storage import commit
 from tpuforge_workloads.tiny import gemma4 as tiny_model
 from tpuforge_workloads.tiny import qwen3 as tiny_qwen3
-from tpuforge_workloads.train.checkpoints import TrainCheckpoints
 
 # Tunix reads parameters with `.value`, which flax deprecates: one warning per access.
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -75,27 +75,7 @@ def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     else:
         tiny_model.write(str(root / "base"), model_name=name)
     text = family.read_decoder(str(root / "base"))
-    mesh = jax.make_mesh((1, 1), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    with jax.set_mesh(mesh):
-        base = checkpoint_read.load_model(root / "base", text, family.of(text).tunix_config(text), mesh)
-    model = lora.apply_lora(base, spec, mesh, seed=0)
-    rng = np.random.default_rng(0)
-    state = nnx.state(model, nnx.LoRAParam)
-    nnx.update(
-        model,
-        jax.tree_util.tree_map_with_path(
-            lambda path, x: (
-                jax.numpy.asarray(rng.standard_normal(x.shape) * 0.05, dtype=x.dtype)
-                if "_lora_b" in jax.tree_util.keystr(path)
-                else x
-            ),
-            state,
-        ),
-    )
-    checkpoints = TrainCheckpoints(str(root / "ckpt"), every_steps=1, keep=1, data_iterator=None)
-    checkpoints.save(STEP, model, force=True)
-    checkpoints.close()
-    lora.write_manifest(str(root / "ckpt"), lora.manifest(name, str(root / "base"), spec))
+    model = save_lora_checkpoint(root / "base", root / "ckpt", name, spec, STEP)
     tokens = verify.fixed_tokens(read_config(str(root / "base")))
     return Trained(name, root / "base", root / "ckpt", text, spec, model, tokens, lora.logits(model, tokens))
 

@@ -343,9 +343,9 @@ _GEMMA4_MOE_UNSUPPORTED = (
 )
 
 _QWEN3_UNSUPPORTED = (
-    "tpuforge loads Qwen3 checkpoints into Tunix's Qwen3 and trains LoRA on them (tests on qwen3-tiny), but the "
-    "trainer's chat encoding is Gemma's turn format (Qwen3's ChatML is not written), and the merge, PEFT export "
-    "and serving are not yet checked for Qwen3; it is in the catalog for sizing (shape, slice, cost)"
+    "tpuforge loads, trains, merges, exports and serves Qwen3 (tests on qwen3-tiny), but the trainer's chat "
+    "encoding is Gemma's turn format and Qwen3's ChatML is not written yet; it is in the catalog for sizing "
+    "(shape, slice, cost)"
 )
 
 
