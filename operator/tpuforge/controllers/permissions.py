@@ -1,5 +1,5 @@
 """The operator's Kubernetes permissions, declared once: what the Helm chart's ClusterRole grants
-(helm/tpuforge/templates/clusterrole.yaml must equal `cluster_role_rules`). tests/unit/test_helm_chart.py
+(helm/tpuforge/templates/clusterrole.yaml must equal `cluster_role_rules`). tests/helm/test_helm_chart.py
 checks both ways: every API call the controllers make is covered here, and nothing here goes unused (by the
 controllers, by kopf itself, or by the trainer's Role, which the operator can only grant what it holds)."""
 

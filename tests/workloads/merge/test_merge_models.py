@@ -1,4 +1,4 @@
-"""The merged tiny Gemma 4 in the real consumers: transformers' logits against the JAX LoRA model, Tunix's own
+"""The merged tiny Gemma 4 and Qwen3 in the real consumers: transformers' logits against the JAX LoRA model, Tunix's own
 safetensors loader, PEFT loading the adapter; and Qwix's parameter layout against what the merge reads."""
 
 from __future__ import annotations
@@ -12,25 +12,35 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from tests.fixtures.adapters import save_lora_checkpoint
 from tests.fixtures.merge_inputs import DELTA_EINSUM  # Qwix's LoRA einsums, in Tunix's layout
 from tpuforge.api import LoraSpec
+from tpuforge.api.catalog import model_shape
 from tpuforge.api.configs import MergeConfig
 from tpuforge.api.constants import ADAPTER_SUBDIR
 from tpuforge_workloads.merge import synthetic, verify
 from tpuforge_workloads.merge.lora_checkpoint import LoraCheckpoint
 from tpuforge_workloads.merge.merge import run_merge
-from tpuforge_workloads.model import checkpoint_read, gemma4, lora
+from tpuforge_workloads.model import checkpoint_read, family, lora
 from tpuforge_workloads.model.adapters import read_adapter_manifest
+from tpuforge_workloads.model.decoder import Decoder, read_config
 from tpuforge_workloads.model.mesh import MESH_AXES
 from tpuforge_workloads.storage import commit
 from tpuforge_workloads.tiny import gemma4 as tiny_model
-from tpuforge_workloads.train.checkpoints import TrainCheckpoints
+from tpuforge_workloads.tiny import qwen3 as tiny_qwen3
 
 # Tunix reads parameters with `.value`, which flax deprecates: one warning per access.
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 SPEC = LoraSpec(rank=4, alpha=8.0, dropout=0.0)
 STEP = 3
+# Qwix's LoRA delta of each Tunix Qwen3 module, in its weight's layout (Gemma 4's: DELTA_EINSUM).
+QWEN3_DELTA_EINSUM = {
+    **dict.fromkeys(("q_proj", "k_proj", "v_proj"), "Dr,rNH->DNH"),
+    "o_proj": "NHr,rD->NHD",
+    **dict.fromkeys(("gate_proj", "up_proj"), "Dr,rF->DF"),
+    "down_proj": "Fr,rD->FD",
+}
 
 
 @dataclasses.dataclass
@@ -38,7 +48,8 @@ class Trained:
     name: str  # catalog id
     base: Path
     ckpt: Path
-    text: gemma4.Gemma4Text
+    text: Decoder
+    spec: LoraSpec  # SPEC on the family's LoRA targets
     model: Any  # the JAX LoRA model
     tokens: np.ndarray
     logits: np.ndarray  # of the JAX LoRA model on `tokens`
@@ -51,38 +62,22 @@ def _flat(state: Any) -> dict[str, np.ndarray]:
     }
 
 
-@pytest.fixture(scope="module", params=["gemma4-tiny", "gemma4-tiny-mm"])
+@pytest.fixture(scope="module", params=["gemma4-tiny", "gemma4-tiny-mm", "qwen3-tiny"])
 def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Trained:
     """The tiny base (text-only float32, and in the 31B's multimodal bfloat16 layout), Qwix adapters on every
     target with random B (training starts B at zero, which would hide any mapping error), saved by the
     trainer's checkpoint code with its manifest."""
     name = request.param
     root = tmp_path_factory.mktemp("trained")
-    tiny_model.write(str(root / "base"), model_name=name)
-    text = gemma4.parse_config(gemma4.read_config(str(root / "base")))
-    mesh = jax.make_mesh((1, 1), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    with jax.set_mesh(mesh):
-        base = checkpoint_read.load_model(root / "base", text, gemma4.tunix_config(text), mesh)
-    model = lora.apply_lora(base, SPEC, mesh, seed=0)
-    rng = np.random.default_rng(0)
-    state = nnx.state(model, nnx.LoRAParam)
-    nnx.update(
-        model,
-        jax.tree_util.tree_map_with_path(
-            lambda path, x: (
-                jax.numpy.asarray(rng.standard_normal(x.shape) * 0.05, dtype=x.dtype)
-                if "_lora_b" in jax.tree_util.keystr(path)
-                else x
-            ),
-            state,
-        ),
-    )
-    checkpoints = TrainCheckpoints(str(root / "ckpt"), every_steps=1, keep=1, data_iterator=None)
-    checkpoints.save(STEP, model, force=True)
-    checkpoints.close()
-    lora.write_manifest(str(root / "ckpt"), lora.manifest(name, str(root / "base"), SPEC))
-    tokens = verify.fixed_tokens(gemma4.read_config(str(root / "base")))
-    return Trained(name, root / "base", root / "ckpt", text, model, tokens, lora.logits(model, tokens))
+    spec = SPEC.model_copy(update={"target_modules": list(model_shape(name).lora_targets)})
+    if model_shape(name).family == "qwen3":
+        tiny_qwen3.write(str(root / "base"), model_name=name)
+    else:
+        tiny_model.write(str(root / "base"), model_name=name)
+    text = family.read_decoder(str(root / "base"))
+    model = save_lora_checkpoint(root / "base", root / "ckpt", name, spec, STEP)
+    tokens = verify.fixed_tokens(read_config(str(root / "base")))
+    return Trained(name, root / "base", root / "ckpt", text, spec, model, tokens, lora.logits(model, tokens))
 
 
 def _config(trained: Trained, out: Path, **kw: Any) -> MergeConfig:
@@ -91,7 +86,7 @@ def _config(trained: Trained, out: Path, **kw: Any) -> MergeConfig:
         base_model_uri=str(trained.base),
         checkpoint_uri=str(trained.ckpt),
         output_uri=str(out),
-        lora=SPEC,
+        lora=trained.spec,
         **kw,
     )
 
@@ -121,7 +116,8 @@ def test_transformers_on_the_merged_output_matches_the_jax_lora_model(trained: T
 
 def test_tunix_loader_reads_the_output_back_exactly(trained: Trained, merged: Path) -> None:
     mesh = jax.make_mesh((1, 1), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    cfg = gemma4.tunix_config(trained.text)
+    cfg = family.of(trained.text).tunix_config(trained.text)
+    einsums = QWEN3_DELTA_EINSUM if trained.text.family == "qwen3" else DELTA_EINSUM
     with jax.set_mesh(mesh):
         loaded = _flat(nnx.state(checkpoint_read.load_model(merged, trained.text, cfg, mesh)))
     params = _flat(nnx.state(trained.model, nnx.Param))
@@ -136,7 +132,7 @@ def test_tunix_loader_reads_the_output_back_exactly(trained: Trained, merged: Pa
             np.testing.assert_array_equal(loaded[name], value, err_msg=name)
             continue
         b = params[f"{module}/{param}_lora_b/value"]
-        delta = np.einsum(DELTA_EINSUM[module.rsplit("/", 1)[1]], a.astype(np.float64), b.astype(np.float64))
+        delta = np.einsum(einsums[module.rsplit("/", 1)[1]], a.astype(np.float64), b.astype(np.float64))
         want = value.astype(np.float64) + scale * delta
         adapted += 1
         if trained.text.dtype == "float32":
@@ -145,11 +141,12 @@ def test_tunix_loader_reads_the_output_back_exactly(trained: Trained, merged: Pa
         # bfloat16: rounded once to the output (half an epsilon), the factors possibly as the forward uses them
         # (rounded to bfloat16: an epsilon of the delta's magnitude).
         magnitude = np.einsum(
-            DELTA_EINSUM[module.rsplit("/", 1)[1]], np.abs(a.astype(np.float64)), np.abs(b.astype(np.float64))
+            einsums[module.rsplit("/", 1)[1]], np.abs(a.astype(np.float64)), np.abs(b.astype(np.float64))
         )
         bound = 2.0**-8 * np.abs(want) + 2.0**-7 * scale * magnitude + 1e-12
         assert (np.abs(loaded[name].astype(np.float64) - want) <= bound).all(), name
-    assert adapted == 2 * 6  # q, kv or k, o, gate, up, down on each of 2 layers
+    # Gemma 4: q, kv or k, o, gate, up, down; Qwen3: q, k, v, o, gate, up, down; on each of 2 layers.
+    assert adapted == 2 * (7 if trained.text.family == "qwen3" else 6)
 
 
 def test_peft_loads_the_adapter_to_the_merged_models_logits(trained: Trained, merged: Path, tmp_path: Path) -> None:
@@ -167,8 +164,9 @@ def test_peft_loads_the_adapter_to_the_merged_models_logits(trained: Trained, me
     # Every tensor of the adapter found its module (on the multimodal model: the decoder's, not the vision
     # tower's modules of the same names).
     adapted = {n for n, _ in model.named_parameters() if ".lora_" in n}
-    # q, k, v, o, gate, up, down on the sliding layer; no v_proj on the global layer (keys = values).
-    assert len(adapted) == 2 * (7 + 6) and not any("vision" in n for n in adapted)
+    # q, k, v, o, gate, up, down on the sliding layer; no v_proj on Gemma 4's global layer (keys = values).
+    modules = 7 + 7 if trained.text.family == "qwen3" else 7 + 6
+    assert len(adapted) == 2 * modules and not any("vision" in n for n in adapted)
     with torch.no_grad():
         got = model(input_ids=torch.from_numpy(trained.tokens)).logits.numpy()
     # In float32 to 1e-4 with the same argmax; in bfloat16 the merged model holds W + delta rounded once, so
@@ -183,6 +181,8 @@ def test_peft_loads_the_adapter_to_the_merged_models_logits(trained: Trained, me
 
 
 def test_qwix_layout_is_what_the_merge_and_the_synthetic_inputs_use(trained: Trained) -> None:
+    if trained.text.family != "gemma4":
+        pytest.skip("the synthetic inputs are Gemma 4's")
     saved = LoraCheckpoint.open(str(trained.ckpt))
     assert saved.step == STEP and saved.rank == SPEC.rank
     qwix = {k.removesuffix("/value"): v.shape for k, v in _flat(nnx.state(trained.model, nnx.LoRAParam)).items()}
@@ -214,7 +214,7 @@ def test_everything_but_the_adapted_weights_is_the_bases_byte_for_byte(trained: 
     assert changed == {k for k in base if ".language_model." in k or k.startswith("model.layers.")} & {
         k for k in base if k.removesuffix(".weight").rsplit(".", 1)[-1] in adapted and "vision" not in k
     }
-    assert len(changed) == 13
+    assert len(changed) == (14 if trained.text.family == "qwen3" else 13)  # Gemma 4's global layer: no v_proj
     if trained.text.multimodal:
         assert sum(k.startswith(("model.vision_tower.", "model.embed_vision.")) for k in base) == 16
     for name in (p.name for p in trained.base.iterdir() if not p.name.endswith(".safetensors")):

@@ -332,7 +332,7 @@ def _other_shapes(inputs: Inputs) -> None:
         (_missing_layer, {}, r"lacks 1 adapters the config expects \(layer 1 q_einsum\)"),
         (_truncated_checkpoint, {}, "cannot read the LoRA parameters' metadata"),
         (_truncated_base, {}, "truncated"),
-        (_other_architecture, {}, r"model_type 'llama' is not Gemma 4 .*\[Llama\]"),
+        (_other_architecture, {}, r"model_type 'llama' is not a supported family.*\[Llama\]"),
         (_other_shapes, {}, r"weight is \[\d+, \d+\] but the layer 0 \w+ adapter"),
     ],
     ids=[

@@ -55,7 +55,7 @@ def test_the_reader_loads_what_tunix_loads_bit_for_bit(
                 file_dir=str(model_dir),
                 model_class=gm.Gemma4,
                 config=cfg,
-                key_mapping=gemma4._key_mapping,
+                key_mapping=gemma4.key_mapping,
                 mesh=mesh,
                 preprocess_fn=tunix_preprocess(text),
             )

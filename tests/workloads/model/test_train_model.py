@@ -81,7 +81,7 @@ def test_tunix_key_mapping_maps_every_decoder_tensor_of_both_layouts(text: gemma
     from tunix.utils.torch_utils import torch_key_to_jax_key
 
     layout = dataclasses.replace(text, multimodal=multimodal)
-    mapping = gemma4._key_mapping(gemma4.tunix_config(layout))
+    mapping = gemma4.key_mapping(gemma4.tunix_config(layout))
     targets = {name: torch_key_to_jax_key(mapping, name)[0] for name in gemma4.expected_hf_tensors(layout)}
     assert targets[f"{layout.hf_prefix}layers.1.mlp.down_proj.weight"] == "layers.1.mlp.down_proj.kernel"
     assert targets[f"{layout.hf_prefix}embed_tokens.weight"] == "embedder.input_embedding"

@@ -37,6 +37,14 @@ def test_extrapolation_adds_each_layer_kind_s_marginal_cost() -> None:
     assert whole.output_bytes / GIB == pytest.approx(0.25)
 
 
+def test_a_decoder_of_global_layers_only_is_extrapolated_from_one_and_two_layers() -> None:
+    # Qwen3-8B: 36 full-attention layers, probed as [G] and [G, G] (preflight.run.UNIFORM_PROBES).
+    whole = est.extrapolate([step(1, 10, 4, 100.0), step(2, 12, 5.0, 130.0)], ("full_attention",) * 36)
+    assert whole.argument_bytes / GIB == pytest.approx(10 + 35 * 2)
+    assert whole.temp_bytes / GIB == pytest.approx(4 + 35 * 1.0)
+    assert whole.flops == pytest.approx(100 + 35 * 30)
+
+
 def test_the_program_is_extrapolated_per_layer_up_to_a_cap() -> None:
     # As XLA's code for the 31B's step on a v5p-8 (GiB): one layer 0.027, two 0.053 and 0.055. Whole
     # compiles held about the per-layer sum at 6 and 12 layers, and far less at 30 (0.08 against 0.79).

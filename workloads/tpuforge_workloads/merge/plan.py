@@ -16,7 +16,7 @@ from tpuforge.api.constants import COMPLETE_MARKER
 from tpuforge_workloads import storage
 from tpuforge_workloads.merge.errors import MergeInputError
 from tpuforge_workloads.merge.lora_checkpoint import LoraCheckpoint
-from tpuforge_workloads.merge.mapping import TUNIX_MODULES, HfLayout, LoraTarget, parse_base_config, targets_of
+from tpuforge_workloads.merge.mapping import HfLayout, LoraTarget, parse_base_config, targets_of
 from tpuforge_workloads.merge.safetensors_io import (
     API_DTYPES,
     FLOAT_DTYPES,
@@ -27,8 +27,8 @@ from tpuforge_workloads.merge.safetensors_io import (
     TensorInfo,
     plan_shards,
 )
-from tpuforge_workloads.model import adapters
-from tpuforge_workloads.model.gemma4 import Gemma4Text
+from tpuforge_workloads.model import adapters, family
+from tpuforge_workloads.model.decoder import Decoder
 from tpuforge_workloads.model.lora import MANIFEST_FILE
 from tpuforge_workloads.model.lora import read_manifest as read_lora_manifest
 
@@ -55,7 +55,7 @@ class TensorJob:
 class MergePlan:
     config: MergeConfig
     base: SafetensorsCheckpoint
-    text: Gemma4Text
+    text: Decoder
     layout: HfLayout
     lora: LoraCheckpoint
     scale: float
@@ -97,8 +97,8 @@ def _check_uris(cfg: MergeConfig) -> None:
             )
 
 
-def read_base_config(uri: str) -> Gemma4Text:
-    """The base's decoder shape from its config.json; anything but a dense Gemma 4 is rejected."""
+def read_base_config(uri: str) -> Decoder:
+    """The base's decoder shape from its config.json; a checkpoint of no supported family is rejected."""
     config_uri = storage.join(uri, CONFIG_FILE)
     if not storage.is_file(config_uri):
         raise MergeInputError(f"baseModelUri {uri}: no {CONFIG_FILE}; a HuggingFace checkpoint directory has one")
@@ -116,9 +116,11 @@ def _lora_targets(
 ) -> dict[str, LoraTarget]:
     """Base tensor name -> the LoRA delta it gets, after checking that the checkpoint adapts exactly the
     configured modules on every layer that has them."""
-    unknown = [m for m in cfg.lora.target_modules if m not in TUNIX_MODULES]
+    unknown = [m for m in cfg.lora.target_modules if m not in layout.modules]
     if unknown:
-        raise MergeInputError(f"lora.targetModules: {unknown} are not Gemma 4 modules ({', '.join(TUNIX_MODULES)})")
+        raise MergeInputError(
+            f"lora.targetModules: {unknown} are not modules of the base's family ({', '.join(layout.modules)})"
+        )
     names = set(base)
     expected = {
         (layer, module)
@@ -197,14 +199,14 @@ def make_plan(cfg: MergeConfig) -> MergePlan:
         shape = model_shape(cfg.model_name)
     except KeyError as e:
         raise MergeInputError(f"modelName: {e.args[0]}") from e
-    if shape.family != "gemma4" or not shape.supports("finetune"):
+    if shape.family not in family.FAMILIES:
         raise MergeInputError(
-            f"modelName {cfg.model_name}: the merge supports the dense Gemma 4 models the trainer fine-tunes only"
+            f"modelName {cfg.model_name}: the merge supports the families {', '.join(family.FAMILIES)} only"
         )
     text = read_base_config(cfg.base_model_uri)
     base = SafetensorsCheckpoint.open(cfg.base_model_uri)
     infos = base.by_name()
-    layout = HfLayout.detect(infos, cfg.base_model_uri)
+    layout = HfLayout.detect(infos, cfg.base_model_uri, family.of(text).lora_modules)
     if layout.num_layers != text.num_layers or layout.prefix != text.hf_prefix:
         raise MergeInputError(
             f"baseModelUri {cfg.base_model_uri}: {CONFIG_FILE} describes {text.num_layers} layers under "

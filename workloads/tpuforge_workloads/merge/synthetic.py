@@ -17,7 +17,6 @@ import numpy as np
 
 from tpuforge.api.catalog import ModelShape
 from tpuforge_workloads import storage
-from tpuforge_workloads.merge.mapping import TUNIX_MODULES
 from tpuforge_workloads.merge.safetensors_io import (
     FLOAT_DTYPES,
     INDEX_FILE,
@@ -28,6 +27,7 @@ from tpuforge_workloads.merge.safetensors_io import (
     plan_shards,
 )
 from tpuforge_workloads.model.adapter_checkpoint import PARAMS_ITEM
+from tpuforge_workloads.model.gemma4 import LORA_MODULES as TUNIX_MODULES
 from tpuforge_workloads.model.gemma4 import Gemma4Text
 from tpuforge_workloads.model.lora import LoraManifest, write_manifest
 from tpuforge_workloads.storage import staged as staged_write

@@ -27,7 +27,8 @@ from tpuforge_workloads import storage
 from tpuforge_workloads.merge.mapping import LoraTarget, peft_factors
 from tpuforge_workloads.merge.plan import MergePlan
 from tpuforge_workloads.merge.safetensors_io import FLOAT_DTYPES, ITEM_SIZES
-from tpuforge_workloads.model import gemma4
+from tpuforge_workloads.model import family
+from tpuforge_workloads.model.decoder import read_config
 
 log = logging.getLogger(__name__)
 LOGIT_TOLERANCE = 1e-4  # float32: absolute, every logit; and the same argmax everywhere
@@ -126,7 +127,7 @@ def special_ids(config: Mapping[str, Any]) -> set[int]:
 
 def fixed_tokens(config: Mapping[str, Any], batch: int = 4, length: int = 64) -> np.ndarray:
     """The same rows of ordinary tokens for every check of a model (none of its special_ids)."""
-    text = gemma4.parse_config(config)
+    text = family.parse_config(config)
     ordinary = np.setdiff1d(np.arange(text.vocab_size), sorted(special_ids(config)))
     return np.random.default_rng(1234).choice(ordinary, size=(batch, length)).astype(np.int64)
 
@@ -184,7 +185,7 @@ def lora_model_logits(plan: MergePlan, tokens: np.ndarray) -> np.ndarray:
 
 
 def verify_logits(plan: MergePlan, output: str, names: list[str]) -> float:
-    tokens = fixed_tokens(gemma4.read_config(plan.config.base_model_uri))
+    tokens = fixed_tokens(read_config(plan.config.base_model_uri))
     want = lora_model_logits(plan, tokens)
     with tempfile.TemporaryDirectory(prefix="merge-verify-") as tmp:
         got = hf_logits(local_copy(output, names, Path(tmp)), tokens)

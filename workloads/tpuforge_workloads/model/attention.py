@@ -161,6 +161,24 @@ class SegmentAttention(gm.Attention):  # type: ignore[misc]
         return {"v": v, "k": k}, out, (k, v)
 
 
+def for_model(model: Any, attention_mask: Any) -> Any:
+    """The attention mask as `model` takes it: segment ids become the dense packing mask for a model without
+    SegmentAttention (a family whose attention is Tunix's own, Qwen3). Decided at trace time."""
+    if not isinstance(attention_mask, Segments):
+        return attention_mask
+    if any(isinstance(m, SegmentAttention) for _, m in model.iter_modules()):
+        return attention_mask
+    return dense_mask(attention_mask.ids)
+
+
+def dense_mask(segment_ids: jax.Array) -> jax.Array:
+    """[B, T, T] bool from segment ids [B, T]: causal, within one example; padding (0) sees nothing."""
+    t = segment_ids.shape[-1]
+    causal = jnp.tril(jnp.ones((t, t), dtype=bool))
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return same & causal[None] & (segment_ids[:, None, :] != 0)
+
+
 def install(model: Any) -> Any:
     """Make every Gemma 4 attention module of `model` a SegmentAttention (in place; returns `model`)."""
     found = 0

@@ -26,12 +26,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tpuforge_workloads import storage
-from tpuforge_workloads.model import gemma4
-from tpuforge_workloads.model.gemma4 import Gemma4Text, ModelError
+from tpuforge_workloads.model import family, gemma4
+from tpuforge_workloads.model.decoder import Decoder, ModelError
 
 if TYPE_CHECKING:
     import jax
-    from tunix.models.gemma4 import model as gemma4_model
 
 log = logging.getLogger(__name__)
 
@@ -126,26 +125,25 @@ def _qkv(transforms: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...], shared
 
 def load_model(
     model_uri: str | Path,
-    text: Gemma4Text,
-    cfg: gemma4_model.ModelConfig,
+    text: Decoder,
+    cfg: Any,
     mesh: jax.sharding.Mesh,
     stats: dict[str, float] | None = None,
 ) -> Any:
-    """The base model with the checkpoint's weights from `model_uri` (a local directory or gs://), every
-    parameter placed by the model's sharding rules, its attention able to take segment ids (attention.py).
+    """The base model of `text`'s family with the checkpoint's weights from `model_uri` (a local directory or
+    gs://), every parameter placed by the model's sharding rules, its attention set up by its family (Gemma 4's
+    takes segment ids, attention.py).
     `stats` gets `model_bytes_read` (by this process) and `model_bytes` (the decoder's tensors)."""
     import jax
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
-    from tunix.models.gemma4 import model as gm
     from tunix.utils.torch_utils import torch_key_to_jax_key
 
-    from tpuforge_workloads.model import attention
-
+    fam = family.of(text)
     uri = str(model_uri)
     stored = list_tensors(uri)
-    gemma4.check_tensors([t.name for t in stored], text, uri)
-    key_map = gemma4._key_mapping(cfg)
+    fam.check_tensors([t.name for t in stored], text, uri)
+    key_map = fam.key_mapping(cfg)
     mapped: dict[str, tuple[StoredTensor, Any]] = {}
     for t in stored:
         try:
@@ -155,7 +153,7 @@ def load_model(
         mapped[key.removesuffix(".value")] = (t, transform)
 
     with jax.set_mesh(mesh):
-        abstract = nnx.eval_shape(lambda: gm.Gemma4(cfg, rngs=nnx.Rngs(params=0)))
+        abstract = nnx.eval_shape(lambda: fam.model_class()(cfg, rngs=nnx.Rngs(params=0)))
     graph_def, abs_state = nnx.split(abstract)
     shardings = nnx.get_named_sharding(abs_state, mesh).to_pure_dict()
     targets = {_dotted(p): s for p, s in jax.tree_util.tree_flatten_with_path(shardings)[0]}
@@ -182,14 +180,14 @@ def load_model(
     params: dict[str, Any] = {}
     layers: dict[int, dict[str, Any]] = {}
     for key, (array, _) in raw.items():
-        m = gemma4._TMP_QKV.match(key)
+        m = gemma4._TMP_QKV.match(key)  # Gemma 4's mapping leaves q, k, v to combine per layer
         if m:
             layers.setdefault(int(m.group(1)), {})[m.group(2)] = (array, mapped[key][1])
             continue
         permute, reshape = mapped[key][1] or (None, None)
         params[key] = _transform(_tuple(permute), _tuple(reshape), targets[key])(array)
     for i, qkv in sorted(layers.items()):
-        shared = gemma4.keys_are_values(text, i)
+        shared = gemma4.keys_are_values(text, i)  # type: ignore[arg-type]
         names = ("q_einsum.w", "k_einsum.w") if shared else ("q_einsum.w", "kv_einsum.w")
         out = tuple((n, targets[f"layers.{i}.attn.{n}"]) for n in names)
         parts = [qkv[n] for n in "qkv" if n in qkv]
@@ -206,7 +204,7 @@ def load_model(
     if stats is not None:
         stats.update(model_bytes_read=float(read), model_bytes=float(total))
     state = jax.tree_util.tree_map_with_path(lambda p, _: params[_dotted(p)], shardings)
-    return attention.install(nnx.merge(graph_def, state))
+    return fam.install_attention(nnx.merge(graph_def, state))
 
 
 def _tuple(x: Any) -> tuple[int, ...] | None:

@@ -9,17 +9,18 @@ JAX, Flax and Tunix are imported inside the functions that need them, so that co
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tpuforge.api.catalog import ModelShape
-from tpuforge_workloads import storage
+from tpuforge_workloads.model import decoder
+from tpuforge_workloads.model.decoder import ModelError, check_sharding, mesh_errors, read_config
+
+__all__ = ["ModelError", "check_sharding", "mesh_errors", "read_config"]  # shared by every family (decoder.py)
 
 if TYPE_CHECKING:
-    import jax
     from tunix.models.gemma4 import model as gemma4_model
 
 GEMMA4_MODEL_TYPES = ("gemma4", "gemma4_text")
@@ -27,10 +28,6 @@ GEMMA4_MODEL_TYPES = ("gemma4", "gemma4_text")
 # text-only Gemma4ForCausalLM checkpoints the second.
 HF_PREFIXES = ("model.language_model.", "model.")
 _DTYPES = ("bfloat16", "float16", "float32")
-
-
-class ModelError(ValueError):
-    """A base model the trainer cannot use; the message names the file or field and the fix."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +52,7 @@ class Gemma4Text:
     global_rope_proportion: float
     dtype: str
     multimodal: bool  # config.json nests the decoder under text_config
+    family: str = "gemma4"
 
     @property
     def hf_prefix(self) -> str:
@@ -66,22 +64,6 @@ class Gemma4Text:
             "kv heads": self.num_kv_heads,
             "global kv heads": self.num_global_kv_heads,
         }
-
-
-def read_config(model_uri: str) -> dict[str, Any]:
-    """config.json of the base model; a missing or unreadable file names the URI."""
-    uri = storage.join(model_uri, "config.json")
-    try:
-        text = storage.read_text(uri)
-    except storage.StorageError as e:
-        raise ModelError(f"model.uri: cannot read {uri} ({e}); point model.uri at a HuggingFace model directory") from e
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ModelError(f"{uri}: not JSON ({e})") from e
-    if not isinstance(raw, dict):
-        raise ModelError(f"{uri}: expected a JSON object")
-    return raw
 
 
 def parse_config(raw: Mapping[str, Any], where: str = "config.json") -> Gemma4Text:
@@ -176,28 +158,6 @@ def check_against_catalog(text: Gemma4Text, shape: ModelShape, where: str) -> No
         )
 
 
-def mesh_errors(text: Gemma4Text, fsdp: int, tp: int) -> list[str]:
-    """Why a (fsdp, tp) mesh cannot hold this model; empty when it can. Mirrors the model's sharding rules:
-    heads, the MLP hidden axis and the vocabulary split over tp; the embedding axis over fsdp."""
-    errors = []
-    counts = text.head_counts()
-    bad = {k: v for k, v in counts.items() if v % tp}
-    if bad:
-        fits = [d for d in range(1, text.num_heads + 1) if all(v % d == 0 for v in counts.values())]
-        errors.append(
-            f"mesh.tp={tp} does not divide the model's {', '.join(f'{v} {k}' for k, v in bad.items())}; "
-            f"use tp in {fits}"
-        )
-    for what, size, axis, n in (
-        ("intermediate_size", text.hidden_dim, "tp", tp),
-        ("vocab_size", text.vocab_size, "tp", tp),
-        ("hidden_size", text.embed_dim, "fsdp", fsdp),
-    ):
-        if size % n:
-            errors.append(f"mesh.{axis}={n} does not divide the model's {what} {size}")
-    return errors
-
-
 def tunix_config(text: Gemma4Text) -> gemma4_model.ModelConfig:
     """Tunix's ModelConfig for this decoder. Tunix's flash attention stays off: its TPU kernel builds its
     own causal/local masks and ignores the attention mask the trainer passes, which packing relies on; on
@@ -235,41 +195,23 @@ def tunix_config(text: Gemma4Text) -> gemma4_model.ModelConfig:
 
 
 def set_remat(model: Any, remat: bool) -> None:
-    """Turn rematerialisation of decoder layers on or off in a built model. Tunix reads it from each
-    module's config at call time; LoRA adapters must be added with it off (variables created inside
-    nnx.remat are discarded), so the trainer builds without it and turns it on afterwards."""
-    import dataclasses
-
+    """Rematerialisation of the decoder layers on or off (decoder.set_remat)."""
     from tunix.models.gemma4 import model as gm
 
-    wanted = gm.RematConfig.DECODER if remat else gm.RematConfig.NONE
-    for _, module in model.iter_modules():
-        cfg = getattr(module, "config", None)
-        if isinstance(cfg, gm.ModelConfig) and cfg.remat_config != wanted:
-            module.config = dataclasses.replace(cfg, remat_config=wanted)
+    decoder.set_remat(model, remat, gm.ModelConfig, gm.RematConfig)
 
 
-def check_sharding(state: Any, mesh: jax.sharding.Mesh) -> None:
-    """Every parameter's sharded axes must divide evenly over the mesh (JAX refuses uneven shards; better
-    to name the parameter now than to fail halfway through loading). Works on abstract states too."""
-    import jax
-    from flax import nnx
-
-    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
-    specs = jax.tree.leaves(nnx.get_partition_spec(state), is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-    problems = []
-    for (path, leaf), spec in zip(leaves, specs, strict=True):
-        for dim, axes in zip(leaf.shape, spec, strict=False):
-            names = axes if isinstance(axes, tuple) else (axes,)
-            size = 1
-            for a in names:
-                if a is not None:
-                    size *= mesh.shape[a]
-            if dim % size:
-                name = jax.tree_util.keystr(path, simple=True, separator=".").removesuffix(".value")
-                problems.append(f"{name} {tuple(leaf.shape)}: axis of {dim} over {'x'.join(map(str, names))}={size}")
-    if problems:
-        raise ModelError(f"mesh {dict(mesh.shape)} does not divide the parameters: {'; '.join(problems[:5])}")
+# Tunix LoRA module -> (HF block, HF projections) it stands for (merge/mapping.py). kv_einsum's B stacks keys
+# then values on its axis 1; k_einsum is a global layer's one projection when keys = values.
+LORA_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "q_einsum": ("self_attn", ("q_proj",)),
+    "kv_einsum": ("self_attn", ("k_proj", "v_proj")),
+    "k_einsum": ("self_attn", ("k_proj",)),
+    "attn_vec_einsum": ("self_attn", ("o_proj",)),
+    "gate_proj": ("mlp", ("gate_proj",)),
+    "up_proj": ("mlp", ("up_proj",)),
+    "down_proj": ("mlp", ("down_proj",)),
+}
 
 
 # ---- loading -------------------------------------------------------------------------------------------
@@ -283,7 +225,7 @@ _TUNIX_PREFIX = r"(?:model\.language_model\.)?"
 _BOTH_PREFIXES = r"(?:model\.(?:language_model\.)?)?"
 
 
-def _key_mapping(cfg: gemma4_model.ModelConfig) -> dict[str, Any]:
+def key_mapping(cfg: gemma4_model.ModelConfig) -> dict[str, Any]:
     """Tunix's HF->Tunix key mapping, widened to accept text-only checkpoints (`model.` prefix) as well as
     the multimodal layout (`model.language_model.`) it was written for; Tunix matches keys from the start."""
     from tunix.models.gemma4 import params_safetensors
@@ -293,7 +235,7 @@ def _key_mapping(cfg: gemma4_model.ModelConfig) -> dict[str, Any]:
     if not mapping or odd:
         raise ModelError(
             f"tunix.models.gemma4.params_safetensors changed: key patterns no longer start with {_TUNIX_PREFIX!r} "
-            f"(e.g. {odd[:1]}); update gemma4._key_mapping for this google-tunix version"
+            f"(e.g. {odd[:1]}); update gemma4.key_mapping for this google-tunix version"
         )
     return {_BOTH_PREFIXES + pat.removeprefix(_TUNIX_PREFIX): v for pat, v in mapping.items()}
 

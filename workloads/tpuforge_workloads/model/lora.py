@@ -1,5 +1,6 @@
-"""LoRA on the Tunix Gemma 4 model with Qwix, the adapter manifest written beside the checkpoints, and the
-JAX LoRA model rebuilt from a base model + a training checkpoint (for checks against a merged model).
+"""LoRA on a Tunix model (any family of family.py) with Qwix, the adapter manifest written beside the
+checkpoints, and the JAX LoRA model rebuilt from a base model + a training checkpoint (for checks against a
+merged model).
 
 Qwix adds `<weight>_lora_a` / `<weight>_lora_b` (nnx.LoRAParam) next to each targeted weight; their
 sharding follows the weight's: A keeps the sharding of the contracted axes, B that of the output axes, and
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from tpuforge.api import LoraSpec
 from tpuforge_workloads import storage
 from tpuforge_workloads.model.adapter_checkpoint import PARAMS_ITEM, restore_lora_params
-from tpuforge_workloads.model.gemma4 import ModelError
+from tpuforge_workloads.model.decoder import ModelError
 
 if TYPE_CHECKING:
     import jax
@@ -84,7 +85,7 @@ def manifest(model_name: str, base_model_uri: str, lora: LoraSpec) -> LoraManife
         module_regex=module_regex(lora.target_modules),
         params_item=PARAMS_ITEM,
         layout=(
-            f"<step>/{PARAMS_ITEM}: nnx.state(model, nnx.LoRAParam) of the Tunix Gemma 4 model, leaves "
+            f"<step>/{PARAMS_ITEM}: nnx.state(model, nnx.LoRAParam) of the Tunix model, leaves "
             "layers/<i>/<attn|mlp>/<module>/<w|kernel>_lora_<a|b>/value; update = (alpha / rank) * A @ B "
             "following each module's einsum"
         ),
@@ -117,13 +118,9 @@ def add_adapters(base: Any, lora: LoraSpec, batch: int, seed: int, adapter_dtype
     provider = LoraProvider(
         module_path=module_regex(lora.target_modules), rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout
     )
-    inputs = {
-        "tokens": jnp.ones((batch, 2), jnp.int32),
-        "positions": jnp.zeros((batch, 2), jnp.int32),
-        "cache": None,
-        "attention_mask": jnp.ones((batch, 2, 2), bool),
-    }
-    model = qwix.apply_lora_to_model(base, provider, rngs=nnx.Rngs(params=seed, dropout=seed), **inputs)
+    # Positional: every family's model takes (tokens, positions, cache, attention_mask), under its own names.
+    inputs = (jnp.ones((batch, 2), jnp.int32), jnp.zeros((batch, 2), jnp.int32), None, jnp.ones((batch, 2, 2), bool))
+    model = qwix.apply_lora_to_model(base, provider, *inputs, rngs=nnx.Rngs(params=seed, dropout=seed))
     nnx.update(model, jax.tree.map(lambda x: x.astype(adapter_dtype), nnx.state(model, nnx.LoRAParam)))
     return model
 
@@ -254,15 +251,15 @@ def untrained_lora_model(
 
     import jax
 
-    from tpuforge_workloads.model import checkpoint_read, gemma4
+    from tpuforge_workloads.model import checkpoint_read, family
     from tpuforge_workloads.model.mesh import make_mesh
 
     m = read_manifest(checkpoint_uri)
     if m is None:
         raise ModelError(f"{checkpoint_uri}: no {MANIFEST_FILE}; not a tpuforge training checkpoint directory")
-    text = gemma4.parse_config(gemma4.read_config(base_model_uri), storage.join(base_model_uri, "config.json"))
+    text = family.read_decoder(base_model_uri)
     mesh = mesh or make_mesh(1, 1, jax.local_devices()[:1])
     lora = LoraSpec(rank=m.rank, alpha=m.alpha, dropout=0.0, target_modules=m.target_modules)
     with jax.set_mesh(mesh):
-        base = checkpoint_read.load_model(base_model_uri, text, gemma4.tunix_config(text), mesh)
+        base = checkpoint_read.load_model(base_model_uri, text, family.of(text).tunix_config(text), mesh)
     return apply_lora(base, lora, mesh, seed=0)

@@ -67,13 +67,18 @@ class PerChip:
 
 
 def extrapolate(probes: list[CompiledStep], layer_types: tuple[str, ...]) -> PerChip:
-    """The whole decoder's per-chip figures from the three small compiles, [sliding], [sliding, sliding]
-    and [sliding, global] (see the module docstring)."""
-    base, two_sliding, mixed = (PerChip.of(p) for p in probes)
-    per_sliding = two_sliding.minus(base)
-    per_global = mixed.minus(base)
-    sliding = sum(1 for t in layer_types if t == "sliding_attention")
-    whole = base.plus(per_sliding, max(0, sliding - 1)).plus(per_global, len(layer_types) - sliding)
+    """The whole decoder's per-chip figures from the small compiles: [sliding], [sliding, sliding] and
+    [sliding, global] (see the module docstring), or for a decoder of global layers only [global] and
+    [global, global]."""
+    if len(probes) == 2:
+        base, two = (PerChip.of(p) for p in probes)
+        whole = base.plus(two.minus(base), len(layer_types) - 1)
+    else:
+        base, two_sliding, mixed = (PerChip.of(p) for p in probes)
+        per_sliding = two_sliding.minus(base)
+        per_global = mixed.minus(base)
+        sliding = sum(1 for t in layer_types if t == "sliding_attention")
+        whole = base.plus(per_sliding, max(0, sliding - 1)).plus(per_global, len(layer_types) - sliding)
     return dataclasses.replace(whole, code_bytes=min(whole.code_bytes, CODE_PROBES * max(p.code_bytes for p in probes)))
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from tpuforge.api import TrainConfig
 from tpuforge.api.catalog import TpuSlice
-from tpuforge_workloads.model import gemma4
+from tpuforge_workloads.model.decoder import Decoder
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.preflight import estimate as est
 from tpuforge_workloads.preflight.step import GIB, CompiledStep, compile_train_step, with_layers
@@ -17,6 +17,8 @@ from tpuforge_workloads.preflight.topology import slice_devices, topology_name
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
 # The three small decoders whose differences give a sliding and a global layer's cost (estimate.py).
 PROBES = ((SLIDING,), (SLIDING, SLIDING), (SLIDING, GLOBAL))
+# A decoder whose layers are all alike (Qwen3: every layer global): one layer, then two.
+UNIFORM_PROBES = ((GLOBAL,), (GLOBAL, GLOBAL))
 
 
 def _sig(x: float) -> float:
@@ -96,18 +98,19 @@ class Report:
 
 
 def compiled_figures(
-    text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, total_steps: int, whole: bool, capacity_bytes: float
+    text: Decoder, config: TrainConfig, mesh: Any, total_steps: int, whole: bool, capacity_bytes: float
 ) -> tuple[est.PerChip, list[CompiledStep], bool]:
     """The whole decoder's per-chip figures: one whole-model compile, or the three probes extrapolated.
     A model of no more layers than a probe is compiled whole: one compile instead of three.
     The third value is False when the first probe alone (one layer: a lower bound of the whole model)
     already needs more than `capacity_bytes`, or libtpu refused a compile for want of HBM; the figures
     are then that compile's, and nothing more is compiled."""
-    if whole or len(text.layer_types) <= max(len(p) for p in PROBES):
+    probes = PROBES if SLIDING in text.layer_types else UNIFORM_PROBES
+    if whole or len(text.layer_types) <= max(len(p) for p in probes):
         c = compile_train_step(text, config, mesh, total_steps)
         return est.PerChip.of(c), [c], not c.out_of_hbm
     steps: list[CompiledStep] = []
-    for probe in PROBES:
+    for probe in probes:
         steps.append(compile_train_step(with_layers(text, probe), config, mesh, total_steps))
         if steps[-1].out_of_hbm or (len(steps) == 1 and steps[0].hbm_bytes > capacity_bytes):
             return est.PerChip.of(steps[-1]), steps, False
@@ -115,7 +118,7 @@ def compiled_figures(
 
 
 def preflight(
-    text: gemma4.Gemma4Text,
+    text: Decoder,
     config: TrainConfig,
     slc: TpuSlice,
     total_steps: int,

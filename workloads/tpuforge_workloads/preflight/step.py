@@ -1,6 +1,6 @@
 """The trainer's train step, compiled for a mesh of compile-only devices, from the model's config alone.
 
-Nothing here has its own step: the model is the trainer's (Tunix Gemma 4 with Qwix adapters, remat as
+Nothing here has its own step: the model is the trainer's (the family's Tunix model with Qwix adapters, remat as
 configured), the trainer is `train.trainer.make_trainer` (optimizer, gradient accumulation, model inputs), and
 the compiled function is that trainer's `create_train_step_fn()`, jitted as the trainer jits it
 (`jit_train_step`: model and optimizer donated). The model and optimizer are built inside nnx.eval_shape, so
@@ -17,7 +17,8 @@ from typing import Any
 
 from tpuforge.api import TrainConfig
 from tpuforge_workloads.data.pipeline import BATCH_ARRAYS
-from tpuforge_workloads.model import gemma4, lora
+from tpuforge_workloads.model import family, lora
+from tpuforge_workloads.model.decoder import Decoder, check_sharding
 from tpuforge_workloads.runtime import compile_cache
 
 GIB = 1024**3
@@ -60,12 +61,17 @@ class CompiledStep:
         return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.code_bytes
 
 
-def with_layers(text: gemma4.Gemma4Text, layer_types: tuple[str, ...]) -> gemma4.Gemma4Text:
-    """The same decoder with these layers only (the preflight compiles small decoders and extrapolates)."""
+def with_layers(text: Decoder, layer_types: tuple[str, ...]) -> Decoder:
+    """The same decoder with these layers only (the preflight compiles small decoders and extrapolates). A
+    decoder whose config states no layer types (Qwen3: all global) takes its own kind only."""
     unknown = set(layer_types) - {"sliding_attention", "full_attention"}
     if not layer_types or unknown:
         raise ValueError(f"layer_types must be sliding_attention/full_attention, at least one; got {layer_types}")
-    return dataclasses.replace(text, num_layers=len(layer_types), layer_types=tuple(layer_types))
+    if "layer_types" in {f.name for f in dataclasses.fields(text)}:  # type: ignore[arg-type]
+        return dataclasses.replace(text, num_layers=len(layer_types), layer_types=tuple(layer_types))  # type: ignore[type-var]
+    if set(layer_types) != set(text.layer_types):
+        raise ValueError(f"a {text.family} decoder has {set(text.layer_types)} layers only; got {layer_types}")
+    return dataclasses.replace(text, num_layers=len(layer_types))  # type: ignore[type-var]
 
 
 class NoCheckpoints:
@@ -94,34 +100,32 @@ def _with_shardings(tree: Any, mesh: Any) -> Any:
     return jax.tree.map(place, tree, specs, is_leaf=lambda v: isinstance(v, jax.ShapeDtypeStruct))
 
 
-def lower_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, total_steps: int) -> Any:
+def lower_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_steps: int) -> Any:
     """The trainer's step for `text` (config.json's decoder, possibly cut to fewer layers), traced and
     lowered for `mesh` (real devices, or a TPU topology's compile-only devices) at the job's micro-batch
     shape, from shapes alone. Call under `jax.set_mesh(mesh)` and `mesh` (compile_train_step does)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
-    from tunix.models.gemma4 import model as gm
 
-    from tpuforge_workloads.model import attention
     from tpuforge_workloads.train.trainer import jit_train_step, make_trainer
 
-    cfg = gemma4.tunix_config(text)
+    fam = family.of(text)
     t = config.training
     trainers: list[Any] = []
 
     def build() -> tuple[Any, Any]:
-        base = attention.install(gm.Gemma4(cfg, rngs=nnx.Rngs(params=0)))
+        base = fam.install_attention(fam.build(text))
         model = lora.add_adapters(base, config.lora, mesh.shape["fsdp"], t.seed)
         if config.lora.dropout > 0:
             lora.attach_dropout_stream(model, t.seed)
-        gemma4.set_remat(model, t.remat)
+        fam.set_remat(model, t.remat)
         trainer = make_trainer(model, config, total_steps, NoCheckpoints())
         trainers.append(trainer)
         return model, trainer.optimizer
 
     model, optimizer = nnx.eval_shape(build)
-    gemma4.check_sharding(nnx.state(model), mesh)
+    check_sharding(nnx.state(model), mesh)
     graph_m, state_m = nnx.split(model)
     graph_o, state_o = nnx.split(optimizer)
     model = nnx.merge(graph_m, _with_shardings(state_m, mesh))
@@ -146,7 +150,7 @@ def lowered_flops(lowered: Any) -> float:
     return float((cost or {}).get("flops", 0.0))
 
 
-def compile_train_step(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any, total_steps: int) -> CompiledStep:
+def compile_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_steps: int) -> CompiledStep:
     """Compile the trainer's step (`lower_train_step`) for `mesh`, and say what XLA says of it per chip.
     With config.compile_cache_uri set, the compiled step is stored there under the run's key
     (compile_cache.py), where the trainer looks for it (and loaded from there if already stored)."""

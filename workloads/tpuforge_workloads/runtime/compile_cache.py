@@ -44,7 +44,7 @@ from typing import Any
 
 from tpuforge.api import TrainConfig
 from tpuforge_workloads import storage
-from tpuforge_workloads.model import gemma4
+from tpuforge_workloads.model.decoder import Decoder
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def key_inputs(text: gemma4.Gemma4Text, config: TrainConfig, total_steps: int, devices: Any) -> dict[str, Any]:
+def key_inputs(text: Decoder, config: TrainConfig, total_steps: int, devices: Any) -> dict[str, Any]:
     """Everything that changes the compiled step, as the trainer and the preflight both know it: `devices`
     are the mesh's (real, or a TPU topology's compile-only ones), `total_steps` the schedule's length the
     step is built with."""
@@ -77,7 +77,7 @@ def key_inputs(text: gemma4.Gemma4Text, config: TrainConfig, total_steps: int, d
             "hosts": len({d.process_index for d in flat}),
         },
         "mesh": config.mesh.model_dump(by_alias=True),
-        "model": {"name": config.model_name, **dataclasses.asdict(text)},
+        "model": {"name": config.model_name, **dataclasses.asdict(text)},  # type: ignore[call-overload]
         "lora": config.lora.model_dump(by_alias=True),
         # Early stopping decides when the loop ends, not what the step computes.
         "training": config.training.model_dump(by_alias=True, exclude={"early_stopping"}),

@@ -33,7 +33,7 @@ from tpuforge.api.constants import (
     TERMINATION_PREEMPTED,
 )
 from tpuforge_workloads import storage
-from tpuforge_workloads.model import gemma4
+from tpuforge_workloads.model.decoder import ModelError
 from tpuforge_workloads.runtime import tensorboard as tensorboard_log
 from tpuforge_workloads.runtime import termination, tpu_access
 from tpuforge_workloads.runtime.progress import METRICS_ADDR_ENV, RunProgress, RunSummary, StatusReporter, TrainMetrics
@@ -236,7 +236,7 @@ def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts
         code = EXIT_PREEMPTED
         step = _latest_checkpoint(c.checkpoint.uri)
         message = f"{TERMINATION_PREEMPTED} before training started; latest checkpoint: step {step or 0}"
-    except (BadInput, gemma4.ModelError) as e:
+    except (BadInput, ModelError) as e:
         code, message = EXIT_BAD_CONFIG, f"Bad config: {e}"
     except HostsError as e:  # a host did not join the slice (named)
         log.error("%s", e)

@@ -34,7 +34,8 @@ from tpuforge_workloads.data.pipeline import (
     real_tokens,
     to_global,
 )
-from tpuforge_workloads.model import checkpoint_read, gemma4, lora
+from tpuforge_workloads.model import checkpoint_read, family, lora
+from tpuforge_workloads.model.decoder import check_sharding
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.runtime import compile_cache
 from tpuforge_workloads.runtime.progress import RunProgress
@@ -212,11 +213,10 @@ def build_model(
 ) -> Any:
     """Base model from model.uri on the mesh, with LoRA adapters stored in `adapter_dtype`. Each process
     reads only its share of the checkpoint (checkpoint_read.py); `timings` gets the bytes it read."""
-    cfg = gemma4.tunix_config(plan.text)
-    from tunix.models.gemma4 import model as gm
-
-    abstract = nnx.eval_shape(lambda: gm.Gemma4(cfg, rngs=nnx.Rngs(params=0)))
-    gemma4.check_sharding(nnx.state(abstract), mesh)
+    fam = family.of(plan.text)
+    cfg = fam.tunix_config(plan.text)
+    abstract = nnx.eval_shape(lambda: fam.build(plan.text))
+    check_sharding(nnx.state(abstract), mesh)
     started = time.monotonic()
     with jax.set_mesh(mesh):
         base = checkpoint_read.load_model(plan.config.model_uri, plan.text, cfg, mesh, timings)
@@ -233,8 +233,8 @@ def adapt_for_training(
     """The base model as the trainer trains it: LoRA adapters on the configured targets (in `adapter_dtype`),
     remat as configured, every array laid out by its partition spec."""
     model = lora.apply_lora(base, config.lora, mesh, seed=config.training.seed, adapter_dtype=adapter_dtype)
-    gemma4.check_sharding(nnx.state(model, nnx.LoRAParam), mesh)
-    gemma4.set_remat(model, config.training.remat)
+    check_sharding(nnx.state(model, nnx.LoRAParam), mesh)
+    family.of_model(base).set_remat(model, config.training.remat)
     place_by_specs(model, mesh)
     return model
 

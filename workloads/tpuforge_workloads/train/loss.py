@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from tpuforge_workloads.model import lora
+from tpuforge_workloads.model import attention, lora
 
 
 def token_nll(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -38,7 +38,7 @@ def nll_sum_and_count(
 ) -> tuple[jax.Array, jax.Array]:
     """The batch's summed NLL and loss-target count: position t predicts token t+1 where input_mask[t+1]."""
     with lora.adapters_in_compute_dtype(model):
-        logits, _ = model(input_tokens, positions, None, attention_mask)
+        logits, _ = model(input_tokens, positions, None, attention.for_model(model, attention_mask))
     return token_nll(logits[:, :-1], input_tokens[:, 1:], input_mask[:, 1:])
 
 

@@ -21,7 +21,8 @@ from tpuforge_workloads.data.chat import ChatEncoder, TokenizerError, read_token
 from tpuforge_workloads.data.pipeline import BatchSpec, DataStats, Example, count_batches, prepare_examples
 from tpuforge_workloads.data.records import DatasetError, Record, read_dataset
 from tpuforge_workloads.data.split import split
-from tpuforge_workloads.model import gemma4, lora
+from tpuforge_workloads.model import family, lora
+from tpuforge_workloads.model.decoder import Decoder, ModelError, mesh_errors
 from tpuforge_workloads.train.samples import SamplePrompt, pick_prompts
 
 
@@ -33,7 +34,7 @@ class BadInput(ValueError):
 class Plan:
     config: TrainConfig
     shape: ModelShape
-    text: gemma4.Gemma4Text
+    text: Decoder
     tokenizer: Tokenizer
     encoder: ChatEncoder
     examples: list[Example]
@@ -78,7 +79,7 @@ def make_plan(config: TrainConfig, write_manifest: bool = True) -> Plan:
     """`write_manifest`: False on all but one process of a multi-host slice (they only check it)."""
     try:
         return _make_plan(config, write_manifest)
-    except (gemma4.ModelError, DatasetError, TokenizerError) as e:
+    except (ModelError, DatasetError, TokenizerError) as e:
         raise BadInput(str(e)) from e
 
 
@@ -94,9 +95,9 @@ def _make_plan(config: TrainConfig, write_manifest: bool) -> Plan:
         raise BadInput(f"lora.targetModules: {unknown} are not {shape.family} modules; use {list(shape.lora_targets)}")
 
     config_uri = storage.join(config.model_uri, "config.json")
-    text = gemma4.parse_config(gemma4.read_config(config.model_uri), config_uri)
-    gemma4.check_against_catalog(text, shape, config_uri)
-    mesh_problems = gemma4.mesh_errors(text, config.mesh.fsdp, config.mesh.tp)
+    text = family.read_decoder(config.model_uri)
+    family.check_against_catalog(text, shape, config_uri)
+    mesh_problems = mesh_errors(text, config.mesh.fsdp, config.mesh.tp)
     if mesh_problems:
         raise BadInput("; ".join(mesh_problems))
 

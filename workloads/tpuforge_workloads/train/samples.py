@@ -144,6 +144,7 @@ def _decode(
     from flax import nnx
 
     from tpuforge_workloads.data.pipeline import model_inputs
+    from tpuforge_workloads.model import attention
     from tpuforge_workloads.model.lora_provider import without_dropout
 
     adapters = jax.tree.map(lambda x: x.astype(dtype), adapters)
@@ -156,7 +157,7 @@ def _decode(
         model = nnx.merge(graphdef, adapters, rest)
         x = model_inputs({"input_tokens": toks, "input_mask": toks, "segment_ids": segment_ids, "positions": positions})
         with without_dropout():
-            logits, _ = model(toks, x["positions"], None, x["attention_mask"])
+            logits, _ = model(toks, x["positions"], None, attention.for_model(model, x["attention_mask"]))
         at = lengths + i  # where this iteration's token goes
         last = jnp.clip(at - 1, 0, length - 1)
         nxt = jnp.argmax(logits[row_index, last].astype(jnp.float32), axis=-1).astype(toks.dtype)

@@ -1,7 +1,7 @@
 """The ServingDeployment controller's wiring on the runtime, without a cluster: a listener that comes after the
 first LIST hears the store, a kind installed later says so, the echo of its own status write asks for no
 reconcile, and a child it just created asks for none either. (Against a real apiserver:
-tests/integration/test_servingdeployment.py.)"""
+tests/operator/controllers/serving/test_servingdeployment.py.)"""
 
 from __future__ import annotations
 
