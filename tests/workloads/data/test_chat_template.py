@@ -1,4 +1,4 @@
-"""data/chat.py's Gemma 4 turn format against Gemma 4's published chat template (tests/fixtures/chat_templates),
+"""data/chat.py's formats against their chat templates: Gemma 4's published one (tests/fixtures/chat_templates)
 rendered by transformers' apply_chat_template with thinking off, token for token: the training rows, the
 evaluation's prompts and vLLM's serving prompts (rendered with the template the tiny model ships) agree."""
 
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.fixtures.conversations import CONVERSATIONS
-from tpuforge_workloads.data.chat import ChatEncoder, strip_thinking
+from tpuforge_workloads.data.chat import ChatEncoder, split_think_block, strip_thinking
 from tpuforge_workloads.data.records import Message
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "fixtures" / "chat_templates" / "gemma-4-31B-it.jinja"
@@ -154,4 +154,99 @@ def test_kept_thinking_is_the_published_templates_thinking_prompt_and_the_models
     assert ids.tolist() == _ids(hf_tokenizer, prompt + produced + "\n")
     learned = hf_tokenizer.decode([int(i) for i in ids[mask]], skip_special_tokens=False)
     earlier = [strip_thinking(m.content) + "<turn|>" for m in history if m.role == "assistant"]
+    assert learned == "".join(earlier) + produced
+
+
+# ChatML (Qwen3): the template qwen3-tiny ships is Qwen3-8B's without its tool branches. Thinking is written
+# the Qwen3 way here: a <think> block in the content, or the reasoning beside it.
+CHATML_CONVERSATIONS = {
+    **CONVERSATIONS,
+    "a think block in an earlier answer": (
+        Message("system", "Answer with a number."),
+        Message("user", "2 + 2?"),
+        Message("assistant", "<think>\nadd them\n</think>\n\n4"),
+        Message("user", "and 3 + 3?"),
+        Message("assistant", "\n\n6"),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def qwen3_tokenizer(tiny_qwen3_model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_qwen3_model_dir))
+
+
+def _chatml_encoder(model_dir: Path, keep_thinking: bool = False) -> ChatEncoder:
+    from tokenizers import Tokenizer
+
+    return ChatEncoder(Tokenizer.from_file(str(model_dir / "tokenizer.json")), keep_thinking=keep_thinking)
+
+
+@pytest.mark.parametrize("name", CHATML_CONVERSATIONS)
+def test_the_chatml_format_is_qwen3s_template_token_for_token(
+    name: str, qwen3_tokenizer: Any, tiny_qwen3_model_dir: Path
+) -> None:
+    encoder = _chatml_encoder(tiny_qwen3_model_dir)
+    assert encoder.format.name == "chatml" and encoder.tokens.bos is None
+    conversation = CHATML_CONVERSATIONS[name]
+    history, answer = conversation[:-1], conversation[-1]
+    rows = [{"role": m.role, "content": m.content} for m in history]
+    # The prompt the model answers, thinking off, closes an empty think block; no <bos>.
+    prompt = qwen3_tokenizer.apply_chat_template(
+        rows, add_generation_prompt=True, enable_thinking=False, tokenize=False
+    )
+    assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert encoder.prompt(history).tolist() == _ids(qwen3_tokenizer, prompt)
+    # The whole conversation as the template renders it is that prompt, the answer and the end of its turn.
+    whole = _render(qwen3_tokenizer, conversation, None, generation=False)
+    assert whole == prompt + split_think_block(answer.content)[1].lstrip("\n") + "<|im_end|>\n"
+    ids, mask = encoder.encode(conversation)
+    assert ids.tolist() == _ids(qwen3_tokenizer, whole)
+    learned = qwen3_tokenizer.decode([int(i) for i in ids[mask]], skip_special_tokens=False)
+    answers = [split_think_block(m.content)[1] for m in conversation if m.role == "assistant"]
+    answers[-1] = answers[-1].lstrip("\n")
+    assert learned == "".join(a + "<|im_end|>" for a in answers)
+    # Earlier turns, as history: the think block dropped.
+    more = (*conversation, Message("user", "Thanks."))
+    ids, _ = encoder.encode(more)
+    assert ids.tolist() == _ids(qwen3_tokenizer, _render(qwen3_tokenizer, more, None, generation=False))
+
+
+CHATML_THINKING = {
+    "reasoning beside the answer": (
+        Message("user", "What is 2 + 2?"),
+        Message("assistant", "4.", "Two and two make four."),
+    ),
+    "a think block in the answer, another in history": (
+        Message("system", "Answer with a number."),
+        Message("user", "2 + 2?"),
+        Message("assistant", "<think>\nadd them\n</think>\n\n4"),
+        Message("user", "and (3 + 3)?"),
+        Message("assistant", "<think>\nThree and three:\n six.\n</think>\n\n6"),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", CHATML_THINKING)
+def test_kept_thinking_in_chatml_is_the_think_block_qwen3_renders_and_generates(
+    name: str, qwen3_tokenizer: Any, tiny_qwen3_model_dir: Path
+) -> None:
+    encoder = _chatml_encoder(tiny_qwen3_model_dir, keep_thinking=True)
+    conversation = CHATML_THINKING[name]
+    history, answer = conversation[:-1], conversation[-1]
+    rows = [{"role": m.role, "content": m.content} for m in history]
+    prompt = qwen3_tokenizer.apply_chat_template(rows, add_generation_prompt=True, tokenize=False)
+    assert prompt.endswith("<|im_start|>assistant\n")
+    thinking, content = (answer.thinking, answer.content) if answer.thinking else split_think_block(answer.content)
+    produced = f"<think>\n{thinking}\n</think>\n\n{content}<|im_end|>"
+    # The template renders the conversation's last answer so, from its reasoning_content or its think block.
+    final = {"role": "assistant", "content": answer.content, "reasoning_content": answer.thinking or None}
+    whole = qwen3_tokenizer.apply_chat_template([*rows, final], tokenize=False)
+    assert whole == prompt + produced + "\n"
+    ids, mask = encoder.encode(conversation)
+    assert ids.tolist() == _ids(qwen3_tokenizer, whole)
+    learned = qwen3_tokenizer.decode([int(i) for i in ids[mask]], skip_special_tokens=False)
+    earlier = [split_think_block(m.content)[1] + "<|im_end|>" for m in history if m.role == "assistant"]
     assert learned == "".join(earlier) + produced

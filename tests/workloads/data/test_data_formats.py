@@ -192,7 +192,9 @@ def test_keeping_thinking_needs_a_thought_channel() -> None:
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.add_special_tokens(list(vocab))
     ChatEncoder(tok)
-    with pytest.raises(TokenizerError, match=r"dataset\.keepThinking: the tokenizer has no Gemma 4 thought channel"):
+    with pytest.raises(
+        TokenizerError, match=r"dataset\.keepThinking: the tokenizer \(gemma format\) has no thought markers"
+    ):
         ChatEncoder(tok, keep_thinking=True)
 
 

@@ -30,6 +30,11 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</t
 PAD = EOS = 0
 IM_END = 2
 MAX_POSITIONS = 4096
+# Qwen3's pre-tokenizer split (its tokenizer.json), before the byte-level mapping: a run of newlines is one
+# piece, apart from the text around it, so text encoded piece by piece tokenizes as the whole does.
+PRE_TOKENIZER_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # Qwen3's published chat template (Qwen/Qwen3-8B tokenizer_config.json) without its tool-calling branches:
 # thinking is kept on assistant turns after the last user message (the answer being generated), dropped from
 # earlier ones, and `enable_thinking=false` closes an empty <think> block in the generation prompt.
@@ -37,10 +42,11 @@ CHAT_TEMPLATE = (
     "{%- if messages[0].role == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}"
     "{%- endif %}"
-    "{%- set ns = namespace(last_query_index=messages|length - 1) %}"
+    "{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}"
     "{%- for message in messages[::-1] %}"
     "{%- set index = (messages|length - 1) - loop.index0 %}"
-    "{%- if message.role == 'user' and ns.last_query_index == messages|length - 1 %}"
+    "{%- if ns.multi_step_tool and message.role == 'user' %}"
+    "{%- set ns.multi_step_tool = false %}"
     "{%- set ns.last_query_index = index %}"
     "{%- endif %}"
     "{%- endfor %}"
@@ -133,11 +139,16 @@ def random_weights(shape: ModelShape, seed: int) -> dict[str, np.ndarray]:
 
 
 def train_tokenizer(vocab_size: int, corpus: str = "chat") -> Any:
-    """A byte-level BPE with Qwen3's special tokens first; like Qwen3's, it adds no <bos>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """A byte-level BPE with Qwen3's pre-tokenizer and special tokens first; like Qwen3's, it adds no <bos>."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRE_TOKENIZER_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
