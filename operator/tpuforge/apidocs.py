@@ -123,4 +123,11 @@ def render() -> str:
         "the preflight's compile of a job has the last word. A Qwen3 model has no sliding layers: all of its layers "
         "count as global here."
     )
+    families: dict[str, tuple[str, ...]] = {}
+    for m in MODELS.values():
+        families.setdefault(m.family, m.lora_targets)
+    out.append(
+        "\nLoRA targets (`spec.lora.targetModules`) by family; the default, Gemma 4's, stands for the model's own:\n"
+    )
+    out += [f"- {family}: {', '.join(f'`{t}`' for t in targets)}" for family, targets in families.items()]
     return "\n".join(out) + "\n"

@@ -342,12 +342,6 @@ _GEMMA4_MOE_UNSUPPORTED = (
     "for the experts' stacked gate_up_proj/down_proj; it is in the catalog for sizing (shape, slice, cost)"
 )
 
-_QWEN3_UNSUPPORTED = (
-    "tpuforge loads, trains, merges, exports and serves Qwen3 (tests on qwen3-tiny), but the trainer's chat "
-    "encoding is Gemma's turn format and Qwen3's ChatML is not written yet; it is in the catalog for sizing "
-    "(shape, slice, cost)"
-)
-
 
 def _published(model_id: str, **fields: Any) -> ModelShape:
     """A real model's entry: its shape from its recorded config.json (HF_CONFIGS), the rest given here."""
@@ -375,8 +369,6 @@ _QWEN3_TINY = ModelShape(
     lora_targets=QWEN3_LORA_TARGETS,
     k_eq_v=False,
     tied_embeddings=False,
-    stages=(),
-    unsupported_because=_QWEN3_UNSUPPORTED,
 )
 
 MODELS: dict[str, ModelShape] = {
@@ -403,8 +395,6 @@ MODELS: dict[str, ModelShape] = {
             "qwen3-8b",
             lora_targets=QWEN3_LORA_TARGETS,
             hf_repo="Qwen/Qwen3-8B",
-            stages=(),
-            unsupported_because=_QWEN3_UNSUPPORTED,
             train_slice="v6e-4",
         ),
         _TINY,

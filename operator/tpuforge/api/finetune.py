@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from tpuforge.api.base import ApiModel, PodResources
-from tpuforge.api.catalog import GEMMA4_LORA_TARGETS, Dtype
+from tpuforge.api.catalog import GEMMA4_LORA_TARGETS, MODELS, Dtype
 from tpuforge.api.code_eval import CodeEvalSpec
 from tpuforge.api.constants import (
     DEFAULT_EVALUATOR_IMAGE,
@@ -95,7 +95,8 @@ class LoraSpec(ApiModel):
     target_modules: list[str] = Field(
         default_factory=lambda: list(GEMMA4_LORA_TARGETS),
         min_length=1,
-        description="Modules that get a LoRA adapter (Tunix Gemma 4 names).",
+        description="Modules that get a LoRA adapter, by the model's Tunix names. The default is Gemma 4's; on a "
+        "model of another family it stands for that model's own (docs/api.md's model catalog lists them).",
     )
 
 
@@ -411,3 +412,13 @@ class FineTuneJobSpec(ApiModel):
         "evaluation), bound (Workload Identity) to an identity that may read the model and dataset and write the "
         "checkpoint and output buckets. `default` cannot, on GKE.",
     )
+
+    @model_validator(mode="after")
+    def _model_lora_targets(self) -> FineTuneJobSpec:
+        """The default targets (the CRD's, Gemma 4's names, which the apiserver fills in) on a model of another
+        family are that model's targets: no model but Gemma 4 has modules by those names."""
+        shape = MODELS.get(self.model.name)
+        default = list(GEMMA4_LORA_TARGETS)
+        if shape is not None and self.lora.target_modules == default and list(shape.lora_targets) != default:
+            self.lora = self.lora.model_copy(update={"target_modules": list(shape.lora_targets)})
+        return self

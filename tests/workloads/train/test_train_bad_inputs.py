@@ -73,8 +73,8 @@ def resume_with_another_alpha(tmp: Path, cfg: TrainConfig) -> str:
 
 
 def model_not_yet_trained(tmp: Path, cfg: TrainConfig) -> str:
-    cfg.model_name = "qwen3-8b"  # in the catalog for sizing; the trainer refuses it before reading anything
-    return "modelName qwen3-8b: the trainer does not support it yet"
+    cfg.model_name = "gemma4-26b-a4b"  # in the catalog for sizing; the trainer refuses it before reading anything
+    return "modelName gemma4-26b-a4b: the trainer does not support it yet"
 
 
 CASES: list[Callable[[Path, TrainConfig], str]] = [
