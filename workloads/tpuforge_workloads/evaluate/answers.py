@@ -45,14 +45,21 @@ def max_lora_rank(rank: int) -> int:
     return fits[0]
 
 
-def prompt_lengths(model_dir: Path, prompts: list[list[dict[str, str]]]) -> list[int]:
+def template_kwargs(thinking: bool) -> dict[str, Any]:
+    """The chat template's arguments: thinking as the model was trained (spec.dataset.keepThinking). Gemma 4's
+    template thinks only when asked, Qwen3's unless told not to: both are told."""
+    return {"enable_thinking": thinking}
+
+
+def prompt_lengths(model_dir: Path, prompts: list[list[dict[str, str]]], thinking: bool = False) -> list[int]:
     """Tokens of each prompt after the chat template (with the generation prompt), counted with the
     tokenizer's special tokens added on top: vLLM's renderer may add them to the template's text, so this is
     the most it can be (the context length is sized from it)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False) for p in prompts]
+    kw = template_kwargs(thinking)
+    texts = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False, **kw) for p in prompts]
     return [len(tokenizer(text)["input_ids"]) for text in texts]
 
 
@@ -71,8 +78,24 @@ def engine_args(model_dir: Path, rank: int, max_model_len: int, cpu: bool) -> di
     return args
 
 
+@dataclass(frozen=True)
+class _Chat:
+    """The prompts, asked of one engine with the template's arguments, of the base or of base + adapter."""
+
+    llm: Any
+    prompts: list[list[dict[str, str]]]
+    thinking: bool
+
+    def ask(self, params: Any, adapter_dir: Path | None = None) -> Any:
+        lora = None if adapter_dir is None else _lora(adapter_dir)
+        kw = template_kwargs(self.thinking)
+        return self.llm.chat(self.prompts, params, use_tqdm=False, lora_request=lora, chat_template_kwargs=kw)
+
+
 @contextmanager
-def _engine(base_dir: Path, rank: int, prompts: list[list[dict[str, str]]], max_new_tokens: int) -> Iterator[Any]:
+def _engine(
+    base_dir: Path, rank: int, prompts: list[list[dict[str, str]]], max_new_tokens: int, thinking: bool
+) -> Iterator[_Chat]:
     """One vLLM engine with LoRA enabled, sized for the longest prompt plus `max_new_tokens`."""
     from vllm import LLM
     from vllm.platforms import current_platform
@@ -81,10 +104,10 @@ def _engine(base_dir: Path, rank: int, prompts: list[list[dict[str, str]]], max_
     if cpu:
         for key, value in CPU_ENV.items():
             os.environ.setdefault(key, value)
-    longest = max(prompt_lengths(base_dir, prompts))
+    longest = max(prompt_lengths(base_dir, prompts, thinking))
     llm = LLM(**engine_args(base_dir, rank, longest + max_new_tokens, cpu))
     try:
-        yield llm
+        yield _Chat(llm, prompts, thinking)
     finally:
         # Stop the engine's processes now: left to interpreter exit, after an error, they can keep the
         # program from ending.
@@ -97,13 +120,13 @@ def _lora(adapter_dir: Path) -> Any:
     return LoRARequest(ADAPTER_NAME, 1, str(adapter_dir))
 
 
-def _greedy(llm: Any, adapter_dir: Path, prompts: list[list[dict[str, str]]], max_new_tokens: int) -> Answers:
+def _greedy(chat: _Chat, adapter_dir: Path, max_new_tokens: int) -> Answers:
     from vllm import SamplingParams
 
     started = time.monotonic()
     params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, seed=0)
-    base = llm.chat(prompts, params, use_tqdm=False)
-    adapter = llm.chat(prompts, params, use_tqdm=False, lora_request=_lora(adapter_dir))
+    base = chat.ask(params)
+    adapter = chat.ask(params, adapter_dir)
     return Answers(
         base=[o.outputs[0].text for o in base],
         adapter=[o.outputs[0].text for o in adapter],
@@ -112,10 +135,15 @@ def _greedy(llm: Any, adapter_dir: Path, prompts: list[list[dict[str, str]]], ma
 
 
 def generate(
-    base_dir: Path, adapter_dir: Path, rank: int, prompts: list[list[dict[str, str]]], max_new_tokens: int
+    base_dir: Path,
+    adapter_dir: Path,
+    rank: int,
+    prompts: list[list[dict[str, str]]],
+    max_new_tokens: int,
+    thinking: bool = False,
 ) -> Answers:
-    with _engine(base_dir, rank, prompts, max_new_tokens) as llm:
-        return _greedy(llm, adapter_dir, prompts, max_new_tokens)
+    with _engine(base_dir, rank, prompts, max_new_tokens, thinking) as chat:
+        return _greedy(chat, adapter_dir, max_new_tokens)
 
 
 @dataclass(frozen=True)
@@ -139,6 +167,7 @@ def sample(
     prompts: list[list[dict[str, str]]],
     code: CodeEvalSpec,
     greedy_tokens: int | None = None,
+    thinking: bool = False,
 ) -> Samples:
     """`code.samplesPerProblem` answers per prompt at its temperature (unset: by the largest k) and topP, each
     with its finish_reason. Prompt i draws with seed `code.seed + i` for the base and for the adapter alike: a
@@ -158,10 +187,10 @@ def sample(
         for i in range(len(prompts))
     ]
     longest = max(code.max_new_tokens, greedy_tokens or 0)
-    with _engine(base_dir, rank, prompts, longest) as llm:
-        base = llm.chat(prompts, params, use_tqdm=False)
-        adapter = llm.chat(prompts, params, use_tqdm=False, lora_request=_lora(adapter_dir))
-        greedy = _greedy(llm, adapter_dir, prompts, greedy_tokens) if greedy_tokens else None
+    with _engine(base_dir, rank, prompts, longest, thinking) as chat:
+        base = chat.ask(params)
+        adapter = chat.ask(params, adapter_dir)
+        greedy = _greedy(chat, adapter_dir, greedy_tokens) if greedy_tokens else None
     return Samples(
         base=[[c.text for c in o.outputs] for o in base],
         adapter=[[c.text for c in o.outputs] for o in adapter],

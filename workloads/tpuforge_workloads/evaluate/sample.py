@@ -95,7 +95,7 @@ def run_sample(cfg: EvalConfig, out: Path, answers_out: Path | None = None) -> i
     base_dir, adapter_dir = fetch_models(cfg)
     prompts = [ex.prompt_json() for ex in examples]
     greedy_tokens = cfg.max_new_tokens if answers_out is not None else None
-    drawn = sample(base_dir, adapter_dir, info.rank, prompts, cfg.code, greedy_tokens)
+    drawn = sample(base_dir, adapter_dir, info.rank, prompts, cfg.code, greedy_tokens, cfg.data.keep_thinking)
     lines = sample_lines(examples, drawn)
     out.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
     if answers_out is not None and drawn.greedy is not None:

@@ -207,7 +207,7 @@ def run_score(
     elif "exactMatch" in cfg.metrics:
         base_dir, adapter_dir = fetch_models(cfg)
         prompts = [ex.prompt_json() for ex in examples]
-        answers = generate(base_dir, adapter_dir, info.rank, prompts, cfg.max_new_tokens)
+        answers = generate(base_dir, adapter_dir, info.rank, prompts, cfg.max_new_tokens, cfg.data.keep_thinking)
         log.info("%d x 2 greedy answers in %.1f s", len(examples), answers.seconds)
     lines = report_lines(examples, answers, losses, checked)
     result = metrics_of(cfg, examples, lines, losses, checked)
