@@ -56,6 +56,7 @@ from tpuforge.controllers.finetune.children import (
 from tpuforge.controllers.finetune.plan import ChildRef, Event, Observed, Plan, plan, status_patch
 from tpuforge.controllers.finetune.snapshot import Snapshot, finetunejob_informer
 from tpuforge.controllers.runtime.informer import Informer
+from tpuforge.controllers.runtime.status_writes import StatusWrites
 from tpuforge.controllers.runtime.workqueue import KeyedQueue
 from tpuforge.kube import async_client as kube_async
 from tpuforge.kube import client as kube_client
@@ -171,10 +172,7 @@ class FineTuneJobController:
         )
         self._api: kube_async.AsyncApi | None = None  # made on the event loop, in start()
         self._created: dict[tuple[str, str, str], float] = {}  # (owner uid, kind, name) -> when
-        # Our last status write per object: (resourceVersion it was based on, the new one, the new status).
-        # Until the watch brings the new version, the last event holds the old one; reading ours instead
-        # saves a second, doomed (409) write.
-        self._written: dict[Key, tuple[str, str, dict[str, Any]]] = {}
+        self.written: StatusWrites[Key] = StatusWrites()
 
     async def start(self) -> None:
         """Start the informers; return once each has its first LIST in memory, the children's first."""
@@ -204,8 +202,7 @@ class FineTuneJobController:
                 metrics.forget_finetunejob(before.namespace, before.name)
             return
         self.objects[key] = snap
-        written = self._written.get(key)
-        if written is not None and written[1] == snap.resource_version:
+        if self.written.is_echo(key, snap.resource_version):
             return  # the echo of our own status write: the reconcile that made it already saw this state
         self.queue.request(key)
 
@@ -213,12 +210,9 @@ class FineTuneJobController:
         snap = self.objects.get(key)
         if snap is None:
             return None
-        written = self._written.get(key)
+        written = self.written.current(key, snap.resource_version)
         if written is not None:
-            if written[0] == snap.resource_version:
-                snap = dataclasses.replace(snap, resource_version=written[1], status=written[2])
-            else:
-                self._written.pop(key, None)
+            snap = dataclasses.replace(snap, resource_version=written.resource_version, status=written.status)
         try:
             status = FineTuneJobStatus.model_validate(snap.status)
         except ValidationError as exc:
@@ -276,12 +270,7 @@ class FineTuneJobController:
                 return CONFLICT_RETRY_SECONDS
             if observed.status.phase != p.status.phase:
                 log.info("%s/%s: %s -> %s", snap.namespace, snap.name, observed.status.phase, p.status.phase)
-            meta = new.get("metadata") or {}
-            self._written[(snap.namespace, snap.uid)] = (
-                snap.resource_version,
-                meta.get("resourceVersion", ""),
-                new.get("status") or {},
-            )
+            self.written.record((snap.namespace, snap.uid), snap.resource_version, new)
         # After the status: an Event is only said once the transition it reports is recorded.
         await asyncio.gather(*(self.post_event(kube_api, snap, e) for e in p.events))
         if p.delete_self:
@@ -318,7 +307,7 @@ class FineTuneJobController:
 
     def forget(self, key: Key) -> None:
         self.queue.forget(key)
-        self._written.pop(key, None)
+        self.written.forget(key)
         self._created = {k: t for k, t in self._created.items() if k[0] != key[1]}
 
     async def close(self) -> None:

@@ -35,6 +35,7 @@ from tpuforge.api.constants import API_VERSION, SERVING_KIND
 from tpuforge.controllers.finetune.snapshot import Snapshot, finetunejob_informer
 from tpuforge.controllers.runtime import defaults
 from tpuforge.controllers.runtime.informer import Informer
+from tpuforge.controllers.runtime.status_writes import StatusWrites
 from tpuforge.controllers.runtime.workqueue import KeyedQueue
 from tpuforge.controllers.serving import adapters as adapters
 from tpuforge.controllers.serving import plan as plan
@@ -131,8 +132,7 @@ class ServingDeploymentController:
         else:
             finetunejobs.listen(self.finetunejob_changed)
         self._api: kube_async.AsyncApi | None = None  # made on the event loop, in start()
-        # Our last status write per object: (resourceVersion it was based on, the new one, the new status).
-        self._written: dict[Key, tuple[str, str, Obj]] = {}
+        self.written: StatusWrites[Key] = StatusWrites()
 
     async def start(self) -> None:
         """Start the informers; return once each has its first LIST in memory, the objects' last."""
@@ -159,12 +159,11 @@ class ServingDeploymentController:
             self._refs[key] = refs
         if after is None:
             metrics.forget_servingdeployment(*key)
-            self._written.pop(key, None)
+            self.written.forget(key)
             # Deleted too: that run finds it gone and drops its series, after any run still in flight.
             self.queue.request(key)
             return
-        written = self._written.get(key)
-        if written is not None and written[1] == after["metadata"]["resourceVersion"]:
+        if self.written.is_echo(key, after["metadata"]["resourceVersion"]):
             return  # the echo of our own status write: the reconcile that made it already saw this state
         self.queue.request(key)
 
@@ -200,13 +199,10 @@ class ServingDeploymentController:
         body = next(iter(self.servingdeployments.get(key)), None)
         if body is None:
             return None
-        written = self._written.get(key)
+        written = self.written.current(key, body["metadata"]["resourceVersion"])
         if written is not None:
-            if written[0] == body["metadata"]["resourceVersion"]:
-                meta = {**body["metadata"], "resourceVersion": written[1]}
-                body = {**body, "metadata": meta, "status": written[2]}
-            else:
-                self._written.pop(key, None)
+            meta = {**body["metadata"], "resourceVersion": written.resource_version}
+            body = {**body, "metadata": meta, "status": written.status}
         return body
 
     async def reconcile(self, key: Key) -> float | None:
@@ -316,11 +312,7 @@ class ServingDeploymentController:
             patch = p.status.model_dump(mode="json", by_alias=True)
             resource_version = body["metadata"]["resourceVersion"]
             new = await kube_api.patch_status(body, patch, resource_version)
-            self._written[key] = (
-                resource_version,
-                (new.get("metadata") or {}).get("resourceVersion", ""),
-                new.get("status") or {},
-            )
+            self.written.record(key, resource_version, new)
         await asyncio.gather(
             *(kube_api.post_event(body, type_, reason, message) for type_, reason, message in p.events)
         )

@@ -62,7 +62,8 @@ def test_the_echo_of_its_status_write_and_its_own_new_children_ask_for_no_reconc
         controller.queue.request = lambda key, delay=0.0: requested.append(key)  # type: ignore[method-assign]
         store = controller.servingdeployments
         store._put("u1", ("ns", "chat"), sdep("1"), "ns")  # new: reconciled
-        controller._written[("ns", "chat")] = ("1", "2", {"phase": "Pending"})
+        written = {"metadata": {"resourceVersion": "2"}, "status": {"phase": "Pending"}}
+        controller.written.record(("ns", "chat"), "1", written)
         # Until the echo arrives, the reconcile reads what it wrote.
         current = controller.current(("ns", "chat"))
         store._put("u1", ("ns", "chat"), sdep("2", {"phase": "Pending"}), "ns")  # the echo
