@@ -13,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
 from tpuforge_sandbox.demo.job import DemoError
-from tpuforge_sandbox.demo.scenarios import ADAPTERS, CAPITALS, CODE, QUEUE
+from tpuforge_sandbox.demo.scenarios import ADAPTERS, CAPITALS_BY_MODEL, CODE, QUEUE
 from tpuforge_sandbox.demo.session import DemoSession, run
 from tpuforge_sandbox.sandbox import Sandbox, SandboxError
 
@@ -30,6 +30,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         type=int,
         default=1,
         help="train on a slice of this many hosts (2: v5p-16, a JobSet of two pods, one JAX process each)",
+    )
+    p.add_argument(
+        "--model",
+        choices=sorted(CAPITALS_BY_MODEL),
+        default="gemma4-tiny",
+        help="the tiny model to fine-tune and serve (qwen3-tiny: the Qwen3 family, ChatML)",
     )
     p.add_argument(
         "--serve",
@@ -64,13 +70,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     sb = Sandbox(args.dir, log=lambda msg: console.print(msg, highlight=False, markup=False))
     alone = [flag for flag, on in (("--adapters", args.adapters), ("--eval", args.eval), ("--queue", args.queue)) if on]
     if alone:
-        if args.hosts != 1 or args.preempt or len(alone) > 1:
+        if args.hosts != 1 or args.preempt or args.model != "gemma4-tiny" or len(alone) > 1:
             console.print(f"tpuforge demo: {alone[0]} runs on its own (without other options)", style="bold red")
             return 2
         scenario = ADAPTERS if args.adapters else CODE if args.eval else QUEUE
         demo = DemoSession(sb, console, scenario, serve=True)
     else:
-        demo = DemoSession(sb, console, CAPITALS, preempt=args.preempt, serve=args.serve, hosts=args.hosts)
+        scenario = CAPITALS_BY_MODEL[args.model]
+        demo = DemoSession(sb, console, scenario, preempt=args.preempt, serve=args.serve, hosts=args.hosts)
     try:
         return run(demo)
     except (DemoError, SandboxError, TimeoutError, ApiException, OSError) as e:

