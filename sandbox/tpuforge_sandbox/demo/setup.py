@@ -139,10 +139,11 @@ def upload_data(s: DemoSession) -> None:
         s.say(f"{local.relative_to(s.root)} -> {uri}: {len(local.read_bytes().splitlines())} records")
 
 
-# The catalog's tiny models the demos write, by name: the module that writes one, and what it is.
+# The catalog's tiny models the demos write, by name: the module that writes one, what it is, and whether
+# it trains its tokenizer on a chosen text (--tokenizer).
 TINY_MODELS = {
-    "gemma4-tiny": ("tpuforge_workloads.tiny.gemma4", "the tiny Gemma 4"),
-    "qwen3-tiny": ("tpuforge_workloads.tiny.qwen3", "the tiny Qwen3"),
+    "gemma4-tiny": ("tpuforge_workloads.tiny.gemma4", "the tiny Gemma 4", True),
+    "qwen3-tiny": ("tpuforge_workloads.tiny.qwen3", "the tiny Qwen3", False),
 }
 
 
@@ -151,12 +152,12 @@ def write_model(s: DemoSession, name: str, uri: str, tokenizer: str = "chat") ->
     `tokenizer`'s text (Qwen3's on the chat text)."""
     if name not in TINY_MODELS:
         raise DemoError(f"spec.model.name {name!r}: the demo writes {sorted(TINY_MODELS)}")
-    module, what = TINY_MODELS[name]
+    module, what, chosen_text = TINY_MODELS[name]
     url = s.sb.gcs_url
     if gcs_objects.exists(url, f"{uri}/config.json"):
         s.say(f"{uri}: {what} is already there")
     else:
-        args = ["-m", module, "--out", uri, *(["--tokenizer", tokenizer] if name.startswith("gemma4") else [])]
+        args = ["-m", module, "--out", uri, *(["--tokenizer", tokenizer] if chosen_text else [])]
         run_tool(s, args, f"writing {what}")
     files = gcs_objects.list_objects(url, uri)
     s.say(f"{uri}: " + ", ".join(f"{o.name.rsplit('/', 1)[-1]} ({size(o.size)})" for o in files))

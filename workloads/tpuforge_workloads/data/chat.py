@@ -42,7 +42,10 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from tpuforge_workloads import storage
-from tpuforge_workloads.data.records import Message, split_thinking
+from tpuforge_workloads.data.records import CHANNEL_END, CHANNEL_START, Message, split_thinking
+
+GEMMA4_THOUGHT = (CHANNEL_START, CHANNEL_END)
+CHATML_THOUGHT = ("<think>", "</think>")
 
 
 def strip_thinking(text: str) -> str:
@@ -59,10 +62,6 @@ def split_think_block(text: str) -> tuple[str, str]:
         return "", text
     before, _, after = text.rpartition(CHATML_THOUGHT[1])
     return before.rstrip("\n").split(CHATML_THOUGHT[0])[-1].lstrip("\n"), after.lstrip("\n")
-
-
-GEMMA4_THOUGHT = ("<|channel>", "<channel|>")
-CHATML_THOUGHT = ("<think>", "</think>")
 
 
 @dataclass(frozen=True)
