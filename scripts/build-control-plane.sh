@@ -14,7 +14,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/control-plane-versions.env"
 
 CACHE="${TPUFORGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tpuforge}"
-OUT="$CACHE/controlplane-k8s-$KUBE_VERSION-etcd-$ETCD_VERSION-jobset-$JOBSET_VERSION-kueue-$KUEUE_VERSION"
+OUT="$CACHE/controlplane-k8s-$KUBE_VERSION-etcd-$ETCD_VERSION-jobset-$JOBSET_VERSION-kueue-$KUEUE_VERSION-build-$BUILD"
 if [ "${1:-}" = "--print-dir" ]; then echo "$OUT"; exit 0; fi
 LOG="$CACHE/build-control-plane.log"
 BINARIES=(kube-apiserver kube-controller-manager kubectl etcd jobset-controller kueue-controller)
@@ -120,7 +120,17 @@ KUEUE="$SRC/kueue"
 module "$KUEUE" kueue "sigs.k8s.io/kueue@$KUEUE_VERSION"
 printf '//go:build tools\n\npackage tools\n\nimport _ "sigs.k8s.io/kueue/cmd/kueue"\n' >"$KUEUE/tools.go"
 tidy "$KUEUE"
-build "$KUEUE" kueue-controller sigs.k8s.io/kueue/cmd/kueue
+# Without its own certificate management Kueue reads a metrics certificate from a fixed /etc/kueue/metrics/certs
+# at start (even with its metrics server off); no flag or configuration field moves it. The sandbox writes
+# nothing outside its state directory and needs no root, so its Kueue reads that directory from
+# KUEUE_METRICS_CERT_DIR when it is set: the release's cmd/kueue/main.go (it imports nothing internal), with that
+# one line changed, is the build module's main (tidy above resolved its imports through tools.go).
+sed 's|metricsCertPath := "/etc/kueue/metrics/certs"$|metricsCertPath := func() string { if d := os.Getenv("KUEUE_METRICS_CERT_DIR"); d != "" { return d }; return "/etc/kueue/metrics/certs" }()|' \
+  "$GOMODCACHE/sigs.k8s.io/kueue@$KUEUE_VERSION/cmd/kueue/main.go" >"$KUEUE/main.go"
+grep -q 'os.Getenv("KUEUE_METRICS_CERT_DIR")' "$KUEUE/main.go" \
+  || { echo "Kueue $KUEUE_VERSION's cmd/kueue/main.go no longer sets metricsCertPath as this build expects" >&2; exit 1; }
+rm "$KUEUE/tools.go"
+build "$KUEUE" kueue-controller .
 
 # Their CRDs and webhook configurations as each release's own kustomizations render them (the CRDs' conversion
 # webhooks, the webhooks' selectors); the sandbox points the webhooks' clientConfig at loopback URLs.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import os
 import ssl
 import urllib.error
 import urllib.request
@@ -31,13 +32,10 @@ KUEUE = "kueue-controller"
 # on a cluster without Kueue.
 KUEUE_FRAMEWORKS = ("batch/job", "jobset.x-k8s.io/jobset")
 KUEUE_NAMESPACE = "kueue-system"
-# Kueue v0.17 without its own certificate management loads a metrics certificate from this fixed path at
-# start (where its chart mounts a Secret), even with the metrics server off.
-KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
-
-
-class AddonError(RuntimeError):
-    """An add-on cannot start here; the message says what to do."""
+# Kueue v0.17 without its own certificate management loads a metrics certificate at start, even with the
+# metrics server off, from a fixed /etc/kueue/metrics/certs (where its chart mounts a Secret); the sandbox's
+# build of it reads the directory from this variable instead (scripts/build-control-plane.sh).
+KUEUE_METRICS_CERT_DIR = "KUEUE_METRICS_CERT_DIR"
 
 
 @dataclass(frozen=True)
@@ -86,36 +84,25 @@ def config(addon: Addon, cert_dir: Path) -> Obj:
     }
 
 
-def ensure_kueue_metrics_cert(cert_dir: Path, target: Path = KUEUE_METRICS_CERTS) -> None:
-    """A certificate where Kueue looks for one (any will do: its metrics server is off), unless one is there."""
-    if (target / "tls.crt").is_file() and (target / "tls.key").is_file():
-        return
-    try:
-        target.mkdir(parents=True, exist_ok=True)
-        for name in ("tls.crt", "tls.key"):
-            (target / name).write_bytes((cert_dir / name).read_bytes())
-        (target / "tls.key").chmod(0o600)
-    except PermissionError:
-        raise AddonError(
-            f"Kueue reads a certificate from {target} at start and this user cannot write there: run "
-            f"`sudo install -d -o $USER {target}` once, then `tpuforge sandbox up` again"
-        ) from None
-
-
 def argv(addon: Addon, cfg: SandboxConfig, bins: Binaries) -> list[str]:
-    """Write the configuration file (and what the controller reads at start) and return the command line."""
-    cert_dir = Pki(cfg.pki).webhook_cert_dir(addon.release)
-    if addon.release == "kueue":
-        ensure_kueue_metrics_cert(cert_dir)
+    """Write the configuration file and return the command line."""
     path = addon.config_path(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(config(addon, cert_dir), sort_keys=False))
+    path.write_text(yaml.safe_dump(config(addon, Pki(cfg.pki).webhook_cert_dir(addon.release)), sort_keys=False))
     out = [bins.path(addon.name), f"--config={path}", f"--kubeconfig={cfg.kubeconfig}", "--zap-log-level=info"]
     if addon.release == "kueue":
         # The visibility API is an aggregated apiserver the sandbox does not register; `kubectl get workloads`
         # shows the queue.
         out.append("--feature-gates=VisibilityOnDemand=false")
     return out
+
+
+def env(addon: Addon, cfg: SandboxConfig) -> dict[str, str] | None:
+    """The controller's environment: the caller's, and for Kueue where its metrics certificate is (the webhook
+    server's: any certificate will do, as its metrics server is off). None: the caller's as it is."""
+    if addon.release != "kueue":
+        return None
+    return {**os.environ, KUEUE_METRICS_CERT_DIR: str(Pki(cfg.pki).webhook_cert_dir(addon.release))}
 
 
 def ready(addon: Addon) -> bool:

@@ -130,7 +130,8 @@ def format_node_pools(pools: list[NodePool]) -> str:
 
 
 def control_plane_versions() -> dict[str, str]:
-    """KUBE_VERSION, ETCD_VERSION, JOBSET_VERSION and KUEUE_VERSION, from the file the build script reads."""
+    """KUBE_VERSION, ETCD_VERSION, JOBSET_VERSION, KUEUE_VERSION and the build's revision BUILD, from the file the
+    build script reads."""
     text = (repo_root() / "scripts" / "control-plane-versions.env").read_text()
     pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
     return {k.strip(): v.strip() for k, v in pairs}
@@ -153,7 +154,7 @@ class Binaries:
         v = control_plane_versions()
         name = (
             f"controlplane-k8s-{v['KUBE_VERSION']}-etcd-{v['ETCD_VERSION']}-jobset-{v['JOBSET_VERSION']}"
-            f"-kueue-{v['KUEUE_VERSION']}"
+            f"-kueue-{v['KUEUE_VERSION']}-build-{v['BUILD']}"
         )
         return cache_dir() / name
 

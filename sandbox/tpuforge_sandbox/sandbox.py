@@ -321,7 +321,7 @@ class Sandbox:
         )
         for addon, ds in docs.items():
             if started is not None and addon.name not in (running or {}):
-                self._start(addon.name, addon_procs.argv(addon, cfg, bins), started)
+                self._start(addon.name, addon_procs.argv(addon, cfg, bins), started, addon_procs.env(addon, cfg))
             self._await(addon.name, functools.partial(addon_procs.ready, addon), deadline, f"{addon.name} to serve")
             for doc in ds:
                 if doc["kind"] != "CustomResourceDefinition":
@@ -375,9 +375,9 @@ class Sandbox:
                         f"{flag} or {env}"
                     )
 
-    def _start(self, name: str, argv: list[str], started: list[str]) -> None:
+    def _start(self, name: str, argv: list[str], started: list[str], env: dict[str, str] | None = None) -> None:
         self.log(f"starting {name}")
-        self.daemon(name).start(argv, attach=self.attach)
+        self.daemon(name).start(argv, env=env, attach=self.attach)
         started.append(name)
 
     def _alive(self, name: str) -> Callable[[], bool]:
