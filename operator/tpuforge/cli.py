@@ -35,7 +35,7 @@ USAGE = """usage: tpuforge COMMAND [ARGS]
 commands:
   operator   run the operator (kopf) against the current kubeconfig
   crds       write the CustomResourceDefinitions generated from tpuforge.api
-  sandbox    the local control plane, GCS and emulated TPU nodes: up|down|status|env|logs|preempt
+  sandbox    the local control plane, GCS and emulated TPU nodes: up|down|status|env|logs|preempt|tensorboard
   demo       the whole pipeline on the sandbox: fine-tune, merge, verify, (serve)
   preflight  compile a FineTuneJob's train step for its TPU slice here: HBM per chip, speed, cost
   images     build (and push) every image in images/ under one registry and tag

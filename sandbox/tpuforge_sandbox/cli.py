@@ -13,6 +13,7 @@ from pathlib import Path
 from kubernetes.client.exceptions import ApiException
 
 from tpuforge.api.constants import GKE_SPOT, GKE_TPU_ACCELERATOR, TPU_RESOURCE
+from tpuforge_sandbox import curves
 from tpuforge_sandbox.config import DEFAULT_NODES, Ports, default_dir
 from tpuforge_sandbox.kubeapi import Kube
 from tpuforge_sandbox.nodes import node_ready
@@ -68,6 +69,17 @@ def _parser() -> argparse.ArgumentParser:
     pre.add_argument("node")
     pre.add_argument("--grace", type=int, help="seconds between SIGTERM and SIGKILL (default: min(pod's, 15))")
     pre.add_argument("--no-wait", action="store_true", help="return once the preemption is requested")
+
+    tb = sub.add_parser(
+        "tensorboard",
+        parents=[common],
+        help="a FineTuneJob's curves: copy its event files from the sandbox's GCS and serve them with TensorBoard",
+    )
+    tb.add_argument("job", help="the FineTuneJob's name")
+    tb.add_argument("-n", "--namespace", default="default")
+    tb.add_argument("--port", type=int, default=curves.DEFAULT_PORT, help="TensorBoard's port on 127.0.0.1")
+    tb.add_argument("--every", type=float, default=curves.PULL_EVERY, help="seconds between copies of new files")
+    tb.add_argument("--no-serve", action="store_true", help="only copy the files; print the command that serves them")
     return p
 
 
@@ -98,7 +110,7 @@ def _run(args: argparse.Namespace) -> int:
         print('use it from a shell with:  eval "$(tpuforge sandbox env)"')
         return 0
     sb = Sandbox(args.dir)
-    if args.command in ("env", "logs", "preempt") and not (sb.dir / "sandbox.json").exists():
+    if args.command in ("env", "logs", "preempt", "tensorboard") and not (sb.dir / "sandbox.json").exists():
         raise SandboxError(f"no sandbox in {sb.dir}: start one with `tpuforge sandbox up` (or pass --dir)")
     if args.command == "down":
         stopped = sb.down(purge=args.purge)
@@ -121,6 +133,8 @@ def _run(args: argparse.Namespace) -> int:
         sb.preempt(args.node, grace=args.grace, wait=not args.no_wait)
         print(f"preempted {args.node}" if not args.no_wait else f"preemption of {args.node} requested")
         return 0
+    if args.command == "tensorboard":
+        return curves.show(sb, args.job, args.namespace, args.port, serve=not args.no_serve, every=args.every)
     raise AssertionError(args.command)
 
 

@@ -74,7 +74,7 @@ def show_training_record(s: DemoSession) -> None:
         else:
             s.say(f"{who}no TensorBoard event files in {uri}/")
         s.say(f"{who}{chosen_checkpoint(s.statuses.get(job.name) or {})}")
-    s.say(f'to see the curves: eval "$({s.tpuforge} sandbox env)"; tensorboard --logdir {tensorboard_uri(s.jobs[0])}')
+    s.say(f"to see the curves (TensorBoard on 127.0.0.1): {s.tpuforge} sandbox tensorboard {s.jobs[0].name}")
 
 
 def chosen_checkpoint(status: Mapping[str, Any]) -> str:
@@ -239,10 +239,8 @@ def explore(s: DemoSession) -> None:
         ("conditions, attempts, Events", f"kubectl describe finetunejob {job}"),
         ("the job's children", f"kubectl get jobs,pods,configmaps -l {LABEL_FINETUNEJOB}={job}"),
     ]
-    if s.job:  # the trainer's curves and samples, and the evaluation's scores (after the env line above)
-        lines.append(
-            ("TensorBoard event files: loss, learning rate, samples", f"tensorboard --logdir {tensorboard_uri(s.job)}")
-        )
+    if s.job:  # the trainer's curves and samples, and the evaluation's scores, served on 127.0.0.1
+        lines.append(("TensorBoard: loss, learning rate, samples, scores", f"{tf} sandbox tensorboard {job}"))
     for what, pod in sorted(s.pods.items()):
         lines.append((f"{what} pod log", f"{tf} sandbox logs {pod}"))
     if "serve" in s.pods:
