@@ -149,11 +149,11 @@ def run_seed(
     got = answers(model_dir, ckpt, held + seen, config.training.max_seq_len)
     row["heldOut"] = round(exact(held, got[: len(held)]), 4)
     row["seen"] = round(exact(seen, got[len(held) :]), 4)
-    row["wrong"] = [
-        {"q": q["messages"][-2]["content"], "a": a}
+    row["wrong"] = {
+        q["messages"][-2]["content"]: a
         for q, a in zip(held + seen, got, strict=True)
         if q["messages"][-1]["content"].strip() != a
-    ][:8]
+    }
     return row
 
 

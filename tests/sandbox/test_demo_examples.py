@@ -42,7 +42,12 @@ def test_the_demo_job_on_two_hosts_is_the_same_job_on_a_v5p_16() -> None:
     job = load_job(ROOT / FINETUNE_YAML, DEFAULT_BUCKET)
     two = for_hosts(job, 2)
     assert (two.spec.tpu.slice, two.spec.tpu.spot, two.spec.tpu.mesh) == ("v5p-16", True, None)  # catalog mesh
-    assert two.spec.model_copy(update={"tpu": job.spec.tpu}) == job.spec
+    # The same run: each of the two fsdp replicas takes half the examples of a step, so a step holds as many.
+    one_slice, two_slice = TPU_SLICES["v5p-8"], TPU_SLICES["v5p-16"]
+    t1, t2 = job.spec.training, two.spec.training
+    assert t2.micro_batch_size * two_slice.default_fsdp == t1.micro_batch_size * one_slice.default_fsdp
+    same = {"tpu": job.spec.tpu, "training": t2.model_copy(update={"micro_batch_size": t1.micro_batch_size})}
+    assert two.spec.model_copy(update=same) == job.spec
     assert check_finetune(two.spec) == []  # the operator accepts it
     assert for_hosts(job, 1) is job
     with pytest.raises(DemoError, match="--hosts 3: no tpu-v5p-slice slice has 3 hosts; choose one of 1, 2, 4"):

@@ -294,9 +294,12 @@ class RunProgress:
         clock: Callable[[], float] = time.monotonic,
         events: EventLog | None = None,
         skipped_records: int | None = None,
+        examples_per_step: int | None = None,
     ):
-        """`skipped_records`: malformed records left out (spec.dataset.skipInvalid; None when not skipping)."""
+        """`skipped_records`: malformed records left out (spec.dataset.skipInvalid; None when not skipping).
+        `examples_per_step`: rows of one optimizer step (the effective batch)."""
         self.total_steps = total_steps
+        self.examples_per_step = examples_per_step
         self.skipped_records = skipped_records
         self.metrics = metrics
         self.summary = summary
@@ -430,6 +433,7 @@ class RunProgress:
             eta_seconds=eta,
             last_checkpoint_step=ckpt,
             last_checkpoint=save,
+            examples_per_step=self.examples_per_step,
             skipped_records=self.skipped_records,
             updated_at=now_rfc3339(),
         ).displayed()
