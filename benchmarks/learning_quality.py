@@ -47,7 +47,7 @@ def set_field(spec: dict[str, Any], path: str, value: Any) -> None:
 
 def job_spec(overrides: list[str], steps: int | None) -> dict[str, Any]:
     """The demo job's spec with `overrides` ("a.b=value") applied."""
-    spec = copy.deepcopy(yaml.safe_load(DEMO_JOB.read_text())["spec"])
+    spec: dict[str, Any] = copy.deepcopy(yaml.safe_load(DEMO_JOB.read_text())["spec"])
     if steps is not None:
         set_field(spec, "training.maxSteps", steps)
     for item in overrides:
@@ -124,7 +124,7 @@ def answers(model_dir: Path, ckpt: Path, questions: list[dict[str, Any]], max_se
 
 
 def exact(questions: list[dict[str, Any]], got: list[str]) -> float:
-    right = [q["messages"][-1]["content"].strip() == a for q, a in zip(questions, got, strict=True)]
+    right = [str(q["messages"][-1]["content"]).strip() == a for q, a in zip(questions, got, strict=True)]
     return sum(right) / len(right)
 
 

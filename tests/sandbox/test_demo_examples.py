@@ -194,7 +194,9 @@ def test_an_answer_the_demo_prints_as_the_fine_tuned_model_s_is_checked_against_
     taught = answers.taught(answers.data_files(adapters))
     assert set(PROMPTS) | set(QUESTIONS) <= set(taught)
     capitals_question, languages_question = QUESTIONS
-    assert answers.check(adapters, "adapter languages", capitals_question, "People in Norway speak", "languages") is None
+    assert (
+        answers.check(adapters, "adapter languages", capitals_question, "People in Norway speak", "languages") is None
+    )
     assert answers.check(adapters, "adapter languages", languages_question, taught[languages_question], "languages")
     assert adapters.problems == []
 

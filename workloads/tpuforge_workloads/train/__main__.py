@@ -157,8 +157,17 @@ def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts
             if events is not None:
                 summary.attempt["tensorboard"] = uri
                 log.info("TensorBoard event files in %s", uri)
-        progress = RunProgress(plan.total_steps, metrics, summary, reporter, start_step, committed, events=events,
-                               skipped_records=plan.skipped_records, examples_per_step=plan.examples_per_step)  # fmt: skip
+        progress = RunProgress(
+            plan.total_steps,
+            metrics,
+            summary,
+            reporter,
+            start_step,
+            committed,
+            events=events,
+            skipped_records=plan.skipped_records,
+            examples_per_step=plan.examples_per_step,
+        )
         box.append(progress)
         summary.attempt["start_step"] = start_step
         return box[0]
