@@ -167,6 +167,7 @@ def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts
             events=events,
             skipped_records=plan.skipped_records,
             examples_per_step=plan.examples_per_step,
+            max_grad_norm=c.training.max_grad_norm,
         )
         box.append(progress)
         summary.attempt["start_step"] = start_step
