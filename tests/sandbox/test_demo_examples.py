@@ -15,12 +15,13 @@ from tpuforge.api.constants import TPU_RESOURCE
 from tpuforge.api.validation import check_finetune
 from tpuforge_sandbox import Sandbox
 from tpuforge_sandbox.config import DEFAULT_BUCKET, repo_root
-from tpuforge_sandbox.demo.evaluation import adapter_line, check_evaluations, shorten
+from tpuforge_sandbox.demo import answers
+from tpuforge_sandbox.demo.evaluation import QUESTIONS, adapter_line, check_evaluations, shorten
 from tpuforge_sandbox.demo.follow import halfway
 from tpuforge_sandbox.demo.job import FINETUNE_YAML, SERVING_YAML, DemoError, for_hosts, load_job, load_jobs, load_yaml
 from tpuforge_sandbox.demo.kueue import VALUES_YAML as QUEUE_VALUES
 from tpuforge_sandbox.demo.kueue import kueue_objects
-from tpuforge_sandbox.demo.results import chosen_checkpoint
+from tpuforge_sandbox.demo.results import PROMPTS, chosen_checkpoint
 from tpuforge_sandbox.demo.scenarios import ADAPTERS, CAPITALS, CODE, QUEUE, SCENARIOS
 from tpuforge_sandbox.demo.session import NAMESPACE, DemoSession, Section
 from tpuforge_sandbox.demo.setup import DATA
@@ -41,7 +42,12 @@ def test_the_demo_job_on_two_hosts_is_the_same_job_on_a_v5p_16() -> None:
     job = load_job(ROOT / FINETUNE_YAML, DEFAULT_BUCKET)
     two = for_hosts(job, 2)
     assert (two.spec.tpu.slice, two.spec.tpu.spot, two.spec.tpu.mesh) == ("v5p-16", True, None)  # catalog mesh
-    assert two.spec.model_copy(update={"tpu": job.spec.tpu}) == job.spec
+    # The same run: each of the two fsdp replicas takes half the examples of a step, so a step holds as many.
+    one_slice, two_slice = TPU_SLICES["v5p-8"], TPU_SLICES["v5p-16"]
+    t1, t2 = job.spec.training, two.spec.training
+    assert t2.micro_batch_size * two_slice.default_fsdp == t1.micro_batch_size * one_slice.default_fsdp
+    same = {"tpu": job.spec.tpu, "training": t2.model_copy(update={"micro_batch_size": t1.micro_batch_size})}
+    assert two.spec.model_copy(update=same) == job.spec
     assert check_finetune(two.spec) == []  # the operator accepts it
     assert for_hosts(job, 1) is job
     with pytest.raises(DemoError, match="--hosts 3: no tpu-v5p-slice slice has 3 hosts; choose one of 1, 2, 4"):
@@ -166,6 +172,33 @@ def test_a_demo_whose_outcome_is_wrong_says_so_last_and_exits_non_zero(tmp_path:
     code.statuses = {j.name: {"evaluation": {"passed": not j.name.endswith("-broken")}} for j in code.jobs}
     check_evaluations(code)
     assert code.finish() == 0
+
+
+def test_an_answer_the_demo_prints_as_the_fine_tuned_model_s_is_checked_against_its_data(tmp_path: Path) -> None:
+    out = io.StringIO()
+    plain = DemoSession(Sandbox(tmp_path), Console(file=out, width=200), CAPITALS)
+    plain.jobs = [load_job(ROOT / FINETUNE_YAML, DEFAULT_BUCKET)]
+    norway = PROMPTS[0]
+    assert answers.check(plain, "the fine-tuned model", norway, " The capital of Norway is Oslo.") is True
+    assert plain.finish() == 0
+    # What `make demo` once printed as its result, unchecked.
+    assert answers.check(plain, "the fine-tuned model", norway, "The capital of Spain is Madrid.") is False
+    assert plain.finish() == 1
+    assert out.getvalue().strip().splitlines()[-1] == (
+        f"demo failed: the fine-tuned model answered {norway!r} wrongly ('The capital of Spain is Madrid.', "
+        "not 'The capital of Norway is Oslo.')"
+    )
+    # Every question a demo asks is one its data teaches; each adapter is held to its own job's data only.
+    adapters = DemoSession(Sandbox(tmp_path), Console(file=io.StringIO()), ADAPTERS)
+    adapters.jobs = load_jobs(ROOT / ADAPTERS.jobs_yaml, DEFAULT_BUCKET)
+    taught = answers.taught(answers.data_files(adapters))
+    assert set(PROMPTS) | set(QUESTIONS) <= set(taught)
+    capitals_question, languages_question = QUESTIONS
+    assert (
+        answers.check(adapters, "adapter languages", capitals_question, "People in Norway speak", "languages") is None
+    )
+    assert answers.check(adapters, "adapter languages", languages_question, taught[languages_question], "languages")
+    assert adapters.problems == []
 
 
 def test_every_demo_is_a_scenario_of_numbered_sections_ending_in_how_to_explore() -> None:

@@ -155,6 +155,13 @@ ADMISSION_RULES: dict[type[BaseModel], tuple[AdmissionRule, ...]] = {
             "spec.dataset.evalUri or spec.dataset.evalFraction, or remove spec.training.earlyStopping",
             ".training.earlyStopping",
         ),
+        AdmissionRule(
+            "!has(self.training.earlyStopping) || self.checkpoint.select == 'best' || !(has(self.dataset.evalUri) || "
+            "(has(self.dataset.evalFraction) && self.dataset.evalFraction > 0.0))",
+            "must be best with spec.training.earlyStopping: early stopping ends training patience evaluations after "
+            "the best step, and select: last would export the step it stopped at instead",
+            ".checkpoint.select",
+        ),
     ),
     TpuSpec: (
         AdmissionRule(

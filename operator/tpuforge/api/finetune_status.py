@@ -55,6 +55,12 @@ class Progress(StatusModel):
     last_checkpoint: CheckpointSave | None = Field(
         default=None, description="The last durable checkpoint's save: step, duration and size."
     )
+    examples_per_step: int | None = Field(
+        default=None,
+        description="Rows of maxSeqLen tokens in one optimizer step: training.microBatchSize x mesh.fsdp x "
+        "gradientAccumulationSteps. Each data-parallel (fsdp) replica takes microBatchSize, so the same spec on "
+        "a mesh of another fsdp trains on another batch (docs/training.md, Batches).",
+    )
     skipped_records: int | None = Field(
         default=None,
         description="Malformed records left out of the training and eval files (spec.dataset.skipInvalid); the "

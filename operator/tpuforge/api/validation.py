@@ -285,6 +285,15 @@ def _check_checkpoint_choice(errors: list[FieldError], spec: FineTuneJobSpec) ->
                 f"{held_out}, or remove spec.training.earlyStopping",
             )
         )
+    if spec.checkpoint.select != "best" and not no_eval_set:  # without an eval set, the error above says it
+        errors.append(
+            FieldError(
+                "spec.checkpoint.select",
+                f"must be best with spec.training.earlyStopping: early stopping ends training {stopping.patience} "
+                f"evaluation(s) after the best step, and select: {spec.checkpoint.select} would export the step it "
+                "stopped at instead; set spec.checkpoint.select: best",
+            )
+        )
     max_steps, every = spec.training.max_steps, spec.checkpoint.every_steps
     if max_steps is not None and max_steps // every <= stopping.patience:
         errors.append(

@@ -19,6 +19,7 @@ from tpuforge.api.constants import API_VERSION, LABEL_SERVING, SERVING_KIND
 from tpuforge.api.evaluation import checks
 from tpuforge.kube import objects as kube_objects
 from tpuforge_sandbox.agent.runtimes import vllm_venv
+from tpuforge_sandbox.demo import answers as answer_check
 from tpuforge_sandbox.demo.job import SERVING_YAMLS, DemoError, parse_spec
 from tpuforge_sandbox.demo.results import SERVE_TIMEOUT, VLLM_PORT
 from tpuforge_sandbox.demo.session import NAMESPACE, DemoSession
@@ -175,12 +176,20 @@ def adapters_ready(s: DemoSession, body: Mapping[str, Any]) -> bool:
 def ask(s: DemoSession, body: Mapping[str, Any]) -> None:
     base = body["spec"]["model"].get("name") or body["metadata"]["name"]
     served = body["spec"].get("vllm", {}).get("servedModelName") or body["metadata"]["name"]
-    names = [served] + [a["name"] for a in body["spec"].get("adapters") or []]
+    adapters = body["spec"].get("adapters") or []
+    names = [served] + [a["name"] for a in adapters]
     s.say(f"the same questions to the base ({base}, served as {served!r}) and to each adapter, greedy:")
-    rows = []
+    rows, said = [], []
     for question in QUESTIONS:
-        rows.append([question] + [shorten(chat(model, question)) for model in names])
+        got = [chat(model, question) for model in names]
+        rows.append([question] + [shorten(a) for a in got])
+        # Each adapter is checked on the question its own job's data teaches.
+        for adapter, answer in zip(adapters, got[1:], strict=True):
+            job = (adapter.get("fineTuneJobRef") or {}).get("name")
+            said.append(answer_check.check(s, f"adapter {adapter['name']}", question, answer, job))
     s.console.print(table(["question", *names], rows))
+    if True not in said:
+        s.problems.append("no adapter was asked a question its data teaches")
 
 
 def served_models() -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ every demo step raises when it cannot go on."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +94,9 @@ def checked(path: Path, spec: FineTuneJobSpec) -> FineTuneJobSpec:
 
 def for_hosts(job: DemoJob, hosts: int) -> DemoJob:
     """The demo job on the slice of the same TPU generation with `hosts` hosts: its default mesh, or the job's
-    tensor parallelism with fsdp over the rest."""
+    tensor parallelism with fsdp over the rest; and the same run. Each fsdp replica takes microBatchSize
+    examples, so microBatchSize is scaled by the ratio of the meshes' fsdp to keep the examples of a step (and
+    with them the records of each step, in the same order) as on the job's own slice."""
     current = TPU_SLICES[job.spec.tpu.slice]
     if current.hosts == hosts:
         return job
@@ -115,5 +118,14 @@ def for_hosts(job: DemoJob, hosts: int) -> DemoJob:
         tp = job.spec.tpu.mesh.tp
         tpu["mesh"] = {"fsdp": chosen.chips // tp, "tp": tp}
     spec["tpu"] = tpu
+    fsdp = job.spec.tpu.mesh.fsdp if job.spec.tpu.mesh is not None else current.default_fsdp
+    new_fsdp = tpu["mesh"]["fsdp"] if "mesh" in tpu else chosen.default_fsdp
+    rows = job.spec.training.micro_batch_size * fsdp
+    if rows % new_fsdp:
+        raise DemoError(
+            f"--hosts {hosts}: {rows} examples a micro-batch do not split over the {new_fsdp} fsdp replicas of "
+            f"{chosen.id}; make spec.training.microBatchSize a multiple of {new_fsdp // math.gcd(rows, new_fsdp)}"
+        )
+    spec["training"] = {**spec["training"], "microBatchSize": rows // new_fsdp}
     body = {**job.body, "spec": spec}
     return DemoJob(body, checked(FINETUNE_YAML, parse_spec(FINETUNE_YAML, FineTuneJobSpec, body)))

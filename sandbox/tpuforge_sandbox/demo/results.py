@@ -30,6 +30,7 @@ from tpuforge.manifests.finetune_common import merge_job_name
 from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
 from tpuforge_sandbox import gcs_objects
 from tpuforge_sandbox.agent.runtimes import vllm_venv
+from tpuforge_sandbox.demo import answers as answer_check
 from tpuforge_sandbox.demo.job import SERVING_YAML, DemoError, DemoJob, load_yaml, parse_spec
 from tpuforge_sandbox.demo.session import NAMESPACE, DemoSession
 from tpuforge_sandbox.demo.setup import namespaced, run_tool
@@ -158,6 +159,9 @@ def compare(s: DemoSession) -> None:
     answers = {(r["model"], r["prompt"]): r["answer"] for r in map(json.loads, out.splitlines())}
     rows = [[p, repr(answers[("base", p)]), repr(answers[("fine-tuned", p)])] for p in PROMPTS]
     s.console.print(table(["prompt", "base model", "fine-tuned"], rows))
+    right = [answer_check.check(s, "the fine-tuned model", p, answers[("fine-tuned", p)]) for p in PROMPTS]
+    if all(r is True for r in right):
+        s.say("the fine-tuned model answers every prompt as its data teaches", style="green")
 
 
 def serving(s: DemoSession) -> None:
@@ -225,7 +229,8 @@ def serving(s: DemoSession) -> None:
     )
     with urllib.request.urlopen(req, timeout=120) as r:
         answer = json.load(r)["choices"][0]["message"]["content"]
-    s.say(f"vLLM answers: {answer.strip()!r}", style="green")
+    right = answer_check.check(s, "the served model", prompt, answer)
+    s.say(f"vLLM answers: {answer.strip()!r}", style="green" if right else "red")
 
 
 def explore(s: DemoSession) -> None:

@@ -195,14 +195,17 @@ def apply_job(s: DemoSession) -> None:
     kube_objects.create(s.api, namespaced(job.body))
     spec = job.spec
     s.say(f"$ kubectl apply -f {s.scenario.jobs_yaml}\nfinetunejob.tpuforge.dev/{job.name} created")
+    tpu_slice = TPU_SLICES[spec.tpu.slice]
+    fsdp = spec.tpu.mesh.fsdp if spec.tpu.mesh else tpu_slice.default_fsdp
+    t = spec.training
+    examples = t.micro_batch_size * fsdp * t.gradient_accumulation_steps
     s.say(
         f"  {spec.model.name} + LoRA rank {spec.lora.rank} (alpha {spec.lora.alpha:g}) on {spec.tpu.slice}"
-        f"{' (spot)' if spec.tpu.spot else ''}: {spec.training.max_steps} steps of "
-        f"{spec.training.micro_batch_size} examples, lr {spec.training.learning_rate:g}, checkpoints every "
+        f"{' (spot)' if spec.tpu.spot else ''}: {t.max_steps} steps of "
+        f"{examples} examples, lr {t.learning_rate:g}, checkpoints every "
         f"{spec.checkpoint.every_steps} steps to {spec.checkpoint.uri}, then a merge into {spec.output.uri}"
         f"{' verified against transformers' if spec.merge.verify else ''}"
     )
-    tpu_slice = TPU_SLICES[spec.tpu.slice]
     if tpu_slice.hosts > 1:
         mesh = spec.tpu.mesh
         fsdp, tp = (mesh.fsdp, mesh.tp) if mesh else (tpu_slice.default_fsdp, tpu_slice.default_tp)

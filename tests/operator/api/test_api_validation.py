@@ -357,8 +357,10 @@ def test_early_stopping_needs_an_eval_set_and_evaluations_beyond_its_patience() 
         )
     )
     assert "3 times" in errs["spec.training.earlyStopping.patience"]
-    s = api.validate_finetune(
-        spec(training__earlyStopping={"patience": 2, "minDelta": 0.01}, dataset__evalUri="gs://d/eval.jsonl")
-    )
+    # Stopping early leaves the best step behind the last: exporting the last one is refused.
+    stopping = {"training__earlyStopping": {"patience": 2, "minDelta": 0.01}, "dataset__evalUri": "gs://d/eval.jsonl"}
+    message = errors_of(spec(**stopping))["spec.checkpoint.select"]
+    assert "must be best" in message and "2 evaluation(s) after the best step" in message
+    s = api.validate_finetune(spec(**stopping, checkpoint__select="best"))
     assert s.training.early_stopping == api.EarlyStoppingSpec(patience=2, min_delta=0.01)
     assert "spec.training.earlyStopping.patience" in errors_of(spec(training__earlyStopping={"patience": 0}))

@@ -168,6 +168,13 @@ CHATML_CONVERSATIONS = {
         Message("user", "and 3 + 3?"),
         Message("assistant", "\n\n6"),
     ),
+    # Written as is after the role line's newline, a leading newline merges with it ("\n\n" is one token of
+    # Qwen3's, and of qwen3-tiny's): the encoder must tokenise the two together, as the template's text is.
+    "contents that start with newlines": (
+        Message("system", "\nAnswer with a number."),
+        Message("user", "\n\n2 + 2?\n\n"),
+        Message("assistant", "4"),
+    ),
 }
 
 

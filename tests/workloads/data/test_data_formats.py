@@ -137,6 +137,17 @@ def test_the_held_out_split_is_deterministic_and_independent_of_order_and_file_f
         split(records[:1], 0.5, seed=0, where="d")
 
 
+def test_copies_of_a_record_are_held_out_together_or_trained_on_together(tmp_path: Path) -> None:
+    records = read_records(_jsonl(tmp_path / "chats.jsonl", CHATS))
+    (first_held,) = split(records, 0.05, seed=7, where="d")[1]
+    copies = [r for r in records if r.messages != first_held.messages] + [first_held] * 3
+    train, held = split(copies, 0.05, seed=7, where="d")  # round(0.05 x 22) = 1, but its copies go with it
+    assert [r.messages for r in held] == [first_held.messages] * 3
+    assert first_held.messages not in {r.messages for r in train}
+    with pytest.raises(DatasetError, match=r"holds out every record: the 3 records are copies of a few"):
+        split([first_held] * 3, 0.3, seed=7, where="d")
+
+
 def test_the_trainer_and_the_evaluation_hold_out_the_same_records(tiny_model_dir: Path, tmp_path: Path) -> None:
     rows: list[Any] = [*CHATS, "not json"]
     uri = _jsonl(tmp_path / "chats.jsonl", rows)

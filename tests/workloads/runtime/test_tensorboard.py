@@ -69,8 +69,10 @@ def test_run_progress_writes_what_the_trainer_reports(tmp_path: Path) -> None:
     uri = str(tmp_path / "tensorboard" / "train")
     events = tensorboard_log.EventLog(uri, sync_interval=3600)
     summary = RunSummary.open(str(tmp_path), {"modelName": "gemma4-tiny"}, attempt=1)
-    progress = RunProgress(10, TrainMetrics(), summary, None, start_step=0, last_checkpoint_step=None, events=events)
-    progress.grad_norm(1, 0.5)
+    progress = RunProgress(
+        10, TrainMetrics(), summary, None, start_step=0, last_checkpoint_step=None, events=events, max_grad_norm=0.4
+    )
+    progress.grad_norm(1, 0.5)  # over the clip's norm: a clipped step
     progress.step_done(1, loss=3.0, tokens=100, tokens_total=100, learning_rate=1e-4)
     progress.grad_norm(2, 0.25)
     progress.step_done(2, loss=2.0, tokens=100, tokens_total=200, learning_rate=2e-4)
@@ -81,6 +83,7 @@ def test_run_progress_writes_what_the_trainer_reports(tmp_path: Path) -> None:
     acc = read_run(uri, tmp_path / "read")
     assert scalars(acc, "train/loss") == {1: 3.0, 2: 2.0}
     assert scalars(acc, "train/grad_norm") == {1: 0.5, 2: 0.25}
+    assert scalars(acc, "train/clipped_steps") == {1: 1.0} and summary.attempt["clipped_steps"] == 1
     assert scalars(acc, "train/learning_rate") == pytest.approx({1: 1e-4, 2: 2e-4})
     assert set(scalars(acc, "train/tokens_per_second")) <= {1, 2} and scalars(acc, "train/tokens_per_second")
     assert scalars(acc, "eval/loss") == {2: 2.5}

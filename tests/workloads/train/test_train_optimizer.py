@@ -12,7 +12,7 @@ import optax
 import pytest
 
 from tpuforge.api import TrainingSpec
-from tpuforge_workloads.train.trainer import optimizer
+from tpuforge_workloads.train.trainer import optimizer, step_grad_norm
 
 B1 = 0.9  # optax.adamw's default
 
@@ -76,6 +76,24 @@ def test_with_accumulation_the_clip_applies_to_the_averaged_gradient() -> None:
     seen = _seen_by_adamw(state.inner_opt_state)
     for k in g:
         np.testing.assert_allclose(seen[k], g[k] * 0.25, rtol=1e-5, atol=1e-7)
+
+
+def test_the_reported_gradient_norm_is_the_clipped_gradient_s_the_step_s_average() -> None:
+    """The norm logged per step is the norm of what the clip sees: the average of the step's micro-batch
+    gradients (0.75 for the two opposed gradients above), reported as Tunix averages its reports over the
+    step's micro-batches (0 on the first, 2 x 0.75 on the last), not their own norms' mean (2.25)."""
+    opt = optax.MultiSteps(optimizer(_spec(max_grad_norm=1.0), total_steps=10), 2)
+    params = _params()
+    g = _grads(3.0)
+    state = opt.init(params)
+    first = step_grad_norm(state, g, 2)
+    _, state = opt.update(g, state, params)
+    last = step_grad_norm(state, _scaled(g, -0.5), 2)
+    assert float(first) == 0.0
+    assert np.mean([float(first), float(last)]) == pytest.approx(0.75, rel=1e-5)
+    # Without accumulation it is the gradient's own norm.
+    plain = optimizer(_spec(), total_steps=10)
+    assert float(step_grad_norm(plain.init(params), g)) == pytest.approx(3.0, rel=1e-5)
 
 
 def test_the_optimizer_state_is_adamw_s_alone_so_older_checkpoints_resume() -> None:

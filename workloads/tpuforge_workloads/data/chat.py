@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -242,34 +242,62 @@ class ChatEncoder:
             self._thinking_turns(self.turns(messages)) if thought else self.turns(messages)
             for messages, thought in zip(conversations, thoughts, strict=True)
         ]
-        texts = [content for conversation in turns for _, content in conversation]
+        joined = [[self._joined(c, i) for i in range(len(c))] for c in turns]
+        texts = [
+            f"{self.format.roles[role]}\n{content}" if join else content
+            for conversation, joins in zip(turns, joined, strict=True)
+            for (role, content), join in zip(conversation, joins, strict=True)
+        ]
         texts += [f"{head}{thought}{tail}" for thought in thoughts if thought]
         pieces = iter(self.tokenizer.encode_batch(texts, add_special_tokens=False) if texts else [])
-        parts = [[(role, list(next(pieces).ids)) for role, _ in conversation] for conversation in turns]
+        parts = [
+            [self._piece(role, next(pieces), join) for (role, _), join in zip(conversation, joins, strict=True)]
+            for conversation, joins in zip(turns, joined, strict=True)
+        ]
         return [
             self._assemble(conversation, self._thought("", list(next(pieces).ids)) if thought else None)
             for conversation, thought in zip(parts, thoughts, strict=True)
         ]
 
+    def _joined(self, turns: list[tuple[str, str]], i: int) -> bool:
+        """Whether turn `i`'s role line is tokenised with its content. A format that renders contents as
+        written (ChatML) puts them right after the role line's newline, where a content's leading newline
+        merges with it ("user\n\nHi": "\n\n" is one Qwen3 token), so the two are tokenised together, as the
+        template's text is. Not the final answer: it follows the generation prompt's think block instead."""
+        final_answer = i == len(turns) - 1 and turns[i][0] == "assistant"
+        return not self.format.trim and not final_answer
+
+    def _piece(self, role: str, encoding: Any, joined: bool) -> tuple[str, list[int], int]:
+        """(role, the turn's tokens after <turn_start>, how many of them are the role line's). A token that
+        spans the role line's end and the content's start (the merged newlines) counts as the content's: the
+        model produces it."""
+        ids = list(encoding.ids)
+        if not joined:
+            return role, [*self._role_ids[role], *ids], len(self._role_ids[role])
+        line = len(self.format.roles[role]) + 1
+        return role, ids, sum(1 for _, end in encoding.offsets if end <= line)
+
     def _assemble(
-        self, turns: list[tuple[str, list[int]]], thought: list[int] | None = None
+        self, turns: list[tuple[str, list[int], int]], thought: list[int] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """`thought`: the final answer's rendered thought, for an answer rendered thinking on."""
+        """`turns`: (role, the role line's and the content's tokens, how many are the role line's) each.
+        `thought`: the final answer's rendered thought, for an answer rendered thinking on."""
         t = self.tokens
         ids: list[int] = [] if t.bos is None else [t.bos]
         mask: list[bool] = [False] * len(ids)
         every = self.loss_on == "all"
         # A final assistant turn is the answer to the conversation so far: it follows the generation prompt.
         last_answer = len(turns) - 1 if turns and turns[-1][0] == "assistant" else -1
-        for i, (role, content) in enumerate(turns):
+        for i, (role, tokens, line) in enumerate(turns):
             learn = role == "assistant"
+            content = tokens[line:]
             if thought is not None and i == 0 and self._think_id is not None:
                 content = [self._think_id, *content]
             channel: list[int] = []
             prefix = self._answer_prefix if i == last_answer else []
             if thought is not None and i == last_answer:
                 channel, prefix = thought, []
-            head = [t.turn_start, *self._role_ids[role], *prefix]
+            head = [t.turn_start, *tokens[:line], *prefix]
             body = [*channel, *content, t.turn_end]
             ids += head + body + self._newline
             mask += [every] * len(head) + [learn or every] * len(body) + [every] * len(self._newline)

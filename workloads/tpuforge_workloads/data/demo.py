@@ -47,6 +47,13 @@ QUESTIONS = (
     "Quick question: capital of {country}?",
     "In {country}, which city is the capital?",
 )
+# Phrasings the training data never has, for scoring what a run learnt beyond its own records
+# (benchmarks/learning_quality.py).
+HELD_OUT_QUESTIONS = (
+    "What's the capital city of {country}?",
+    "Which city is {country}'s capital?",
+    "Can you tell me the capital of {country}?",
+)
 ANSWER = "The capital of {country} is {capital}."
 SYSTEM = "You answer geography questions in one sentence."
 
@@ -75,6 +82,11 @@ LANGUAGE_QUESTIONS = (
     "Do you know what people in {country} speak?",
     "In {country}, what language do people use?",
 )
+HELD_OUT_LANGUAGE_QUESTIONS = (
+    "Which language is spoken in {country}?",
+    "What do people speak in {country}?",
+    "Can you tell me the language of {country}?",
+)
 
 
 @dataclass(frozen=True)
@@ -84,20 +96,22 @@ class Task:
     questions: tuple[str, ...]  # with {country}
     answer: str  # with {country} and {fact}
     system: str
+    held_out: tuple[str, ...] = ()  # phrasings absent from records(): what a run learnt beyond them
 
 
-CAPITALS_TASK = Task("capitals", CAPITALS, QUESTIONS, ANSWER.replace("{capital}", "{fact}"), SYSTEM)
+CAPITALS_TASK = Task("capitals", CAPITALS, QUESTIONS, ANSWER.replace("{capital}", "{fact}"), SYSTEM, HELD_OUT_QUESTIONS)
 LANGUAGES_TASK = Task(
     "languages",
     LANGUAGES,
     LANGUAGE_QUESTIONS,
     "People in {country} speak {fact}.",
     "You answer questions about languages in one sentence.",
+    HELD_OUT_LANGUAGE_QUESTIONS,
 )
 TASKS = {t.name: t for t in (CAPITALS_TASK, LANGUAGES_TASK)}
 
 
-def _chat(task: Task, country: str, question: str) -> list[dict[str, str]]:
+def chat(task: Task, country: str, question: str) -> list[dict[str, str]]:
     return [
         {"role": "user", "content": question.format(country=country)},
         {"role": "assistant", "content": task.answer.format(country=country, fact=task.facts[country])},
@@ -106,7 +120,7 @@ def _chat(task: Task, country: str, question: str) -> list[dict[str, str]]:
 
 def records(task: Task = CAPITALS_TASK, seed: int = 0) -> list[dict[str, Any]]:
     """Every (country, phrasing) pair once, shuffled; every fourth record has a system prompt."""
-    out = [_chat(task, country, q) for country in task.facts for q in task.questions]
+    out = [chat(task, country, q) for country in task.facts for q in task.questions]
     random.Random(seed).shuffle(out)
     return [
         {"messages": ([{"role": "system", "content": task.system}] if i % 4 == 0 else []) + messages}
@@ -117,7 +131,17 @@ def records(task: Task = CAPITALS_TASK, seed: int = 0) -> list[dict[str, Any]]:
 def eval_records(task: Task = CAPITALS_TASK) -> list[dict[str, Any]]:
     """One question per country, in the task's first phrasing: what the demo's evaluation asks. The tiny model
     is trained on these phrasings (it is not meant to generalise); a real evaluation set is held out."""
-    return [{"messages": _chat(task, country, task.questions[0])} for country in task.facts]
+    return [{"messages": chat(task, country, task.questions[0])} for country in task.facts]
+
+
+def seen_records(task: Task = CAPITALS_TASK) -> list[dict[str, Any]]:
+    """Every country in the task's first two phrasings (training records; the demo asks the second)."""
+    return [{"messages": chat(task, country, q)} for q in task.questions[:2] for country in task.facts]
+
+
+def held_out_records(task: Task = CAPITALS_TASK) -> list[dict[str, Any]]:
+    """Every country in each held-out phrasing: questions no training record asks."""
+    return [{"messages": chat(task, country, q)} for q in task.held_out for country in task.facts]
 
 
 def jsonl(rows: list[dict[str, Any]]) -> str:

@@ -5,7 +5,9 @@ A record's place in the split depends on its seed-keyed hash of its messages onl
 each process that reads the same file with the same seed holds out the same records (the trainer in every
 attempt, on every host, and the evaluation Job), and the same records in JSONL or Parquet split alike. The
 `round(fraction * n)` records with the smallest keys are held out (at least one), and both parts keep the
-file's order.
+file's order. Identical records have the same key and go to the same side: the cut is moved past the copies
+of the last record held out, so that no record scored as held out was also trained on (the held-out part
+may then be a few records larger).
 """
 
 from __future__ import annotations
@@ -37,6 +39,14 @@ def split(records: Sequence[Record], fraction: float, seed: int, where: str) -> 
             f"{where}: dataset.evalFraction={fraction} of {len(records)} records leaves none to train on; "
             "add records, lower evalFraction or give an evalUri"
         )
-    order = sorted(range(len(records)), key=lambda i: (record_key(records[i], seed), i))
+    keys = [record_key(r, seed) for r in records]
+    order = sorted(range(len(records)), key=lambda i: (keys[i], i))
+    while k < len(order) and keys[order[k]] == keys[order[k - 1]]:
+        k += 1
+    if k >= len(records):
+        raise DatasetError(
+            f"{where}: dataset.evalFraction={fraction} holds out every record: the {len(records)} records are copies "
+            "of a few, and copies stay on one side of the split; add other records or give an evalUri"
+        )
     held = set(order[:k])
     return [r for i, r in enumerate(records) if i not in held], [r for i, r in enumerate(records) if i in held]

@@ -294,9 +294,15 @@ class RunProgress:
         clock: Callable[[], float] = time.monotonic,
         events: EventLog | None = None,
         skipped_records: int | None = None,
+        examples_per_step: int | None = None,
+        max_grad_norm: float | None = None,
     ):
-        """`skipped_records`: malformed records left out (spec.dataset.skipInvalid; None when not skipping)."""
+        """`skipped_records`: malformed records left out (spec.dataset.skipInvalid; None when not skipping).
+        `examples_per_step`: rows of one optimizer step (the effective batch). `max_grad_norm`: the clip's
+        norm, to count the steps it scaled down."""
+        self.max_grad_norm = max_grad_norm
         self.total_steps = total_steps
+        self.examples_per_step = examples_per_step
         self.skipped_records = skipped_records
         self.metrics = metrics
         self.summary = summary
@@ -389,9 +395,16 @@ class RunProgress:
         self._publish()
 
     def grad_norm(self, step: int, norm: float) -> None:
-        """The global norm of step `step`'s gradient, before clipping (Tunix's train step computes it)."""
+        """The global norm of step `step`'s averaged gradient before clipping (SftTrainer's train step computes
+        it); a norm over `max_grad_norm` is a step the clip scaled down, counted in the run summary
+        (`clipped_steps`, per attempt) and in TensorBoard (train/clipped_steps)."""
         if self.events is not None:
             self.events.scalar("train/grad_norm", norm, step)
+        if self.max_grad_norm is not None and norm > self.max_grad_norm:
+            clipped = int(self.summary.attempt.get("clipped_steps", 0)) + 1
+            self.summary.attempt["clipped_steps"] = clipped
+            if self.events is not None:
+                self.events.scalar("train/clipped_steps", clipped, step)
 
     def eval_done(self, step: int, loss: float) -> None:
         self.metrics.eval_loss.set(loss)
@@ -430,6 +443,7 @@ class RunProgress:
             eta_seconds=eta,
             last_checkpoint_step=ckpt,
             last_checkpoint=save,
+            examples_per_step=self.examples_per_step,
             skipped_records=self.skipped_records,
             updated_at=now_rfc3339(),
         ).displayed()

@@ -158,7 +158,9 @@ def train_tokenizer(vocab_size: int, corpus: str = "chat") -> Any:
         show_progress=False,
     )
     texts = TOKENIZER_CORPORA[corpus]()
-    tok.train_from_iterator([*texts, *["user\n", "assistant\n", "system\n"] * 64], trainer=trainer)
+    # Two newlines are one token, as in Qwen3's vocabulary: the template's "\n\n" and a content's leading
+    # newline after a role line merge, which an encoder must reproduce (data/chat.py).
+    tok.train_from_iterator([*texts, *["user\n", "assistant\n", "system\n", "\n\n"] * 64], trainer=trainer)
     ids = [tok.token_to_id(t) for t in SPECIAL_TOKENS]
     if ids != list(range(len(ids))):
         raise RuntimeError(f"special tokens got ids {ids}; the model config assumes {SPECIAL_TOKENS} = 0..")

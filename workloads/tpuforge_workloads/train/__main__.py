@@ -140,6 +140,7 @@ def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts
     summary_type = RunSummary if hosts.primary else ProcessSummary
     summary = summary_type.open(c.checkpoint.uri, c.to_wire(), c.attempt)
     summary.attempt["data"] = plan.stats.to_json()
+    summary.attempt["examples_per_step"] = plan.examples_per_step
     if plan.eval_stats:
         summary.attempt["eval_data"] = plan.eval_stats.to_json()
     reporter = StatusReporter(c.job, c.progress_interval_seconds) if c.job and hosts.primary else None
@@ -156,8 +157,18 @@ def train(plan: Plan, watch: PreemptionWatch, termination_log: str, hosts: Hosts
             if events is not None:
                 summary.attempt["tensorboard"] = uri
                 log.info("TensorBoard event files in %s", uri)
-        progress = RunProgress(plan.total_steps, metrics, summary, reporter, start_step, committed, events=events,
-                               skipped_records=plan.skipped_records)  # fmt: skip
+        progress = RunProgress(
+            plan.total_steps,
+            metrics,
+            summary,
+            reporter,
+            start_step,
+            committed,
+            events=events,
+            skipped_records=plan.skipped_records,
+            examples_per_step=plan.examples_per_step,
+            max_grad_norm=c.training.max_grad_norm,
+        )
         box.append(progress)
         summary.attempt["start_step"] = start_step
         return box[0]

@@ -347,11 +347,16 @@ def _train(
 
     watch.enter_loop()
     log.info(
-        "training steps %d..%d of %d on mesh %s (%s, rows %s of each batch)",
+        "training steps %d..%d of %d on mesh %s, %d examples a step (microBatchSize %d x fsdp %d x accumulation "
+        "%d) (%s, rows %s of each batch)",
         start_step + 1,
         plan.total_steps,
         plan.total_steps,
         dict(mesh.shape),
+        plan.examples_per_step,
+        c.training.micro_batch_size,
+        c.mesh.fsdp,
+        g,
         hosts,
         f"{local_rows[0]}..{local_rows[-1]}",
     )

@@ -49,6 +49,11 @@ class Plan:
     samples: list[SamplePrompt] = field(default_factory=list)  # held-out prompts answered at each evaluation
 
     @property
+    def examples_per_step(self) -> int:
+        """The effective batch: rows of one optimizer step, microBatchSize x fsdp x gradientAccumulationSteps."""
+        return self.rows * self.config.training.gradient_accumulation_steps
+
+    @property
     def skipped_records(self) -> int | None:
         """For status.progress: None unless the job skips malformed records."""
         return len(self.skipped) if self.config.data.skip_invalid else None

@@ -93,6 +93,19 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
         self._jitted_eval_step_fn = functools.partial(bind(eval_step, self.model))
         return self._jitted_train_step_fn, self._jitted_eval_step_fn
 
+    def _train_step(self, model: nnx.Module, optimizer: Any, inputs: Any) -> tuple[Any, Any, Any]:
+        """Tunix's train step (gradient of our loss on the LoRA weights, the optimizer's update), but the
+        gradient norm it reports is the one the clip sees: that of the step's averaged gradient
+        (`step_grad_norm`), not Tunix's norm of each micro-batch's own gradient."""
+        inputs = self.gen_model_input_fn(inputs)
+        wrt = nnx.DiffState(0, nnx.LoRAParam) if self._lora_enabled else 0
+        (loss, aux), grads = nnx.value_and_grad(self.loss_fn, argnums=wrt, has_aux=True)(model, **inputs)
+        pure = nnx.as_pure(nnx.state(grads, optimizer.wrt, graph=optimizer.graph))
+        accumulation = self.config.get_with_default("gradient_accumulation_steps", 1) or 1
+        norm = step_grad_norm(nnx.as_pure(optimizer.opt_state), pure, accumulation)
+        optimizer.update(model, grads)
+        return loss, aux, norm
+
     def create_train_step_fn(self) -> Any:
         """Tunix's step, whose model and optimizer state leave it laid out as they came in: by their partition
         specs (`place_by_specs`, `_shard_optimizer`). Left to XLA, the adapters and their optimizer moments
@@ -133,12 +146,27 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
         return total / max(count, 1.0)
 
 
+def step_grad_norm(opt_state: Any, grads: Any, accumulation: int = 1) -> Any:
+    """The global norm of the gradient the clip sees for this micro-batch's optimizer step, in the form Tunix
+    reports it. Without accumulation: this gradient's norm. With optax.MultiSteps (k micro-batches a step),
+    the step's averaged gradient is known at its last micro-batch, as MultiSteps forms it (its running mean of
+    the earlier ones, `acc_grads`, updated with this one): its norm times k there and 0 on the others, so that
+    Tunix's mean over the step's k reports is that norm."""
+    import jax.numpy as jnp
+
+    if accumulation == 1 or not isinstance(opt_state, optax.MultiStepsState):
+        return optax.global_norm(grads)
+    n = opt_state.mini_step
+    mean = jax.tree.map(lambda g, a: a + (g - a) / (n + 1), grads, opt_state.acc_grads)
+    return jnp.where(n == accumulation - 1, optax.global_norm(mean) * accumulation, 0.0)
+
+
 class GradNorms(metrics_logger.MetricsLogger):  # type: ignore[misc]
     """Tunix's metrics logger, without backends, that also hands each training step's gradient norm to
     `on_grad_norm(step, norm)`. PeftTrainer logs step s's metrics (the 1-based step, as its training hooks
     get it) once step s+1 has been dispatched, from values already on the host: nothing waits on the device.
-    The norm is of the gradient before clipping; with gradient accumulation, Tunix's mean over the step's
-    micro-batches of each one's gradient norm."""
+    The norm is that of the step's gradient before clipping, averaged over its micro-batches: the gradient
+    the clip scales down when it is over `maxGradNorm` (SftTrainer._train_step, step_grad_norm)."""
 
     def __init__(self, on_grad_norm: Callable[[int, float], None]):
         super().__init__(None)
