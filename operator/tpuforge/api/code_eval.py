@@ -17,12 +17,15 @@ MAX_SAMPLES_PER_PROBLEM = 200
 # higher when a larger k is (pass@k for k > 1 needs varied samples), as Codex/HumanEval and VerilogEval report.
 PASS_AT_1_TEMPERATURE = 0.2
 PASS_AT_K_TEMPERATURE = 0.8
-# Each pass@k comes with a percentile bootstrap interval over problems at this level, from this many resamples.
+# Each pass@k comes with an exact binomial (Clopper-Pearson) interval over problems at this level: its coverage
+# holds for a dozen problems, where a bootstrap's does not (evaluate.passk).
 CONFIDENCE_LEVEL = 0.95
-BOOTSTRAP_RESAMPLES = 2000
+INTERVAL_METHOD = "clopper-pearson"
 # Why a sample failed, in the report and status.evaluation.failures: the checker's categories (its verdict's
 # "failure"), and "truncated" for an answer vLLM cut at maxNewTokens (it fails whatever the checker said).
-FAILURE_CATEGORIES = ("syntax", "compile", "mismatch", "timeout", "refused", "limit", "truncated", "error")
+# "task": the checker found the problem itself broken (its reference does not compile with the checker's
+# simulator); such problems are kept out of pass@k and counted in status.evaluation.excludedProblems.
+FAILURE_CATEGORIES = ("syntax", "compile", "mismatch", "timeout", "refused", "limit", "truncated", "task", "error")
 
 
 _UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
@@ -127,7 +130,12 @@ class CodeEvalSpec(ApiModel):
 
 
 class ConfidenceInterval(StatusModel):
-    """A score's confidence interval (CONFIDENCE_LEVEL, a bootstrap over the problems)."""
+    """A score's confidence interval (CONFIDENCE_LEVEL, over the problems)."""
 
     low: float = Field(description="Lower bound; minPassAt is held against it.")
     high: float = Field(description="Upper bound.")
+    method: str | None = Field(
+        default=None,
+        description=f"How it was made: {INTERVAL_METHOD} (an exact binomial interval over the problems, their "
+        "pass@k estimates summed as successes); unset from an older evaluator (a bootstrap).",
+    )

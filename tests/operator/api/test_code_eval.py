@@ -12,14 +12,13 @@ from tpuforge import api
 from tpuforge.api.code_eval import ConfidenceInterval
 from tpuforge_workloads.evaluate.passk import (
     CodeHint,
-    bootstrap_interval,
     code_hint,
+    exact_interval,
     extract_code,
     mean_pass_at_k,
     pass_at_k,
     problem_pass_at_k,
     problem_seed,
-    resamples_of,
 )
 
 CHECKER = {"image": "tpuforge/checker-verilog:0.1.0", "command": ["tpuforge-check-verilog"]}
@@ -193,40 +192,27 @@ def test_the_default_temperature_follows_the_largest_k() -> None:
     assert api.CodeEvalSpec.model_validate({"k": [1]}).to_wire()["temperature"] == 0.2
 
 
-def test_the_interval_is_a_seeded_bootstrap_over_problems() -> None:
+def test_the_interval_is_exact_over_problems_and_holds_the_estimate() -> None:
     verdicts = [[True] * 5] * 6 + [[False] * 5] * 3 + [[True, False, False, False, False]] * 3
     per = problem_pass_at_k(verdicts, 1)
-    draws = resamples_of(len(per), 2000, seed=0)
-    low, high = bootstrap_interval(per, draws, 0.95)
+    low, high = exact_interval(per, 0.95)
     mean = mean_pass_at_k(verdicts, 1)
     assert 0.0 <= low < mean < high <= 1.0
-    assert (low, high) == bootstrap_interval(per, resamples_of(len(per), 2000, seed=0), 0.95)  # a rerun agrees
-    wide = bootstrap_interval(per, draws, 0.99)
-    assert wide[0] <= low and wide[1] >= high
-    # Every problem alike: no spread to resample.
-    assert bootstrap_interval([1.0] * 4, resamples_of(4, 100, 0), 0.95) == (1.0, 1.0)
-    with pytest.raises(ValueError, match="confidence level"):
-        bootstrap_interval(per, draws, 1.5)
-
-
-def test_more_problems_narrow_the_interval() -> None:
-    per = [1.0, 0.0, 0.4, 0.6]
-    small = bootstrap_interval(per, resamples_of(4, 2000, 0), 0.95)
-    large = bootstrap_interval(per * 25, resamples_of(100, 2000, 0), 0.95)
-    assert large[1] - large[0] < (small[1] - small[0]) / 3
+    wide = exact_interval(per, 0.99)
+    assert wide[0] < low and wide[1] > high
 
 
 def test_a_pass_at_threshold_is_held_against_the_intervals_low_bound() -> None:
     ev = api.EvaluationSpec.model_validate({"thresholds": {"minPassAt": {"1": 0.6}}})
     confident = {"pass@1": ConfidenceInterval(low=0.62, high=0.88)}
-    lucky = {"pass@1": ConfidenceInterval(low=0.41, high=0.9)}
+    lucky = {"pass@1": ConfidenceInterval(low=0.41, high=0.9, method="clopper-pearson")}
     assert api.evaluation_verdict(ev, {"pass@1": 0.75}, confident) == (
         True,
         "pass@1 0.75 (95% CI 0.62-0.88): low 0.62 >= minPassAt.1 0.60",
     )
     assert api.evaluation_verdict(ev, {"pass@1": 0.7}, lucky) == (
         False,
-        "pass@1 0.70 (95% CI 0.41-0.90): low 0.41 < minPassAt.1 0.60",
+        "pass@1 0.70 (95% clopper-pearson CI 0.41-0.90): low 0.41 < minPassAt.1 0.60",
     )
     # A result without intervals (an older evaluator) is held by its estimate.
     assert api.evaluation_verdict(ev, {"pass@1": 0.7}) == (True, "pass@1 0.70 >= minPassAt.1 0.60")

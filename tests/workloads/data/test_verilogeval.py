@@ -18,7 +18,7 @@ from tpuforge_workloads.data.records import read_records
 from tpuforge_workloads.evaluate.passk import code_hint, extract_code
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "verilogeval"
-NAMES = ["Prob030_popcount255", "Prob058_alwaysblock2", "Prob082_lfsr32", "Prob109_fsm1", "Prob151_review2015_fsm"]
+NAMES = ["Prob030_popcount255", "Prob058_alwaysblock2", "Prob100_fsm3comb", "Prob109_fsm1", "Prob151_review2015_fsm"]
 
 
 @pytest.fixture(scope="module")

@@ -99,6 +99,12 @@ _WHY_SYSTEM = {
     **dict.fromkeys(("$monitoron", "$monitoroff"), "switches the testbench's $monitor"),
 }  # fmt: skip
 _UNKNOWN_MODULE = re.compile(r"Unknown module type: (?P<name>\S+)")
+# What iverilog says of a name the design refers to that is not in it (a hierarchical reference to the
+# testbench, upward, a defparam into another module: the last only a warning, so read whatever the exit code).
+_OUT_OF_DESIGN = re.compile(
+    r"Unable to bind [\w/]+ `(?P<a>[^']+)'|Could not find variable ``(?P<b>[^']+)''|Cannot find scope (?P<c>\S+)"
+    r"|Enable of unknown task ``(?P<d>[^']+)''|event <(?P<e>[^>]+)> not found|Scope of (?P<f>\S+) not found"
+)
 _NO_ROOT = re.compile(r'Unable to find the root module "(?P<name>[^"]+)"')
 _PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_$]*(\.[A-Za-z_][A-Za-z0-9_$]*)*$")
 # Design units, in the test's files and the sample: a sample's may not take a name the test gives one.
@@ -270,6 +276,12 @@ def compile_alone(source: Path, module: str | None) -> vvp.Design:
     define, CompileFailed when it does not compile."""
     run = _iverilog("-o", ALONE, *(["-s", module] if module else []), str(source))
     said = run.stdout + run.stderr
+    outside = sorted({next(g for g in m.groups() if g) for m in _OUT_OF_DESIGN.finditer(said)})
+    if outside:
+        raise Refused(
+            f"{', '.join(outside)}: a reference to what is not in its own design (the testbench, or above it); "
+            "a design under test reaches only its own ports and modules"
+        )
     if run.returncode != 0:
         missing = sorted(set(_UNKNOWN_MODULE.findall(said)))
         if missing:

@@ -25,6 +25,8 @@ RESULT_KEYS = (
     "baseIntervals",
     "failures",
     "baseFailures",
+    "standardErrors",
+    "excludedProblems",
     "examples",
     "reportUri",
 )
@@ -58,7 +60,7 @@ def termination_record(
 def eval_result(pod: PodView) -> EvaluationStatus:
     """The scores an evaluation pod that succeeded wrote as its `score` container's termination message:
     {"metrics": {...}, "baseMetrics": {...}, "examples": n, "reportUri": "..."}, with passAtK also "intervals",
-    "baseIntervals", "failures" and "baseFailures". Raises ValueError, saying
+    "baseIntervals", "failures", "baseFailures", "standardErrors" and "excludedProblems". Raises ValueError, saying
     what is wrong, when the message is not that."""
     result, _ = termination_record(
         pod,
