@@ -137,6 +137,12 @@ class EvaluationStatus(StatusModel):
         description="The standard error of each of the adapter's pass@k over the problems: how far a rerun on "
         "other samples or problems would move it (the sampling temperature and samplesPerProblem set it).",
     )
+    sampling: str | None = Field(
+        default=None,
+        description="How the code answers were drawn, which sets what pass@k means and how much it varies: "
+        "greedy (one sample per problem at temperature 0, as VerilogEval v2 reports pass@1) or n samples at a "
+        "temperature.",
+    )
     excluded_problems: int | None = Field(
         default=None,
         description="Problems kept out of pass@k because the checker found the problem itself broken (failure "

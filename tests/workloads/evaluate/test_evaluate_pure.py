@@ -180,6 +180,7 @@ def test_pass_at_k_from_samples_and_verdicts_and_what_the_report_keeps(tmp_path:
     assert result["baseIntervals"] == {f"pass@{k}": {"low": 0.0, "high": 0.8419, "method": cp} for k in (1, 3)}
     assert result["standardErrors"] == {"pass@1": round((1 / 3) / 2, 4), "pass@3": 0.0}
     assert result["excludedProblems"] == 0
+    assert result["sampling"] == "3 samples per problem at temperature 0.8, topP 0.95"
     # A verdict without "failure" (a checker from before the categories): its text decides, else "error".
     assert (result["failures"], result["baseFailures"]) == ({"error": 1}, {"error": 6})
     # A verdict missing (the checker stopped early) or another n is refused, naming the file.

@@ -11,13 +11,13 @@ Each problem becomes one record (problems in name order):
   {"messages": [{"role": "user", "content": <the spec, then the instruction>},
                 {"role": "assistant", "content": <the reference renamed TopModule, fenced>}],
    "test": {"files": {"tb.sv": <testbench>, "ref.sv": <reference>}, "top": "tb", "module": "TopModule",
-            "verdict": VERDICT, "reference": <the reference renamed TopModule>, "codePattern": CODE_PATTERN}}
+            "verdict": VERDICT, "reference": <the reference renamed TopModule>}}
 The Verilog checker (tpuforge_workloads.evaluate.verilog) compiles the sample on its own as module TopModule
 (so it cannot use RefModule or anything else of the test's), then with the test's files, runs the simulation
 from `top`, and passes a sample when the testbench's own counters, read by the checker at the end (`verdict`:
 the layout's stats1.errors and stats1.clocks), say no mismatch in at least one sample: what the design prints
 decides nothing. `reference` lets the checker tell a problem its simulator cannot compile (a problem of the
-task set) from a sample that does not compile. `codePattern` tells evaluate.sample which code block of an
+task set) from a sample that does not compile. `module` also tells evaluate.sample which code block of an
 answer is the sample: the one that defines TopModule.
 """
 
@@ -36,8 +36,6 @@ TB_FILE, REF_FILE, TOP = "tb.sv", "ref.sv", "tb"
 # The testbench's counters the checker reads (below module tb): what it prints in that line.
 VERDICT = {"mismatches": "stats1.errors", "samples": "stats1.clocks"}
 MODULE = "TopModule"
-# The block of an answer that holds the sample: the one that defines TopModule.
-CODE_PATTERN = r"^[ \t]*module\s+TopModule\b"
 INSTRUCTION = (
     "Answer with the complete Verilog code of module TopModule, in one ```verilog fenced block; the code must "
     "compile on its own (no testbench, no `include)."
@@ -129,7 +127,6 @@ def to_record(p: Problem, instruction: str = INSTRUCTION, system: str | None = N
         "module": MODULE,
         "verdict": VERDICT,
         "reference": reference_code(p),
-        "codePattern": CODE_PATTERN,
     }
     return {"messages": messages, "test": test}
 

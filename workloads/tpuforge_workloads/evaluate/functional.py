@@ -162,6 +162,15 @@ def standard_errors(cfg: EvalConfig, examples: list[EvalExample], checked: Check
     return {pass_at_metric(k): round(standard_error(problem_pass_at_k(verdicts, k)), 4) for k in cfg.code.k}
 
 
+def sampling(cfg: EvalConfig) -> str:
+    """How the samples were drawn, in words (status.evaluation.sampling)."""
+    assert cfg.code is not None
+    n, t = cfg.code.samples_per_problem, cfg.code.sampling_temperature
+    if n == 1 and t == 0:
+        return "greedy: 1 sample per problem at temperature 0"
+    return f"{n} samples per problem at temperature {t:g}, topP {cfg.code.top_p:g}"
+
+
 def failure_counts(checked: Checked, model: str) -> dict[str, int]:
     """How many of `model`'s samples failed in each category (every category, 0 included)."""
     counts = dict.fromkeys(FAILURE_CATEGORIES, 0)

@@ -48,7 +48,8 @@ LANGUAGES: dict[str, Language] = {
     "verilog": Language(
         frozenset({"verilog", "v", "systemverilog", "sv"}),
         (".v", ".sv", ".vh", ".svh"),
-        re.compile(r"^[ \t]*module\s+[A-Za-z_]\w*", re.MULTILINE),
+        # A module with ports (or parameters): a design; a testbench (`module tb;`) has none.
+        re.compile(r"^[ \t]*module\s+[A-Za-z_]\w*\s*[#(]", re.MULTILINE),
         (re.compile(r"^[ \t]*module\s", re.MULTILINE), re.compile(r"\bendmodule\b")),
     ),
     "python": Language(
@@ -62,18 +63,23 @@ LANGUAGES: dict[str, Language] = {
 @dataclass(frozen=True)
 class CodeHint:
     """What picks the code out of an answer: the problem's language (None: unknown) and, optionally, a regex
-    the code must match (`codePattern` in the record's test, e.g. `module\\s+TopModule\\b`)."""
+    the code must match (`codePattern` in the record's test, e.g. `module\\s+TopModule\\b`, or the one that
+    defines the test's `module`)."""
 
     language: str | None = None
     pattern: str | None = None
 
 
 def code_hint(test: Any) -> CodeHint:
-    """The extraction hint of a record's test object: its `language` and `codePattern` when set; else the
-    language its test files are written in (tb.v, tb.sv: Verilog; test.py: Python)."""
+    """The extraction hint of a record's test object: its `language` and `codePattern` when set (without a
+    codePattern, a test naming its `module` asks for the block that defines that module); else the language
+    its test files are written in (tb.v, tb.sv: Verilog; test.py: Python)."""
     if not isinstance(test, Mapping):
         return CodeHint()
     pattern = test.get("codePattern") if isinstance(test.get("codePattern"), str) else None
+    module = test.get("module")
+    if pattern is None and isinstance(module, str) and module:
+        pattern = rf"^[ \t]*module\s+{re.escape(module)}\b"
     language = test.get("language")
     if isinstance(language, str) and language.lower() in LANGUAGES:
         return CodeHint(language.lower(), pattern)
@@ -198,7 +204,7 @@ def _info_language(info: str) -> str:
 def extract_code(answer: str, hint: CodeHint | None = None) -> str:
     """The code in an answer. Among its fenced blocks (``` or ~~~, an unclosed last one included), the last
     that matches the hint's `pattern`; else the last that declares code of the hint's language (a Verilog
-    `module`, a Python `def`/`class`/`import`); else the last whose info string names the language; else the
+    module with ports, not a testbench; a Python `def`/`class`/`import`); else the last whose info string names the language; else the
     last block. Without a fenced block: for a language with a known span (Verilog: from the first `module` to
     the last `endmodule`), that span; else the whole answer with surrounding whitespace stripped."""
     hint = hint or CodeHint()

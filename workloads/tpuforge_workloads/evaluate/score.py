@@ -13,7 +13,7 @@ On success the termination log holds exactly the result the operator reads:
     {"metrics": {...}, "baseMetrics": {...}, "examples": n, "reportUri": "..."}
 with the metrics the config asks for; with passAtK also "intervals" and "baseIntervals" (each pass@k's
 confidence interval, {"low", "high", "method"}), "failures" and "baseFailures" (failed samples by category,
-those seen), "standardErrors" (the adapter's) and "excludedProblems" (problems the checker found broken, kept
+those seen), "standardErrors" (the adapter's), "sampling" (how the samples were drawn) and "excludedProblems" (problems the checker found broken, kept
 out of pass@k). summary.json has the same, each model's failures in every category, and how the intervals were made.
 Failures exit nonzero with the reason, in plain text, in the termination log: EXIT_BAD_CONFIG (2) for a
 config or input that cannot be used, 1 otherwise (an adapter without `_COMPLETE` included). Nothing is
@@ -48,6 +48,7 @@ from tpuforge_workloads.evaluate.functional import (
     pass_intervals,
     pass_metrics,
     report_fields,
+    sampling,
     standard_errors,
 )
 from tpuforge_workloads.evaluate.records import EvalExample, config_examples
@@ -148,6 +149,7 @@ def metrics_of(
             "failures": {k: v for k, v in failures.items() if v},
             "baseFailures": {k: v for k, v in base_failures.items() if v},
             "standardErrors": standard_errors(cfg, examples, checked, "adapter"),
+            "sampling": sampling(cfg),
             "excludedProblems": len(broken_problems(examples, checked)),
         }
     if "loss" in cfg.metrics and losses is not None:

@@ -25,7 +25,8 @@ A sample whose combined compile fails is the sample's failure, unless the test's
 as a sample would give it) fails to compile with the test too: then the problem is broken for this simulator
 (exit 6, a problem of the task set, kept out of pass@k). The simulator's version goes to stderr as
 "simulator: ...", which the runner keeps in the verdict.
-The test object: {"files": {"tb.sv": ...}, "top": "tb" (default), "module": "TopModule" (optional),
+The test object: {"files": {"tb.sv": ...}, "top": "tb" (default), "module": "TopModule" (optional: by default
+the one module the test's files instantiate without defining it),
 "verdict": {...} (optional), "passPattern": "..." (optional), "reference": "..." (optional)}.
 Exit codes as evaluate.check's protocol: 0 passed, 1 the simulation failed, 3 compile error, 4 syntax error,
 5 refused, 6 the problem is broken. Stdlib only (the checker image).
@@ -38,7 +39,7 @@ import re
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -435,8 +436,20 @@ def run(test: dict[str, Any]) -> int:
         return EXIT_TASK
 
 
+def module_under_test(spec: TestSpec) -> TestSpec:
+    """`spec` with its module under test: the test's "module", else the one module its files instantiate but do
+    not define (iverilog names it when the test's files are compiled alone), else none (every module of the
+    sample is then judged)."""
+    if spec.module:
+        return spec
+    run = _iverilog("-o", "/dev/null", "-s", spec.top, *spec.files)
+    missing = sorted(set(_UNKNOWN_MODULE.findall(run.stdout + run.stderr)))
+    return replace(spec, module=missing[0]) if len(missing) == 1 else spec
+
+
 def build(spec: TestSpec) -> None:
     """Steps 1-3 of the module's docstring: the simulation, compiled. Raises Refused or CompileFailed."""
+    spec = module_under_test(spec)
     test_toks = [t for f in spec.files for t in tokens(Path(f).read_text(encoding="utf-8", errors="replace"))]
     design = judge_sample(Path(SAMPLE_FILE), spec, declared_units(test_toks))
     alone = vvp.parse(Path(ALONE).read_text(encoding="utf-8", errors="replace"))

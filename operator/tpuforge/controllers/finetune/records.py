@@ -26,6 +26,7 @@ RESULT_KEYS = (
     "failures",
     "baseFailures",
     "standardErrors",
+    "sampling",
     "excludedProblems",
     "examples",
     "reportUri",
@@ -60,7 +61,7 @@ def termination_record(
 def eval_result(pod: PodView) -> EvaluationStatus:
     """The scores an evaluation pod that succeeded wrote as its `score` container's termination message:
     {"metrics": {...}, "baseMetrics": {...}, "examples": n, "reportUri": "..."}, with passAtK also "intervals",
-    "baseIntervals", "failures", "baseFailures", "standardErrors" and "excludedProblems". Raises ValueError, saying
+    "baseIntervals", "failures", "baseFailures", "standardErrors", "sampling" and "excludedProblems". Raises ValueError, saying
     what is wrong, when the message is not that."""
     result, _ = termination_record(
         pod,
