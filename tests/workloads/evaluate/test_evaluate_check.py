@@ -34,7 +34,7 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("iverilog") is None, reason="needs iverilog (make iverilog)"),
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"),
 ]
-TIMEOUT = 2.0
+TIMEOUT = 4.0
 MEMORY = 256 << 20
 MUX = PROBLEMS[0]
 VERILOG = {"files": {"tb.v": MUX.testbench}}
@@ -231,7 +231,7 @@ def checked(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     ]  # fmt: skip
     samples: list[tuple[str, str, Any]] = [("good 0", MUX.solution, VERILOG)]
     tests = {name: test for name, _, _, test in verilogeval_cases()}
-    cases = [*verilog_cases(), *[c[:3] + ("",) for c in verilogeval_cases()], *shell_cases(tmp, port)]
+    cases = [*verilog_cases(), *[(*c[:3], "") for c in verilogeval_cases()], *shell_cases(tmp, port)]
     shell = {name for name, *_ in shell_cases(tmp, port)}
     for i, (name, code, _, _) in enumerate(cases):
         test = SHELL if name in shell else tests.get(name, VERILOG)

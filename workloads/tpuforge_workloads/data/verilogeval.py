@@ -78,7 +78,7 @@ def check_problem(p: Problem, where: Path) -> None:
             raise ConvertError(f"{test}: module {TOP} must instantiate {module} (it compares the two)")
     if "Mismatches:" not in p.test or not all(f"{c}++" in p.test for c in VERDICT.values()):
         raise ConvertError(
-            f'{test}: must count its samples and mismatches in {" and ".join(VERDICT.values())} and print '
+            f"{test}: must count its samples and mismatches in {' and '.join(VERDICT.values())} and print "
             '"Mismatches: <count> in <samples> samples" at its end'
         )
     if not p.prompt.strip():

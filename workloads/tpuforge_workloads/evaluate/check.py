@@ -24,8 +24,8 @@ forge their verdicts. With CAP_SYS_ADMIN as well (the sandbox's node agent), sam
 and no network namespace.
 
 S is JSONL: {"id": ..., "code": "...", "test": {...}} per sample; V gets one line per sample:
-{"id", "passed", "verdict", "failure", "exitCode", "seconds", "peakMemory", "stdout", "stderr", "simulator"}. Stdlib only
-(the checker image).
+{"id", "passed", "verdict", "failure", "exitCode", "seconds", "peakMemory", "stdout", "stderr",
+"simulator"}. Stdlib only (the checker image).
 """
 
 from __future__ import annotations

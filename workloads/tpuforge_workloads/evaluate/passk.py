@@ -204,9 +204,10 @@ def _info_language(info: str) -> str:
 def extract_code(answer: str, hint: CodeHint | None = None) -> str:
     """The code in an answer. Among its fenced blocks (``` or ~~~, an unclosed last one included), the last
     that matches the hint's `pattern`; else the last that declares code of the hint's language (a Verilog
-    module with ports, not a testbench; a Python `def`/`class`/`import`); else the last whose info string names the language; else the
-    last block. Without a fenced block: for a language with a known span (Verilog: from the first `module` to
-    the last `endmodule`), that span; else the whole answer with surrounding whitespace stripped."""
+    module with ports, not a testbench; a Python `def`/`class`/`import`); else the last whose info string
+    names the language; else the last block. Without a fenced block: for a language with a known span
+    (Verilog: from the first `module` to the last `endmodule`), that span; else the whole answer with
+    surrounding whitespace stripped."""
     hint = hint or CodeHint()
     lang = LANGUAGES.get(hint.language or "")
     blocks = _blocks(answer)

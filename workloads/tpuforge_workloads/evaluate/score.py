@@ -13,8 +13,10 @@ On success the termination log holds exactly the result the operator reads:
     {"metrics": {...}, "baseMetrics": {...}, "examples": n, "reportUri": "..."}
 with the metrics the config asks for; with passAtK also "intervals" and "baseIntervals" (each pass@k's
 confidence interval, {"low", "high", "method"}), "failures" and "baseFailures" (failed samples by category,
-those seen), "standardErrors" (the adapter's), "sampling" (how the samples were drawn) and "excludedProblems" (problems the checker found broken, kept
-out of pass@k). summary.json has the same, each model's failures in every category, and how the intervals were made.
+those seen), "standardErrors" (the adapter's), "sampling" (how the samples were drawn) and
+"excludedProblems" (problems the checker found broken, kept out of pass@k). summary.json has the same, each
+model's failures in every category, how the intervals were made, which problems were kept out and the
+simulators the checker named.
 Failures exit nonzero with the reason, in plain text, in the termination log: EXIT_BAD_CONFIG (2) for a
 config or input that cannot be used, 1 otherwise (an adapter without `_COMPLETE` included). Nothing is
 committed at reportUri unless the whole report was written.

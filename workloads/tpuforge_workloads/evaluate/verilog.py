@@ -208,9 +208,7 @@ class TestSpec:
 
 
 def _iverilog(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*IVERILOG, *args], capture_output=True, text=True, check=False, timeout=COMPILE_SECONDS
-    )
+    return subprocess.run([*IVERILOG, *args], capture_output=True, text=True, check=False, timeout=COMPILE_SECONDS)
 
 
 def simulator_version() -> str:
