@@ -85,8 +85,9 @@ def _unescape(text: str) -> str:
     return text.replace('\\"', '"').replace("\\\\", "\\")
 
 
-def parse(text: str) -> Design:
-    """Raises Unreadable for a call line this reader does not understand."""
+def parse(text: str, strict: bool = True) -> Design:
+    """Raises Unreadable for a call line this reader does not understand (`strict`: the design judged; the
+    whole simulation, test included, is read for its scopes only)."""
     d = Design()
     current: str | None = None
     for number, line in enumerate(text.splitlines(), 1):
@@ -110,6 +111,8 @@ def parse(text: str) -> Design:
             continue
         if _CALLISH.search(line):
             m = _CALL.search(line)
+            if m is None and not strict:
+                continue
             if m is None:
                 raise Unreadable(f"vvp line {number}: a call this checker cannot read: {line.strip()[:200]}")
             names = [m.group("name"), *_SYSTEM_ARG.findall(_STRING.sub('""', m.group("args")))]
