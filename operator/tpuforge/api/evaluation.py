@@ -31,6 +31,7 @@ class Check:
     passed: bool
     low: float | None = None
     high: float | None = None
+    method: str | None = None  # the interval's
 
     @property
     def held(self) -> float | None:
@@ -47,7 +48,7 @@ class Check:
         if self.low is None or self.high is None:
             return f"{self.metric} {value} {sign} {limit}"
         low, high = score(self.metric, self.low), score(self.metric, self.high)
-        level = f"{CONFIDENCE_LEVEL:.0%}"
+        level = f"{CONFIDENCE_LEVEL:.0%}" + (f" {self.method}" if self.method else "")
         return f"{self.metric} {value} ({level} CI {low}-{high}): low {low} {sign} {limit}"
 
 
@@ -72,7 +73,8 @@ def checks(
         ci = (intervals or {}).get(name) if got is not None else None
         held = ci.low if ci is not None else got
         low, high = (ci.low, ci.high) if ci is not None else (None, None)
-        out.append(Check(name, f"minPassAt.{k}", least, got, held is not None and held >= least, low, high))
+        method = ci.method if ci is not None else None
+        out.append(Check(name, f"minPassAt.{k}", least, got, held is not None and held >= least, low, high, method))
     return out
 
 
@@ -82,7 +84,7 @@ def evaluation_verdict(
     """(passed, message): passed when every threshold set in `spec` is met by the adapter's `metrics` (a pass@k
     by its interval's low bound, when `intervals` has one). The message names each threshold beside the value
     it was held to, what failed first, e.g. "exactMatch 0.20 < minExactMatch 0.50; loss 0.31 <= maxLoss 0.5",
-    "pass@1 0.70 (95% CI 0.55-0.82): low 0.55 < minPassAt.1 0.60"."""
+    "pass@1 0.70 (95% clopper-pearson CI 0.55-0.82): low 0.55 < minPassAt.1 0.60"."""
     found = checks(spec, metrics, intervals)
     if not found:
         return True, "no thresholds set (spec.evaluation.thresholds), so it passes"

@@ -126,8 +126,8 @@ class EvaluationStatus(StatusModel):
     base_metrics: dict[str, float] = Field(default_factory=dict, description="The base model's scores.")
     intervals: dict[str, ConfidenceInterval] | None = Field(
         default=None,
-        description="The adapter's 95% confidence interval of each pass@k, by metric (a bootstrap over the "
-        "problems); minPassAt is held against its low bound.",
+        description="The adapter's 95% confidence interval of each pass@k, by metric (an exact binomial interval "
+        "over the problems, its method named in each); minPassAt is held against its low bound.",
     )
     base_intervals: dict[str, ConfidenceInterval] | None = Field(
         default=None, description="The base model's intervals, as intervals."
@@ -135,9 +135,25 @@ class EvaluationStatus(StatusModel):
     failures: dict[str, int] | None = Field(
         default=None,
         description="The adapter's failed samples by why they failed (syntax, compile, mismatch, timeout, refused, "
-        "limit, truncated, error); only the categories seen.",
+        "limit, truncated, task, error); only the categories seen.",
     )
     base_failures: dict[str, int] | None = Field(default=None, description="The base model's, as failures.")
+    standard_errors: dict[str, float] | None = Field(
+        default=None,
+        description="The standard error of each of the adapter's pass@k over the problems: how far a rerun on "
+        "other samples or problems would move it (the sampling temperature and samplesPerProblem set it).",
+    )
+    sampling: str | None = Field(
+        default=None,
+        description="How the code answers were drawn, which sets what pass@k means and how much it varies: "
+        "greedy (one sample per problem at temperature 0, as VerilogEval v2 reports pass@1) or n samples at a "
+        "temperature.",
+    )
+    excluded_problems: int | None = Field(
+        default=None,
+        description="Problems kept out of pass@k because the checker found the problem itself broken (failure "
+        "task: its reference does not compile with the checker's simulator); the report names them.",
+    )
     examples: int | None = Field(default=None, description="Records evaluated.")
     passed: bool | None = Field(default=None, description="Whether every threshold was met.")
     result: str | None = Field(default=None, description="Passed or Failed.")

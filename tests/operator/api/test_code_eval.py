@@ -3,6 +3,7 @@ estimator against hand-computed values, the code extraction rule and the samplin
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -12,14 +13,13 @@ from tpuforge import api
 from tpuforge.api.code_eval import ConfidenceInterval
 from tpuforge_workloads.evaluate.passk import (
     CodeHint,
-    bootstrap_interval,
     code_hint,
+    exact_interval,
     extract_code,
     mean_pass_at_k,
     pass_at_k,
     problem_pass_at_k,
     problem_seed,
-    resamples_of,
 )
 
 CHECKER = {"image": "tpuforge/checker-verilog:0.1.0", "command": ["tpuforge-check-verilog"]}
@@ -35,7 +35,8 @@ def test_pass_at_k_with_the_defaults() -> None:
     s = api.validate_finetune(code_eval(thresholds={"minPassAt": {"1": 0.6}}))
     assert s.evaluation is not None and s.evaluation.code is not None
     code = s.evaluation.code
-    assert (code.samples_per_problem, code.k, code.seed) == (5, [1, 5], 0)
+    # Greedy pass@1, as VerilogEval v2 reports it.
+    assert (code.samples_per_problem, code.k, code.seed, code.temperature) == (1, [1], 0, 0.0)
     assert code.checker is not None and code.checker.timeout_seconds == 10.0
     cfg = api.eval_config("ns", "job", s)
     assert cfg.code == code and cfg.metrics == ["passAtK"]
@@ -67,7 +68,7 @@ def test_a_pass_at_threshold_needs_its_k(key: str, value: float) -> None:
     message = errors_of(code_eval(thresholds={"minPassAt": {key: value}}))[
         f"spec.evaluation.thresholds.minPassAt.{key}"
     ]
-    assert f"holds pass@{key}, which is not measured: spec.evaluation.code.k is [1, 5]" in message
+    assert f"holds pass@{key}, which is not measured: spec.evaluation.code.k is [1]" in message
     assert f"add {key} to spec.evaluation.code.k" in message
 
 
@@ -158,6 +159,11 @@ VERILOG = CodeHint("verilog")
         # A testbench after the module: the test's codePattern names the module the sample must define.
         (f"```verilog\n{TOP}\n```\nand a bench:\n```verilog\n{TB}\n```", CodeHint("verilog", r"module\s+TopModule\b"),
          TOP),
+        # ... and without one: a testbench is a module without ports, not the design.
+        (f"```verilog\n{TOP}\n```\nand a bench:\n```verilog\n{TB}\n```", VERILOG, TOP),
+        # ... and the test's module asks for the block that defines it (code_hint's pattern).
+        (f"```verilog\n{TOP}\n```\n```verilog\nmodule helper(input a);\nendmodule\n```",
+         code_hint({"files": {"tb.sv": ""}, "module": "TopModule"}), TOP),
         # No block declares a module: the last one whose info string names the language.
         ("```verilog\nassign y = ~a;\n```\nOutput:\n```text\ny=1\n```", VERILOG, "assign y = ~a;"),
         # Nothing matches the hint: the last block, as without one.
@@ -179,54 +185,44 @@ def test_the_code_is_the_block_that_holds_the_problems_language(answer: str, hin
 def test_the_hint_comes_from_the_tests_language_pattern_or_file_names() -> None:
     assert code_hint({"files": {"tb.sv": "", "ref.sv": ""}}) == CodeHint("verilog")
     assert code_hint({"files": {"tb.v": ""}, "codePattern": "module m"}) == CodeHint("verilog", "module m")
+    by_module = code_hint({"files": {"tb.sv": ""}, "module": "TopModule"})
+    assert by_module.pattern is not None and re.search(by_module.pattern, "  module TopModule (", re.MULTILINE)
+    assert not re.search(by_module.pattern, "module TopModuleX (", re.MULTILINE)
     assert code_hint({"files": {"test_it.py": ""}}) == CodeHint("python")
     assert code_hint({"language": "Verilog", "files": {"test.py": ""}}) == VERILOG  # said outright, it wins
     assert code_hint({"files": {"data.txt": ""}}) == CodeHint() == code_hint(None) == code_hint("tb")
 
 
-def test_the_default_temperature_follows_the_largest_k() -> None:
-    assert api.CodeEvalSpec(k=[1]).temperature == 0.2
+def test_the_default_temperature_is_greedy_for_one_sample_else_follows_the_largest_k() -> None:
+    assert api.CodeEvalSpec().temperature == 0.0  # one sample per problem: greedy
+    assert api.CodeEvalSpec(k=[1], samples_per_problem=20).temperature == 0.2
     assert api.CodeEvalSpec(k=[1, 5], samples_per_problem=5).temperature == 0.8
-    assert api.CodeEvalSpec().temperature == 0.8  # the default k is [1, 5]
     assert api.CodeEvalSpec(k=[1], temperature=0.6).temperature == 0.6
     assert api.CodeEvalSpec(k=[1], temperature=0).sampling_temperature == 0  # greedy stays greedy
-    assert api.CodeEvalSpec.model_validate({"k": [1]}).to_wire()["temperature"] == 0.2
+    assert api.CodeEvalSpec.model_validate({"samplesPerProblem": 20}).to_wire()["temperature"] == 0.2
 
 
-def test_the_interval_is_a_seeded_bootstrap_over_problems() -> None:
+def test_the_interval_is_exact_over_problems_and_holds_the_estimate() -> None:
     verdicts = [[True] * 5] * 6 + [[False] * 5] * 3 + [[True, False, False, False, False]] * 3
     per = problem_pass_at_k(verdicts, 1)
-    draws = resamples_of(len(per), 2000, seed=0)
-    low, high = bootstrap_interval(per, draws, 0.95)
+    low, high = exact_interval(per, 0.95)
     mean = mean_pass_at_k(verdicts, 1)
     assert 0.0 <= low < mean < high <= 1.0
-    assert (low, high) == bootstrap_interval(per, resamples_of(len(per), 2000, seed=0), 0.95)  # a rerun agrees
-    wide = bootstrap_interval(per, draws, 0.99)
-    assert wide[0] <= low and wide[1] >= high
-    # Every problem alike: no spread to resample.
-    assert bootstrap_interval([1.0] * 4, resamples_of(4, 100, 0), 0.95) == (1.0, 1.0)
-    with pytest.raises(ValueError, match="confidence level"):
-        bootstrap_interval(per, draws, 1.5)
-
-
-def test_more_problems_narrow_the_interval() -> None:
-    per = [1.0, 0.0, 0.4, 0.6]
-    small = bootstrap_interval(per, resamples_of(4, 2000, 0), 0.95)
-    large = bootstrap_interval(per * 25, resamples_of(100, 2000, 0), 0.95)
-    assert large[1] - large[0] < (small[1] - small[0]) / 3
+    wide = exact_interval(per, 0.99)
+    assert wide[0] < low and wide[1] > high
 
 
 def test_a_pass_at_threshold_is_held_against_the_intervals_low_bound() -> None:
     ev = api.EvaluationSpec.model_validate({"thresholds": {"minPassAt": {"1": 0.6}}})
     confident = {"pass@1": ConfidenceInterval(low=0.62, high=0.88)}
-    lucky = {"pass@1": ConfidenceInterval(low=0.41, high=0.9)}
+    lucky = {"pass@1": ConfidenceInterval(low=0.41, high=0.9, method="clopper-pearson")}
     assert api.evaluation_verdict(ev, {"pass@1": 0.75}, confident) == (
         True,
         "pass@1 0.75 (95% CI 0.62-0.88): low 0.62 >= minPassAt.1 0.60",
     )
     assert api.evaluation_verdict(ev, {"pass@1": 0.7}, lucky) == (
         False,
-        "pass@1 0.70 (95% CI 0.41-0.90): low 0.41 < minPassAt.1 0.60",
+        "pass@1 0.70 (95% clopper-pearson CI 0.41-0.90): low 0.41 < minPassAt.1 0.60",
     )
     # A result without intervals (an older evaluator) is held by its estimate.
     assert api.evaluation_verdict(ev, {"pass@1": 0.7}) == (True, "pass@1 0.70 >= minPassAt.1 0.60")

@@ -173,9 +173,14 @@ def test_pass_at_k_from_samples_and_verdicts_and_what_the_report_keeps(tmp_path:
     result = metrics_of(cfg, examples, lines, None, checked)
     assert result["metrics"] == pytest.approx({"pass@1": (2 / 3 + 1) / 2, "pass@3": 1.0})
     assert result["baseMetrics"] == {"pass@1": 0.0, "pass@3": 0.0}
-    # Bootstrap over the 2 problems: the resampled means of pass@1 are 2/3, 5/6 or 1.
-    assert result["intervals"] == {"pass@1": {"low": 0.6667, "high": 1.0}, "pass@3": {"low": 1.0, "high": 1.0}}
-    assert result["baseIntervals"] == {"pass@1": {"low": 0.0, "high": 0.0}, "pass@3": {"low": 0.0, "high": 0.0}}
+    # Exact over 2 problems: both passing proves pass@3 >= 0.025 ** (1/2) = 0.158 only; none passing, <= 0.842.
+    cp = "clopper-pearson"
+    assert result["intervals"] == {"pass@1": {"low": 0.0871, "high": 1.0, "method": cp},
+                                   "pass@3": {"low": 0.1581, "high": 1.0, "method": cp}}  # fmt: skip
+    assert result["baseIntervals"] == {f"pass@{k}": {"low": 0.0, "high": 0.8419, "method": cp} for k in (1, 3)}
+    assert result["standardErrors"] == {"pass@1": round((1 / 3) / 2, 4), "pass@3": 0.0}
+    assert result["excludedProblems"] == 0
+    assert result["sampling"] == "3 samples per problem at temperature 0.8, topP 0.95"
     # A verdict without "failure" (a checker from before the categories): its text decides, else "error".
     assert (result["failures"], result["baseFailures"]) == ({"error": 1}, {"error": 6})
     # A verdict missing (the checker stopped early) or another n is refused, naming the file.
@@ -228,10 +233,43 @@ def test_failures_by_category_and_a_truncated_answer_fails_whatever_the_checker_
     assert result["metrics"] == {"pass@1": 1 / 8}
     want = {"truncated": 1, "syntax": 1, "mismatch": 1, "refused": 1, "timeout": 1, "error": 1, "compile": 1}
     assert result["failures"] == result["baseFailures"] == want
-    summary = code_summary(cfg, checked)
-    assert summary["failureCounts"]["adapter"] == {**want, "limit": 0}
-    assert summary["confidence"]["method"] == "percentile bootstrap over problems"
+    summary = code_summary(cfg, examples, checked)
+    assert summary["failureCounts"]["adapter"] == {**want, "limit": 0, "task": 0}
+    assert summary["confidence"]["method"] == "clopper-pearson"
     assert summary["code"]["temperature"] == 0.2  # unset, k = [1]: pass@1's temperature
+
+
+def test_a_problem_the_checker_finds_broken_is_kept_out_of_pass_at_k(tmp_path: Path) -> None:
+    """Three problems, n=2: the second's reference does not compile with the checker's simulator (failure
+    "task" on every sample): pass@1 is over the other two, and the summary names it and the simulator."""
+    uri = _jsonl(tmp_path / "e.jsonl", [[("user", f"q{i}"), ("assistant", f"a{i}")] for i in range(3)])
+    examples = read_examples(uri, 3)
+    code = CodeEvalSpec(samples_per_problem=2, k=[1], checker=CheckerSpec(image="c", command=["true"]))
+    cfg = _config(metrics=["passAtK"], code=code, report_uri="gs://b/r")
+    samples, verdicts = [], []
+    for model in ("adapter", "base"):
+        for i in range(3):
+            for j in range(2):
+                sid = f"{model}/{i}/{j}"
+                samples.append({"id": sid, "model": model, "index": i, "sample": j, "code": "c", "test": {}})
+                failure = "task" if i == 1 else (None if model == "adapter" else "mismatch")
+                verdicts.append({"id": sid, "passed": failure is None, "verdict": "v", "failure": failure,
+                                 "simulator": "Icarus Verilog version 11.0 (stable)"})  # fmt: skip
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(x) + "\n" for x in samples))
+    (tmp_path / "v.jsonl").write_text("".join(json.dumps(x) + "\n" for x in verdicts))
+    checked = read_checked(cfg, examples, str(tmp_path / "s.jsonl"), str(tmp_path / "v.jsonl"))
+    result = metrics_of(cfg, examples, report_lines(examples, None, None, checked), None, checked)
+    assert (result["metrics"], result["baseMetrics"]) == ({"pass@1": 1.0}, {"pass@1": 0.0})
+    assert result["excludedProblems"] == 1 and result["failures"] == {"task": 2}
+    summary = code_summary(cfg, examples, checked)
+    assert summary["excludedProblems"] == [1]
+    assert summary["simulators"] == ["Icarus Verilog version 11.0 (stable)"]
+    # Every problem broken: no score, and the reason.
+    every = [{**v, "failure": "task", "passed": False} for v in verdicts]
+    (tmp_path / "v.jsonl").write_text("".join(json.dumps(x) + "\n" for x in every))
+    checked = read_checked(cfg, examples, str(tmp_path / "s.jsonl"), str(tmp_path / "v.jsonl"))
+    with pytest.raises(EvalInputError, match="every one of the 3 problems is broken"):
+        metrics_of(cfg, examples, report_lines(examples, None, None, checked), None, checked)
 
 
 def test_samples_carry_their_finish_reason_and_the_code_block_that_holds_the_module(tmp_path: Path) -> None:

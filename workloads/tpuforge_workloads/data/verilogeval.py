@@ -10,13 +10,15 @@ reads. A problem is three files in DIR, sharing a name:
 Each problem becomes one record (problems in name order):
   {"messages": [{"role": "user", "content": <the spec, then the instruction>},
                 {"role": "assistant", "content": <the reference renamed TopModule, fenced>}],
-   "test": {"files": {"tb.sv": <testbench>, "ref.sv": <reference>}, "top": "tb",
-            "passPattern": PASS_PATTERN, "codePattern": CODE_PATTERN}}
-The Verilog checker (tpuforge_workloads.evaluate.verilog) compiles the test's files before the sample, runs
-the simulation from `top`, and passes a sample when the simulation exits 0 and its output matches
-`passPattern`: a testbench of this layout ends normally whether or not the outputs matched, so the pattern,
-no mismatch in at least one sample, is what decides. `codePattern` tells evaluate.sample which code block of
-an answer is the sample: the one that defines TopModule.
+   "test": {"files": {"tb.sv": <testbench>, "ref.sv": <reference>}, "top": "tb", "module": "TopModule",
+            "verdict": VERDICT, "reference": <the reference renamed TopModule>}}
+The Verilog checker (tpuforge_workloads.evaluate.verilog) compiles the sample on its own as module TopModule
+(so it cannot use RefModule or anything else of the test's), then with the test's files, runs the simulation
+from `top`, and passes a sample when the testbench's own counters, read by the checker at the end (`verdict`:
+the layout's stats1.errors and stats1.clocks), say no mismatch in at least one sample: what the design prints
+decides nothing. `reference` lets the checker tell a problem its simulator cannot compile (a problem of the
+task set) from a sample that does not compile. `module` also tells evaluate.sample which code block of an
+answer is the sample: the one that defines TopModule.
 """
 
 from __future__ import annotations
@@ -31,10 +33,9 @@ from typing import Any
 
 PROMPT_SUFFIX, REF_SUFFIX, TEST_SUFFIX = "_prompt.txt", "_ref.sv", "_test.sv"
 TB_FILE, REF_FILE, TOP = "tb.sv", "ref.sv", "tb"
-# What the testbench prints when the design under test matched the reference in every sample (and ran some).
-PASS_PATTERN = r"^Mismatches: 0 in [1-9][0-9]* samples"
-# The block of an answer that holds the sample: the one that defines TopModule.
-CODE_PATTERN = r"^[ \t]*module\s+TopModule\b"
+# The testbench's counters the checker reads (below module tb): what it prints in that line.
+VERDICT = {"mismatches": "stats1.errors", "samples": "stats1.clocks"}
+MODULE = "TopModule"
 INSTRUCTION = (
     "Answer with the complete Verilog code of module TopModule, in one ```verilog fenced block; the code must "
     "compile on its own (no testbench, no `include)."
@@ -75,8 +76,11 @@ def check_problem(p: Problem, where: Path) -> None:
     for module in ("RefModule", "TopModule"):
         if not _instantiates(p.test, module):
             raise ConvertError(f"{test}: module {TOP} must instantiate {module} (it compares the two)")
-    if "Mismatches:" not in p.test:
-        raise ConvertError(f'{test}: must print "Mismatches: <count> in <samples> samples" at its end')
+    if "Mismatches:" not in p.test or not all(f"{c}++" in p.test for c in VERDICT.values()):
+        raise ConvertError(
+            f"{test}: must count its samples and mismatches in {' and '.join(VERDICT.values())} and print "
+            '"Mismatches: <count> in <samples> samples" at its end'
+        )
     if not p.prompt.strip():
         raise ConvertError(f"{where / (p.name + PROMPT_SUFFIX)}: empty specification")
 
@@ -101,10 +105,14 @@ def read_problems(directory: Path) -> list[Problem]:
     return problems
 
 
+def reference_code(p: Problem) -> str:
+    """The reference as a sample would be: renamed TopModule."""
+    return re.sub(r"\bRefModule\b", MODULE, p.ref).strip("\n") + "\n"
+
+
 def reference_answer(p: Problem) -> str:
     """The reference as an answer would give it: renamed TopModule, in a fenced block."""
-    code = re.sub(r"\bRefModule\b", "TopModule", p.ref).strip("\n")
-    return f"```verilog\n{code}\n```"
+    return f"```verilog\n{reference_code(p)}```"
 
 
 def to_record(p: Problem, instruction: str = INSTRUCTION, system: str | None = None) -> dict[str, Any]:
@@ -116,8 +124,9 @@ def to_record(p: Problem, instruction: str = INSTRUCTION, system: str | None = N
     test = {
         "files": {TB_FILE: p.test, REF_FILE: p.ref},
         "top": TOP,
-        "passPattern": PASS_PATTERN,
-        "codePattern": CODE_PATTERN,
+        "module": MODULE,
+        "verdict": VERDICT,
+        "reference": reference_code(p),
     }
     return {"messages": messages, "test": test}
 

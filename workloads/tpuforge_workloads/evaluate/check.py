@@ -9,7 +9,10 @@ confined by evaluate.jail. The checker protocol (docs/ml-engineer.md):
     sticky, so the sample may add files beside them but not replace them;
   - exit code 0 means the sample passes; anything else (a nonzero exit, a signal, the timeout, a limit) fails.
     Exit codes name the failure for the report: 1 the test failed (a mismatch), 3 it did not compile, 4 a
-    syntax error, 5 the checker refused the sample (e.g. evaluate.verilog's rules); any other is an error;
+    syntax error, 5 the checker refused the sample (e.g. evaluate.verilog's rules), 6 the problem itself is
+    broken (its own reference does not compile with this checker: a problem of the task set, kept out of
+    pass@k); any other is an error. A line "simulator: <name and version>" in the checker's stderr is kept
+    in the verdict as its `simulator`;
   - the first OUTPUT_KEPT bytes of stdout and of stderr are kept in the report.
 A sample that hangs, forks without end, eats memory, writes too much or outside its directory, leaves a
 process behind or crashes fails with a verdict saying so, and the next sample runs as if it had not been
@@ -21,8 +24,8 @@ forge their verdicts. With CAP_SYS_ADMIN as well (the sandbox's node agent), sam
 and no network namespace.
 
 S is JSONL: {"id": ..., "code": "...", "test": {...}} per sample; V gets one line per sample:
-{"id", "passed", "verdict", "failure", "exitCode", "seconds", "peakMemory", "stdout", "stderr"}. Stdlib only
-(the checker image).
+{"id", "passed", "verdict", "failure", "exitCode", "seconds", "peakMemory", "stdout", "stderr",
+"simulator"}. Stdlib only (the checker image).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import stat
@@ -52,9 +56,14 @@ OUTPUT_KEPT = 2048  # bytes of stdout and of stderr kept per sample in the repor
 SAMPLE_UIDS = (1_000_000, 2_000_000_000)
 ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 # The checker protocol's exit codes (see the docstring) and the failure each names.
-EXIT_MISMATCH, EXIT_COMPILE, EXIT_SYNTAX, EXIT_REFUSED = 1, 3, 4, 5
-FAILURES = ("syntax", "compile", "mismatch", "timeout", "refused", "limit", "error")
-_BY_EXIT = {EXIT_MISMATCH: "mismatch", EXIT_COMPILE: "compile", EXIT_SYNTAX: "syntax", EXIT_REFUSED: "refused"}
+EXIT_MISMATCH, EXIT_COMPILE, EXIT_SYNTAX, EXIT_REFUSED, EXIT_TASK = 1, 3, 4, 5, 6
+FAILURES = ("syntax", "compile", "mismatch", "timeout", "refused", "limit", "task", "error")
+_BY_EXIT = {
+    EXIT_MISMATCH: "mismatch", EXIT_COMPILE: "compile", EXIT_SYNTAX: "syntax", EXIT_REFUSED: "refused",
+    EXIT_TASK: "task",
+}  # fmt: skip
+# The checker names the program that judged the sample (e.g. its simulator and version) on a stderr line.
+_SIMULATOR = re.compile(r"^simulator: (?P<name>.+)$", re.MULTILINE)
 # The runner cannot confine samples as it is: as evaluate.sample's, so the Job fails at once, not retried.
 EXIT_CANNOT_CONFINE = 2
 # The package root, for checkers that are modules of this package (evaluate.verilog): on the samples' path.
@@ -72,6 +81,7 @@ class Verdict:
     peak_memory: int
     stdout: str
     stderr: str
+    simulator: str = ""  # what judged it, as the checker says (Verilog: the iverilog version)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -200,6 +210,8 @@ class Runner:
             except (IndexError, ValueError):
                 outcome = {"error": f"the launcher failed (exit {proc.returncode}): {proc.stderr.strip()[-500:]}"}
             verdict, failure = describe({"exit_code": None, **outcome}, self.limits)
+            stderr = _head(out / "stderr")
+            said = _SIMULATOR.search(stderr)
             return Verdict(
                 sample_id,
                 failure is None,
@@ -209,7 +221,8 @@ class Runner:
                 round(time.monotonic() - started, 3),
                 int(outcome.get("peak_rss") or 0),
                 _head(out / "stdout"),
-                _head(out / "stderr"),
+                stderr,
+                said.group("name").strip() if said else "",
             )
         finally:
             shutil.rmtree(work, ignore_errors=True)

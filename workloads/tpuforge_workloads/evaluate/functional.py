@@ -1,17 +1,19 @@
 """pass@k from the checker's verdicts: evaluate.sample's samples joined with evaluate.check's verdicts, per
 problem and model, into the report's fields, the metrics pass@1, pass@5, ... (base and adapter), their
-confidence intervals and the count of failed samples by why they failed."""
+confidence intervals and standard errors, and the count of failed samples by why they failed. A problem the
+checker found broken (a sample's failure "task": its reference does not compile with the checker's
+simulator) is kept out of pass@k for both models: it measures the task set, not the model."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from tpuforge.api.code_eval import BOOTSTRAP_RESAMPLES, CONFIDENCE_LEVEL, FAILURE_CATEGORIES, pass_at_metric
+from tpuforge.api.code_eval import CONFIDENCE_LEVEL, FAILURE_CATEGORIES, INTERVAL_METHOD, pass_at_metric
 from tpuforge.api.configs import EvalConfig
 from tpuforge_workloads import storage
 from tpuforge_workloads.evaluate.config import EvalInputError
-from tpuforge_workloads.evaluate.passk import bootstrap_interval, problem_pass_at_k, resamples_of
+from tpuforge_workloads.evaluate.passk import exact_interval, problem_pass_at_k, standard_error
 from tpuforge_workloads.evaluate.records import EvalExample
 
 # (model, record index) -> that record's samples in order, each with its verdict.
@@ -19,7 +21,10 @@ Checked = dict[tuple[str, int], list[dict[str, Any]]]
 # What the report keeps of each sample.
 SAMPLE_FIELDS = (
     "sample", "code", "passed", "failure", "verdict", "finishReason", "exitCode", "seconds", "stdout", "stderr",
+    "simulator",
 )  # fmt: skip
+# A sample's failure that blames the problem, not the model.
+BROKEN_PROBLEM = "task"
 MODELS = ("adapter", "base")
 # vLLM's finish_reason of an answer cut at max_tokens.
 TRUNCATED_REASON = "length"
@@ -95,6 +100,26 @@ def report_fields(checked: Checked, index: int) -> dict[str, Any]:
     return fields
 
 
+def broken_problems(examples: list[EvalExample], checked: Checked) -> list[int]:
+    """The record indices of the problems the checker found broken (any sample of either model)."""
+    return [
+        ex.index for ex in examples
+        if any(s["failure"] == BROKEN_PROBLEM for m in MODELS for s in checked[(m, ex.index)])
+    ]  # fmt: skip
+
+
+def _scored(examples: list[EvalExample], checked: Checked) -> list[EvalExample]:
+    """The problems pass@k is computed over: all but the broken ones. Raises EvalInputError when none is left."""
+    broken = set(broken_problems(examples, checked))
+    kept = [ex for ex in examples if ex.index not in broken]
+    if not kept:
+        raise EvalInputError(
+            f"every one of the {len(examples)} problems is broken for the checker (failure task: their reference "
+            "does not compile with its simulator); see the report's stderr, and give the checker a newer simulator"
+        )
+    return kept
+
+
 def _verdicts(examples: list[EvalExample], checked: Checked, model: str) -> list[list[bool]]:
     return [[bool(s["passed"]) for s in checked[(model, ex.index)]] for ex in examples]
 
@@ -102,11 +127,12 @@ def _verdicts(examples: list[EvalExample], checked: Checked, model: str) -> list
 def pass_metrics(
     cfg: EvalConfig, examples: list[EvalExample], checked: Checked
 ) -> tuple[dict[str, float], dict[str, float]]:
-    """(adapter, base) pass@k for each k asked, the estimator averaged over the records."""
+    """(adapter, base) pass@k for each k asked, the estimator averaged over the problems (broken ones out)."""
     assert cfg.code is not None
+    kept = _scored(examples, checked)
     scores: dict[str, dict[str, float]] = {"adapter": {}, "base": {}}
     for model, into in scores.items():
-        verdicts = _verdicts(examples, checked, model)
+        verdicts = _verdicts(kept, checked, model)
         for k in cfg.code.k:
             per = problem_pass_at_k(verdicts, k)
             into[pass_at_metric(k)] = sum(per) / len(per)
@@ -115,19 +141,34 @@ def pass_metrics(
 
 def pass_intervals(
     cfg: EvalConfig, examples: list[EvalExample], checked: Checked
-) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
-    """(adapter, base) CONFIDENCE_LEVEL interval of each pass@k, {"low", "high"} to 4 decimals: a percentile
-    bootstrap over the records, BOOTSTRAP_RESAMPLES draws seeded with code.seed, the same draws for every k and
-    both models."""
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(adapter, base) CONFIDENCE_LEVEL interval of each pass@k, {"low", "high", "method"}, bounds to 4
+    decimals: the exact binomial interval over the problems (evaluate.passk.exact_interval), broken ones out."""
     assert cfg.code is not None
-    draws = resamples_of(len(examples), BOOTSTRAP_RESAMPLES, cfg.code.seed)
-    out: dict[str, dict[str, dict[str, float]]] = {"adapter": {}, "base": {}}
+    kept = _scored(examples, checked)
+    out: dict[str, dict[str, dict[str, Any]]] = {"adapter": {}, "base": {}}
     for model, into in out.items():
-        verdicts = _verdicts(examples, checked, model)
+        verdicts = _verdicts(kept, checked, model)
         for k in cfg.code.k:
-            low, high = bootstrap_interval(problem_pass_at_k(verdicts, k), draws, CONFIDENCE_LEVEL)
-            into[pass_at_metric(k)] = {"low": round(low, 4), "high": round(high, 4)}
+            low, high = exact_interval(problem_pass_at_k(verdicts, k), CONFIDENCE_LEVEL)
+            into[pass_at_metric(k)] = {"low": round(low, 4), "high": round(high, 4), "method": INTERVAL_METHOD}
     return out["adapter"], out["base"]
+
+
+def standard_errors(cfg: EvalConfig, examples: list[EvalExample], checked: Checked, model: str) -> dict[str, float]:
+    """The standard error of `model`'s pass@k over the problems (broken ones out), to 4 decimals."""
+    assert cfg.code is not None
+    verdicts = _verdicts(_scored(examples, checked), checked, model)
+    return {pass_at_metric(k): round(standard_error(problem_pass_at_k(verdicts, k)), 4) for k in cfg.code.k}
+
+
+def sampling(cfg: EvalConfig) -> str:
+    """How the samples were drawn, in words (status.evaluation.sampling)."""
+    assert cfg.code is not None
+    n, t = cfg.code.samples_per_problem, cfg.code.sampling_temperature
+    if n == 1 and t == 0:
+        return "greedy: 1 sample per problem at temperature 0"
+    return f"{n} samples per problem at temperature {t:g}, topP {cfg.code.top_p:g}"
 
 
 def failure_counts(checked: Checked, model: str) -> dict[str, int]:

@@ -5,17 +5,19 @@ pass@k is the unbiased estimator of Chen et al. (2021): with n samples of which 
 drawn without replacement include at least one that passes, 1 - C(n-c, k) / C(n, k), computed as a product
 so that it stays exact for large n. The set's pass@k is the mean over its problems.
 
-Its confidence interval is a percentile bootstrap over problems: the problems are drawn again with
-replacement, `resamples` times with a fixed seed, and the interval is the middle `level` of the resampled
-means. Each problem's estimate already carries the noise of its own n samples, so the spread of the resampled
-means covers both which problems the set happens to hold and which answers the model happened to draw; it
-stays inside [0, 1] and follows the skew of a score near 0 or 1, which a normal approximation does not.
+Its confidence interval is an exact binomial (Clopper-Pearson) interval over problems: the m problems'
+estimates, each in [0, 1], summed as x successes out of m trials. A score in [0, 1] with mean p varies at most
+as much as a pass/fail one with the same mean (p(1 - p)), so the bound that is exact for m pass/fail problems
+holds for any mix of problems, whatever each one's own n samples drew: it covers both which problems the set
+happens to hold and which answers the model happened to draw. It needs no minimum count (12 problems is
+enough: its coverage is measured in tests/workloads/evaluate/test_interval_coverage.py), stays inside [0, 1],
+and does not collapse when every problem scores alike (10 of 10: the low bound is 0.69, not 1). A percentile
+bootstrap, used before, covered less than it promised with few problems.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,7 +48,8 @@ LANGUAGES: dict[str, Language] = {
     "verilog": Language(
         frozenset({"verilog", "v", "systemverilog", "sv"}),
         (".v", ".sv", ".vh", ".svh"),
-        re.compile(r"^[ \t]*module\s+[A-Za-z_]\w*", re.MULTILINE),
+        # A module with ports (or parameters): a design; a testbench (`module tb;`) has none.
+        re.compile(r"^[ \t]*module\s+[A-Za-z_]\w*\s*[#(]", re.MULTILINE),
         (re.compile(r"^[ \t]*module\s", re.MULTILINE), re.compile(r"\bendmodule\b")),
     ),
     "python": Language(
@@ -60,18 +63,23 @@ LANGUAGES: dict[str, Language] = {
 @dataclass(frozen=True)
 class CodeHint:
     """What picks the code out of an answer: the problem's language (None: unknown) and, optionally, a regex
-    the code must match (`codePattern` in the record's test, e.g. `module\\s+TopModule\\b`)."""
+    the code must match (`codePattern` in the record's test, e.g. `module\\s+TopModule\\b`, or the one that
+    defines the test's `module`)."""
 
     language: str | None = None
     pattern: str | None = None
 
 
 def code_hint(test: Any) -> CodeHint:
-    """The extraction hint of a record's test object: its `language` and `codePattern` when set; else the
-    language its test files are written in (tb.v, tb.sv: Verilog; test.py: Python)."""
+    """The extraction hint of a record's test object: its `language` and `codePattern` when set (without a
+    codePattern, a test naming its `module` asks for the block that defines that module); else the language
+    its test files are written in (tb.v, tb.sv: Verilog; test.py: Python)."""
     if not isinstance(test, Mapping):
         return CodeHint()
     pattern = test.get("codePattern") if isinstance(test.get("codePattern"), str) else None
+    module = test.get("module")
+    if pattern is None and isinstance(module, str) and module:
+        pattern = rf"^[ \t]*module\s+{re.escape(module)}\b"
     language = test.get("language")
     if isinstance(language, str) and language.lower() in LANGUAGES:
         return CodeHint(language.lower(), pattern)
@@ -107,26 +115,75 @@ def mean_pass_at_k(passed: Sequence[Sequence[bool]], k: int) -> float:
     return sum(problem_pass_at_k(passed, k)) / len(passed)
 
 
-def resamples_of(problems: int, resamples: int, seed: int) -> list[list[int]]:
-    """`resamples` draws of `problems` problem indices with replacement, from a fixed seed: the same draws
-    serve every k and both models, so their intervals are comparable and a rerun gives the same ones."""
-    if problems < 1 or resamples < 1:
-        raise ValueError(f"a bootstrap needs problems and resamples (got {problems} and {resamples})")
-    rng = random.Random(seed)
-    return [rng.choices(range(problems), k=problems) for _ in range(resamples)]
+def _log_beta(a: float, b: float) -> float:
+    return math.lgamma(a) + math.lgamma(b) - math.lgamma(a + b)
 
 
-def bootstrap_interval(values: Sequence[float], draws: Sequence[Sequence[int]], level: float) -> tuple[float, float]:
-    """The percentile bootstrap interval of the mean of `values` (one per problem) at `level` (0.95), over
-    `draws` (resamples_of). Widened, if need be, to hold the mean itself."""
+def _beta_fraction(x: float, a: float, b: float) -> float:
+    """The continued fraction of the regularized incomplete beta function (modified Lentz's method)."""
+    tiny, f, c, d = 1e-300, 1.0, 1.0, 0.0
+    for i in range(400):
+        m = i // 2
+        if i == 0:
+            step = 1.0
+        elif i % 2:
+            step = -((a + m) * (a + b + m) * x) / ((a + 2 * m) * (a + 2 * m + 1))
+        else:
+            step = (m * (b - m) * x) / ((a + 2 * m - 1) * (a + 2 * m))
+        d = 1.0 + step * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + step / c
+        c = c if abs(c) > tiny else tiny
+        f *= c * d
+        if abs(1.0 - c * d) < 1e-12:
+            break
+    return f - 1.0
+
+
+def beta_cdf(x: float, a: float, b: float) -> float:
+    """The regularized incomplete beta function I_x(a, b): P(X <= x) for X ~ Beta(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast on this side only: use the symmetry
+        return 1.0 - beta_cdf(1.0 - x, b, a)
+    front = math.exp(a * math.log(x) + b * math.log1p(-x) - _log_beta(a, b)) / a
+    return front * _beta_fraction(x, a, b)
+
+
+def beta_quantile(q: float, a: float, b: float) -> float:
+    """x with I_x(a, b) = q, by bisection (to 1e-10)."""
+    lo, hi = 0.0, 1.0
+    while hi - lo > 1e-10:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if beta_cdf(mid, a, b) < q else (lo, mid)
+    return (lo + hi) / 2
+
+
+def exact_interval(values: Sequence[float], level: float) -> tuple[float, float]:
+    """The Clopper-Pearson interval at `level` (0.95) of the mean of `values`, one per problem, each in [0, 1],
+    their sum taken as the successes of len(values) trials. All pass: (lower bound, 1); all fail: (0, upper)."""
     if not 0 < level < 1:
         raise ValueError(f"a confidence level is between 0 and 1 (got {level})")
-    means = sorted(sum(values[i] for i in d) / len(d) for d in draws)
+    if not values:
+        raise ValueError("an interval of no problems")
+    m, x = len(values), min(max(sum(values), 0.0), float(len(values)))
     tail = (1 - level) / 2
-    low = means[min(math.floor(tail * len(means)), len(means) - 1)]
-    high = means[max(math.ceil((1 - tail) * len(means)) - 1, 0)]
-    mean = sum(values) / len(values)
+    low = beta_quantile(tail, x, m - x + 1) if x > 0 else 0.0
+    high = beta_quantile(1 - tail, x + 1, m - x) if x < m else 1.0
+    mean = x / m
     return min(low, mean), max(high, mean)
+
+
+def standard_error(values: Sequence[float]) -> float:
+    """The standard error of the mean of `values` (one per problem): what a rerun on other problems, or other
+    samples of the same ones, would move the score by (0 for fewer than 2 problems)."""
+    m = len(values)
+    if m < 2:
+        return 0.0
+    mean = sum(values) / m
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (m - 1) / m)
 
 
 def _blocks(answer: str) -> list[tuple[str, str]]:
@@ -147,9 +204,10 @@ def _info_language(info: str) -> str:
 def extract_code(answer: str, hint: CodeHint | None = None) -> str:
     """The code in an answer. Among its fenced blocks (``` or ~~~, an unclosed last one included), the last
     that matches the hint's `pattern`; else the last that declares code of the hint's language (a Verilog
-    `module`, a Python `def`/`class`/`import`); else the last whose info string names the language; else the
-    last block. Without a fenced block: for a language with a known span (Verilog: from the first `module` to
-    the last `endmodule`), that span; else the whole answer with surrounding whitespace stripped."""
+    module with ports, not a testbench; a Python `def`/`class`/`import`); else the last whose info string
+    names the language; else the last block. Without a fenced block: for a language with a known span
+    (Verilog: from the first `module` to the last `endmodule`), that span; else the whole answer with
+    surrounding whitespace stripped."""
     hint = hint or CodeHint()
     lang = LANGUAGES.get(hint.language or "")
     blocks = _blocks(answer)

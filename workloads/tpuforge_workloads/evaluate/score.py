@@ -12,8 +12,11 @@ at reportUri: report.jsonl (one line per record) and summary.json, with `_COMPLE
 On success the termination log holds exactly the result the operator reads:
     {"metrics": {...}, "baseMetrics": {...}, "examples": n, "reportUri": "..."}
 with the metrics the config asks for; with passAtK also "intervals" and "baseIntervals" (each pass@k's
-confidence interval, {"low", "high"}) and "failures" and "baseFailures" (failed samples by category, those
-seen). summary.json has the same, each model's failures in every category, and how the intervals were made.
+confidence interval, {"low", "high", "method"}), "failures" and "baseFailures" (failed samples by category,
+those seen), "standardErrors" (the adapter's), "sampling" (how the samples were drawn) and
+"excludedProblems" (problems the checker found broken, kept out of pass@k). summary.json has the same, each
+model's failures in every category, how the intervals were made, which problems were kept out and the
+simulators the checker named.
 Failures exit nonzero with the reason, in plain text, in the termination log: EXIT_BAD_CONFIG (2) for a
 config or input that cannot be used, 1 otherwise (an adapter without `_COMPLETE` included). Nothing is
 committed at reportUri unless the whole report was written.
@@ -32,7 +35,7 @@ import logging
 import time
 from typing import Any
 
-from tpuforge.api.code_eval import BOOTSTRAP_RESAMPLES, CONFIDENCE_LEVEL, PASS_AT_K
+from tpuforge.api.code_eval import CONFIDENCE_LEVEL, INTERVAL_METHOD, PASS_AT_K
 from tpuforge.api.configs import EvalConfig
 from tpuforge.api.constants import EXIT_BAD_CONFIG, TENSORBOARD_EVAL_RUN, TENSORBOARD_SUBDIR, TERMINATION_LOG
 from tpuforge_workloads import storage
@@ -41,11 +44,14 @@ from tpuforge_workloads.evaluate.answers import AnswerError, Answers, generate
 from tpuforge_workloads.evaluate.config import EvalInputError, check_adapter, fetch_models, load_config
 from tpuforge_workloads.evaluate.functional import (
     Checked,
+    broken_problems,
     checked_samples,
     failure_counts,
     pass_intervals,
     pass_metrics,
     report_fields,
+    sampling,
+    standard_errors,
 )
 from tpuforge_workloads.evaluate.records import EvalExample, config_examples
 from tpuforge_workloads.model.adapters import AdapterError, AdapterInfo
@@ -144,6 +150,9 @@ def metrics_of(
             "baseIntervals": base_intervals,
             "failures": {k: v for k, v in failures.items() if v},
             "baseFailures": {k: v for k, v in base_failures.items() if v},
+            "standardErrors": standard_errors(cfg, examples, checked, "adapter"),
+            "sampling": sampling(cfg),
+            "excludedProblems": len(broken_problems(examples, checked)),
         }
     if "loss" in cfg.metrics and losses is not None:
         metrics["loss"], base["loss"] = float(losses["loss"]), float(losses["baseLoss"])
@@ -153,20 +162,23 @@ def metrics_of(
     return {"metrics": metrics, "baseMetrics": base, **code, "examples": len(lines), "reportUri": cfg.report_uri}
 
 
-def code_summary(cfg: EvalConfig, checked: Checked) -> dict[str, Any]:
+def code_summary(cfg: EvalConfig, examples: list[EvalExample], checked: Checked) -> dict[str, Any]:
     """summary.json's passAtK fields: the sampling and checker settings (the temperature as drawn at), how the
-    intervals were made, and each model's failed samples in every category."""
+    intervals were made, each model's failed samples in every category, the problems kept out of pass@k as
+    broken (their record indices) and the simulators the checker named."""
     assert cfg.code is not None
     return {
         "code": cfg.code.to_wire(),
         "confidence": {
-            "method": "percentile bootstrap over problems",
+            "method": INTERVAL_METHOD,
+            "description": "exact binomial interval over the problems, their pass@k estimates summed as successes",
             "level": CONFIDENCE_LEVEL,
-            "resamples": BOOTSTRAP_RESAMPLES,
-            "seed": cfg.code.seed,
             "gate": "minPassAt is held against the interval's low bound",
         },
         "failureCounts": {model: failure_counts(checked, model) for model in ("adapter", "base")},
+        "excludedProblems": broken_problems(examples, checked),
+        "baseStandardErrors": standard_errors(cfg, examples, checked, "base"),
+        "simulators": sorted({s["simulator"] for drawn in checked.values() for s in drawn if s.get("simulator")}),
     }
 
 
@@ -219,7 +231,7 @@ def run_score(
         "step": info.step,
         "datasetUri": cfg.dataset_uri,
         "maxNewTokens": cfg.max_new_tokens,
-        **(code_summary(cfg, checked) if checked is not None else {}),
+        **(code_summary(cfg, examples, checked) if checked is not None else {}),
         "seconds": {"answers": answers.seconds if answers else 0.0, "total": time.monotonic() - started},
     }
     report = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines).encode()

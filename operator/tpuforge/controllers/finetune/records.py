@@ -25,6 +25,9 @@ RESULT_KEYS = (
     "baseIntervals",
     "failures",
     "baseFailures",
+    "standardErrors",
+    "sampling",
+    "excludedProblems",
     "examples",
     "reportUri",
 )
@@ -58,8 +61,8 @@ def termination_record(
 def eval_result(pod: PodView) -> EvaluationStatus:
     """The scores an evaluation pod that succeeded wrote as its `score` container's termination message:
     {"metrics": {...}, "baseMetrics": {...}, "examples": n, "reportUri": "..."}, with passAtK also "intervals",
-    "baseIntervals", "failures" and "baseFailures". Raises ValueError, saying
-    what is wrong, when the message is not that."""
+    "baseIntervals", "failures", "baseFailures", "standardErrors", "sampling" and "excludedProblems". Raises
+    ValueError, saying what is wrong, when the message is not that."""
     result, _ = termination_record(
         pod,
         EvaluationStatus,
