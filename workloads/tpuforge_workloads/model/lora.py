@@ -155,7 +155,10 @@ class AdapterBuild:
 
         with jax.set_mesh(mesh):
             abstract = nnx.eval_shape(adapted, _abstract(base_state))
-        self.graph, self.adapters, self.rest = nnx.split(abstract, nnx.LoRAParam, ...)
+        parts: Any = nnx.split(abstract, nnx.LoRAParam, ...)
+        self.graph: Any = parts[0]
+        self.adapters: Any = parts[1]  # the adapters' ShapeDtypeStructs
+        self.rest: Any = parts[2]
         shardings = nnx.get_named_sharding(self.adapters, mesh)
         # keep_unused: the adapters' values need none of the base's, but the base is held while they are made,
         # and so counted as the program's arguments in its memory analysis.
@@ -190,7 +193,10 @@ class AdapterBuild:
 def _abstract(state: Any) -> Any:
     import jax
 
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)), state)
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),  # type: ignore[no-untyped-call]
+        state,
+    )
 
 
 def apply_lora(
