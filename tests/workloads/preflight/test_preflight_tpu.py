@@ -66,8 +66,9 @@ def test_tpuforge_preflight_compiles_a_job_for_its_slice(tmp_path: Path) -> None
     assert report["tflopsPerStep"] > 0 and report["tokensPerStep"] == 128 * 8  # 1 row x 8 micro-batches
     assert report["estimatedSeconds"] > 0 and report["estimatedUSD"] > 0 and report["totalSteps"] == 50
     assert report["headline"].startswith("fits: ")
-    # The model build (adapters added to the base in place) is compiled too, and needs less than the step.
-    assert 0 < report["buildGiB"] < report["hbmPerChipGiB"]
+    # The model build (adapters added to the base in place) is compiled too, and needs no more than the step
+    # (the tiny model's build rounds to 0.00 GiB).
+    assert 0 <= report["buildGiB"] <= report["hbmPerChipGiB"]
     assert report["assumedMFU"] == 0.67 and report["mfuSource"].startswith("assumed equal to TPU v5e's measured")
 
 
