@@ -407,8 +407,8 @@ MODELS: dict[str, ModelShape] = {
             "qwen3-8b",
             lora_targets=QWEN3_LORA_TARGETS,
             hf_repo="Qwen/Qwen3-8B",
-            # The cheapest slice that holds it: 3.8 GiB of weights on each of four v5e chips (the preflight's
-            # verdict at maxSeqLen 3072 is in docs/performance.md).
+            # The cheapest slice that holds it by TRAIN_WEIGHT_SHARE: 3.8 GiB of weights on each of four v5e
+            # chips. The preflight's compiled verdict for it is yet to be recorded (docs/performance.md).
             train_slice="v5litepod-4",
         ),
         _TINY,
