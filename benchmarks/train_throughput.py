@@ -1,22 +1,33 @@
-"""Training throughput and MFU of the trainer's own step on the devices at hand (an accelerator where there is
-one, else CPU), for a Gemma 4 model of the catalog, whole or cut to its first layers, with random weights.
+"""Training throughput, MFU and memory of the trainer's own step on the devices at hand (an accelerator where
+there is one, else CPU), for a model of the catalog, whole or cut to its first layers, with random weights.
 
 The step is the one the trainer runs (train/trainer.py: Tunix PeftTrainer with our loss, gradient accumulation
-off, model and optimizer donated) on the model the trainer builds (Tunix Gemma 4, Qwix LoRA on the catalog's
-targets, remat as asked, every array placed by its partition spec). Only the weights differ: random, so no
-checkpoint is read. Measured in this run, per configuration:
+off, model and optimizer donated) on the model the trainer builds (the family's Tunix model with the trainer's
+attention, Qwix LoRA on the catalog's targets added in place (lora.AdapterBuild), remat as asked, every array
+placed by its partition spec). Only the weights differ: random, so no checkpoint is read.
 
-- step time: median of `--steps` timed steps after `--warmup` (each blocked on its loss);
-- tokens/s (micro batch x maxSeqLen per step);
-- FLOPs per step: XLA's count of the step lowered from shapes alone (preflight/step.py), before optimisation,
-  remat's recomputation included; and MFU: the FLOP/s achieved by that count over the chip's datasheet peak;
-- the baseline, measured in the same run on the same device: a square bf16 matrix product's FLOP/s, and the
-  step's FLOP/s as a ratio of it;
-- peak device memory (where the backend reports it: the process's peak, model building included) and the
-  first step's time (the compile included).
+Each configuration runs in a process of its own (a configuration that runs out of memory loses only itself,
+and one process holds a TPU at a time), as does the baseline; this process only starts them and prints their
+rows. Measured per configuration:
+
+- step time: median of `--steps` timed steps after `--warmup` (each blocked on its loss); tokens/s;
+- MFU: the model FLOPs of a LoRA step (model_flops.py: forward and backward without recomputation, causal
+  attention counted as the half it is, a sliding window as its width) over the chips' datasheet peak; and
+  beside it the hardware utilisation (hfu): XLA's FLOP count of the step lowered on CPU (preflight/step.py),
+  remat's recomputation and attention's dense masked product included;
+- memory: the compiled step's memory analysis on these devices (arguments, temporaries, outputs not written
+  over donated inputs, program: the preflight's figure, compiled here as it compiles it, the trainer's first
+  step then loading that program from the compile cache), the model build's (adapters added to the base),
+  and the device's own peak where it reports one; peakMemoryGiB is the larger;
+- the loss of the first and last step, per loss target (the trainer's loss), and the first step's time;
+- the baseline, measured on the same device: a square bf16 matrix product's FLOP/s, and the step's XLA
+  FLOP/s as a ratio of it.
+
+A cut keeps at least one layer of each attention kind: where the first N layers hold no global layer (the
+31B's first is layer 6), the cut's last layer is the model's first global one (the row's layerTypes says so).
 
     python benchmarks/train_throughput.py [--model gemma4-31b] [--layers 6,12] [--seq 3072] [--batch 1,2]
-        [--steps 8] [--warmup 2] [--no-flops] [--json out.jsonl]
+        [--steps 8] [--warmup 2] [--no-remat] [--no-flops] [--json out.jsonl] [--timeout 900]
     python benchmarks/train_throughput.py --flops-only 1 --layers 6,12,0     (the FLOP counts alone)
 
 Without arguments on a CPU-only host it runs the tiny model whole (make bench); --layers 0 is the whole model.
@@ -27,9 +38,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -37,13 +52,23 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from benchmarks import model_flops
 from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
 from tpuforge.api.catalog import model_shape
 from tpuforge_workloads.data.pipeline import BATCH_ARRAYS
-from tpuforge_workloads.model import attention, gemma4
+from tpuforge_workloads.model import attention, family
+from tpuforge_workloads.model.decoder import Decoder
 from tpuforge_workloads.model.mesh import make_mesh
-from tpuforge_workloads.preflight.step import NoCheckpoints, lower_train_step, lowered_flops, with_layers
-from tpuforge_workloads.tiny import gemma4 as tiny_model
+from tpuforge_workloads.preflight.step import (
+    NoCheckpoints,
+    compile_train_step,
+    lower_train_step,
+    lowered_flops,
+    with_layers,
+)
+from tpuforge_workloads.runtime import compile_cache
+from tpuforge_workloads.tiny import gemma4 as tiny_gemma4
+from tpuforge_workloads.tiny import qwen3 as tiny_qwen3
 from tpuforge_workloads.train.loop import adapt_for_training
 from tpuforge_workloads.train.trainer import make_trainer
 
@@ -81,7 +106,7 @@ def train_config(model: str, seq: int, batch: int, remat: bool, fsdp: int) -> Tr
         model_name=model,
         model_uri=f"gs://benchmark/{model}",
         dataset_uri="gs://benchmark/train.jsonl",
-        lora=LoraSpec(rank=64, alpha=64, dropout=0.0),
+        lora=LoraSpec(rank=64, alpha=64, dropout=0.0, target_modules=list(model_shape(model).lora_targets)),
         training=TrainingSpec(max_seq_len=seq, micro_batch_size=batch, gradient_accumulation_steps=1, remat=remat),
         mesh=MeshSpec(fsdp=fsdp, tp=1),
         checkpoint=CheckpointSpec(uri="gs://benchmark/checkpoints"),
@@ -100,14 +125,12 @@ def spread(seed: Any, shape: tuple[int, ...], dtype: Any) -> Any:
     return ((hashed >> 8).astype(jnp.float32) * (0.04 / 2**24) - 0.02).astype(dtype)
 
 
-def random_model(text: gemma4.Gemma4Text, config: TrainConfig, mesh: Any) -> Any:
+def random_model(text: Decoder, config: TrainConfig, mesh: Any) -> Any:
     """The trainer's model (train/loop.py: adapt_for_training) on random base weights made on the devices,
     each array created where its partition spec puts it (nothing is built on the host or moved)."""
-    from tunix.models.gemma4 import model as gm
-
-    cfg = gemma4.tunix_config(text)
+    fam = family.of(text)
     with jax.set_mesh(mesh):
-        abstract = nnx.eval_shape(lambda: gm.Gemma4(cfg, rngs=nnx.Rngs(params=0)))
+        abstract = nnx.eval_shape(lambda: fam.build(text))
     graph_def, abs_state = nnx.split(abstract)
     shardings = nnx.get_named_sharding(abs_state, mesh)
     leaves, tree = jax.tree.flatten(abs_state)
@@ -138,14 +161,15 @@ def random_batch(config: TrainConfig, vocab: int, mesh: Any) -> dict[str, Any]:
         "input_mask": np.ones((rows, seq), bool),
         "segment_ids": np.ones((rows, seq), np.int32),
         "positions": np.broadcast_to(np.arange(seq, dtype=np.int32), (rows, seq)).copy(),
-        "loss_denominator": np.full((rows,), seq - 1, np.float32),
+        # The micro-batch's loss targets (train/loss.py): the loss is per target whatever the rows.
+        "loss_denominator": np.full((rows,), rows * (seq - 1), np.float32),
     }
     assert set(BATCH_ARRAYS) <= set(host)
     sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))  # type: ignore[no-untyped-call]
     return {k: jax.device_put(v, sharding) for k, v in host.items()}
 
 
-def step_flops(text: gemma4.Gemma4Text, config: TrainConfig) -> float:
+def step_flops(text: Decoder, config: TrainConfig) -> float:
     """XLA's FLOP count of the trainer's step, lowered from shapes alone (preflight/step.py) on CPU devices:
     CUDA's backend gives no count for a lowered program. Off TPU the step takes the same attention path on
     every platform (the dense mask), so the CPU lowering is the accelerator's program before optimisation."""
@@ -153,13 +177,38 @@ def step_flops(text: gemma4.Gemma4Text, config: TrainConfig) -> float:
     cpus = jax.devices("cpu")
     mesh = make_mesh(fsdp, 1, cpus[:fsdp] if len(cpus) >= fsdp else jax.local_devices())
     with jax.set_mesh(mesh), mesh:
-        return lowered_flops(lower_train_step(text, config, mesh, TOTAL_STEPS))
+        step, _ = lower_train_step(text, config, mesh, TOTAL_STEPS)
+        return lowered_flops(step)
 
 
-def decoder(model_name: str, layers: int) -> gemma4.Gemma4Text:
-    """The catalog model's decoder, cut to its first `layers` layers (0: all of them)."""
-    text = gemma4.parse_config(tiny_model.hf_config(model_shape(model_name)))
-    return with_layers(text, text.layer_types[:layers]) if layers else text
+class CutError(ValueError):
+    """A cut that cannot hold one layer of each attention kind."""
+
+
+def decoder(model_name: str, layers: int) -> Decoder:
+    """The catalog model's decoder cut to `layers` layers (0: all of them), holding at least one layer of each
+    attention kind the model has: its first `layers` layers, or, where those lack a kind, the first ones with
+    the model's first layer of each missing kind last."""
+    shape = model_shape(model_name)
+    writer = tiny_gemma4 if shape.family == "gemma4" else tiny_qwen3
+    text = family.parse_config(writer.hf_config(shape))
+    if not layers:
+        return text
+    kinds = list(dict.fromkeys(text.layer_types))
+    first = list(text.layer_types[:layers])
+    missing = [k for k in kinds if k not in first]
+    if len(kinds) > layers:
+        raise CutError(
+            f"--layers {layers}: {model_name} has {len(kinds)} attention kinds ({', '.join(kinds)}); a cut needs at "
+            f"least {len(kinds)} layers to hold one of each"
+        )
+    return with_layers(text, tuple(first[: layers - len(missing)] + missing))
+
+
+def layer_kinds(text: Decoder) -> str:
+    """e.g. "5 sliding_attention + 1 full_attention"."""
+    counts = {k: text.layer_types.count(k) for k in dict.fromkeys(text.layer_types)}
+    return " + ".join(f"{n} {k}" for k, n in counts.items())
 
 
 def flops_row(model_name: str, layers: int, seq: int, batch: int, remat: bool, fsdp: int) -> dict[str, Any]:
@@ -178,17 +227,24 @@ def flops_row(model_name: str, layers: int, seq: int, batch: int, remat: bool, f
     }
 
 
+def _gib(n: float) -> float:
+    return round(n / GIB, 3)
+
+
 def measure(
     model_name: str, layers: int, seq: int, batch: int, remat: bool, steps: int, warmup: int, count_flops: bool = True
 ) -> dict[str, Any]:
-    """One configuration trained for `warmup` + `steps` steps on every local device (fsdp over them)."""
+    """One configuration trained for `warmup` + `steps` steps on every local device (fsdp over them). Run it in
+    a process of its own (`run_config`): the device's peak memory is the process's."""
     text = decoder(model_name, layers)
     devices = jax.local_devices()
     config = train_config(model_name, seq, batch, remat, fsdp=len(devices))
     mesh = make_mesh(len(devices), 1, devices)
+    rows = batch * len(devices)
     row: dict[str, Any] = {
         "model": model_name,
         "layers": text.num_layers,
+        "layerTypes": layer_kinds(text),
         "maxSeqLen": seq,
         "microBatch": batch,
         "remat": remat,
@@ -197,18 +253,39 @@ def measure(
         "jax": jax.__version__,
     }
     flops = step_flops(text, config) if count_flops else 0.0
+    cache_dir = tempfile.mkdtemp(prefix="tpuforge-bench-cache-")
+    config.compile_cache_uri = cache_dir
+    # The step compiled as the preflight compiles it, here for these devices: XLA's memory analysis of the
+    # program the trainer then runs (its first step loads it from the compile cache).
+    compiled = compile_train_step(text, config, mesh, TOTAL_STEPS)
+    row["compiled"] = {
+        "argumentsGiB": _gib(compiled.argument_bytes),
+        "temporariesGiB": _gib(compiled.temp_bytes),
+        "outputsGiB": _gib(compiled.output_bytes - compiled.alias_bytes),
+        "codeGiB": _gib(compiled.code_bytes),
+        "stepGiB": _gib(compiled.hbm_bytes),
+        "buildGiB": _gib(compiled.build_bytes),
+        "compileSeconds": round(compiled.compile_seconds, 1),
+        "attention": compiled.attention,
+    }
+    if compiled.out_of_hbm:
+        row["error"] = f"does not fit: the compiler needs at least {_gib(compiled.temp_bytes)} GiB of temporaries"
+        return row
     started = time.monotonic()
-    with jax.set_mesh(mesh), mesh:  # Tunix's kernels read the legacy mesh context, the model the new one
+    inputs = compile_cache.key_inputs(text, config, TOTAL_STEPS, mesh.devices)
+    with compile_cache.open_cache(cache_dir, inputs) as cache, jax.set_mesh(mesh), mesh:
+        # Tunix's kernels read the legacy mesh context, the model the new one.
         model = random_model(text, config, mesh)
         jax.block_until_ready(nnx.state(model))
         row["buildSeconds"] = round(time.monotonic() - started, 1)
+        model_state = [(path, v.get_value()) for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))]
         trainer = make_trainer(model, config, TOTAL_STEPS, NoCheckpoints())
         batch_arrays = random_batch(config, text.vocab_size, mesh)
         train_step, _ = trainer.jit_train_and_eval_step()
         started = time.monotonic()
         loss, _, _ = train_step(batch_arrays)
-        row["firstStepSeconds"] = round(time.monotonic() - started, 1)  # the compile included
-        row["lossFirst"] = round(float(loss), 3)
+        row["firstStepSeconds"] = round(time.monotonic() - started, 1)  # loading or compiling included
+        row["lossFirst"] = round(float(loss), 4)
         for _ in range(max(0, warmup - 1)):
             jax.block_until_ready(train_step(batch_arrays))
         times = []
@@ -217,32 +294,76 @@ def measure(
             loss, _, _ = train_step(batch_arrays)
             loss.block_until_ready()
             times.append(time.perf_counter() - t0)
-        row["lossLast"] = round(float(loss), 3)
+        row["lossLast"] = round(float(loss), 4)
+    row["stepCacheHit"] = bool(cache and cache.counts["hits"])
     step_s = statistics.median(times)
     row.update(
         stepSeconds=round(step_s, 4),
         stepSecondsMin=round(min(times), 4),
-        tokensPerSecond=round(batch * seq * len(devices) / step_s, 1),
+        tokensPerSecond=round(rows * seq / step_s, 1),
     )
+    model_total = model_flops.step_flops(text, model_state, rows, seq)
+    row["modelTflopsPerStep"] = float(f"{model_total / len(devices) / 1e12:.4g}")  # per device
+    peak = peak_tflops(devices[0])
+    if peak:
+        row.update(peakTflops=peak, mfu=round(model_total / len(devices) / step_s / (peak * 1e12), 4))
     if flops:
         achieved = flops / step_s / 1e12  # per device: each runs its share of the step
         row.update(tflopsPerStep=float(f"{flops / 1e12:.4g}"), achievedTflopsPerDevice=float(f"{achieved:.4g}"))
-        peak = peak_tflops(devices[0])
         if peak:
-            row.update(peakTflops=peak, mfu=round(achieved / peak, 4))
+            row["hfu"] = round(achieved / peak, 4)
     stats = devices[0].memory_stats() or {}
-    if "peak_bytes_in_use" in stats:
-        row["peakMemoryGiB"] = round(stats["peak_bytes_in_use"] / GIB, 2)  # the process's peak so far
+    device_peak = stats.get("peak_bytes_in_use")
+    if device_peak is not None:
+        row["devicePeakGiB"] = _gib(device_peak)  # this process's: the build and every step
+    row["peakMemoryGiB"] = max(row["compiled"]["stepGiB"], row["compiled"]["buildGiB"], row.get("devicePeakGiB", 0.0))
     return row
 
 
 def baseline_row(device: Any, n: int) -> dict[str, Any]:
     row: dict[str, Any] = {"baseline": "bf16 matmul", "n": n, "device": str(device.device_kind)}
-    row["tflops"] = round(matmul_tflops(device, n), 1)
+    row["platform"] = device.platform
+    row["tflops"] = float(f"{matmul_tflops(device, n):.4g}")
     peak = peak_tflops(device)
     if peak:
         row["ofPeak"] = round(row["tflops"] / peak, 3)
     return row
+
+
+ROW_MARK = "BENCHMARK-ROW "
+
+
+def in_child(args: list[str], timeout: float) -> dict[str, Any]:
+    """Run this script with `args` in a process of its own; its row (or why there is none)."""
+    cmd = [sys.executable, "-m", "benchmarks.train_throughput", *args]
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"error": f"no result within {timeout:.0f} s"}
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith(ROW_MARK):
+            return json.loads(line[len(ROW_MARK) :])  # type: ignore[no-any-return]
+    return {"error": f"exit {done.returncode}: {(done.stderr or done.stdout).strip()[-500:]}"}
+
+
+def child(args: argparse.Namespace) -> int:
+    """One configuration, or the baseline (`--baseline`), in this process: its row, marked, on stdout."""
+    logging.basicConfig(level=logging.WARNING)
+    if args.baseline is not None:
+        device = jax.local_devices()[0]
+        row = baseline_row(device, args.baseline or (1024 if device.platform == "cpu" else 8192))
+    else:
+        c = json.loads(args.one)
+        try:
+            row = measure(
+                c["model"], c["layers"], c["seq"], c["batch"], c["remat"], args.steps, args.warmup, c["flops"]
+            )
+        except CutError as e:
+            row = {"error": str(e)}
+    print(ROW_MARK + json.dumps(row), flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -258,12 +379,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--matmul", type=int, default=0, help="baseline matrix size (0: 8192 on GPU/TPU, 1024 on CPU)")
     ap.add_argument("--json", help="append each result here as a JSON line")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds each configuration may take")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # a child: one configuration (JSON)
+    ap.add_argument("--baseline", type=int, help=argparse.SUPPRESS)  # a child: the baseline
     args = ap.parse_args(argv)
+    if args.one is not None or args.baseline is not None:
+        return child(args)
     logging.basicConfig(level=logging.WARNING)
-    on_cpu = jax.local_devices()[0].platform == "cpu"
-    for name, value in zip(("model", "layers", "seq", "batch"), CPU_DEFAULTS if on_cpu else DEFAULTS, strict=True):
-        if getattr(args, name) is None:
-            setattr(args, name, value)
 
     def emit(row: dict[str, Any]) -> None:
         print(json.dumps(row), flush=True)
@@ -271,11 +393,18 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.json, "a") as f:
                 f.write(json.dumps(row) + "\n")
 
-    device = jax.local_devices()[0]
     baseline = None
-    if not args.flops_only:
-        baseline = baseline_row(device, args.matmul or (1024 if device.platform == "cpu" else 8192))
+    if args.flops_only:
+        platform = "cpu"
+    else:  # the baseline's process also says what the devices are, so this one never touches them
+        baseline = in_child(["--baseline", str(args.matmul)], args.timeout)
         emit(baseline)
+        platform = baseline.get("platform", "cpu")
+    for name, value in zip(
+        ("model", "layers", "seq", "batch"), CPU_DEFAULTS if platform == "cpu" else DEFAULTS, strict=True
+    ):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     remat = not args.no_remat
     for layers in (int(x) for x in args.layers.split(",")):
         for seq in (int(x) for x in args.seq.split(",")):
@@ -283,20 +412,12 @@ def main(argv: list[str] | None = None) -> int:
                 if args.flops_only:
                     emit(flops_row(args.model, layers, seq, batch, remat, args.flops_only))
                     continue
-                try:
-                    row = measure(args.model, layers, seq, batch, remat, args.steps, args.warmup, not args.no_flops)
-                except Exception as e:  # one configuration that does not fit must not lose the others
-                    emit(
-                        {
-                            "model": args.model,
-                            "layers": layers,
-                            "maxSeqLen": seq,
-                            "microBatch": batch,
-                            "error": str(e)[:500],
-                        }
-                    )
-                    continue
-                if baseline and row.get("achievedTflopsPerDevice"):
+                config = {"model": args.model, "layers": layers, "seq": seq, "batch": batch, "remat": remat}
+                flags = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+                row = in_child(["--one", json.dumps({**config, "flops": not args.no_flops}), *flags], args.timeout)
+                if "error" in row:
+                    row = {**config, **row}
+                if baseline and baseline.get("tflops") and row.get("achievedTflopsPerDevice"):
                     row["ofBaseline"] = round(row["achievedTflopsPerDevice"] / baseline["tflops"], 3)
                 emit(row)
     return 0

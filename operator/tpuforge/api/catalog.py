@@ -53,8 +53,10 @@ class TpuSlice:
 # On-demand list price per chip-hour; a slice costs its chips times this (GKE bills TPU VMs per chip).
 V5P_USD_PER_CHIP_HOUR = 4.20
 V6E_USD_PER_CHIP_HOUR = 2.69
-# Per chip, from Cloud TPU's published specifications: HBM (GiB) and peak bfloat16 TFLOP/s.
-CHIP_SPECS = {"tpu-v5p-slice": (95.0, 459.0), "tpu-v6e-slice": (32.0, 918.0)}
+V5E_USD_PER_CHIP_HOUR = 1.20
+# Per chip, from Cloud TPU's published specifications: HBM (GiB) and peak bfloat16 TFLOP/s. (One TPU v5e chip
+# reported 15.75 GiB of its 16 usable by XLA, 2026-12-06.)
+CHIP_SPECS = {"tpu-v5p-slice": (95.0, 459.0), "tpu-v6e-slice": (32.0, 918.0), "tpu-v5-lite-podslice": (16.0, 197.0)}
 
 
 # One host of each machine type: vCPUs and memory (GB), as Compute Engine lists them. Pod requests must fit
@@ -63,6 +65,9 @@ MACHINE_TYPES: dict[str, tuple[int, int]] = {
     "ct5p-hightpu-4t": (208, 448),
     "ct6e-standard-4t": (180, 720),
     "ct6e-standard-8t": (180, 1440),
+    "ct5lp-hightpu-1t": (24, 48),
+    "ct5lp-hightpu-4t": (112, 192),
+    "ct5lp-hightpu-8t": (224, 384),
 }
 
 
@@ -106,6 +111,13 @@ TPU_SLICES: dict[str, TpuSlice] = {
         _slice("v6e-8", "tpu-v6e-slice", "2x4", "ct6e-standard-8t", 8, 1, V6E_USD_PER_CHIP_HOUR),
         _slice("v6e-16", "tpu-v6e-slice", "4x4", "ct6e-standard-4t", 4, 4, V6E_USD_PER_CHIP_HOUR),
         _slice("v6e-32", "tpu-v6e-slice", "4x8", "ct6e-standard-4t", 4, 8, V6E_USD_PER_CHIP_HOUR),
+        # TPU v5e (GKE: tpu-v5-lite-podslice): 16 GiB per chip, so only small models or LoRA on a cut of a large
+        # one; single-host 1x1, 2x2 and 2x4 serve as well as train, multi-host slices are VMs of 4 chips.
+        _slice("v5litepod-1", "tpu-v5-lite-podslice", "1x1", "ct5lp-hightpu-1t", 1, 1, V5E_USD_PER_CHIP_HOUR),
+        _slice("v5litepod-4", "tpu-v5-lite-podslice", "2x2", "ct5lp-hightpu-4t", 4, 1, V5E_USD_PER_CHIP_HOUR),
+        _slice("v5litepod-8", "tpu-v5-lite-podslice", "2x4", "ct5lp-hightpu-8t", 8, 1, V5E_USD_PER_CHIP_HOUR),
+        _slice("v5litepod-16", "tpu-v5-lite-podslice", "4x4", "ct5lp-hightpu-4t", 4, 4, V5E_USD_PER_CHIP_HOUR),
+        _slice("v5litepod-32", "tpu-v5-lite-podslice", "4x8", "ct5lp-hightpu-4t", 4, 8, V5E_USD_PER_CHIP_HOUR),
     )
 }
 
@@ -395,7 +407,9 @@ MODELS: dict[str, ModelShape] = {
             "qwen3-8b",
             lora_targets=QWEN3_LORA_TARGETS,
             hf_repo="Qwen/Qwen3-8B",
-            train_slice="v6e-4",
+            # The cheapest slice that holds it by TRAIN_WEIGHT_SHARE: 3.8 GiB of weights on each of four v5e
+            # chips. The preflight's compiled verdict for it is yet to be recorded (docs/performance.md).
+            train_slice="v5litepod-4",
         ),
         _TINY,
         # gemma4-tiny's decoder in the 31B checkpoint's layout: Gemma4ForConditionalGeneration, bfloat16, the

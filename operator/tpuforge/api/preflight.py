@@ -51,8 +51,17 @@ class PreflightStatus(StatusModel):
         default=None, alias="hbmPerChipGiB", description="HBM per chip: arguments, outputs and temporaries."
     )
     hbm_capacity_gib: float | None = Field(default=None, alias="hbmCapacityGiB", description="HBM of one chip.")
+    build_gib: float | None = Field(
+        default=None,
+        alias="buildGiB",
+        description="HBM per chip at the peak of building the model (LoRA adapters added to the base) before "
+        "the first step; fits means both this and hbmPerChipGiB fit.",
+    )
     tflops_per_step: float | None = Field(default=None, description="TFLOP per chip per optimizer step.")
     assumed_mfu: float | None = Field(default=None, alias="assumedMFU", description="The MFU the estimates assume.")
+    mfu_source: str | None = Field(
+        default=None, alias="mfuSource", description="Where assumedMFU comes from (measured on which chip, or assumed)."
+    )
     estimated_tokens_per_second: float | None = None
     estimated_seconds: float | None = Field(default=None, description="The whole run's training time.")
     total_steps: int | None = Field(default=None, description="The optimizer steps the estimates are for.")

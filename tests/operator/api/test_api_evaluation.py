@@ -62,7 +62,10 @@ def test_a_threshold_needs_its_metric(threshold: str, value: float, metrics: lis
 )
 def test_the_evaluation_slice_is_cpu_or_one_host(slice_id: str, said: str) -> None:
     message = errors_of(with_eval({"slice": slice_id}))["spec.evaluation.slice"]
-    assert said in message and "use cpu or one of ['v5p-8', 'v6e-4', 'v6e-8']" in message
+    assert (
+        said in message
+        and "use cpu or one of ['v5litepod-1', 'v5litepod-4', 'v5litepod-8', 'v5p-8', 'v6e-4', 'v6e-8']" in message
+    )
 
 
 @pytest.mark.parametrize("slice_id", ["cpu", "v5p-8", "v6e-4", "v6e-8"])

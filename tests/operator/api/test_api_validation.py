@@ -166,7 +166,9 @@ def test_catalog_lookups() -> None:
     assert api.model_shape("gemma4-31b").num_global_kv_heads == 4
     assert api.model_shape("gemma4-31b").hf_prefix == "model.language_model."
     assert api.model_shape("gemma4-tiny").hf_prefix == "model."
-    with pytest.raises(KeyError, match="known: v5p-128, v5p-16, v5p-32"):
+    with pytest.raises(
+        KeyError, match="known: v5litepod-1, v5litepod-16, v5litepod-32, v5litepod-4, v5litepod-8, v5p-128, v5p-16"
+    ):
         api.tpu_slice("v9")
 
 

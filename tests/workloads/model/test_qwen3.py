@@ -94,6 +94,45 @@ def test_lora_training_lowers_the_loss(tiny_qwen3_model_dir: Path) -> None:
     assert losses[-1] < 0.8 * losses[0], losses
 
 
+def test_splash_attention_with_segment_ids_gives_the_masked_path_s_loss(tiny_qwen3_model_dir: Path) -> None:
+    """On TPU the trainer hands Qwen3 the segment ids and it runs splash attention (attention.py), not the dense
+    T x T product; here the same kernel runs in Pallas interpret mode against the masked path, on packed and
+    padded rows, with LoRA on (B randomised, so the adapters count)."""
+    from tpuforge_workloads.model import attention
+
+    _, base = _load(tiny_qwen3_model_dir)
+    assert any(isinstance(m, attention.Qwen3SegmentAttention) for _, m in base.iter_modules())
+    spec = LoraSpec(rank=4, alpha=8.0, dropout=0.0, target_modules=list(QWEN3_LORA_TARGETS))
+    model = lora.apply_lora(base, spec, _mesh(), seed=0)
+    rng = np.random.default_rng(0)
+    nnx.update(
+        model,
+        jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.05, x.shape), x.dtype), nnx.state(model, nnx.LoRAParam)),
+    )
+    t = 128
+    segments = np.zeros((2, t), np.int32)
+    segments[0, :50], segments[0, 50:120] = 1, 2  # two examples, then padding
+    segments[1, :] = 1
+    positions = np.zeros((2, t), np.int32)
+    for row in range(2):
+        for seg in (1, 2):
+            at = segments[row] == seg
+            positions[row, at] = np.arange(at.sum())
+    tokens = jnp.asarray(rng.integers(5, 512, (2, t)), jnp.int32)
+    inputs = {"input_tokens": tokens, "input_mask": jnp.asarray(segments > 0), "positions": jnp.asarray(positions)}
+    ids = jnp.asarray(segments)
+
+    @nnx.jit
+    def nll(model: Any, mask: Any) -> Any:
+        total, count = nll_sum_and_count(model, attention_mask=mask, **inputs)
+        return total / count
+
+    with jax.set_mesh(_mesh()):
+        masked = float(nll(model, attention_mask(ids)))
+        splash = float(nll(model, attention.Segments(ids)))
+    np.testing.assert_allclose(splash, masked, rtol=1e-5)
+
+
 def test_the_chat_template_renders_thinking_as_qwen3s(tiny_qwen3_model_dir: Path) -> None:
     from transformers import AutoTokenizer
 
@@ -119,8 +158,8 @@ def test_the_chat_template_renders_thinking_as_qwen3s(tiny_qwen3_model_dir: Path
 
 @pytest.mark.slow
 def test_the_preflight_compiles_a_qwen3_8b_layer_for_its_slice() -> None:
-    """The preflight's path for Qwen3: one Qwen3-8B layer, LoRA on Qwen3's targets, compiled for the v6e-4
-    topology (libtpu, no TPU) with its weights sharded over the chips, on the masked attention path."""
+    """The preflight's path for Qwen3: one Qwen3-8B layer, LoRA on Qwen3's targets, compiled for its slice's (v5e 2x2)
+    topology (libtpu, no TPU) with its weights sharded over the chips, on splash attention with segment ids."""
     from tpuforge.api import CheckpointSpec, MeshSpec, TrainConfig, TrainingSpec
     from tpuforge.api.catalog import HF_CONFIGS, TPU_SLICES
     from tpuforge_workloads.model.mesh import make_mesh
@@ -143,7 +182,7 @@ def test_the_preflight_compiles_a_qwen3_8b_layer_for_its_slice() -> None:
         checkpoint=CheckpointSpec(uri="gs://runs/checkpoints"),
     )
     step = compile_train_step(one, config, make_mesh(slc.default_fsdp, slc.default_tp, slice_devices(slc)), 10)
-    assert step.platform == "tpu" and step.layers == 1 and step.attention == "masked"
+    assert step.platform == "tpu" and step.layers == 1 and step.attention == "splash"
     # The bfloat16 base: embedding and untied lm_head, one layer's attention and MLP, spread over the chips.
     d, f, v = text.embed_dim, text.hidden_dim, text.vocab_size
     attn = 2 * d * text.num_heads * text.head_dim + 2 * d * text.num_kv_heads * text.head_dim

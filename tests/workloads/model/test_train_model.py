@@ -147,6 +147,27 @@ def test_lora_adapters_are_sharded_by_their_weights_and_never_on_the_rank(
     assert jax.tree.leaves(nnx.state(model, nnx.RngCount))
 
 
+def test_the_lora_build_holds_the_base_once(tiny_model_dir: Path, text: gemma4.Gemma4Text, jax_devices: Any) -> None:
+    """Adding the adapters (lora.AdapterBuild) reads the base as the program's argument and returns only the
+    adapters: XLA's memory analysis of the compiled build says so, and the LoRA model holds the base's own
+    arrays (Qwix's insertion alone, jitted, returned a second copy of the base)."""
+    mesh = make_mesh(1, 1, jax_devices[:1])
+    with jax.set_mesh(mesh):
+        base = checkpoint_read.load_model(tiny_model_dir, text, gemma4.tunix_config(text), mesh)
+    spec = LoraSpec(rank=8, alpha=16.0, dropout=0.0)
+    build = lora.AdapterBuild(base, spec, mesh, seed=0, adapter_dtype=lora.ADAPTER_DTYPE)
+    mem = build.lower(nnx.state(base)).compile().memory_analysis()
+    base_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(base)))
+    adapter_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(build.adapters))
+    assert 0 < adapter_bytes < base_bytes / 4
+    assert mem.argument_size_in_bytes == pytest.approx(base_bytes, rel=0.01)
+    assert mem.output_size_in_bytes - mem.alias_size_in_bytes <= adapter_bytes + 64 * 1024
+    model = lora.apply_lora(base, spec, mesh, seed=0)
+    held = {path: x for path, x in nnx.to_flat_state(nnx.state(model, nnx.Not(nnx.LoRAParam)))}
+    for path, x in nnx.to_flat_state(nnx.state(base)):
+        assert held[path].get_value() is x.get_value(), path  # the same array, not a copy
+
+
 def test_the_trained_lora_model_is_rebuilt_from_base_and_checkpoint(tiny_training_run: Any, jax_devices: Any) -> None:
     """What the merge's verification uses: load_lora_model(base URI, checkpoint URI) on the CPU."""
     config = tiny_training_run.config

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tpuforge.api.catalog import TPU_SLICES
@@ -112,3 +114,28 @@ def test_a_step_libtpu_refused_does_not_fit_and_its_headline_has_no_speed() -> N
     refused = CompiledStep(2, 0, 0, 0, int(72.16 * GIB), 0, 0.0, 50.0, "tpu", out_of_hbm=True)
     e = est.estimate(est.PerChip.of(refused), TPU_SLICES["v6e-4"], 65536, 8, 10)
     assert not e.fits and e.headline() == "does not fit: 72.2 of 32 GiB per chip"
+
+
+def test_a_build_that_outgrows_the_chip_fails_a_job_whose_step_fits() -> None:
+    # The step needs 20 GiB of 32; building the model (adapters added to the base) peaks at 40.
+    figures = est.PerChip(argument_bytes=15 * GIB, temp_bytes=5 * GIB, output_bytes=0, flops=1e12, build_bytes=40 * GIB)
+    e = est.estimate(figures, TPU_SLICES["v6e-8"], 8192, 1, 10)
+    assert e.hbm_per_chip_gib == pytest.approx(20.0) and e.build_gib == pytest.approx(40.0)
+    assert not e.fits
+    assert e.headline().startswith("does not fit: 40.0 of 32 GiB per chip (the model build's peak)")
+    # The build's figure extrapolates per layer as the step's do.
+    probes = [step(1, 10, 4, 100.0), step(2, 11, 4.5, 110.0), step(2, 12, 5.0, 130.0)]
+    probes = [dataclasses.replace(p, build_bytes=int(b * GIB)) for p, b in zip(probes, (10, 11, 12), strict=True)]
+    whole = est.extrapolate(probes, ("sliding_attention",) * 5 + ("full_attention",))
+    assert whole.build_bytes == pytest.approx((10 + 4 * 1 + 2) * GIB)
+
+
+def test_the_assumed_mfu_is_the_chip_generation_s_and_says_where_it_comes_from() -> None:
+    figures = est.PerChip(argument_bytes=GIB, temp_bytes=GIB, output_bytes=0, flops=197e12)
+    v5e = est.estimate(figures, TPU_SLICES["v5litepod-4"], 4096, 1, 10)
+    assert v5e.mfu == 0.67 and "measured on one TPU v5e chip on 2026-12-06" in v5e.mfu_source
+    assert v5e.step_seconds == pytest.approx(1 / 0.67)
+    v5p = est.estimate(figures, TPU_SLICES["v5p-8"], 4096, 1, 10)
+    assert v5p.mfu == 0.67 and v5p.mfu_source.startswith("assumed")
+    given = est.estimate(figures, TPU_SLICES["v5p-8"], 4096, 1, 10, mfu=0.5)
+    assert given.mfu == 0.5 and given.mfu_source == "given (--mfu)"

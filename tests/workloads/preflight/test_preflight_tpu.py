@@ -66,6 +66,18 @@ def test_tpuforge_preflight_compiles_a_job_for_its_slice(tmp_path: Path) -> None
     assert report["tflopsPerStep"] > 0 and report["tokensPerStep"] == 128 * 8  # 1 row x 8 micro-batches
     assert report["estimatedSeconds"] > 0 and report["estimatedUSD"] > 0 and report["totalSteps"] == 50
     assert report["headline"].startswith("fits: ")
+    # The model build (adapters added to the base in place) is compiled too, and needs no more than the step
+    # (the tiny model's build rounds to 0.00 GiB).
+    assert 0 <= report["buildGiB"] <= report["hbmPerChipGiB"]
+    assert report["assumedMFU"] == 0.67 and report["mfuSource"].startswith("assumed equal to TPU v5e's measured")
+
+
+@pytest.mark.parametrize(("slice_id", "hosts"), [("v5litepod-1", 1), ("v5litepod-8", 1), ("v5litepod-16", 4)])
+def test_v5e_slices_are_described_as_gke_builds_them(slice_id: str, hosts: int) -> None:
+    devices = slice_devices(TPU_SLICES[slice_id])
+    assert len(devices) == TPU_SLICES[slice_id].chips
+    assert {d.device_kind for d in devices} == {"TPU v5 lite"}
+    assert len({d.process_index for d in devices}) == hosts
 
 
 def test_a_bad_job_is_refused_before_any_compile(tmp_path: Path) -> None:

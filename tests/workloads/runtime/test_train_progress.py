@@ -52,6 +52,22 @@ def test_metrics_and_summary_follow_the_steps(tmp_path: Path, monkeypatch: pytes
     assert p.last_checkpoint == CheckpointSave(step=11, seconds=1.5, bytes=4096)
 
 
+def test_a_run_killed_after_a_checkpoint_keeps_the_checkpointed_steps_loss(tmp_path: Path) -> None:
+    """The trainer saves step s before it reports step s's loss (it reports after dispatching s+1): the summary
+    on disk must hold that loss once it arrives, so a run killed later and resumed at s+1 loses no step."""
+    import json
+
+    progress = _progress(tmp_path, None)
+    progress.step_done(11, loss=2.5, tokens=10, tokens_total=10)
+    progress.checkpoint_saved(12, 0.1)  # as the trainer orders it: the save, then step 12's loss
+    on_disk = json.loads((tmp_path / "run_summary.json").read_text())["attempts"][-1]
+    assert on_disk["losses"] == {"11": 2.5} and on_disk["end_step"] == 12
+    progress.step_done(12, loss=2.25, tokens=10, tokens_total=20)
+    progress.step_done(13, loss=2.0, tokens=10, tokens_total=30)  # then killed: nothing else written
+    on_disk = json.loads((tmp_path / "run_summary.json").read_text())["attempts"][-1]
+    assert on_disk["losses"] == {"11": 2.5, "12": 2.25}
+
+
 class FakeClock:
     """A clock the test moves by hand: steps take exactly as long as the test says."""
 

@@ -1,4 +1,5 @@
-"""Gemma 4 attention over packed rows: splash attention with segment ids on TPU, Tunix's masked path elsewhere.
+"""Attention over packed rows: splash attention with segment ids on TPU, Tunix's masked path elsewhere (Gemma 4
+and Qwen3).
 
 Tunix's Gemma 4 attention has two paths. The default one takes the [B, T, T] mask the trainer builds from the
 segment ids (data/pipeline.py: causal, block-diagonal per example) and computes every T x T score, sliding
@@ -17,6 +18,12 @@ in Pallas interpret mode, which is how the tests compare both paths.
 The projection below restates Tunix's (q/k/v einsums, norms, RoPE, value normalisation). If a Tunix release
 changes its own, the two paths differ and tests/workloads/train/test_train_loss.py (segment-id path = masked path)
 fails; `install` refuses a model whose attention modules lack the parts it uses.
+
+Qwen3 takes the same kernel (`Qwen3SegmentAttention`): Tunix's Qwen3 (google-tunix 0.1.7) has a splash path of
+its own that takes segment ids (`use_flash_attention`), but its blocks are one configured size (1024 by default,
+which outgrows scoped VMEM on the 31B's backward kernels), it reads the legacy mesh context, and it has no
+interpret mode, so nothing could check it on a CPU; this module's kernel runs in interpret mode in the tests
+(tests/workloads/model/test_qwen3.py: segment-id path = masked path).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
 from tunix.models.gemma4 import model as gm
+from tunix.models.qwen3 import model as qm
 from tunix.utils.sharding_utils import shard
 
 # Splash's key/value blocks are multiples of the TPU's 128 lanes; larger blocks run faster until the
@@ -161,12 +169,45 @@ class SegmentAttention(gm.Attention):  # type: ignore[misc]
         return {"v": v, "k": k}, out, (k, v)
 
 
+class Qwen3SegmentAttention(qm.Attention):  # type: ignore[misc]
+    """Tunix's Qwen3 attention that also takes `Segments` (see the module's docstring): its projections, q/k
+    norms and RoPE as Tunix computes them, then splash attention, causal within each example."""
+
+    def block(
+        self, x: jax.Array, segment_pos: jax.Array, cache: Any, attn_mask: Any, segment_ids: Any = None
+    ) -> tuple[Any, jax.Array]:
+        if not isinstance(attn_mask, Segments):
+            return super().block(x, segment_pos, cache, attn_mask, segment_ids=segment_ids)  # type: ignore[no-any-return]
+        if cache is not None:
+            raise ValueError("segment ids are for training and scoring whole rows; decoding passes a mask")
+        btnh = self.shd_config.act_btnh
+        q = shard(self.q_norm(self.q_proj(x)), btnh)
+        k = shard(self.k_norm(self.k_proj(x)), btnh)
+        v = shard(self.v_proj(x), btnh)
+        q = qm.apply_rope(q, segment_pos, head_dim=self.head_dim)
+        k = qm.apply_rope(k, segment_pos, head_dim=self.head_dim)
+        encoded = splash_attention(q * self.scale, k, v, attn_mask.ids, None, tuple(btnh))
+        return None, shard(self.o_proj(encoded), self.shd_config.act_btd)
+
+
+# Tunix's attention module of each family -> ours, and the parts ours reads from it.
+_SEGMENT_ATTENTION: dict[type, tuple[type, tuple[str, ...]]] = {
+    gm.Attention: (SegmentAttention, _PARTS),
+    qm.Attention: (
+        Qwen3SegmentAttention,
+        ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "scale", "head_dim", "shd_config"),
+    ),
+}
+
+
 def for_model(model: Any, attention_mask: Any) -> Any:
-    """The attention mask as `model` takes it: segment ids become the dense packing mask for a model without
-    SegmentAttention (a family whose attention is Tunix's own, Qwen3). Decided at trace time."""
+    """The attention mask as `model` takes it: segment ids become the dense packing mask for a model whose
+    attention modules are Tunix's own (not installed: a model loaded outside the trainer). Decided at trace
+    time."""
     if not isinstance(attention_mask, Segments):
         return attention_mask
-    if any(isinstance(m, SegmentAttention) for _, m in model.iter_modules()):
+    ours = tuple(cls for cls, _ in _SEGMENT_ATTENTION.values())
+    if any(isinstance(m, ours) for _, m in model.iter_modules()):
         return attention_mask
     return dense_mask(attention_mask.ids)
 
@@ -180,20 +221,27 @@ def dense_mask(segment_ids: jax.Array) -> jax.Array:
 
 
 def install(model: Any) -> Any:
-    """Make every Gemma 4 attention module of `model` a SegmentAttention (in place; returns `model`)."""
+    """Make every Gemma 4 or Qwen3 attention module of `model` ours (SegmentAttention, Qwen3SegmentAttention),
+    in place; returns `model`."""
+    ours = tuple(cls for cls, _ in _SEGMENT_ATTENTION.values())
     found = 0
     for _, module in model.iter_modules():
-        if type(module) is gm.Attention:
-            missing = [p for p in _PARTS if not hasattr(module, p)]
-            if missing or not (hasattr(module, "k_einsum") or hasattr(module, "kv_einsum")):
+        if type(module) in _SEGMENT_ATTENTION:
+            cls, parts = _SEGMENT_ATTENTION[type(module)]
+            missing = [p for p in parts if not hasattr(module, p)]
+            if cls is SegmentAttention and not (hasattr(module, "k_einsum") or hasattr(module, "kv_einsum")):
+                missing.append("k_einsum/kv_einsum")
+            if missing:
                 raise TypeError(
-                    f"tunix.models.gemma4.model.Attention changed (no {missing or 'k_einsum/kv_einsum'}); "
+                    f"{type(module).__module__}.{type(module).__name__} changed (no {missing}); "
                     "update tpuforge_workloads.model.attention for this google-tunix version"
                 )
-            module.__class__ = SegmentAttention
+            module.__class__ = cls
             found += 1
-        elif isinstance(module, SegmentAttention):
+        elif isinstance(module, ours):
             found += 1
     if not found:
-        raise TypeError(f"{type(model).__name__} has no Gemma 4 attention module to install splash attention in")
+        raise TypeError(
+            f"{type(model).__name__} has no Gemma 4 or Qwen3 attention module to install splash attention in"
+        )
     return model

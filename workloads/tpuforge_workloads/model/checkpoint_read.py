@@ -204,7 +204,9 @@ def load_model(
     if stats is not None:
         stats.update(model_bytes_read=float(read), model_bytes=float(total))
     state = jax.tree_util.tree_map_with_path(lambda p, _: params[_dotted(p)], shardings)
-    return fam.install_attention(nnx.merge(graph_def, state))
+    from tpuforge_workloads.model import attention
+
+    return attention.install(nnx.merge(graph_def, state))
 
 
 def _tuple(x: Any) -> tuple[int, ...] | None:

@@ -3,8 +3,8 @@ catalog check, its Tunix model and config, its HF -> Tunix key mapping and expec
 attention is set up. Everything that loads, trains or sizes a model asks this module, never a family's module
 by name, so a family is added here (and in tpuforge.api.catalog) and nowhere else.
 
-Gemma 4 gets the trainer's splash attention with segment ids on TPU (attention.py); Qwen3 keeps Tunix's
-attention, which takes the trainer's dense packing mask (attention.for_model turns segment ids into that mask).
+Both families get the trainer's splash attention with segment ids on TPU (attention.py), and the dense packing
+mask elsewhere.
 """
 
 from __future__ import annotations
@@ -31,12 +31,6 @@ def _qwen3_model() -> Any:
     return qm.Qwen3
 
 
-def _segment_attention(model: Any) -> Any:
-    from tpuforge_workloads.model import attention
-
-    return attention.install(model)
-
-
 @dataclass(frozen=True)
 class Family:
     name: str
@@ -48,7 +42,6 @@ class Family:
     key_mapping: Callable[[Any], dict[str, Any]]  # HF name pattern -> (Tunix name, (permute, reshape))
     check_tensors: Callable[[Iterable[str], Any, str], None]
     set_remat: Callable[[Any, bool], None]
-    install_attention: Callable[[Any], Any]  # the loaded model, its attention ready for the trainer's inputs
     lora_modules: Mapping[str, tuple[str, tuple[str, ...]]]  # Tunix LoRA module -> (HF block, HF projections)
 
     def build(self, text: Decoder, seed: int = 0) -> Any:
@@ -71,7 +64,6 @@ FAMILIES: dict[str, Family] = {
             gemma4.key_mapping,
             gemma4.check_tensors,
             gemma4.set_remat,
-            _segment_attention,
             gemma4.LORA_MODULES,
         ),
         Family(
@@ -84,7 +76,6 @@ FAMILIES: dict[str, Family] = {
             qwen3.key_mapping,
             qwen3.check_tensors,
             qwen3.set_remat,
-            lambda model: model,
             qwen3.LORA_MODULES,
         ),
     )

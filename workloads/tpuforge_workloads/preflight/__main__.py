@@ -25,7 +25,6 @@ from tpuforge.api.catalog import TPU_SLICES, model_shape
 from tpuforge.api.constants import EXIT_BAD_CONFIG, EXIT_DOES_NOT_FIT
 from tpuforge_workloads.model import family
 from tpuforge_workloads.model.decoder import ModelError
-from tpuforge_workloads.preflight import estimate as est
 from tpuforge_workloads.preflight.run import preflight
 from tpuforge_workloads.preflight.topology import TopologyError
 from tpuforge_workloads.runtime import termination
@@ -36,7 +35,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tpuforge_workloads.preflight", description=__doc__.split("\n")[2])
     ap.add_argument("--config", required=True, help="the trainer's config JSON (TrainConfig)")
     ap.add_argument("--slice", required=True, choices=sorted(TPU_SLICES), help="the job's spec.tpu.slice")
-    ap.add_argument("--mfu", type=float, default=est.DEFAULT_MFU, help="assumed share of peak FLOP/s")
+    ap.add_argument(
+        "--mfu", type=float, help="assumed share of peak FLOP/s (default: the chip generation's, estimate.UTILIZATION)"
+    )
     ap.add_argument("--steps", type=int, help="optimizer steps of the run (default: maxSteps or the dataset)")
     ap.add_argument("--model-config", help="a local config.json instead of the one at model.uri")
     ap.add_argument("--whole", action="store_true", help="compile every layer instead of extrapolating")

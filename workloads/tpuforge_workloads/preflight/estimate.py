@@ -25,12 +25,26 @@ from dataclasses import dataclass
 from tpuforge.api.catalog import TpuSlice
 from tpuforge_workloads.preflight.step import GIB, CompiledStep
 
-# The share of the chips' peak FLOP/s assumed for estimates. The report's Gemma 4 31B run on a v5p-8 (763
-# tokens/s) is about 7.6% by the 6N rule (6 x 30.7 B FLOPs per token over 4 x 459 TFLOP/s), and 7.8% by
-# XLA's count of the trainer's step compiled for the v5p-8 (benchmarks/preflight_31b.py). The same step ran
-# at 39% on one H200 (benchmarks/train_throughput.py), but nothing has run on a TPU yet, so the default is
-# the report's measured figure, not an aspiration.
-DEFAULT_MFU = 0.08
+# The share of a chip's peak bf16 FLOP/s the trainer's step reaches, by XLA's FLOP count of the step (remat's
+# recomputation included: the count the estimate divides), per chip generation (GKE accelerator label), and
+# where each figure comes from. Only TPU v5e has been measured; the others assume its figure until they are.
+# (Before that, the default was 8%, the report's own v5p-8 run: an unoptimised setup, not this trainer.)
+V5E_MEASURED = (
+    "measured on one TPU v5e chip on 2026-12-06 (JAX 0.10.2, libtpu 0.0.42.1): the trainer's step on the 31B's "
+    "first 2-6 layers at 2048-3072 tokens ran at 67-75% of 197 TFLOP/s by XLA's count; the low end"
+)
+UTILIZATION: dict[str, tuple[float, str]] = {
+    "tpu-v5-lite-podslice": (0.67, V5E_MEASURED),
+    "tpu-v5p-slice": (0.67, "assumed equal to TPU v5e's measured 67% (not measured on v5p; one chip, no collectives)"),
+    "tpu-v6e-slice": (0.67, "assumed equal to TPU v5e's measured 67% (not measured on v6e; one chip, no collectives)"),
+}
+
+
+def utilization(slc: TpuSlice) -> tuple[float, str]:
+    """The share of peak assumed for `slc`'s chips, and where it comes from."""
+    return UTILIZATION.get(slc.accelerator, (0.67, f"assumed equal to TPU v5e's measured 67% ({slc.accelerator})"))
+
+
 # The most the whole model's program is taken to be, in multiples of the largest probe's (module docstring).
 CODE_PROBES = 6
 
@@ -44,10 +58,11 @@ class PerChip:
     output_bytes: float  # outputs not written over donated inputs
     flops: float
     code_bytes: float = 0.0  # the program
+    build_bytes: float = 0.0  # the peak of the model build (adapters added to the base), before the first step
 
     @classmethod
     def of(cls, c: CompiledStep) -> PerChip:
-        return cls(c.argument_bytes, c.temp_bytes, c.output_bytes - c.alias_bytes, c.flops, c.code_bytes)
+        return cls(c.argument_bytes, c.temp_bytes, c.output_bytes - c.alias_bytes, c.flops, c.code_bytes, c.build_bytes)
 
     @property
     def total_bytes(self) -> float:
@@ -60,6 +75,7 @@ class PerChip:
             self.output_bytes + times * other.output_bytes,
             self.flops + times * other.flops,
             self.code_bytes + times * other.code_bytes,
+            self.build_bytes + times * other.build_bytes,
         )
 
     def minus(self, other: PerChip) -> PerChip:
@@ -87,7 +103,7 @@ class Estimate:
     """The preflight's answer for one job on one slice."""
 
     slice_id: str
-    hbm_per_chip_gib: float
+    hbm_per_chip_gib: float  # the train step's peak
     argument_gib: float
     temp_gib: float
     hbm_capacity_gib: float
@@ -99,10 +115,17 @@ class Estimate:
     total_steps: int
     run_seconds: float
     run_usd: float
+    build_gib: float = 0.0  # the model build's peak (adapters added to the base), before the first step
+    mfu_source: str = ""  # where the assumed utilization comes from (utilization.py)
+
+    @property
+    def attempt_gib(self) -> float:
+        """What the attempt needs per chip at its peak: the build's or the step's, whichever is more."""
+        return max(self.hbm_per_chip_gib, self.build_gib)
 
     @property
     def fits(self) -> bool:
-        return self.hbm_per_chip_gib <= self.hbm_capacity_gib
+        return self.attempt_gib <= self.hbm_capacity_gib
 
     @property
     def flops_per_token(self) -> float:
@@ -111,7 +134,9 @@ class Estimate:
 
     def headline(self) -> str:
         verdict = "fits" if self.fits else "does not fit"
-        said = f"{verdict}: {self.hbm_per_chip_gib:,.1f} of {self.hbm_capacity_gib:,.0f} GiB per chip"
+        said = f"{verdict}: {self.attempt_gib:,.1f} of {self.hbm_capacity_gib:,.0f} GiB per chip"
+        if self.build_gib > self.hbm_per_chip_gib:
+            said += " (the model build's peak)"
         if not self.tokens_per_second:  # no FLOP count (libtpu refused the compile)
             return said
         return f"{said}; ~{self.tokens_per_second:,.0f} tok/s at {self.mfu:.0%} MFU"
@@ -123,10 +148,14 @@ def estimate(
     tokens_per_micro_batch: int,
     accumulation: int,
     total_steps: int,
-    mfu: float = DEFAULT_MFU,
+    mfu: float | None = None,
 ) -> Estimate:
     """Time and cost of `total_steps` optimizer steps of `accumulation` micro-batches, at `mfu` of the
-    chips' peak (by XLA's FLOP count of the step, remat's recomputation included)."""
+    chips' peak (by XLA's FLOP count of the step, remat's recomputation included); None: the chip
+    generation's (`utilization`)."""
+    source = "given (--mfu)"
+    if mfu is None:
+        mfu, source = utilization(slc)
     if not 0 < mfu <= 1:
         raise ValueError(f"mfu must be in (0, 1], got {mfu}")
     flops_per_step = figures.flops * accumulation
@@ -147,6 +176,8 @@ def estimate(
         total_steps=total_steps,
         run_seconds=run_seconds,
         run_usd=run_seconds / 3600 * slc.usd_per_hour,
+        build_gib=figures.build_bytes / GIB,
+        mfu_source=source,
     )
 
 

@@ -50,11 +50,13 @@ class Report:
             "hbmPerChipGiB": round(e.hbm_per_chip_gib, 2),
             "argumentsGiB": round(e.argument_gib, 2),
             "temporariesGiB": round(e.temp_gib, 2),
+            "buildGiB": round(e.build_gib, 2),
             "hbmCapacityGiB": e.hbm_capacity_gib,
             "tflopsPerStep": _sig(e.tflops_per_step),
             "flopsPerToken": round(e.flops_per_token),
             "tokensPerStep": e.tokens_per_step,
             "assumedMFU": e.mfu,
+            "mfuSource": e.mfu_source,
             "stepSeconds": _sig(e.step_seconds),
             "estimatedTokensPerSecond": round(e.tokens_per_second),
             "totalSteps": e.total_steps,
@@ -84,9 +86,11 @@ class Report:
             f"preflight for {e.slice_id}: {self.headline()}",
             f"  HBM per chip   {e.hbm_per_chip_gib:8.2f} GiB (arguments {e.argument_gib:.2f}, temporaries "
             f"{e.temp_gib:.2f}) of {e.hbm_capacity_gib:.0f} GiB",
+            f"  model build    {e.build_gib:8.2f} GiB per chip (adapters added to the base, before the first step)",
             f"  compute        {e.tflops_per_step:8.2f} TFLOP per chip per step, {e.flops_per_token / 1e9:.1f} "
             f"GFLOP per token per chip ({e.tokens_per_step:,} tokens per step)",
             f"  at {e.mfu:.0%} MFU     {e.step_seconds:8.2f} s per step, ~{e.tokens_per_second:,.0f} tokens/s",
+            f"  that MFU       {e.mfu_source}",
             f"  whole run      {e.total_steps:,} steps, ~{e.run_seconds / 3600:.1f} h, "
             f"~${e.run_usd:,.0f} at list price",
             f"  compile        {self.compile_seconds:.0f} s ({how})",
@@ -112,7 +116,8 @@ def compiled_figures(
     steps: list[CompiledStep] = []
     for probe in probes:
         steps.append(compile_train_step(with_layers(text, probe), config, mesh, total_steps))
-        if steps[-1].out_of_hbm or (len(steps) == 1 and steps[0].hbm_bytes > capacity_bytes):
+        first = steps[0]
+        if steps[-1].out_of_hbm or (len(steps) == 1 and max(first.hbm_bytes, first.build_bytes) > capacity_bytes):
             return est.PerChip.of(steps[-1]), steps, False
     return est.extrapolate(steps, text.layer_types), steps, True
 
@@ -122,12 +127,12 @@ def preflight(
     config: TrainConfig,
     slc: TpuSlice,
     total_steps: int,
-    mfu: float = est.DEFAULT_MFU,
+    mfu: float | None = None,
     whole: bool = False,
     devices: list[Any] | None = None,
 ) -> Report:
     """Compile `config`'s train step for `slc` (its real TPU topology unless `devices` are given) and
-    estimate HBM, speed and cost."""
+    estimate HBM, speed and cost (at `mfu` of the chips' peak; None: the chip generation's, est.utilization)."""
     started = time.monotonic()
     mesh = make_mesh(config.mesh.fsdp, config.mesh.tp, devices if devices is not None else slice_devices(slc))
     steps_for_schedule = max(total_steps, config.training.warmup_steps + 1)

@@ -5,6 +5,9 @@ configured), the trainer is `train.trainer.make_trainer` (optimizer, gradient ac
 the compiled function is that trainer's `create_train_step_fn()`, jitted as the trainer jits it
 (`jit_train_step`: model and optimizer donated). The model and optimizer are built inside nnx.eval_shape, so
 no weight is read or allocated: only shapes, dtypes and the shardings the run would give them.
+
+The model build is compiled too: the adapters are added to the base as the trainer adds them
+(lora.AdapterBuild), and the build's peak is part of what must fit, so "fits" means the whole attempt does.
 """
 
 from __future__ import annotations
@@ -53,12 +56,25 @@ class CompiledStep:
     out_of_hbm: bool = False  # libtpu refused to compile it: temp_bytes is what it said was needed, a lower bound
     cache_hit: bool = False  # loaded from the compile cache instead of compiled
     attention: str = "masked"  # "splash": the program runs splash attention with segment ids (attention.py)
+    build_bytes: int = 0  # peak HBM per chip of adding the adapters to the base (lora.AdapterBuild), 0: not compiled
 
     @property
     def hbm_bytes(self) -> int:
         """Peak HBM per chip while the step runs: arguments, outputs that are not written in place of a
         donated argument, temporaries and the program."""
         return self.argument_bytes + self.output_bytes - self.alias_bytes + self.temp_bytes + self.code_bytes
+
+
+def peak_bytes(mem: Any) -> int:
+    """Peak HBM per chip of a compiled program by XLA's memory analysis: arguments, outputs not written in
+    place of a donated argument, temporaries and the program."""
+    return int(
+        mem.argument_size_in_bytes
+        + mem.output_size_in_bytes
+        - mem.alias_size_in_bytes
+        + mem.temp_size_in_bytes
+        + mem.generated_code_size_in_bytes
+    )
 
 
 def with_layers(text: Decoder, layer_types: tuple[str, ...]) -> Decoder:
@@ -83,7 +99,7 @@ class NoCheckpoints:
         return 0, {}
 
 
-def _with_shardings(tree: Any, mesh: Any) -> Any:
+def placed_shapes(tree: Any, mesh: Any) -> Any:
     """Abstract values placed as the run places them: each by its partition spec on `mesh`."""
     import jax
     from flax import nnx
@@ -100,10 +116,11 @@ def _with_shardings(tree: Any, mesh: Any) -> Any:
     return jax.tree.map(place, tree, specs, is_leaf=lambda v: isinstance(v, jax.ShapeDtypeStruct))
 
 
-def lower_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_steps: int) -> Any:
+def lower_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_steps: int) -> tuple[Any, Any]:
     """The trainer's step for `text` (config.json's decoder, possibly cut to fewer layers), traced and
     lowered for `mesh` (real devices, or a TPU topology's compile-only devices) at the job's micro-batch
-    shape, from shapes alone. Call under `jax.set_mesh(mesh)` and `mesh` (compile_train_step does)."""
+    shape, from shapes alone; and the model build (adapters added to the base, lora.AdapterBuild) lowered
+    for the same mesh. Call under `jax.set_mesh(mesh)` and `mesh` (compile_train_step does)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -113,10 +130,12 @@ def lower_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_steps:
     fam = family.of(text)
     t = config.training
     trainers: list[Any] = []
+    from tpuforge_workloads.model import attention
 
-    def build() -> tuple[Any, Any]:
-        base = fam.install_attention(fam.build(text))
-        model = lora.add_adapters(base, config.lora, mesh.shape["fsdp"], t.seed)
+    base = nnx.eval_shape(lambda: attention.install(fam.build(text)))
+    build = lora.AdapterBuild(base, config.lora, mesh, t.seed, lora.ADAPTER_DTYPE)
+
+    def finish(model: Any) -> tuple[Any, Any]:
         if config.lora.dropout > 0:
             lora.attach_dropout_stream(model, t.seed)
         fam.set_remat(model, t.remat)
@@ -124,12 +143,12 @@ def lower_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_steps:
         trainers.append(trainer)
         return model, trainer.optimizer
 
-    model, optimizer = nnx.eval_shape(build)
+    model, optimizer = nnx.eval_shape(finish, build.abstract_model())
     check_sharding(nnx.state(model), mesh)
     graph_m, state_m = nnx.split(model)
     graph_o, state_o = nnx.split(optimizer)
-    model = nnx.merge(graph_m, _with_shardings(state_m, mesh))
-    optimizer = nnx.merge(graph_o, _with_shardings(state_o, mesh))
+    model = nnx.merge(graph_m, placed_shapes(state_m, mesh))
+    optimizer = nnx.merge(graph_o, placed_shapes(state_o, mesh))
     rows = t.micro_batch_size * mesh.shape["fsdp"]
     batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))  # type: ignore[no-untyped-call]
     dtypes = {"input_mask": jnp.bool_}
@@ -139,7 +158,8 @@ def lower_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_steps:
     }
     # The data feed adds each row's loss denominator (train/loss.py) before a batch reaches the step.
     batch["loss_denominator"] = jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=batch_sharding)  # type: ignore[no-untyped-call]
-    return jit_train_step(trainers[0].create_train_step_fn()).lower(model, optimizer, batch)
+    step = jit_train_step(trainers[0].create_train_step_fn()).lower(model, optimizer, batch)
+    return step, build.lower(placed_shapes(nnx.state(base), mesh))
 
 
 def lowered_flops(lowered: Any) -> float:
@@ -158,12 +178,13 @@ def compile_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_step
 
     started = time.monotonic()
     with jax.set_mesh(mesh), mesh:  # Tunix's kernels read the legacy mesh context, the model the new one
-        lowered = lower_train_step(text, config, mesh, total_steps)
+        lowered, build = lower_train_step(text, config, mesh, total_steps)
         attention_kind = "splash" if SPLASH_KERNEL in lowered.as_text() else "masked"
         inputs = compile_cache.key_inputs(text, config, total_steps, mesh.devices)
         try:
             with compile_cache.open_cache(config.compile_cache_uri, inputs) as cache:
                 compiled = lowered.compile()
+            build_bytes = _build_bytes(build)
         except jax.errors.JaxRuntimeError as e:
             needed = out_of_hbm_bytes(str(e))
             if needed is None:
@@ -189,4 +210,19 @@ def compile_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_step
         platform=mesh.devices.flat[0].platform,
         cache_hit=bool(cache and cache.counts["hits"]),
         attention=attention_kind,
+        build_bytes=build_bytes,
     )
+
+
+def _build_bytes(lowered_build: Any) -> int:
+    """The build's peak per chip; libtpu's refusal to compile it gives the bytes it needs instead."""
+    import jax
+
+    try:
+        mem = lowered_build.compile().memory_analysis()
+    except jax.errors.JaxRuntimeError as e:
+        needed = out_of_hbm_bytes(str(e))
+        if needed is None:
+            raise
+        return needed
+    return peak_bytes(mem) if mem is not None else 0

@@ -13,9 +13,9 @@ from typing import Any
 from tpuforge.api.catalog import TpuSlice
 
 # libtpu's name for each GKE accelerator family.
-_PLATFORM_PREFIX = {"tpu-v5p-slice": "v5p", "tpu-v6e-slice": "v6e"}
-# A host's chips as a (x, y, z) box: four chips are 2x2, eight are 2x4.
-_HOST_BOUNDS = {4: (2, 2, 1), 8: (2, 4, 1)}
+_PLATFORM_PREFIX = {"tpu-v5p-slice": "v5p", "tpu-v6e-slice": "v6e", "tpu-v5-lite-podslice": "v5e"}
+# A host's chips as a (x, y, z) box: one chip is 1x1, four are 2x2, eight are 2x4.
+_HOST_BOUNDS = {1: (1, 1, 1), 4: (2, 2, 1), 8: (2, 4, 1)}
 
 
 class TopologyError(ValueError):

@@ -318,6 +318,7 @@ class RunProgress:
         self._window = ThroughputWindow(clock, start_step)
         self._step_started = clock()
         self._step_times: list[float] = []
+        self._write_at_loss: int | None = None  # a saved checkpoint's step whose loss is not reported yet
         self.events = events
         metrics.total_steps.set(total_steps)
         metrics.step.set(start_step)
@@ -349,6 +350,9 @@ class RunProgress:
         if self.tokens_per_second is not None:
             self.metrics.tokens_per_second.set(self.tokens_per_second)
         self.summary.record_loss(step, loss)
+        if step == self._write_at_loss:
+            self._write_at_loss = None
+            self.summary.write()  # the checkpointed step's own loss, before a kill can lose it
         if self.events is not None:
             self.events.scalar("train/loss", loss, step)
             if self.tokens_per_second is not None:
@@ -373,6 +377,11 @@ class RunProgress:
         self._step_started = self._clock()
 
     def checkpoint_saved(self, step: int, blocking_s: float) -> None:
+        """Step `step` was saved. The summary is written now, and again once the step's loss arrives: the
+        trainer reports step s's loss only after dispatching step s+1 (trainer.GradNorms), which is after the
+        save, so a run killed later would otherwise resume at s+1 with step s's loss in no summary."""
+        if str(step) not in self.summary.attempt["losses"]:
+            self._write_at_loss = step
         self.metrics.checkpoint_seconds.labels("blocking").observe(blocking_s)
         self.summary.attempt.setdefault("checkpoints", []).append({"step": step, "blocking_s": round(blocking_s, 3)})
         self.summary.attempt["end_step"] = step

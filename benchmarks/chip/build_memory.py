@@ -1,0 +1,84 @@
+"""The model build's memory on the devices at hand: the base with random weights made in place, the LoRA
+adapters added (lora.AdapterBuild, as the trainer adds them), and what that held at its peak, beside what the
+attempt holds at rest (base + adapters + the optimizer's two float32 moments) and XLA's analysis of the
+compiled build (the preflight's figure).
+
+    python -m benchmarks.chip.build_memory [--model gemma4-31b] [--layers 6] [--json out.jsonl]
+
+Run it in a process of its own: the device's peak is the process's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+import jax
+import numpy as np
+from benchmarks.train_throughput import GIB, decoder, layer_kinds, random_model, train_config
+from flax import nnx
+
+from tpuforge_workloads.model import attention, family, lora
+from tpuforge_workloads.model.mesh import make_mesh
+from tpuforge_workloads.preflight.step import peak_bytes, placed_shapes
+
+
+def _bytes(tree: Any) -> int:
+    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def measure(model_name: str, layers: int) -> dict[str, Any]:
+    text = decoder(model_name, layers)
+    devices = jax.local_devices()
+    config = train_config(model_name, 2048, 1, True, fsdp=len(devices))
+    mesh = make_mesh(len(devices), 1, devices)
+    fam = family.of(text)
+    with jax.set_mesh(mesh):
+        base = nnx.eval_shape(lambda: attention.install(fam.build(text)))
+    build = lora.AdapterBuild(base, config.lora, mesh, config.training.seed, lora.ADAPTER_DTYPE)
+    base_bytes, adapter_bytes = _bytes(nnx.state(base)), _bytes(build.adapters)
+    compiled = build.lower(placed_shapes(nnx.state(base), mesh)).compile().memory_analysis()
+    started = time.monotonic()
+    with jax.set_mesh(mesh), mesh:
+        model = random_model(text, config, mesh)
+        jax.block_until_ready(nnx.state(model))
+    n = len(devices)
+    at_rest = (base_bytes + 3 * adapter_bytes) / n  # per device: base, adapters, AdamW's two moments
+    row: dict[str, Any] = {
+        "model": model_name,
+        "layers": text.num_layers,
+        "layerTypes": layer_kinds(text),
+        "devices": n,
+        "device": str(devices[0].device_kind),
+        "buildSeconds": round(time.monotonic() - started, 1),
+        "baseGiB": round(base_bytes / n / GIB, 3),
+        "adaptersGiB": round(adapter_bytes / n / GIB, 3),
+        "atRestGiB": round(at_rest / GIB, 3),
+        "compiledBuildGiB": round(peak_bytes(compiled) / GIB, 3) if compiled is not None else None,
+    }
+    stats = devices[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        row["devicePeakGiB"] = round(stats["peak_bytes_in_use"] / GIB, 3)
+        row["peakOverAtRest"] = round(stats["peak_bytes_in_use"] / at_rest, 3)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="gemma4-31b")
+    ap.add_argument("--layers", type=int, default=6, help="0: the whole model")
+    ap.add_argument("--json", help="append the row here")
+    args = ap.parse_args(argv)
+    row = measure(args.model, args.layers)
+    print(json.dumps(row), flush=True)
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The preflight's figure for one TPU v5e chip beside the chip's own compile of the same step: the 31B cut to
+2, 4 or 6 layers (both attention kinds kept, benchmarks/train_throughput.py) at a sequence length, micro-batch 1,
+remat on, LoRA rank 64.
+
+- `--side cpu` (a CPU host with libtpu): the preflight's figures, compiled for the v5e 1x1 topology as
+  `tpuforge preflight` compiles them (three probes, extrapolated to each cut; run/estimate.py), for every
+  cut at once;
+- `--side chip` (on the TPU): the cut's whole step compiled for the chip itself, and whether libtpu fits it.
+
+    python -m benchmarks.chip.preflight_vs_chip --side cpu|chip [--layers 2,4,6] [--seq 2048,4096] [--json out]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from benchmarks.train_throughput import decoder, layer_kinds, train_config
+
+from tpuforge.api.catalog import TPU_SLICES
+from tpuforge_workloads.model.mesh import make_mesh
+from tpuforge_workloads.preflight import estimate as est
+from tpuforge_workloads.preflight.run import PROBES
+from tpuforge_workloads.preflight.step import GIB, CompiledStep, compile_train_step, with_layers
+
+SLICE = TPU_SLICES["v5litepod-1"]
+STEPS = 1000
+
+
+def _row(side: str, cut: Any, seq: int, figures: est.PerChip, refused: bool, seconds: float) -> dict[str, Any]:
+    step = figures.total_bytes / GIB
+    build = figures.build_bytes / GIB
+    return {
+        "side": side,
+        "layers": cut.num_layers,
+        "layerTypes": layer_kinds(cut),
+        "maxSeqLen": seq,
+        "stepGiB": round(step, 3),
+        "argumentsGiB": round(figures.argument_bytes / GIB, 3),
+        "temporariesGiB": round(figures.temp_bytes / GIB, 3),
+        "buildGiB": round(build, 3),
+        "refusedByCompiler": refused,
+        "fits": not refused and max(step, build) <= SLICE.hbm_gib_per_chip,
+        "compileSeconds": round(seconds, 1),
+    }
+
+
+def cpu_side(layers: list[int], seq: int) -> list[dict[str, Any]]:
+    from tpuforge_workloads.preflight.topology import slice_devices
+
+    text = decoder("gemma4-31b", 0)
+    config = train_config("gemma4-31b", seq, 1, True, fsdp=1)
+    mesh = make_mesh(1, 1, slice_devices(SLICE))
+    probes: list[CompiledStep] = [compile_train_step(with_layers(text, p), config, mesh, STEPS) for p in PROBES]
+    seconds = sum(p.compile_seconds for p in probes)
+    rows = []
+    for n in layers:
+        cut = decoder("gemma4-31b", n)
+        refused = any(p.out_of_hbm for p in probes)
+        rows.append(_row("cpu", cut, seq, est.extrapolate(probes, cut.layer_types), refused, seconds))
+    return rows
+
+
+def chip_side(layers: list[int], seq: int) -> list[dict[str, Any]]:
+    import jax
+
+    rows = []
+    for n in layers:
+        cut = decoder("gemma4-31b", n)
+        mesh = make_mesh(1, 1, jax.local_devices()[:1])
+        c = compile_train_step(cut, train_config("gemma4-31b", seq, 1, True, fsdp=1), mesh, STEPS)
+        row = _row("chip", cut, seq, est.PerChip.of(c), c.out_of_hbm, c.compile_seconds)
+        row["device"] = str(mesh.devices.flat[0].device_kind)
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--side", choices=("cpu", "chip"), required=True)
+    ap.add_argument("--layers", default="2,4,6")
+    ap.add_argument("--seq", default="2048,4096")
+    ap.add_argument("--json", help="append each row here")
+    args = ap.parse_args(argv)
+    layers = [int(x) for x in args.layers.split(",")]
+    for seq in (int(x) for x in args.seq.split(",")):
+        rows = cpu_side(layers, seq) if args.side == "cpu" else chip_side(layers, seq)
+        for row in rows:
+            print(json.dumps(row), flush=True)
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""The named measurements of a session on a TPU machine, run one after another, each in a process of its own
+under a deadline, each appending its JSON to the output directory as it goes.
+
+One program holds a TPU at a time and a session is short, so each measurement is a separate command: one that
+runs out of memory or time loses only itself, and whatever finished is already on disk (results.jsonl: one
+line per measurement with its name, command, exit code and seconds; each measurement's own rows in
+<name>.jsonl; its output in <name>.log). scripts/tpu-offline.sh runs this on the TPU machine
+(docs/tpu-offline.md); on CPU, `--tiny` runs the same plan at tiny shapes.
+
+    python -m benchmarks.chip.session --out DIR [--only NAME,...|GROUP] [--tiny] [--deadline S] [--list]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Measurement:
+    name: str
+    group: str  # throughput, build, preflight, splash, trainer
+    args: tuple[str, ...]  # after `python -m`; {out} is this measurement's JSON lines file
+    deadline_s: float
+
+
+def _throughput(layers: int, seq: int, batch: int = 1, remat: bool = True) -> Measurement:
+    name = f"throughput-31b-{layers}x{seq}-b{batch}" + ("" if remat else "-noremat")
+    args = ["benchmarks.train_throughput", "--model", "gemma4-31b", "--layers", str(layers), "--seq", str(seq)]
+    args += ["--batch", str(batch), "--steps", "8", "--warmup", "2", "--json", "{out}", "--timeout", "540"]
+    return Measurement(name, "throughput", (*args, *([] if remat else ["--no-remat"])), 600)
+
+
+def plan(tiny: bool = False) -> list[Measurement]:
+    """The session's measurements, most wanted first. `tiny`: the same commands at tiny shapes (for a CPU host:
+    what the runner does, not what the chip does)."""
+    if tiny:
+        bench = ("benchmarks.train_throughput", "--model", "gemma4-tiny", "--layers", "0", "--seq", "128")
+        bench += ("--batch", "1", "--steps", "1", "--warmup", "1", "--json", "{out}")
+        build = ("benchmarks.chip.build_memory", "--model", "gemma4-tiny", "--layers", "0", "--json", "{out}")
+        return [
+            Measurement("throughput-tiny", "throughput", bench, 600),
+            Measurement("build-tiny", "build", build, 300),
+            Measurement("splash-tiny", "splash", ("benchmarks.chip.splash_check", "--tiny", "--json", "{out}"), 300),
+        ]
+    out = [
+        _throughput(6, 2048),
+        _throughput(6, 3072),
+        _throughput(12, 2048),
+        _throughput(6, 2048, remat=False),
+        _throughput(2, 2048, batch=2),
+        Measurement("build-31b-6", "build", ("benchmarks.chip.build_memory", "--layers", "6", "--json", "{out}"), 600),
+        Measurement("splash-31b", "splash", ("benchmarks.chip.splash_check", "--json", "{out}"), 600),
+    ]
+    for layers in (2, 4, 6):
+        for seq in (2048, 4096):
+            grid = ("benchmarks.chip.preflight_vs_chip", "--side", "chip", "--layers", str(layers), "--seq", str(seq))
+            out.append(Measurement(f"preflight-chip-{layers}x{seq}", "preflight", (*grid, "--json", "{out}"), 600))
+    for model in ("gemma4-tiny", "qwen3-tiny"):
+        resume = ("--model", model, "--steps", "300", "--kill-at", "110", "--json", "{out}")
+        out.append(Measurement(f"trainer-{model}", "trainer", ("benchmarks.chip.trainer_resume", *resume), 900))
+    return out
+
+
+def select(measurements: list[Measurement], only: str | None) -> list[Measurement]:
+    """The measurements named (or of the groups named) in `only`, comma-separated; all when None."""
+    if not only:
+        return measurements
+    wanted = set(only.split(","))
+    chosen = [m for m in measurements if m.name in wanted or m.group in wanted]
+    unknown = wanted - {m.name for m in chosen} - {m.group for m in chosen}
+    if unknown:
+        names = ", ".join(sorted({m.group for m in measurements} | {m.name for m in measurements}))
+        raise ValueError(f"--only: {', '.join(sorted(unknown))} not in the plan; known: {names}")
+    return chosen
+
+
+def run(m: Measurement, out: Path, deadline_s: float | None = None) -> dict[str, object]:
+    """One measurement in its own process; its record (also appended to out/results.jsonl)."""
+    rows = out / f"{m.name}.jsonl"
+    cmd = [sys.executable, "-m", *(a.replace("{out}", str(rows)) for a in m.args)]
+    deadline = min(m.deadline_s, deadline_s) if deadline_s else m.deadline_s
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    started = time.monotonic()
+    with open(out / f"{m.name}.log", "w") as log:
+        try:
+            done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, timeout=deadline)
+            code: int | str = done.returncode
+        except subprocess.TimeoutExpired:
+            code = f"deadline {deadline:.0f} s"
+    record: dict[str, object] = {
+        "name": m.name,
+        "group": m.group,
+        "command": cmd[1:],
+        "exit": code,
+        "seconds": round(time.monotonic() - started, 1),
+        "rows": [json.loads(line) for line in rows.read_text().splitlines()] if rows.exists() else [],
+    }
+    with open(out / "results.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="directory for results.jsonl, <name>.jsonl and <name>.log")
+    ap.add_argument("--only", help="comma-separated measurement names or groups (default: all)")
+    ap.add_argument("--tiny", action="store_true", help="the plan at tiny shapes (a CPU host)")
+    ap.add_argument("--deadline", type=float, help="cap every measurement's deadline at this many seconds")
+    ap.add_argument("--list", action="store_true", help="print the plan and exit")
+    args = ap.parse_args(argv)
+    try:
+        chosen = select(plan(args.tiny), args.only)
+    except ValueError as e:
+        print(e, file=sys.stderr)
+        return 2
+    if args.list:
+        for m in chosen:
+            print(f"{m.name:32} {m.group:10} {m.deadline_s:5.0f} s  python -m {' '.join(m.args)}")
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for m in chosen:
+        record = run(m, out, args.deadline)
+        failed += record["exit"] != 0
+        rows = record["rows"]
+        print(f"{m.name}: exit {record['exit']} in {record['seconds']} s, {len(rows)} rows", flush=True)  # type: ignore[arg-type]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The preflight's verdicts for the catalog's large models on TPU v5e slices, compiled on this CPU host for each
+slice's v5e topology (libtpu, no TPU), as `tpuforge preflight` compiles a job: the trainer's step and its model
+build, three small decoders extrapolated to the whole model.
+
+    python benchmarks/preflight_v5e.py [--models gemma4-31b,qwen3-8b] [--seq 3072] [--json out.jsonl]
+
+Each model is tried on the smallest v5e slice that holds its weights by the catalog's rule of thumb
+(TRAIN_WEIGHT_SHARE, catalog.holds_for_training) and on the next smaller one, with the report's recipe (LoRA
+rank 64 on the catalog's targets, micro-batch 1 x 8 accumulated, remat on). docs/performance.md records the verdicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import Any
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
+from tpuforge.api.catalog import TPU_SLICES, holds_for_training, model_shape
+from tpuforge_workloads.model import family
+from tpuforge_workloads.preflight.run import preflight
+from tpuforge_workloads.tiny import gemma4 as tiny_gemma4
+from tpuforge_workloads.tiny import qwen3 as tiny_qwen3
+
+V5E = [s for s in TPU_SLICES.values() if s.accelerator == "tpu-v5-lite-podslice"]
+STEPS = 1244  # the report's run: one epoch of 10k rows
+
+
+def decoder(model_name: str) -> Any:
+    shape = model_shape(model_name)
+    writer = tiny_gemma4 if shape.family == "gemma4" else tiny_qwen3
+    return family.parse_config(writer.hf_config(shape))
+
+
+def slices_for(model_name: str) -> list[str]:
+    """The smallest v5e slice that holds the model by the catalog's rule, and the largest one that does not."""
+    shape = model_shape(model_name)
+    ordered = sorted(V5E, key=lambda s: s.chips)
+    holds = [s.id for s in ordered if holds_for_training(shape, s)]
+    short = [s.id for s in ordered if not holds_for_training(shape, s)]
+    return short[-1:] + holds[:1]
+
+
+def config(model_name: str, slice_id: str, seq: int) -> TrainConfig:
+    slc = TPU_SLICES[slice_id]
+    shape = model_shape(model_name)
+    return TrainConfig(
+        model_name=model_name,
+        model_uri=f"gs://preflight/{model_name}",
+        dataset_uri="gs://preflight/train.jsonl",
+        lora=LoraSpec(rank=64, alpha=64, dropout=0.05, target_modules=list(shape.lora_targets)),
+        training=TrainingSpec(max_seq_len=seq, micro_batch_size=1, gradient_accumulation_steps=8, remat=True),
+        mesh=MeshSpec(fsdp=slc.default_fsdp, tp=slc.default_tp),
+        checkpoint=CheckpointSpec(uri="gs://preflight/checkpoints"),
+        metrics_port=0,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="gemma4-31b,qwen3-8b")
+    ap.add_argument("--seq", type=int, default=3072)
+    ap.add_argument("--slices", help="comma-separated v5e slices (default: per model, see the docstring)")
+    ap.add_argument("--json", help="append each verdict here as a JSON line")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    for model_name in args.models.split(","):
+        text = decoder(model_name)
+        for slice_id in args.slices.split(",") if args.slices else slices_for(model_name):
+            report = preflight(text, config(model_name, slice_id, args.seq), TPU_SLICES[slice_id], STEPS)
+            row = {"model": model_name, "maxSeqLen": args.seq, **report.to_json()}
+            print(json.dumps(row), flush=True)
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
