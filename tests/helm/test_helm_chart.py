@@ -112,6 +112,7 @@ def test_kinds_per_values() -> None:
     assert kinds(render("everything-on")) == sorted(
         [
             *kinds(render("default")),
+            *["Role", "RoleBinding"] * 2,  # one of each per watched namespace
             "ServiceMonitor",
             "PodMonitoring",
             "PrometheusRule",
@@ -276,7 +277,7 @@ def test_the_permission_table_covers_every_call_and_grants_nothing_unused() -> N
     from tpuforge.controllers import permissions
 
     uses = rbac_scan.Scan().uses()
-    declared = rbac_scan.granted(permissions.cluster_role_rules(namespaced=True))
+    declared = rbac_scan.granted(permissions.cluster_role_rules(namespaced=True) + permissions.namespace_role_rules())
     missing = sorted(f"{u.permission} (needed at {u.where})" for u in uses if u.permission not in declared)
     assert not missing, "tpuforge/controllers/permissions.py lacks:\n" + "\n".join(missing)
     needed = {u.permission for u in uses} | KOPF_FRAMEWORK | KOPF_NAMESPACED
@@ -287,19 +288,48 @@ def test_the_permission_table_covers_every_call_and_grants_nothing_unused() -> N
     assert only_namespaced == KOPF_NAMESPACED
 
 
+def assert_grants(rules: list[dict[str, Any]], declared: list[dict[str, Any]], where: str) -> None:
+    want, granted = rbac_scan.granted(declared), rbac_scan.granted(rules)
+    missing = sorted(str(p) for p in want - granted)
+    assert not missing, f"{where} lacks:\n" + "\n".join(missing)
+    extra = sorted(str(p) for p in granted - want)
+    assert not extra, f"{where} grants what permissions.py does not:\n" + "\n".join(extra)
+
+
 @pytest.mark.parametrize("name", ["default", "everything-on"])
 def test_cluster_role_is_the_declared_permission_table(name: str) -> None:
     from tpuforge.controllers import permissions
 
-    namespaced = bool(VALUES[name].get("operator", {}).get("watchNamespaces"))
-    declared = rbac_scan.granted(permissions.cluster_role_rules(namespaced))
-    granted = rbac_scan.granted(find(render(name), "ClusterRole")["rules"])
-    missing = sorted(str(p) for p in declared - granted)
-    assert not missing, "helm/tpuforge/templates/clusterrole.yaml lacks:\n" + "\n".join(missing)
-    extra = sorted(str(p) for p in granted - declared)
-    assert not extra, "helm/tpuforge/templates/clusterrole.yaml grants what permissions.py does not:\n" + "\n".join(
-        extra
-    )
+    watched = VALUES[name].get("operator", {}).get("watchNamespaces", [])
+    objs = render(name)
+    cluster_role = find(objs, "ClusterRole")["rules"]
+    assert_grants(cluster_role, permissions.cluster_role_rules(bool(watched)), "templates/clusterrole.yaml")
+    roles = {o["metadata"]["namespace"]: o for o in objs if o["kind"] == "Role"}
+    assert sorted(roles) == sorted(watched)
+    for ns, role in roles.items():
+        assert_grants(role["rules"], permissions.namespace_role_rules(), f"templates/roles.yaml ({ns})")
+
+
+def test_watching_some_namespaces_grants_jobs_and_roles_in_those_namespaces_only() -> None:
+    """With watchNamespaces, nothing cluster-wide lets the operator create a pod-running object or grant a Role
+    (in kube-system, say): the ClusterRole reads CRDs and namespaces, the rest is per watched namespace."""
+    objs = render("everything-on")
+    cluster_wide = rbac_scan.granted(find(objs, "ClusterRole")["rules"])
+    assert {(p.group, p.resource) for p in cluster_wide} == {
+        ("apiextensions.k8s.io", "customresourcedefinitions"),
+        ("", "namespaces"),
+    }
+    assert all(p.verb in ("list", "watch") for p in cluster_wide)
+    sa = find(objs, "ServiceAccount")["metadata"]["name"]
+    bindings = [o for o in objs if o["kind"] == "RoleBinding"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["ml-team", "serving"]
+    for b in bindings:
+        assert b["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": find(objs, "ClusterRole")["metadata"]["name"],
+        }
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
 
 
 def test_rbac_objects_bind_the_operator_service_account() -> None:
