@@ -133,8 +133,13 @@ class EvaluationStatus(StatusModel):
     )
     base_failures: dict[str, int] | None = Field(default=None, description="The base model's, as failures.")
     examples: int | None = Field(default=None, description="Records evaluated.")
-    passed: bool | None = Field(default=None, description="Whether every threshold was met.")
-    result: str | None = Field(default=None, description="Passed or Failed.")
+    run: int | None = Field(default=None, description="The spec.evaluation.rerun this result is from (0: the first).")
+    passed: bool | None = Field(default=None, description="Whether every threshold was met (unset after an Error).")
+    result: str | None = Field(
+        default=None,
+        description="Passed, Failed (below a threshold), or Error (no verdict: the evaluation itself failed, the "
+        "Evaluated condition says why; raise spec.evaluation.rerun to run it again).",
+    )
     result_display: str | None = Field(
         default=None, description="result for kubectl get, with pass@1 when code was run: Passed (pass@1 0.83)."
     )
