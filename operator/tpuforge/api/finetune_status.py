@@ -10,6 +10,7 @@ from tpuforge.api import display
 from tpuforge.api.base import StatusModel
 from tpuforge.api.code_eval import ConfidenceInterval
 from tpuforge.api.conditions import Condition
+from tpuforge.api.images import ResolvedImages
 from tpuforge.api.preflight import PreflightStatus
 
 
@@ -208,3 +209,6 @@ class FineTuneJobStatus(StatusModel):
         default=None, description="What the preflight found: HBM per chip against the chip's, speed and cost estimates."
     )
     cost: Cost | None = None
+    images: ResolvedImages | None = Field(
+        default=None, description="The default images this job runs where its spec names none, kept for its life."
+    )

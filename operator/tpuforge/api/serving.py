@@ -10,7 +10,13 @@ from pydantic import Field, model_validator
 from tpuforge.api.base import ApiModel, PodResources, StatusModel
 from tpuforge.api.conditions import Condition
 from tpuforge.api.constants import DEFAULT_MERGER_IMAGE, DEFAULT_VLLM_IMAGE, MULTIMODAL_MAX_NUM_BATCHED_TOKENS
-from tpuforge.api.images import MAX_PULL_SECRETS, PULL_SECRETS_HELP, SecretName
+from tpuforge.api.images import (
+    MAX_PULL_SECRETS,
+    PULL_SECRETS_HELP,
+    REFRESH_IMAGES_ANNOTATION,
+    ResolvedImages,
+    SecretName,
+)
 from tpuforge.api.scheduling import PodScheduling
 
 
@@ -278,3 +284,8 @@ class ServingDeploymentStatus(StatusModel):
     )
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = None
+    images: ResolvedImages | None = Field(
+        default=None,
+        description="The default images these pods run where the spec names none, kept through operator upgrades; "
+        f"a new value of annotation {REFRESH_IMAGES_ANNOTATION} takes the operator's current ones (a rollout).",
+    )

@@ -115,6 +115,7 @@ OWNED_FIELDS = (
     "evaluation",
     "preflight",
     "cost",
+    "images",
 )
 DERIVED_PROGRESS_FIELDS = ("percent", "percentDisplay", "etaSeconds", "etaDisplay")
 

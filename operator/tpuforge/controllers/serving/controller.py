@@ -255,6 +255,7 @@ class ServingDeploymentController:
             generation=meta.get("generation"),
             spec=body.get("spec") or {},
             status=api.ServingDeploymentStatus.model_validate(body.get("status") or {}),
+            refresh_images=(meta.get("annotations") or {}).get(api.REFRESH_IMAGES_ANNOTATION),
         )
         try:
             spec = plan.parse_spec(o.spec)
@@ -316,7 +317,10 @@ class ServingDeploymentController:
         await asyncio.gather(
             *(kube_api.post_event(body, type_, reason, message) for type_, reason, message in p.events)
         )
-        metrics.observe_servingdeployment(o.namespace, o.name, o.spec, p.status, defaults.current().images.serving)
+        image = p.status.images.serving if p.status.images else None
+        metrics.observe_servingdeployment(
+            o.namespace, o.name, o.spec, p.status, image or defaults.current().images.serving
+        )
         return p.status
 
     async def close(self) -> None:
