@@ -147,7 +147,7 @@ def crd(kind: Kind) -> dict[str, Any]:
                     "name": c.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, **({"scale": kind.scale} if kind.scale else {})},
                     "additionalPrinterColumns": columns,
                     "schema": {
                         "openAPIV3Schema": {

@@ -181,6 +181,10 @@ per namespace otherwise (the table in operator/tpuforge/controllers/permissions.
 - apiGroups: [""]
   resources: ["services", "persistentvolumeclaims"]
   verbs: ["get", "list", "watch", "create", "update"]
+# The vLLM pods' PodDisruptionBudget, applied like the other serving children.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "update"]
 - apiGroups: ["monitoring.googleapis.com"]
   resources: ["podmonitorings"]
   verbs: ["get", "list", "watch", "create", "update"]

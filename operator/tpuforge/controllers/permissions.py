@@ -70,6 +70,12 @@ RULES: tuple[Rule, ...] = (
         "vLLM Service, XLA cache PVC",
     ),
     Rule(
+        "policy",
+        ("poddisruptionbudgets",),
+        ("get", "list", "watch", "create", "update"),
+        "the vLLM pods' PodDisruptionBudget",
+    ),
+    Rule(
         "monitoring.googleapis.com",
         ("podmonitorings",),
         ("get", "list", "watch", "create", "update"),

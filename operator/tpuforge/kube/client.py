@@ -62,6 +62,7 @@ PLURALS: dict[str, str] = {
     "Service": "services",
     "ServiceAccount": "serviceaccounts",
     "PersistentVolumeClaim": "persistentvolumeclaims",
+    "PodDisruptionBudget": "poddisruptionbudgets",
     "Job": "jobs",
     "Deployment": "deployments",
     "Role": "roles",

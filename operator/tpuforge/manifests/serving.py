@@ -243,6 +243,29 @@ def deployment(inp: ServingInputs) -> Obj:
     }
 
 
+def disruption_budget(inp: ServingInputs) -> Obj:
+    """The vLLM pods' PodDisruptionBudget: at most one down at a time by default, spec.disruption.minAvailable
+    where set. A pod not ready yet (compiling, or failing) may always be evicted: it serves nothing."""
+    chosen = inp.spec.disruption.min_available
+    budget: Obj = {"minAvailable": chosen} if chosen is not None else {"maxUnavailable": 1}
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": object_metadata(inp, names(inp.name).deployment),
+        "spec": {
+            **budget,
+            "selector": {"matchLabels": selector_labels(inp.name)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def selector(name: str) -> str:
+    """The vLLM pods' label selector as a string (status.selector, which an HPA reads through the scale
+    subresource)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
+
+
 def service(inp: ServingInputs) -> Obj:
     meta = object_metadata(inp, names(inp.name).service)
     meta["annotations"] = scrape_annotations()

@@ -140,6 +140,7 @@ def plan_children(o: Observed) -> Plan:
     """The children the spec asks for; or, when there is nothing to apply, the final status saying why."""
     status = o.status.model_copy(deep=True)
     status.observed_generation = o.generation
+    status.selector = manifests.selector(o.name)
     p = Plan(status)
     try:
         status.images = pinned_images(o)
@@ -183,6 +184,7 @@ def plan_children(o: Observed) -> Plan:
             manifests.xla_cache_pvc(inp),
             *([claim] if (claim := manifests.model_pvc(inp)) is not None else []),
             manifests.service(inp),
+            manifests.disruption_budget(inp),
             manifests.deployment(inp),
         ],
         monitors=[(f"{m.group}/{m.version}", m.plural, m.build(inp)) for m in manifests.MONITOR_KINDS],
@@ -210,6 +212,7 @@ def plan_status(o: Observed, p: Plan, t: Target, r: Replicas) -> Plan:
     status, generation = p.status, p.status.observed_generation
     rollout = observe_rollout(t.spec.replicas, r.deployment, r.pods, t.inputs.model_uri, o.status.model_uri)
     status.ready_replicas = rollout.ready_replicas
+    status.replicas = (r.deployment.get("status") or {}).get("replicas") or 0
     status.endpoint = manifests.endpoint(o.name, o.namespace)
     status.model_uri = rollout.served_uri
     status.conditions = api.set_condition(
