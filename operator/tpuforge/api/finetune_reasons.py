@@ -362,6 +362,21 @@ def evaluating_on(pod: str, node: str | None) -> str:
     return f"pod {pod} is evaluating{where}"
 
 
+# A child could not be created because an admission webhook (JobSet's, Kueue's) did not answer the apiserver.
+WEBHOOKS_REACHABLE = "WebhooksReachable"
+WEBHOOK_UNREACHABLE = "WebhookUnreachable"
+WEBHOOKS_ANSWER = "WebhooksAnswer"
+
+
+def webhook_unreachable(kind: str, name: str, webhook: str, why: str) -> str:
+    return (
+        f"creating {kind} {name} failed: the apiserver could not call admission webhook {webhook!r} ({why}); on a "
+        "private GKE cluster, allow the control plane to reach the nodes on TCP 9443 (a firewall rule from the "
+        "master CIDR; docs/platform-team.md, Private clusters: webhooks); retried until it answers"
+    )
+
+
+WEBHOOKS_ANSWER_MESSAGE = "the children were created: every admission webhook answered"
 EVALUATION_REMOVED = "spec.evaluation was removed before it finished"
 RERUN_FIELD = "spec.evaluation.rerun"
 EVALUATING_AGAIN = "EvaluatingAgain"
