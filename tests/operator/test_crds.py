@@ -131,3 +131,20 @@ def test_an_older_served_schema_is_named_with_the_fields_it_lacks() -> None:
     assert "spec.properties.priorityClassName (missing from the served schema)" in drift
     assert "maxSteps" not in drift
     assert crds.schema_drift(kind, None) == "CRD finetunejobs.tpuforge.dev is not installed"
+
+
+@pytest.mark.cluster
+def test_the_upgrade_hooks_apply_leaves_the_served_crds_as_the_operator_expects(
+    sandbox: Any, api_client: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tpuforge crds --apply` (the chart's pre-upgrade hook) on a real apiserver: a server-side apply of the
+    CRDs already there, after which the schema the apiserver serves is the operator's (its start-up check)."""
+    from tpuforge.kube import client as kube_client
+
+    assert crds.main(["--apply", "--kubeconfig", str(sandbox.kubeconfig)]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"applied {crds.crd_name(k)}" for k in crds.KINDS]
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    for kind in crds.KINDS:
+        served = kube_client.request(api_client, "GET", f"{path}/{crds.crd_name(kind)}")
+        assert crds.schema_drift(kind, served) is None
+        assert crds.FIELD_MANAGER in {m["manager"] for m in served["metadata"]["managedFields"]}
