@@ -147,7 +147,7 @@ def crd(kind: Kind) -> dict[str, Any]:
                     "name": c.VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    "subresources": {"status": {}, **({"scale": kind.scale} if kind.scale else {})},
                     "additionalPrinterColumns": columns,
                     "schema": {
                         "openAPIV3Schema": {
@@ -169,6 +169,55 @@ def crd(kind: Kind) -> dict[str, Any]:
     }
 
 
+# --- The CRDs on a cluster ---------------------------------------------------------------------------------
+
+APPLY_PATCH = "application/apply-patch+yaml"
+FIELD_MANAGER = "tpuforge-crds"
+_MAX_PATHS = 6
+
+
+def crd_name(kind: Kind) -> str:
+    return f"{kind.plural}.{c.GROUP}"
+
+
+def _differences(served: Any, built: Any, path: str, out: list[str]) -> None:
+    if isinstance(served, dict) and isinstance(built, dict):
+        for key in sorted(served.keys() | built.keys()):
+            if key not in built:
+                out.append(f"{path}.{key} (only in the served schema)")
+            elif key not in served:
+                out.append(f"{path}.{key} (missing from the served schema)")
+            else:
+                _differences(served[key], built[key], f"{path}.{key}", out)
+    elif served != built:  # 1 == 1.0: the apiserver may write a float default as an integer
+        out.append(path)
+
+
+def schema_drift(kind: Kind, served: dict[str, Any] | None) -> str | None:
+    """Why the served CRD of `kind` (as the apiserver returns it; None: not installed) is not the one this
+    operator was built with, naming the first schema paths that differ; None when it is."""
+    if served is None:
+        return f"CRD {crd_name(kind)} is not installed"
+    version = next((v for v in served.get("spec", {}).get("versions", []) if v.get("name") == c.VERSION), None)
+    if version is None:
+        return f"CRD {crd_name(kind)} serves no version {c.VERSION}"
+    built = crd(kind)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    found: list[str] = []
+    _differences(version.get("schema", {}).get("openAPIV3Schema", {}), built, "openAPIV3Schema", found)
+    if not found:
+        return None
+    shown = ", ".join(found[:_MAX_PATHS]) + (f" and {len(found) - _MAX_PATHS} more" if len(found) > _MAX_PATHS else "")
+    was = (served.get("metadata", {}).get("labels") or {}).get("tpuforge.dev/version", "an unknown version")
+    return f"CRD {crd_name(kind)} (from tpuforge {was}) differs from tpuforge {c.PROJECT_VERSION}'s: {shown}"
+
+
+DRIFT_FIX = (
+    "the apiserver would prune or refuse fields this operator writes: upgrade the CRDs with the operator "
+    "(`helm upgrade` applies them in its pre-upgrade hook; by hand: `tpuforge crds --apply`, or "
+    "`kubectl apply --server-side -f helm/tpuforge/crds/` from the chart of this operator's version)"
+)
+
+
 def render(kind: Kind) -> str:
     header = "# Generated from tpuforge.api by `tpuforge crds`; do not edit.\n"
     return header + yaml.safe_dump(crd(kind), sort_keys=False, width=110)
@@ -178,12 +227,44 @@ def filename(kind: Kind) -> str:
     return f"{c.GROUP}_{kind.plural}.yaml"
 
 
+def apply_crds(kubeconfig: str | None, context: str | None) -> int:
+    """Server-side apply of both CRDs (created if absent, brought to this version's schema if not), then wait
+    until the apiserver serves them as applied."""
+    from tpuforge.kube import client as kube_client  # only here: writing files needs no Kubernetes client
+
+    kube_client.configure(kubeconfig, context)
+    api = kube_client.api_client()
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    for kind in KINDS:
+        query = {"fieldManager": FIELD_MANAGER, "force": "true"}
+        kube_client.request(
+            api, "PATCH", f"{path}/{crd_name(kind)}", body=crd(kind), content_type=APPLY_PATCH, query=query
+        )
+        print(f"applied {crd_name(kind)}")
+    for kind in KINDS:
+        drift = schema_drift(kind, kube_client.request(api, "GET", f"{path}/{crd_name(kind)}"))
+        if drift is not None:
+            print(f"applied, but the apiserver serves another schema: {drift}", file=sys.stderr)
+            return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="tpuforge crds", description=__doc__)
     ap.add_argument("--out", type=Path, default=Path("crds"), help="directory to write (default: crds)")
     ap.add_argument("--docs", type=Path, default=None, help="also write the API reference (docs/api.md)")
     ap.add_argument("--check", action="store_true", help="exit 1 when the files differ from the models")
+    ap.add_argument(
+        "--apply",
+        action="store_true",
+        help="apply the CRDs to the cluster (server-side apply; the chart's pre-upgrade hook runs this) instead of "
+        "writing files",
+    )
+    ap.add_argument("--kubeconfig", default=None, help="with --apply: kubeconfig (default: in-cluster, then ~/.kube)")
+    ap.add_argument("--context", default=None, help="with --apply: kubeconfig context")
     args = ap.parse_args(argv)
+    if args.apply:
+        return apply_crds(args.kubeconfig, args.context)
     outputs = [(args.out / filename(kind), render(kind)) for kind in KINDS]
     if args.docs is not None:
         outputs.append((args.docs, apidocs.render()))

@@ -26,6 +26,8 @@ class Kind:
     status: type[BaseModel]
     columns: tuple[tuple[str, str, str, str], ...]  # name, type, jsonPath, description
     description: str
+    # The scale subresource (spec, status replicas and status selector paths), for kinds an HPA may scale.
+    scale: dict[str, str] | None = None
 
 
 KINDS = (
@@ -90,6 +92,11 @@ KINDS = (
             ("Age", "date", ".metadata.creationTimestamp", ""),
         ),
         "A vLLM server on a TPU slice, serving a merged model from GCS or from a FineTuneJob.",
+        scale={
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
     ),
 )
 

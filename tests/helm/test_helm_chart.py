@@ -48,6 +48,11 @@ KOPF_FRAMEWORK = {
 KOPF_NAMESPACED = {rbac_scan.Permission("", "namespaces", "list"), rbac_scan.Permission("", "namespaces", "watch")}
 
 
+# The operator's own objects are named after the release; the CRD upgrade hook's after them, with -crds.
+OPERATOR = f"{RELEASE}-tpuforge"
+CRD_HOOK = ["ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Job"]
+
+
 def kinds(objs: tuple[dict[str, Any], ...]) -> list[str]:
     return sorted(o["kind"] for o in objs)
 
@@ -107,11 +112,13 @@ def test_kinds_per_values() -> None:
             "Pod",
             "NetworkPolicy",
             "StorageClass",
+            *CRD_HOOK,
         ]
     )
     assert kinds(render("everything-on")) == sorted(
         [
             *kinds(render("default")),
+            *["Role", "RoleBinding"] * 2,  # one of each per watched namespace
             "ServiceMonitor",
             "PodMonitoring",
             "PrometheusRule",
@@ -120,7 +127,7 @@ def test_kinds_per_values() -> None:
         ]
     )
     assert kinds(render("bring-your-own")) == sorted(
-        ["CustomResourceDefinition", "CustomResourceDefinition", "Deployment", "NetworkPolicy"]
+        ["CustomResourceDefinition", "CustomResourceDefinition", "Deployment", "NetworkPolicy", *CRD_HOOK]
     )
 
 
@@ -276,7 +283,7 @@ def test_the_permission_table_covers_every_call_and_grants_nothing_unused() -> N
     from tpuforge.controllers import permissions
 
     uses = rbac_scan.Scan().uses()
-    declared = rbac_scan.granted(permissions.cluster_role_rules(namespaced=True))
+    declared = rbac_scan.granted(permissions.cluster_role_rules(namespaced=True) + permissions.namespace_role_rules())
     missing = sorted(f"{u.permission} (needed at {u.where})" for u in uses if u.permission not in declared)
     assert not missing, "tpuforge/controllers/permissions.py lacks:\n" + "\n".join(missing)
     needed = {u.permission for u in uses} | KOPF_FRAMEWORK | KOPF_NAMESPACED
@@ -287,26 +294,55 @@ def test_the_permission_table_covers_every_call_and_grants_nothing_unused() -> N
     assert only_namespaced == KOPF_NAMESPACED
 
 
+def assert_grants(rules: list[dict[str, Any]], declared: list[dict[str, Any]], where: str) -> None:
+    want, granted = rbac_scan.granted(declared), rbac_scan.granted(rules)
+    missing = sorted(str(p) for p in want - granted)
+    assert not missing, f"{where} lacks:\n" + "\n".join(missing)
+    extra = sorted(str(p) for p in granted - want)
+    assert not extra, f"{where} grants what permissions.py does not:\n" + "\n".join(extra)
+
+
 @pytest.mark.parametrize("name", ["default", "everything-on"])
 def test_cluster_role_is_the_declared_permission_table(name: str) -> None:
     from tpuforge.controllers import permissions
 
-    namespaced = bool(VALUES[name].get("operator", {}).get("watchNamespaces"))
-    declared = rbac_scan.granted(permissions.cluster_role_rules(namespaced))
-    granted = rbac_scan.granted(find(render(name), "ClusterRole")["rules"])
-    missing = sorted(str(p) for p in declared - granted)
-    assert not missing, "helm/tpuforge/templates/clusterrole.yaml lacks:\n" + "\n".join(missing)
-    extra = sorted(str(p) for p in granted - declared)
-    assert not extra, "helm/tpuforge/templates/clusterrole.yaml grants what permissions.py does not:\n" + "\n".join(
-        extra
-    )
+    watched = VALUES[name].get("operator", {}).get("watchNamespaces", [])
+    objs = render(name)
+    cluster_role = find(objs, "ClusterRole", OPERATOR)["rules"]
+    assert_grants(cluster_role, permissions.cluster_role_rules(bool(watched)), "templates/clusterrole.yaml")
+    roles = {o["metadata"]["namespace"]: o for o in objs if o["kind"] == "Role"}
+    assert sorted(roles) == sorted(watched)
+    for ns, role in roles.items():
+        assert_grants(role["rules"], permissions.namespace_role_rules(), f"templates/roles.yaml ({ns})")
+
+
+def test_watching_some_namespaces_grants_jobs_and_roles_in_those_namespaces_only() -> None:
+    """With watchNamespaces, nothing cluster-wide lets the operator create a pod-running object or grant a Role
+    (in kube-system, say): the ClusterRole reads CRDs and namespaces, the rest is per watched namespace."""
+    objs = render("everything-on")
+    cluster_wide = rbac_scan.granted(find(objs, "ClusterRole", OPERATOR)["rules"])
+    assert {(p.group, p.resource) for p in cluster_wide} == {
+        ("apiextensions.k8s.io", "customresourcedefinitions"),
+        ("", "namespaces"),
+    }
+    assert all(p.verb in ("list", "watch") for p in cluster_wide)
+    sa = find(objs, "ServiceAccount", OPERATOR)["metadata"]["name"]
+    bindings = [o for o in objs if o["kind"] == "RoleBinding"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["ml-team", "serving"]
+    for b in bindings:
+        assert b["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": find(objs, "ClusterRole", OPERATOR)["metadata"]["name"],
+        }
+        assert b["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
 
 
 def test_rbac_objects_bind_the_operator_service_account() -> None:
     objs = render("default")
-    sa = find(objs, "ServiceAccount")["metadata"]
-    binding = find(objs, "ClusterRoleBinding")
-    assert binding["roleRef"]["name"] == find(objs, "ClusterRole")["metadata"]["name"]
+    sa = find(objs, "ServiceAccount", OPERATOR)["metadata"]
+    binding = find(objs, "ClusterRoleBinding", OPERATOR)
+    assert binding["roleRef"]["name"] == find(objs, "ClusterRole", OPERATOR)["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"], "namespace": NAMESPACE}]
     assert find(objs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == sa["name"]
     own = find(render("bring-your-own"), "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
@@ -479,3 +515,21 @@ def test_the_network_policy_admits_the_probes_and_the_metrics_scrape_only() -> N
         assert rules == {"health": None, "metrics": metrics_from}
     off = render("bring-your-own")  # metrics off: only the probes get in
     assert [r["ports"][0]["port"] for r in find(off, "NetworkPolicy")["spec"]["ingress"]] == ["health"]
+
+
+def test_an_upgrade_applies_the_new_operators_crds_first_with_a_role_for_just_those() -> None:
+    objs = render("default")
+    hook = [o for o in objs if o["metadata"]["name"] == f"{OPERATOR}-crds"]
+    assert sorted(o["kind"] for o in hook) == sorted(CRD_HOOK)
+    for o in hook:
+        assert o["metadata"]["annotations"]["helm.sh/hook"] == "pre-upgrade"
+    job = find(objs, "Job", f"{OPERATOR}-crds")["spec"]["template"]["spec"]
+    (container,) = job["containers"]
+    assert container["command"] == ["tpuforge", "crds", "--apply"]
+    assert container["image"] == operator_container(objs)["image"]  # the new operator's own CRDs
+    granted = rbac_scan.granted(find(objs, "ClusterRole", f"{OPERATOR}-crds")["rules"])
+    assert {(p.resource, p.verb) for p in granted} == {
+        ("customresourcedefinitions", v) for v in ("create", "get", "patch")
+    }
+    named = [r for r in find(objs, "ClusterRole", f"{OPERATOR}-crds")["rules"] if "patch" in r["verbs"]]
+    assert named[0]["resourceNames"] == sorted(crds.crd_name(k) for k in crds.KINDS)

@@ -104,3 +104,47 @@ def test_api_reference_is_current() -> None:
     assert (ROOT / "docs" / "api.md").read_text() == text, "docs/api.md is stale: run `make crds`"
     assert "| `maxSeqLen` | integer | **required** |" in text
     assert "| `v5p-8` | tpu-v5p-slice | 2x2x1 |" in text
+
+
+def served(kind: crds.Kind) -> dict[str, Any]:
+    """The CRD as an apiserver returns it after applying the committed file (YAML, then JSON)."""
+    text = (ROOT / "helm" / "tpuforge" / "crds" / crds.filename(kind)).read_text()
+    out: dict[str, Any] = yaml.safe_load(text)
+    out["spec"]["conversion"] = {"strategy": "None"}  # what the apiserver adds
+    return out
+
+
+@pytest.mark.parametrize("kind", crds.KINDS, ids=lambda k: k.kind)
+def test_the_chart_crds_are_the_ones_the_operator_checks_for_at_start(kind: crds.Kind) -> None:
+    assert crds.schema_drift(kind, served(kind)) is None
+
+
+def test_an_older_served_schema_is_named_with_the_fields_it_lacks() -> None:
+    kind = next(k for k in crds.KINDS if k.kind == "FineTuneJob")
+    old = served(kind)
+    old["metadata"]["labels"]["tpuforge.dev/version"] = "0.0.9"
+    spec = old["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    del spec["priorityClassName"]
+    spec["training"]["properties"]["maxSteps"]["minimum"] = 1.0  # an integer written as a float is the same
+    drift = crds.schema_drift(kind, old)
+    assert drift is not None and "from tpuforge 0.0.9" in drift
+    assert "spec.properties.priorityClassName (missing from the served schema)" in drift
+    assert "maxSteps" not in drift
+    assert crds.schema_drift(kind, None) == "CRD finetunejobs.tpuforge.dev is not installed"
+
+
+@pytest.mark.cluster
+def test_the_upgrade_hooks_apply_leaves_the_served_crds_as_the_operator_expects(
+    sandbox: Any, api_client: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tpuforge crds --apply` (the chart's pre-upgrade hook) on a real apiserver: a server-side apply of the
+    CRDs already there, after which the schema the apiserver serves is the operator's (its start-up check)."""
+    from tpuforge.kube import client as kube_client
+
+    assert crds.main(["--apply", "--kubeconfig", str(sandbox.kubeconfig)]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"applied {crds.crd_name(k)}" for k in crds.KINDS]
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    for kind in crds.KINDS:
+        served = kube_client.request(api_client, "GET", f"{path}/{crds.crd_name(kind)}")
+        assert crds.schema_drift(kind, served) is None
+        assert crds.FIELD_MANAGER in {m["manager"] for m in served["metadata"]["managedFields"]}

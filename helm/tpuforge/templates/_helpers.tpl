@@ -121,3 +121,74 @@ matchExpressions:
     {{- toYaml . | nindent 4 }}
   {{- end }}
 {{- end }}
+
+{{/* The operator's rules on namespaced resources: in the ClusterRole when it watches every namespace, in a Role
+per namespace otherwise (the table in operator/tpuforge/controllers/permissions.py). */}}
+{{- define "tpuforge.namespacedRules" -}}
+# kopf and the controllers post Events on the objects they handle.
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+# FineTuneJobs: watched (one informer, which the ServingDeployments that serve them read too), status
+# written, deleted after ttlSecondsAfterFinished. `get` on the status: the operator grants it to the
+# trainer's Role.
+- apiGroups: ["tpuforge.dev"]
+  resources: ["finetunejobs"]
+  verbs: ["list", "watch", "delete"]
+- apiGroups: ["tpuforge.dev"]
+  resources: ["finetunejobs/status"]
+  verbs: ["get", "patch"]
+# ServingDeployments: watched (an informer), status written.
+- apiGroups: ["tpuforge.dev"]
+  resources: ["servingdeployments"]
+  verbs: ["list", "watch"]
+- apiGroups: ["tpuforge.dev"]
+  resources: ["servingdeployments/status"]
+  verbs: ["patch"]
+# FineTuneJob children: training and merge Jobs, their config, the trainer's identity and Role.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["list", "watch", "create", "delete"]
+# Multi-host training attempts: one JobSet per attempt, watched like the Jobs (JobSet must be installed
+# on the cluster; without it the list answers 404 and multi-host jobs wait with a condition that says so).
+- apiGroups: ["jobset.x-k8s.io"]
+  resources: ["jobsets"]
+  verbs: ["list", "watch", "create", "delete"]
+# Kueue's Workloads (kueue.x-k8s.io/v1beta2), one per queued Job or JobSet: read only, to show why a
+# FineTuneJob is Queued. Where Kueue is not installed the list answers 404 and nothing is queued.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["list", "watch", "create"]
+- apiGroups: [""]
+  resources: ["serviceaccounts"]
+  verbs: ["create"]
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["create"]
+# Pods of both kinds' children: watched for progress, failures and readiness.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
+# ServingDeployment children: the vLLM Deployment, its Service, the XLA cache PVC, scrape configs; each
+# watched by an informer, read before an update. Where a scrape config's CRD is not installed its list
+# answers 404 and none is made.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "update"]
+- apiGroups: [""]
+  resources: ["services", "persistentvolumeclaims"]
+  verbs: ["get", "list", "watch", "create", "update"]
+# The vLLM pods' PodDisruptionBudget, applied like the other serving children.
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "update"]
+- apiGroups: ["monitoring.googleapis.com"]
+  resources: ["podmonitorings"]
+  verbs: ["get", "list", "watch", "create", "update"]
+- apiGroups: ["monitoring.coreos.com"]
+  resources: ["servicemonitors"]
+  verbs: ["get", "list", "watch", "create", "update"]
+{{- end }}

@@ -53,6 +53,7 @@ from tpuforge.api.finetune_status import (
     Progress,
     Restarts,
 )
+from tpuforge.api.images import REFRESH_IMAGES_ANNOTATION, ResolvedImages
 from tpuforge.api.preflight import PreflightSpec, PreflightStatus
 from tpuforge.api.serving import (
     AdapterPhase,
@@ -81,6 +82,7 @@ from tpuforge.api.validation import (
 
 __all__ = [
     "MODELS",
+    "REFRESH_IMAGES_ANNOTATION",
     "TPU_SLICES",
     "AdapterPhase",
     "AdapterSource",
@@ -124,6 +126,7 @@ __all__ = [
     "PreflightStatus",
     "Progress",
     "PromotionSpec",
+    "ResolvedImages",
     "Restarts",
     "RunPolicy",
     "ServeConfig",

@@ -58,6 +58,9 @@ TPU_RESOURCE = "google.com/tpu"
 # lasts 30 s, 15 for other pods and then 15 for critical system pods; a longer terminationGracePeriodSeconds has
 # no effect on a reclaim (GKE, "Spot VMs": termination and graceful shutdown).
 GKE_SPOT_GRACE_SECONDS = 15
+# Set on Spot training pods: the trainer watches GKE's shutdown notice (the VM's metadata `instance/preempted`)
+# and starts its checkpoint on it, before the node's SIGTERM and its short grace.
+SPOT_NOTICE_ENV = "TPUFORGE_SPOT_NOTICE"
 # Ports of a multi-host training pod besides its metrics: the JAX coordinator (COORDINATOR_PORT, process 0) and
 # the TPU runtime's port, which GKE's multi-host TPU samples declare on every worker.
 TPU_RUNTIME_PORT = 8471

@@ -334,7 +334,16 @@ class EvaluationSpec(ApiModel):
         default=EVAL_ACTIVE_DEADLINE_SECONDS,
         ge=60,
         description="The evaluation Job's activeDeadlineSeconds: past it (model downloads, compiles and scoring "
-        "of every try together) the Job is stopped and the FineTuneJob fails, naming this field.",
+        "of every try together) the Job is stopped and the evaluation fails, naming this field; the FineTuneJob "
+        "keeps its outputs and succeeds.",
+    )
+    rerun: int = Field(
+        default=0,
+        ge=0,
+        description="Raise it (e.g. to 1, then 2) to run the evaluation again on the exported model after the job "
+        "has ended, without retraining: after an EvaluationFailed, or with changed thresholds or metrics. Each "
+        "run has a Job of its own (<job>-eval, then <job>-eval-<rerun>); status.evaluation.run says which run "
+        "the result is from.",
     )
 
 

@@ -362,12 +362,52 @@ def evaluating_on(pod: str, node: str | None) -> str:
     return f"pod {pod} is evaluating{where}"
 
 
+# A child could not be created because an admission webhook (JobSet's, Kueue's) did not answer the apiserver.
+WEBHOOKS_REACHABLE = "WebhooksReachable"
+WEBHOOK_UNREACHABLE = "WebhookUnreachable"
+WEBHOOKS_ANSWER = "WebhooksAnswer"
+
+
+def webhook_unreachable(kind: str, name: str, webhook: str, why: str) -> str:
+    return (
+        f"creating {kind} {name} failed: the apiserver could not call admission webhook {webhook!r} ({why}); on a "
+        "private GKE cluster, allow the control plane to reach the nodes on TCP 9443 (a firewall rule from the "
+        "master CIDR; docs/platform-team.md, Private clusters: webhooks); retried until it answers"
+    )
+
+
+WEBHOOKS_ANSWER_MESSAGE = "the children were created: every admission webhook answered"
 EVALUATION_REMOVED = "spec.evaluation was removed before it finished"
+RERUN_FIELD = "spec.evaluation.rerun"
+EVALUATING_AGAIN = "EvaluatingAgain"
+
+
+def evaluation_error(message: str) -> str:
+    """status.evaluation.message after an evaluation that gave no verdict."""
+    return f"{message}; the outputs are kept: raise {RERUN_FIELD} to evaluate them again"
+
+
+def evaluation_failed_note(reason: str) -> str:
+    """What the Succeeded condition adds when the evaluation gave no verdict."""
+    return f"; evaluation failed ({reason}, see the Evaluated condition): raise {RERUN_FIELD} to run it again"
+
+
+def evaluating_again(run: int) -> str:
+    return f"evaluating the exported model again ({RERUN_FIELD}={run}); training is not repeated"
+
+
+def evaluation_deadline(ran: float, limit: int) -> str:
+    return (
+        f"spec.runPolicy.activeDeadlineSeconds={limit} passed ({ran:.0f}s since the start) while evaluating; the "
+        "evaluation is stopped"
+    )
+
+
 NOT_EVALUATED_SUFFIX = "; not evaluated (spec.evaluation was removed)"
 
 
 def evaluation_rejected(job: str, message: str) -> str:
-    return f"the evaluation Job {job} failed: {message}; not retried: fix the spec and create the job again"
+    return f"the evaluation Job {job} failed: {message}; not retried: fix spec.evaluation and raise {RERUN_FIELD}"
 
 
 def evaluation_job_failed(job: str, tries: str, detail: str) -> str:
@@ -384,7 +424,7 @@ def evaluation_evicted(job: str, message: str) -> str:
 def evaluation_result_missing(job: str) -> str:
     return (
         f"the evaluation Job {job} completed but its pod is gone, and with it the result (its "
-        "termination message); delete the Job to run the evaluation again"
+        f"termination message); raise {RERUN_FIELD} to run the evaluation again"
     )
 
 

@@ -10,6 +10,7 @@ from tpuforge.api import display
 from tpuforge.api.base import StatusModel
 from tpuforge.api.code_eval import ConfidenceInterval
 from tpuforge.api.conditions import Condition
+from tpuforge.api.images import ResolvedImages
 from tpuforge.api.preflight import PreflightStatus
 
 
@@ -155,8 +156,13 @@ class EvaluationStatus(StatusModel):
         "task: its reference does not compile with the checker's simulator); the report names them.",
     )
     examples: int | None = Field(default=None, description="Records evaluated.")
-    passed: bool | None = Field(default=None, description="Whether every threshold was met.")
-    result: str | None = Field(default=None, description="Passed or Failed.")
+    run: int | None = Field(default=None, description="The spec.evaluation.rerun this result is from (0: the first).")
+    passed: bool | None = Field(default=None, description="Whether every threshold was met (unset after an Error).")
+    result: str | None = Field(
+        default=None,
+        description="Passed, Failed (below a threshold), or Error (no verdict: the evaluation itself failed, the "
+        "Evaluated condition says why; raise spec.evaluation.rerun to run it again).",
+    )
     result_display: str | None = Field(
         default=None, description="result for kubectl get, with pass@1 when code was run: Passed (pass@1 0.83)."
     )
@@ -225,3 +231,6 @@ class FineTuneJobStatus(StatusModel):
         default=None, description="What the preflight found: HBM per chip against the chip's, speed and cost estimates."
     )
     cost: Cost | None = None
+    images: ResolvedImages | None = Field(
+        default=None, description="The default images this job runs where its spec names none, kept for its life."
+    )

@@ -13,9 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated
 
-from pydantic import StringConstraints
+from pydantic import Field, StringConstraints
 
-from tpuforge.api.constants import DEFAULT_VLLM_IMAGE, PROJECT_VERSION
+from tpuforge.api.base import StatusModel
+from tpuforge.api.constants import DEFAULT_VLLM_IMAGE, GROUP, PROJECT_VERSION
 
 PUBLIC_PREFIX = "tpuforge"
 PULL_SECRETS_HELP = (
@@ -105,3 +106,24 @@ class ImageDefaults:
 
 # A spec the operator has not filled in (tests, `tpuforge preflight`) renders with these.
 PUBLIC_IMAGES = ImageDefaults()
+
+# On a ServingDeployment: a new value (any, e.g. a date) makes it take the operator's current default images.
+REFRESH_IMAGES_ANNOTATION = f"{GROUP}/refresh-images"
+
+
+class ResolvedImages(StatusModel):
+    """The default images of one object, resolved once from the operator's when it first handled it, for the
+    containers its spec names no image for. They stay through operator upgrades, so an upgrade restarts no
+    server and changes no running fine-tune's next stage; an image set in the spec always wins."""
+
+    trainer: str | None = Field(default=None, description="FineTuneJob: training, preflight, evaluation loss.")
+    merger: str | None = Field(default=None, description="FineTuneJob: the merge.")
+    evaluator: str | None = Field(default=None, description="FineTuneJob: the evaluation's vLLM.")
+    serving: str | None = Field(default=None, description="ServingDeployment: vLLM.")
+    model_fetch: str | None = Field(default=None, description="ServingDeployment: the model-fetch init container.")
+    adapters: str | None = Field(default=None, description="ServingDeployment: the adapters sidecar.")
+    refresh: str | None = Field(
+        default=None,
+        description=f"The {REFRESH_IMAGES_ANNOTATION} annotation these were resolved at; a new value there "
+        "resolves them again from the operator's current defaults (a rollout).",
+    )

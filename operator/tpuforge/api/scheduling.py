@@ -16,11 +16,19 @@ from pydantic import Field, model_validator
 from tpuforge.api.base import ApiModel
 from tpuforge.api.catalog import TpuSlice
 from tpuforge.api.constants import GKE_SPOT, GKE_TPU_ACCELERATOR, GKE_TPU_TOPOLOGY, GROUP, INSTANCE_TYPE
+from tpuforge.api.labels import LABEL_KEY_PATTERN, label_errors
 
-# GKE's node labels for a specific reservation ("Consuming reserved zonal resources"): a pod that selects both
-# lands only on nodes created from that reservation.
+# GKE's node labels for a specific reservation ("Consuming reserved zonal resources"): a pod that selects them
+# lands only on nodes created from that reservation. A shared reservation, owned by another project, is selected
+# by its name plus the owner's project in a label of its own (a label value cannot hold the `/` of
+# projects/PROJECT/reservations/NAME).
 GKE_RESERVATION_NAME = "cloud.google.com/reservation-name"
+GKE_RESERVATION_PROJECT = "cloud.google.com/reservation-project"
 GKE_RESERVATION_AFFINITY = "cloud.google.com/reservation-affinity"
+RESERVATION_LABELS = (GKE_RESERVATION_NAME, GKE_RESERVATION_PROJECT, GKE_RESERVATION_AFFINITY)
+# A reservation: NAME in the cluster's project, or projects/PROJECT/reservations/NAME for a shared one.
+_RFC1035 = r"[a-z]([-a-z0-9]*[a-z0-9])?"
+RESERVATION_PATTERN = rf"^(projects/{_RFC1035}/reservations/)?{_RFC1035}$"
 # Flex-start (Dynamic Workload Scheduler) nodes carry this label; node pools with queued provisioning also taint
 # their nodes with GKE_QUEUED, which flex-start pods tolerate.
 GKE_FLEX_START = "cloud.google.com/gke-flex-start"
@@ -29,11 +37,6 @@ GKE_QUEUED = "cloud.google.com/gke-queued"
 RESERVED_ANNOTATION_PREFIX = f"{GROUP}/"
 # The most tolerations one spec lists: enough for any pool, and a bound the apiserver's CEL cost estimate needs.
 MAX_TOLERATIONS = 16
-# A label key: an optional DNS-subdomain prefix, then a name of at most 63 characters.
-LABEL_KEY_PATTERN = (
-    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-    r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$"
-)
 
 
 class Toleration(ApiModel):
@@ -99,10 +102,11 @@ class PodScheduling(ApiModel):
     reservation: str | None = Field(
         default=None,
         max_length=253,
-        pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?(/[a-z]([-a-z0-9]*[a-z0-9])?)*$",
+        pattern=RESERVATION_PATTERN,
         description="Consume this GKE reservation (a specific one: its name, or projects/PROJECT/reservations/NAME "
-        "for a shared one): selects cloud.google.com/reservation-name and reservation-affinity specific. Not "
-        "with spot or flexStart.",
+        "for one shared from another project): selects cloud.google.com/reservation-name NAME, "
+        "reservation-project PROJECT for a shared one, and reservation-affinity specific. Not with spot or "
+        "flexStart.",
     )
     flex_start: bool = Field(
         default=False,
@@ -118,11 +122,19 @@ class PodScheduling(ApiModel):
             raise ValueError("reservation and flexStart are different kinds of capacity; set one of them")
         return self
 
+    def reservation_labels(self) -> dict[str, str]:
+        """GKE's node labels for spec.reservation: its name, its owner's project for a shared one, and affinity."""
+        if not self.reservation:
+            return {}
+        project, _, name = self.reservation.removeprefix("projects/").rpartition("/reservations/")
+        out = {GKE_RESERVATION_NAME: name}
+        if project:
+            out[GKE_RESERVATION_PROJECT] = project
+        return out | {GKE_RESERVATION_AFFINITY: "specific"}
+
     def selector(self) -> dict[str, str]:
         """The node labels these settings require, the reservation's and flex-start's included."""
-        out = dict(self.node_selector)
-        if self.reservation:
-            out |= {GKE_RESERVATION_NAME: self.reservation, GKE_RESERVATION_AFFINITY: "specific"}
+        out = dict(self.node_selector) | self.reservation_labels()
         if self.flex_start:
             out[GKE_FLEX_START] = "true"
         return out
@@ -155,6 +167,8 @@ def scheduling_errors(
     errors: list[tuple[str, str]] = []
     owned = owned_labels(slc, spot)
     where = f"{slice_field} {slc.id}" if slc is not None else slice_field
+    errors += label_errors(f"{field}.nodeSelector", sched.node_selector)
+    errors += [(f"{field}.reservation", msg) for _, msg in label_errors("", sched.reservation_labels())]
     for key, value in sched.node_selector.items():
         at = f"{field}.nodeSelector[{key}]"
         if key == GKE_SPOT and spot_field is not None:
@@ -163,8 +177,8 @@ def scheduling_errors(
             elif not spot:
                 errors.append((at, f"remove it and set {spot_field}: true, which also tolerates the Spot taint"))
             continue
-        if key in (GKE_RESERVATION_NAME, GKE_RESERVATION_AFFINITY):
-            errors.append((at, f"use {field}.reservation, which sets both reservation labels"))
+        if key in RESERVATION_LABELS:
+            errors.append((at, f"use {field}.reservation, which sets the reservation labels"))
             continue
         if key == GKE_FLEX_START:
             errors.append((at, f"use {field}.flexStart: true, which also tolerates the queued-provisioning taint"))
@@ -202,6 +216,7 @@ __all__ = [
     "GKE_QUEUED",
     "GKE_RESERVATION_AFFINITY",
     "GKE_RESERVATION_NAME",
+    "GKE_RESERVATION_PROJECT",
     "MAX_TOLERATIONS",
     "PodScheduling",
     "Toleration",

@@ -10,7 +10,13 @@ from pydantic import Field, model_validator
 from tpuforge.api.base import ApiModel, PodResources, StatusModel
 from tpuforge.api.conditions import Condition
 from tpuforge.api.constants import DEFAULT_MERGER_IMAGE, DEFAULT_VLLM_IMAGE, MULTIMODAL_MAX_NUM_BATCHED_TOKENS
-from tpuforge.api.images import MAX_PULL_SECRETS, PULL_SECRETS_HELP, SecretName
+from tpuforge.api.images import (
+    MAX_PULL_SECRETS,
+    PULL_SECRETS_HELP,
+    REFRESH_IMAGES_ANNOTATION,
+    ResolvedImages,
+    SecretName,
+)
 from tpuforge.api.scheduling import PodScheduling
 
 
@@ -209,6 +215,19 @@ class ServingImagesSpec(ApiModel):
     )
 
 
+class DisruptionSpec(ApiModel):
+    """Voluntary evictions (node upgrades, drains, the cluster autoscaler's scale-down) of the vLLM pods."""
+
+    min_available: int | None = Field(
+        default=None,
+        ge=0,
+        description="Pods that must stay up through an eviction. Unset: at most one pod is down at a time "
+        "(maxUnavailable 1), so a single replica may be evicted and its endpoint is down until it is back on a "
+        "node; 1 with one replica blocks drains and node upgrades until the pod is deleted by hand (GKE forces "
+        "an upgrade's drain after one hour).",
+    )
+
+
 class ServingDeploymentSpec(ApiModel):
     model: ServingModel = Field(
         description="What to serve: a merged model URI or a FineTuneJob's output; with adapters, their base model."
@@ -228,7 +247,19 @@ class ServingDeploymentSpec(ApiModel):
         default_factory=ServingImagesSpec,
         description="The model-fetch and adapters containers' images, and image pull Secrets.",
     )
-    replicas: int = Field(default=1, ge=0, description="vLLM server replicas (one slice each).")
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        description="vLLM server replicas (one slice each). The scale subresource: a HorizontalPodAutoscaler "
+        "targets the ServingDeployment (kind ServingDeployment, apiVersion tpuforge.dev/v1alpha1) and writes "
+        "this field, which the operator carries to the Deployment; more than one needs storage many nodes read "
+        "(docs/platform-team.md, Scaling).",
+    )
+    disruption: DisruptionSpec = Field(
+        default_factory=DisruptionSpec,
+        description="The PodDisruptionBudget of the vLLM pods: how many may be evicted at once by node upgrades "
+        "and drains.",
+    )
     xla_cache: XlaCacheSpec = Field(
         default_factory=XlaCacheSpec, description="Persistent XLA compilation cache (VLLM_XLA_CACHE_PATH)."
     )
@@ -269,6 +300,10 @@ class AdapterStatus(StatusModel):
 
 class ServingDeploymentStatus(StatusModel):
     phase: ServingPhase | None = None
+    replicas: int | None = Field(default=None, description="vLLM pods (the scale subresource's status).")
+    selector: str | None = Field(
+        default=None, description="The label selector of the vLLM pods (the scale subresource's, for an HPA)."
+    )
     ready_replicas: int | None = None
     endpoint: str | None = None
     model_uri: str | None = None
@@ -278,3 +313,8 @@ class ServingDeploymentStatus(StatusModel):
     )
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = None
+    images: ResolvedImages | None = Field(
+        default=None,
+        description="The default images these pods run where the spec names none, kept through operator upgrades; "
+        f"a new value of annotation {REFRESH_IMAGES_ANNOTATION} takes the operator's current ones (a rollout).",
+    )

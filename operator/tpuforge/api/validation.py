@@ -14,6 +14,7 @@ from tpuforge.api.catalog import MODELS, TPU_SLICES, ModelShape, Stage, TpuSlice
 from tpuforge.api.code_eval import CHECK_RUNNER_MEMORY, MIN_SAMPLE_MEMORY, PASS_AT_K
 from tpuforge.api.constants import CPU_SLICE
 from tpuforge.api.finetune import EvaluationSpec, FineTuneJobSpec, MeshSpec
+from tpuforge.api.labels import label_errors, label_value_problem
 from tpuforge.api.resources import quantity, resource_errors
 from tpuforge.api.scheduling import PodScheduling, scheduling_errors
 
@@ -257,8 +258,21 @@ def check_finetune(spec: FineTuneJobSpec, local_paths: bool = False) -> list[Fie
         )
     check_resources(errors, "spec.merge.resources", spec.merge.resources, None)
     check_resources(errors, "spec.preflight.resources", spec.preflight.resources, None)
+    _check_labels(errors, spec)
     _check_evaluation(errors, spec, shape, local_paths)
     return errors
+
+
+def _check_labels(errors: list[FieldError], spec: FineTuneJobSpec) -> None:
+    """The labels the job's children carry from its spec (the scheduling blocks' are scheduling_errors')."""
+    for field, selector in (
+        ("spec.merge.nodeSelector", spec.merge.node_selector),
+        ("spec.preflight.nodeSelector", spec.preflight.node_selector),
+    ):
+        errors.extend(FieldError(f, m) for f, m in label_errors(field, selector))
+    problem = label_value_problem(spec.queue_name) if spec.queue_name else None
+    if problem:
+        errors.append(FieldError("spec.queueName", f"{problem}; it is written as label kueue.x-k8s.io/queue-name"))
 
 
 def _check_checkpoint_choice(errors: list[FieldError], spec: FineTuneJobSpec) -> None:

@@ -11,12 +11,13 @@ from typing import Any
 
 import kopf
 
-from tpuforge import metrics
+from tpuforge import crds, metrics
 from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS, PROJECT_VERSION
 from tpuforge.api.images import ImageDefaults, unique
 from tpuforge.controllers.finetune import controller as finetunejob
 from tpuforge.controllers.runtime import defaults
 from tpuforge.controllers.serving import controller as servingdeployment
+from tpuforge.kinds import KINDS
 from tpuforge.kube import client as kube_client
 from tpuforge.kube import events as kube_events
 
@@ -137,6 +138,21 @@ def image_defaults(args: argparse.Namespace) -> ImageDefaults:
     )
 
 
+def served_crd_drift() -> list[str]:
+    """Each CRD the apiserver serves that is not the one this operator was built with (tpuforge.crds builds
+    them from the same models): an old schema would prune the fields a newer operator writes."""
+    api = kube_client.api_client()
+    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    out = []
+    for kind in KINDS:
+        query = {"fieldSelector": f"metadata.name={crds.crd_name(kind)}"}  # a list: the operator's permission
+        items = kube_client.request(api, "GET", path, query=query).get("items") or []
+        drift = crds.schema_drift(kind, items[0] if items else None)
+        if drift is not None:
+            out.append(drift)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     defaults.configure(
@@ -156,6 +172,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         log.error("cannot load Kubernetes credentials: %s", exc)
         return 2
+    try:
+        drift = served_crd_drift()
+    except kube_client.ApiException as exc:
+        log.warning("could not read the CRDs to check their schema: %s", exc)
+        drift = []
+    if drift:
+        log.error("%s; %s", "; ".join(drift), crds.DRIFT_FIX)
+        return 3
     if args.metrics_port:
         try:
             metrics.serve(args.metrics_address, args.metrics_port)

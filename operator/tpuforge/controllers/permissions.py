@@ -1,7 +1,11 @@
-"""The operator's Kubernetes permissions, declared once: what the Helm chart's ClusterRole grants
-(helm/tpuforge/templates/clusterrole.yaml must equal `cluster_role_rules`). tests/helm/test_helm_chart.py
-checks both ways: every API call the controllers make is covered here, and nothing here goes unused (by the
-controllers, by kopf itself, or by the trainer's Role, which the operator can only grant what it holds)."""
+"""The operator's Kubernetes permissions, declared once: what the Helm chart grants. Watching every namespace,
+one ClusterRole holds them all (`cluster_role_rules(False)`); with operator.watchNamespaces the ClusterRole keeps
+only the cluster-scoped ones (`cluster_role_rules(True)`) and a Role in each watched namespace holds the rest
+(`namespace_role_rules()`), so the operator can create Jobs, Roles and RoleBindings nowhere else (e.g. not run
+pods as kube-system's ServiceAccounts). helm/tpuforge/templates/clusterrole.yaml and roles.yaml must equal them.
+tests/helm/test_helm_chart.py checks both ways: every API call the controllers make is covered here, and nothing
+here goes unused (by the controllers, by kopf itself, or by the trainer's Role, which the operator can only grant
+what it holds)."""
 
 from __future__ import annotations
 
@@ -19,13 +23,28 @@ class Rule:
     why: str
     # Only when the operator watches some namespaces, not the whole cluster.
     namespaced_only: bool = False
+    # The resources are cluster-scoped (no namespace): a Role cannot grant them.
+    cluster_scoped: bool = False
 
 
 RULES: tuple[Rule, ...] = (
     # kopf itself (kopf/_core/reactor/observation.py): it follows the CRDs it serves and posts Events.
-    Rule("apiextensions.k8s.io", ("customresourcedefinitions",), ("list", "watch"), "kopf: the CRDs it serves"),
+    Rule(
+        "apiextensions.k8s.io",
+        ("customresourcedefinitions",),
+        ("list", "watch"),
+        "kopf: the CRDs it serves",
+        cluster_scoped=True,
+    ),
     Rule("", ("events",), ("create",), "kopf and the controllers: Events"),
-    Rule("", ("namespaces",), ("list", "watch"), "kopf, limited to some namespaces", namespaced_only=True),
+    Rule(
+        "",
+        ("namespaces",),
+        ("list", "watch"),
+        "kopf, limited to some namespaces",
+        namespaced_only=True,
+        cluster_scoped=True,
+    ),
     Rule(
         GROUP,
         ("finetunejobs",),
@@ -51,6 +70,12 @@ RULES: tuple[Rule, ...] = (
         "vLLM Service, XLA cache PVC",
     ),
     Rule(
+        "policy",
+        ("poddisruptionbudgets",),
+        ("get", "list", "watch", "create", "update"),
+        "the vLLM pods' PodDisruptionBudget",
+    ),
+    Rule(
         "monitoring.googleapis.com",
         ("podmonitorings",),
         ("get", "list", "watch", "create", "update"),
@@ -65,10 +90,18 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+def _wire(rules: list[Rule]) -> list[dict[str, Any]]:
+    return [{"apiGroups": [r.group], "resources": list(r.resources), "verbs": list(r.verbs)} for r in rules]
+
+
 def cluster_role_rules(namespaced: bool) -> list[dict[str, Any]]:
-    """The ClusterRole's rules; `namespaced`: the operator watches some namespaces only."""
-    return [
-        {"apiGroups": [r.group], "resources": list(r.resources), "verbs": list(r.verbs)}
-        for r in RULES
-        if namespaced or not r.namespaced_only
-    ]
+    """The ClusterRole's rules; `namespaced`: the operator watches some namespaces only, and the ClusterRole
+    keeps what a Role cannot grant."""
+    if namespaced:
+        return _wire([r for r in RULES if r.cluster_scoped])
+    return _wire([r for r in RULES if not r.namespaced_only])
+
+
+def namespace_role_rules() -> list[dict[str, Any]]:
+    """The rules of the Role in each watched namespace (operator.watchNamespaces)."""
+    return _wire([r for r in RULES if not r.cluster_scoped])

@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -62,6 +63,7 @@ PLURALS: dict[str, str] = {
     "Service": "services",
     "ServiceAccount": "serviceaccounts",
     "PersistentVolumeClaim": "persistentvolumeclaims",
+    "PodDisruptionBudget": "poddisruptionbudgets",
     "Job": "jobs",
     "Deployment": "deployments",
     "Role": "roles",
@@ -143,6 +145,23 @@ def is_already_exists(exc: BaseException) -> bool:
 def is_conflict(exc: BaseException) -> bool:
     """A write refused because the object changed since it was read (stale resourceVersion)."""
     return isinstance(exc, ApiException) and exc.status == 409 and _reason(exc) != "AlreadyExists"
+
+
+# The apiserver's words when an admission webhook it must call (failurePolicy Fail) does not answer.
+_WEBHOOK_FAILED = re.compile(r'failed calling webhook "([^"]+)": (.*)')
+
+
+def unreachable_webhook(exc: BaseException) -> tuple[str, str] | None:
+    """(webhook, why) when the apiserver refused a write because it could not call that admission webhook
+    (e.g. JobSet's or Kueue's, on port 9443, behind a private cluster's firewall); else None."""
+    if not isinstance(exc, ApiException):
+        return None
+    try:
+        text = str(json.loads(exc.body or "{}").get("message", ""))
+    except ValueError:
+        text = exc.body or ""
+    found = _WEBHOOK_FAILED.search(text)
+    return (found.group(1), found.group(2).strip()) if found else None
 
 
 # --- Requests ---------------------------------------------------------------------------------------------

@@ -58,8 +58,10 @@ def merge_job_name(name: str) -> str:
     return child_name(name, "merge")
 
 
-def eval_job_name(name: str) -> str:
-    return child_name(name, "eval")
+def eval_job_name(name: str, run: int = 0) -> str:
+    """The evaluation Job (and its ConfigMap) of run `run` (spec.evaluation.rerun): each run has its own, so a
+    rerun never reads the result of the Job before it."""
+    return child_name(name, f"eval-{run}" if run else "eval")
 
 
 def service_account_name(name: str, spec: FineTuneJobSpec) -> str:

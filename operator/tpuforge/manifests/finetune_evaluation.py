@@ -75,11 +75,14 @@ MODEL_DIR_ENV = {"name": EVAL_WORK_DIR_ENV, "value": MODEL_DIR}
 MODEL_HEADROOM = 1.25
 
 
+def _run(spec: FineTuneJobSpec) -> int:
+    return spec.evaluation.rerun if spec.evaluation is not None else 0
+
+
 def eval_config_map(o: Owner, spec: FineTuneJobSpec) -> Obj:
     cfg = eval_config(o.namespace, o.name, spec)
-    return config_map(
-        o, eval_job_name(o.name), labels(o, COMPONENT_EVALUATOR), {CONFIG_FILE: cfg.model_dump_json(by_alias=True)}
-    )
+    name = eval_job_name(o.name, _run(spec))
+    return config_map(o, name, labels(o, COMPONENT_EVALUATOR), {CONFIG_FILE: cfg.model_dump_json(by_alias=True)})
 
 
 def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
@@ -89,7 +92,7 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
     ev = spec.evaluation
     if ev is None:
         raise ValueError("spec.evaluation is unset: there is nothing to evaluate")
-    name = eval_job_name(o.name)
+    name = eval_job_name(o.name, ev.rerun)
     on_cpu = ev.slice == CPU_SLICE
     # On a CPU node the pod shares the node (requests only: they place it, they do not cap it); on a TPU slice
     # it requests every chip of the host and what vLLM and the JAX loss hold of the model.

@@ -24,6 +24,7 @@ from tpuforge.api.constants import (
     JOBSET_API_VERSION,
     JOBSET_EXCLUSIVE_TOPOLOGY,
     JOBSET_KIND,
+    SPOT_NOTICE_ENV,
     TERMINATION_LOG,
     TPU_RUNTIME_PORT,
 )
@@ -63,15 +64,17 @@ TRAINER_CONTAINER = "trainer"
 SPEC_KEY = "finetunejob-spec.json"
 
 # On SIGTERM the trainer writes an Orbax checkpoint (LoRA weights + optimizer state: about 1.5 GB for the 31B
-# model at rank 64) straight to GCS before it exits. Off Spot (a drain, a node upgrade, a suspend) five
-# minutes covers a slow link. On Spot a reclaim gives 15 s whatever the pod asks, so the pod asks for that
-# (common.tpu_scheduling): the checkpoint durations the trainer reports say whether one fits, and the trainer
-# also checkpoints every checkpoint.everySteps.
+# model at rank 64) straight to GCS before it exits. A drain, a node upgrade, Kueue's preemption or a suspend
+# honour the pod's grace: five minutes covers a slow link, on Spot too. A Spot reclaim gives ~15 s whatever the
+# pod asks (the node shuts down), so there the trainer starts on GKE's shutdown notice (SPOT_NOTICE_ENV), before
+# the SIGTERM; trainer_grace_seconds is that reclaim budget, which the checkpoint durations the trainer reports
+# are held against (CheckpointWithinGrace). It also checkpoints every checkpoint.everySteps.
 TRAINER_TERMINATION_GRACE_SECONDS = 300
 
 
 def trainer_grace_seconds(spec: FineTuneJobSpec) -> int:
-    """The grace period a training pod gets after SIGTERM: the time its checkpoint has."""
+    """The time a training pod's checkpoint has when it is stopped the hardest way its capacity allows: a Spot
+    reclaim (the node's shutdown, whatever the pod's own grace), else its terminationGracePeriodSeconds."""
     return grace_seconds(spec.tpu.spot, spec.tpu.spot_grace_seconds, TRAINER_TERMINATION_GRACE_SECONDS)
 
 
@@ -121,6 +124,8 @@ def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
     ]
     if slc.hosts > 1:
         env += _multi_host_env(name, slc.hosts, spec.tpu.join_timeout_seconds)
+    if spec.tpu.spot:
+        env.append({"name": SPOT_NOTICE_ENV, "value": "1"})
     container: Obj = {
         "name": TRAINER_CONTAINER,
         "image": spec.images.trainer or PUBLIC_IMAGES.trainer,
@@ -138,8 +143,9 @@ def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
     pod_spec: Obj = {
         "restartPolicy": "Never",
         "serviceAccountName": service_account_name(o.name, spec),
-        "terminationGracePeriodSeconds": trainer_grace_seconds(spec),
-        **tpu_scheduling(slc, spec.tpu.spot, spec.tpu.spot_grace_seconds),  # on Spot: the same grace
+        **tpu_scheduling(slc, spec.tpu.spot, spec.tpu.spot_grace_seconds),
+        # After tpu_scheduling's Spot grace: the trainer keeps its long grace for every stop that honours it.
+        "terminationGracePeriodSeconds": TRAINER_TERMINATION_GRACE_SECONDS,
         "containers": [container],
         "volumes": [config_volume(name), {"name": "dshm", "emptyDir": shm}],
         **image_pull_secrets(spec.images.pull_secrets),

@@ -59,6 +59,8 @@ MONITOR_INTERVAL = "30s"
 # The adapters sidecar: fetches LoRA adapters on the operator's request into a volume vLLM reads them from.
 ADAPTERS_PORT = 8001
 ADAPTERS_CONTAINER = "adapters"
+VLLM_CONTAINER = "vllm"
+FETCH_CONTAINER = "fetch-model"
 
 
 def endpoint(name: str, namespace: str) -> str:
@@ -145,7 +147,7 @@ def pod_template(inp: ServingInputs) -> Obj:
     model_dir = spec.vllm.model_path
     lora = lora_enabled(spec)
     vllm: Obj = {
-        "name": "vllm",
+        "name": VLLM_CONTAINER,
         "image": spec.vllm.image or PUBLIC_IMAGES.serving,
         "command": ["vllm", "serve"],
         "args": vllm_args(inp),
@@ -164,7 +166,7 @@ def pod_template(inp: ServingInputs) -> Obj:
     # The model-fetch init container and the adapters sidecar default to the merger image: it holds
     # tpuforge_workloads and the GCS client.
     fetch: Obj = {
-        "name": "fetch-model",
+        "name": FETCH_CONTAINER,
         "image": spec.images.model_fetch or PUBLIC_IMAGES.model_fetch,
         "command": ["python", "-m", "tpuforge_workloads.serve.fetch"],
         "args": fetch_args(inp),
@@ -201,7 +203,7 @@ def pod_template(inp: ServingInputs) -> Obj:
         pod["serviceAccountName"] = spec.service_account_name
     pod = with_scheduling(pod, spec.tpu.scheduling)
     # Neither vLLM nor the model fetch talks to the Kubernetes API (GCS access is Workload Identity's).
-    root = frozenset({"vllm"}) if spec.tpu.run_as_root else frozenset()
+    root = frozenset({VLLM_CONTAINER}) if spec.tpu.run_as_root else frozenset()
     pod = locked_down(pod, api_access=False, root_containers=root)
     own = {ANNOTATION_MODEL_URI: inp.model_uri, **scrape_annotations()}
     if inp.model_revision:
@@ -239,6 +241,29 @@ def deployment(inp: ServingInputs) -> Obj:
             "template": pod_template(inp),
         },
     }
+
+
+def disruption_budget(inp: ServingInputs) -> Obj:
+    """The vLLM pods' PodDisruptionBudget: at most one down at a time by default, spec.disruption.minAvailable
+    where set. A pod not ready yet (compiling, or failing) may always be evicted: it serves nothing."""
+    chosen = inp.spec.disruption.min_available
+    budget: Obj = {"minAvailable": chosen} if chosen is not None else {"maxUnavailable": 1}
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": object_metadata(inp, names(inp.name).deployment),
+        "spec": {
+            **budget,
+            "selector": {"matchLabels": selector_labels(inp.name)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
+        },
+    }
+
+
+def selector(name: str) -> str:
+    """The vLLM pods' label selector as a string (status.selector, which an HPA reads through the scale
+    subresource)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(selector_labels(name).items()))
 
 
 def service(inp: ServingInputs) -> Obj:

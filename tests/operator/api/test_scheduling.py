@@ -12,7 +12,13 @@ from tests.fixtures.finetune.specs import OWNER, pod, spec
 from tests.fixtures.serving import inputs
 from tpuforge import api
 from tpuforge.api.constants import GKE_SPOT, GKE_TPU_ACCELERATOR, GKE_TPU_TOPOLOGY, INSTANCE_TYPE, TPU_RESOURCE
-from tpuforge.api.scheduling import GKE_FLEX_START, GKE_QUEUED, GKE_RESERVATION_AFFINITY, GKE_RESERVATION_NAME
+from tpuforge.api.scheduling import (
+    GKE_FLEX_START,
+    GKE_QUEUED,
+    GKE_RESERVATION_AFFINITY,
+    GKE_RESERVATION_NAME,
+    GKE_RESERVATION_PROJECT,
+)
 from tpuforge.manifests import serving
 from tpuforge.manifests.finetune_evaluation import eval_job
 from tpuforge.manifests.finetune_training import train_job, train_jobset
@@ -52,6 +58,54 @@ def test_a_multi_host_slices_pods_take_them_too() -> None:
     p = train_jobset(OWNER, s, 1)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert p["nodeSelector"][GKE_RESERVATION_NAME] == "v5p-reserved"
     assert p["nodeSelector"][GKE_RESERVATION_AFFINITY] == "specific"
+
+
+def test_a_shared_reservation_selects_its_name_and_its_owners_project_in_labels_of_their_own() -> None:
+    shared = "projects/capacity-owner/reservations/v5p-shared"
+    selector = pod(train_job(OWNER, spec(tpu={"scheduling": {"reservation": shared}}), 1))["nodeSelector"]
+    assert selector[GKE_RESERVATION_NAME] == "v5p-shared"
+    assert selector[GKE_RESERVATION_PROJECT] == "capacity-owner"
+    assert selector[GKE_RESERVATION_AFFINITY] == "specific"
+    serving_selector = serving.deployment(inputs(tpu={"scheduling": {"reservation": shared}}))["spec"]["template"]
+    assert serving_selector["spec"]["nodeSelector"][GKE_RESERVATION_PROJECT] == "capacity-owner"
+    # The cluster's own reservation names no project.
+    own = pod(train_job(OWNER, spec(tpu={"scheduling": {"reservation": "v5p-reserved"}}), 1))["nodeSelector"]
+    assert GKE_RESERVATION_PROJECT not in own
+
+
+@pytest.mark.parametrize(
+    ("raw", "field", "says"),
+    [
+        ({"tpu": {"scheduling": {"nodeSelector": {"pool": "a/b"}}}}, "spec.tpu.scheduling.nodeSelector[pool]", "'/'"),
+        (
+            {"tpu": {"scheduling": {"nodeSelector": {"bad key!": "x"}}}},
+            "spec.tpu.scheduling.nodeSelector[bad key!]",
+            "label key",
+        ),
+        ({"merge": {"nodeSelector": {"pool": "x" * 64}}}, "spec.merge.nodeSelector[pool]", "at most 63"),
+        ({"preflight": {"nodeSelector": {"pool": "-cpu"}}}, "spec.preflight.nodeSelector[pool]", "not a label value"),
+        ({"queueName": "team/a"}, "spec.queueName", "kueue.x-k8s.io/queue-name"),
+        (
+            {"tpu": {"scheduling": {"reservation": "projects/p/reservations/" + "r" * 64}}},
+            "spec.tpu.scheduling.reservation",
+            "at most 63",
+        ),
+        ({"tpu": {"scheduling": {"reservation": "projects/p/v5p"}}}, "spec.tpu.scheduling.reservation", "pattern"),
+    ],
+)
+def test_every_label_the_children_would_carry_is_checked_naming_its_field(
+    raw: dict[str, Any], field: str, says: str
+) -> None:
+    errors = refused(spec, **raw)
+    assert any(e.startswith(field) and says in e for e in errors), errors
+
+
+def test_serving_refuses_a_node_label_value_kubernetes_would() -> None:
+    errors = refused(inputs, tpu={"scheduling": {"nodeSelector": {"pool": "a b"}}})
+    assert errors == [
+        "spec.tpu.scheduling.nodeSelector[pool]: 'a b' is not a label value: use letters, digits, '-', '_' and '.', "
+        "starting and ending with a letter or digit (no '/', ':' or spaces)"
+    ]
 
 
 def test_flex_start_selects_its_nodes_and_tolerates_the_queued_taint() -> None:

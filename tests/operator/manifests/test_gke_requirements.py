@@ -14,12 +14,23 @@ import yaml
 from tpuforge import api
 from tpuforge.api import resources
 from tpuforge.api.catalog import MODELS, TPU_SLICES, model_shape, tpu_slice
-from tpuforge.api.constants import COORDINATOR_PORT, GKE_SPOT_GRACE_SECONDS, TPU_RESOURCE, TPU_RUNTIME_PORT
+from tpuforge.api.constants import (
+    COORDINATOR_PORT,
+    GKE_SPOT_GRACE_SECONDS,
+    SPOT_NOTICE_ENV,
+    TPU_RESOURCE,
+    TPU_RUNTIME_PORT,
+)
 from tpuforge.manifests import serving, serving_inputs
 from tpuforge.manifests.finetune_common import owner
 from tpuforge.manifests.finetune_evaluation import eval_job
 from tpuforge.manifests.finetune_merge import merge_objects
-from tpuforge.manifests.finetune_training import TRAINER_TERMINATION_GRACE_SECONDS, train_job, train_jobset
+from tpuforge.manifests.finetune_training import (
+    TRAINER_TERMINATION_GRACE_SECONDS,
+    train_job,
+    train_jobset,
+    trainer_grace_seconds,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 Obj = dict[str, Any]
@@ -142,22 +153,29 @@ def test_requests_are_configurable_and_bad_ones_name_the_field() -> None:
     assert vllm["resources"]["requests"] == {"cpu": "16", "memory": "200Gi", TPU_RESOURCE: "8"}
 
 
-def test_on_spot_every_tpu_pod_asks_for_the_15_s_a_reclaim_gives() -> None:
-    # GKE Spot VMs: graceful node shutdown gives non-system pods 15 s; a longer grace has no effect.
+def test_on_spot_the_trainer_checkpoints_on_gkes_notice_and_keeps_its_long_grace_for_other_stops() -> None:
+    # GKE Spot VMs: graceful node shutdown gives non-system pods 15 s; a longer grace has no effect on a reclaim.
     assert GKE_SPOT_GRACE_SECONDS == 15
     spot = pod_specs(job_spec(tpu={"spot": True}), chat_inputs(tpu={"spot": True}))
-    assert spot["trainer"]["terminationGracePeriodSeconds"] == 15
     assert spot["vLLM"]["terminationGracePeriodSeconds"] == 15
-    # Off Spot a drain or an upgrade honours the pod's own grace: time for a checkpoint over a slow link.
+    # The trainer starts its checkpoint on GKE's shutdown notice, before the node's SIGTERM; a drain, Kueue's
+    # preemption or a suspend honour the pod's own grace, which stays long enough for a slow link.
+    trainer = spot["trainer"]
+    assert trainer["terminationGracePeriodSeconds"] == TRAINER_TERMINATION_GRACE_SECONDS == 300
+    assert {"name": SPOT_NOTICE_ENV, "value": "1"} in trainer["containers"][0]["env"]
     on_demand = pod_specs(job_spec(tpu={"spot": False}))["trainer"]
-    assert on_demand["terminationGracePeriodSeconds"] == TRAINER_TERMINATION_GRACE_SECONDS == 300
-    # Node pools that lengthen their Spot shutdown (GKE 1.35, up to 120 s): the spec or the operator says so.
-    longer = pod_specs(job_spec(tpu={"spot": True, "spotGraceSeconds": 120}))["trainer"]
-    assert longer["terminationGracePeriodSeconds"] == 120
+    assert on_demand["terminationGracePeriodSeconds"] == 300
+    assert SPOT_NOTICE_ENV not in {e["name"] for e in on_demand["containers"][0]["env"]}
+    # What a checkpoint is held against (CheckpointWithinGrace) is what a reclaim gives: 15 s, or what node
+    # pools that lengthen their Spot shutdown (GKE 1.35, up to 120 s) give, as the spec or the operator says.
+    assert trainer_grace_seconds(job_spec(tpu={"spot": True})) == 15
+    assert trainer_grace_seconds(job_spec(tpu={"spot": True, "spotGraceSeconds": 120})) == 120
+    longer = chat_inputs(tpu={"spot": True, "spotGraceSeconds": 120})
+    assert pod_specs(job_spec(), longer)["vLLM"]["terminationGracePeriodSeconds"] == 120
     from tpuforge.controllers.runtime.defaults import OperatorDefaults
 
     cluster = OperatorDefaults(spot_grace_seconds=90)
-    assert pod_specs(cluster.apply(job_spec(tpu={"spot": True})))["trainer"]["terminationGracePeriodSeconds"] == 90
+    assert trainer_grace_seconds(cluster.apply(job_spec(tpu={"spot": True}))) == 90
     with pytest.raises(api.SpecError) as e:
         job_spec(tpu={"spotGraceSeconds": 300})
     assert e.value.fields == ["spec.tpu.spotGraceSeconds"]

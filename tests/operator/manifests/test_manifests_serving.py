@@ -407,3 +407,23 @@ def test_the_adapters_example_is_valid_and_pins_its_rank() -> None:
     )
     assert flag(vllm_server.vllm_args(inp), "--max-lora-rank") == "64"
     assert serving.uncommitted_base(spec)
+
+
+def test_the_disruption_budget_lets_one_pod_go_at_a_time_unless_the_spec_holds_more() -> None:
+    inp = inputs()
+    pdb = serving.disruption_budget(inp)
+    pod_labels = serving.pod_template(inp)["metadata"]["labels"]
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert pdb["spec"]["selector"] == serving.deployment(inp)["spec"]["selector"]
+    # One replica by default: a node upgrade may evict it (the endpoint is down until it is back).
+    assert (pdb["spec"]["maxUnavailable"], "minAvailable" in pdb["spec"]) == (1, False)
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"  # a pod still compiling serves nothing
+    held = serving.disruption_budget(inputs(disruption={"minAvailable": 1}))["spec"]
+    assert (held["minAvailable"], "maxUnavailable" in held) == (1, False)
+    kubernetes_validate.validate(pdb, "1.30.0", strict=True)
+
+
+def test_an_hpa_finds_the_pods_by_the_status_selector() -> None:
+    selector = serving.selector("chat")
+    labels = serving.pod_template(inputs())["metadata"]["labels"]
+    assert dict(kv.split("=") for kv in selector.split(",")).items() <= labels.items()

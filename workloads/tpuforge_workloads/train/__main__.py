@@ -17,6 +17,7 @@ import argparse
 import logging
 import os
 import platform
+import signal
 import statistics
 import sys
 import threading
@@ -27,6 +28,7 @@ from tpuforge.api import TrainResult
 from tpuforge.api.constants import (
     EXIT_BAD_CONFIG,
     EXIT_PREEMPTED,
+    SPOT_NOTICE_ENV,
     TENSORBOARD_SUBDIR,
     TENSORBOARD_TRAIN_RUN,
     TERMINATION_LOG,
@@ -38,7 +40,7 @@ from tpuforge_workloads.runtime import tensorboard as tensorboard_log
 from tpuforge_workloads.runtime import termination, tpu_access
 from tpuforge_workloads.runtime.progress import METRICS_ADDR_ENV, RunProgress, RunSummary, StatusReporter, TrainMetrics
 from tpuforge_workloads.train import hosts as slice_hosts
-from tpuforge_workloads.train import rollcall
+from tpuforge_workloads.train import rollcall, shutdown_notice
 from tpuforge_workloads.train.hosts import Hosts, HostsError, PeerStopped
 from tpuforge_workloads.train.plan import BadInput, Plan, load_config, make_plan
 from tpuforge_workloads.train.preemption import Preempted, PreemptionWatch
@@ -282,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
 
     watch = PreemptionWatch()
     watch.install()
+    if os.environ.get(SPOT_NOTICE_ENV):
+        # The notice comes before the node's SIGTERM and its ~15 s: the same stop, started sooner.
+        shutdown_notice.watch(lambda: os.kill(os.getpid(), signal.SIGTERM))
     try:
         hosts = slice_hosts.from_env()
         config = load_config(args.config)

@@ -29,7 +29,8 @@ import kopf
 from pydantic import ValidationError
 
 from tpuforge import metrics
-from tpuforge.api import FineTuneJobStatus
+from tpuforge.api import FineTuneJobStatus, set_condition
+from tpuforge.api import finetune_reasons as c
 from tpuforge.api.constants import (
     API_VERSION,
     FINETUNEJOB_KIND,
@@ -46,6 +47,7 @@ from tpuforge.controllers.finetune.children import (
     JobView,
     PodView,
     WorkloadView,
+    clip,
     config_view,
     job_view,
     jobset_view,
@@ -72,9 +74,21 @@ API_CONCURRENCY = 128  # API calls at once, one connection each (a reconcile mak
 # What a pod needs to exist when it is created (else the Job controller backs off for seconds).
 POD_PREREQUISITES = ("ServiceAccount", "ConfigMap")
 CONFLICT_RETRY_SECONDS = 1.0  # if the newer object's watch event is lost, look again anyway
+# A webhook that did not answer (a firewall, its controller restarting): try the create again this often.
+WEBHOOK_RETRY_SECONDS = 30.0
+# The Event's reason: short, as kubectl describe's Reason column is shared with the planner's.
+WEBHOOK_EVENT = "WebhookDown"
 # A child created moments ago may not be in its informer yet: skip creating it again for this long.
 CREATED_MEMORY_SECONDS = 30.0
 CHILD_SELECTOR = f"{LABEL_FINETUNEJOB},{LABEL_OWNER_UID}"
+
+
+class WebhookUnreachable(Exception):
+    """Creating a child failed because the apiserver could not call an admission webhook."""
+
+    def __init__(self, obj: Mapping[str, Any], webhook: str, why: str):
+        self.kind, self.name, self.webhook, self.why = obj["kind"], obj["metadata"]["name"], webhook, why
+        super().__init__(c.webhook_unreachable(self.kind, self.name, webhook, why))
 
 
 # --- The controller ---------------------------------------------------------------------------------------
@@ -255,9 +269,15 @@ class FineTuneJobController:
         children (what a pod needs at creation first, then the rest, each group at once), deletions, the
         status, and last the Events."""
         kube_api = self.api
-        for group in creation_groups(p.create):
-            await asyncio.gather(*(self.create_child(kube_api, snap.uid, obj) for obj in group))
-        await asyncio.gather(*(self.delete_child(kube_api, snap.namespace, c) for c in p.delete))
+        try:
+            for group in creation_groups(p.create):
+                await asyncio.gather(*(self.create_child(kube_api, snap.uid, obj) for obj in group))
+        except WebhookUnreachable as exc:
+            await self.webhook_unreachable(snap, observed, exc)
+            return WEBHOOK_RETRY_SECONDS
+        if p.create:
+            webhooks_answer(observed.status, p.status)
+        await asyncio.gather(*(self.delete_child(kube_api, snap.namespace, ref) for ref in p.delete))
         patch = status_patch(observed.status, p.status)
         if patch:
             try:
@@ -293,11 +313,39 @@ class FineTuneJobController:
         when = self._created.get(key)
         if when is not None and now - when < CREATED_MEMORY_SECONDS:
             return
-        if await kube_api.create_if_absent(obj):
+        try:
+            created = await kube_api.create_if_absent(obj)
+        except kube_client.ApiException as exc:
+            webhook = kube_client.unreachable_webhook(exc)
+            if webhook is None:
+                raise
+            raise WebhookUnreachable(obj, *webhook) from exc
+        if created:
             log.debug("created %s %s/%s", obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
         self._created[key] = now
         if len(self._created) > 10_000:
             self._created = {k: t for k, t in self._created.items() if now - t < CREATED_MEMORY_SECONDS}
+
+    async def webhook_unreachable(self, snap: Snapshot, observed: Observed, exc: WebhookUnreachable) -> None:
+        """Only this is written (the plan assumed its children exist): the WebhooksReachable condition naming the
+        webhook and the fix, and a Warning when that is news."""
+        log.warning("%s/%s: %s", snap.namespace, snap.name, exc)
+        message = clip(str(exc))
+        before = next((x for x in observed.status.conditions if x.type == c.WEBHOOKS_REACHABLE), None)
+        generation = observed.generation
+        conditions = set_condition(
+            observed.status.conditions, c.WEBHOOKS_REACHABLE, "False", c.WEBHOOK_UNREACHABLE, message, generation
+        )
+        patch = {"conditions": [x.model_dump(mode="json", by_alias=True, exclude_none=True) for x in conditions]}
+        try:
+            new = await self.api.patch_status(snap.ref, patch, snap.resource_version)
+        except kube_client.ApiException as write:
+            if not kube_client.is_conflict(write):
+                raise
+            return  # a newer object is on its way; its reconcile says it again
+        self.written.record((snap.namespace, snap.uid), snap.resource_version, new)
+        if before is None or before.status != "False" or before.message != message:
+            await self.api.post_event(snap.ref, "Warning", WEBHOOK_EVENT, f"webhook {exc.webhook!r} unreachable")
 
     async def delete_child(self, kube_api: kube_async.AsyncApi, namespace: str, child: ChildRef) -> None:
         await kube_api.delete(child.api_version, child.kind, namespace, child.name)
@@ -316,6 +364,19 @@ class FineTuneJobController:
         await self.queue.close()
         if self._api is not None:
             await self._api.close()
+
+
+def webhooks_answer(before: FineTuneJobStatus, status: FineTuneJobStatus) -> None:
+    """The plan's children were created: a WebhooksReachable False from an earlier try turns True."""
+    if any(x.type == c.WEBHOOKS_REACHABLE and x.status == "False" for x in before.conditions):
+        status.conditions = set_condition(
+            status.conditions,
+            c.WEBHOOKS_REACHABLE,
+            "True",
+            c.WEBHOOKS_ANSWER,
+            c.WEBHOOKS_ANSWER_MESSAGE,
+            status.observed_generation,
+        )
 
 
 # --- Wiring -------------------------------------------------------------------------------------------------

@@ -240,7 +240,11 @@ def eval_below(failed: Check | None) -> str:
 
 
 def eval_failed() -> str:
-    return fit("evaluation failed; see the Failed condition", "evaluation failed")
+    return fit("evaluation failed, outputs kept; see the Evaluated condition", "evaluation failed, outputs kept")
+
+
+def evaluating_again(run: int) -> str:
+    return fit(f"evaluating again (rerun {run})", "evaluating again")
 
 
 def eval_unreadable() -> str:

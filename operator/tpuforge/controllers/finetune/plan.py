@@ -43,6 +43,7 @@ from tpuforge.api.finetune_reasons import (
     TERMINAL,
     TRAINING,
 )
+from tpuforge.controllers.finetune import evaluation as evaluation
 from tpuforge.controllers.finetune import machine as machine
 from tpuforge.controllers.finetune import policies as policies
 from tpuforge.controllers.finetune import queue as queue
@@ -82,11 +83,14 @@ def run(b: Base) -> None:
     if b.o.deleting:
         return
     ctx = None
-    if b.st.phase in TERMINAL:
+    rerun = evaluation.requested_run(b) is not None
+    if b.st.phase in TERMINAL and not rerun:
         b.stop_children()  # a finished job holds no slice
     else:
         ctx = spec_changes.resolve(b)  # None: the spec is invalid and the job has failed
-        if ctx is not None and not policies.deadline_passed(ctx):
+        if ctx is not None and rerun:
+            evaluation.again(ctx)
+        elif ctx is not None and not policies.deadline_passed(ctx):
             machine.step(ctx)
             policies.wake_at_deadline(ctx)
     queue.settle(b)
@@ -111,6 +115,7 @@ OWNED_FIELDS = (
     "evaluation",
     "preflight",
     "cost",
+    "images",
 )
 DERIVED_PROGRESS_FIELDS = ("percent", "percentDisplay", "etaSeconds", "etaDisplay")
 

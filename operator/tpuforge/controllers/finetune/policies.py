@@ -23,6 +23,7 @@ from tpuforge.api import (
     tpu_slice,
 )
 from tpuforge.api import finetune_reasons as c
+from tpuforge.controllers.finetune import evaluation as evaluation
 from tpuforge.controllers.finetune import events as ev
 from tpuforge.controllers.finetune.context import Base, Ctx, attempt_entry, parse_time
 from tpuforge.controllers.finetune.transitions import to_failed
@@ -35,22 +36,33 @@ TPU_HOURS_DIGITS = 3
 
 
 def deadline_passed(ctx: Ctx) -> bool:
-    """Past spec.runPolicy.activeDeadlineSeconds (counted from the start or the last resume): the job fails."""
+    """Past spec.runPolicy.activeDeadlineSeconds (counted from the start or the last resume): the job fails, or
+    while it evaluates, the evaluation does (the job keeps its outputs)."""
     limit = ctx.spec.run_policy.active_deadline_seconds
-    if limit is None or ctx.st.start_time is None or ctx.st.phase == FineTunePhase.SUSPENDED:
+    if limit is None or ctx.st.start_time is None or not _deadline_applies(ctx):
         return False
     ran = (ctx.now - parse_time(ctx.st.start_time)).total_seconds()
     if ran < limit:
         return False
+    if evaluation.past_deadline(ctx, ran, limit):
+        return True  # training is over: only the evaluation ends, the outputs stay
     message = c.deadline(ran, limit)
     ctx.close_attempt(ctx.st.attempt, "Failed", c.DEADLINE_EXCEEDED, message, None)
     to_failed(ctx, c.DEADLINE_EXCEEDED, message, ev.deadline(display.duration(ran)))
     return True
 
 
+def _deadline_applies(ctx: Ctx) -> bool:
+    """Not while Suspended or ended, nor to an evaluation run again after the end (spec.evaluation.rerun), which
+    spec.evaluation.activeDeadlineSeconds alone bounds."""
+    if ctx.st.phase in (*c.TERMINAL, FineTunePhase.SUSPENDED):
+        return False
+    return not (ctx.spec.evaluation is not None and ctx.spec.evaluation.rerun and evaluation.under_way(ctx))
+
+
 def wake_at_deadline(ctx: Ctx) -> None:
     limit = ctx.spec.run_policy.active_deadline_seconds
-    if limit is None or ctx.st.start_time is None or ctx.st.phase in (*c.TERMINAL, FineTunePhase.SUSPENDED):
+    if limit is None or ctx.st.start_time is None or not _deadline_applies(ctx):
         return
     ctx.plan.requeue(limit - (ctx.now - parse_time(ctx.st.start_time)).total_seconds())
 

@@ -82,7 +82,12 @@ def resolve(b: Base) -> Ctx | None:
     """The context the phases run with, its spec completed by the operator's defaults; None when the spec is
     invalid and the job never started (then it has failed with InvalidSpec)."""
     spec = _effective(b)
-    return Ctx(b, defaults.current().apply(spec)) if spec is not None else None
+    if spec is None:
+        return None
+    # The default images are resolved once, when the job is first handled, and kept (status.images): an
+    # operator upgrade changes no stage of a job under way.
+    b.st.images = defaults.current().pinned(FineTuneJobSpec, b.st.images)
+    return Ctx(b, defaults.current().apply(spec, b.st.images))
 
 
 def _effective(b: Base) -> FineTuneJobSpec | None:

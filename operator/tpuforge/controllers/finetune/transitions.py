@@ -66,10 +66,11 @@ def to_merging(ctx: Ctx, adapter_uri: str | None) -> None:
         ctx.event("Normal", ev.MERGING, ev.exporting(adapter_uri))
 
 
-def to_evaluating(ctx: Ctx, message: str, slice_id: str) -> None:
+def to_evaluating(ctx: Ctx, message: str, slice_id: str, short: str | None = None) -> None:
+    """`short`: the Event's text where not the slice it runs on (an evaluation run again)."""
     ctx.st.phase = FineTunePhase.EVALUATING
     ctx.condition(c.EVALUATED, "False", c.EVALUATING, message)
-    ctx.event("Normal", ev.EVALUATING, ev.evaluating(slice_id))
+    ctx.event("Normal", ev.EVALUATING, short or ev.evaluating(slice_id))
 
 
 def to_queued(ctx: Ctx, role: str, job: str, workload: WorkloadView) -> None:
@@ -112,7 +113,8 @@ def to_resumed(ctx: Ctx, attempt: int) -> None:
 def to_succeeded(b: Base, message: str, short: str) -> None:
     """`message` for the condition; `short`, one describe line, for the Event."""
     b.st.phase = FineTunePhase.SUCCEEDED
-    b.st.completion_time = b.stamp
+    # Kept through an evaluation run again: ServingDeployments tell the outputs' revisions apart by it.
+    b.st.completion_time = b.st.completion_time or b.stamp
     b.condition(c.SUCCEEDED, "True", c.SUCCEEDED_REASON, message)
     b.event("Normal", ev.SUCCEEDED, short)
 

@@ -9,7 +9,8 @@ hand them to the pod's user, and GKE's own TPU examples run as root: so root is 
 for when a spec leaves spec.tpu.spotGraceSeconds unset: what the cluster's Spot node pools give (GKE: 15 s).
 `images` (`--image-registry`, `--image-tag`, `--image-pull-secret`; Helm values `images.registry`, `images.tag`,
 `imagePullSecrets`): the image of every container a spec leaves unset, and the pull Secrets every pod gets
-before the spec's own (tpuforge.api.images).
+before the spec's own (tpuforge.api.images). Each object keeps the default images it was first given
+(`pinned`, recorded in its status.images), so a new operator version changes no running object's images.
 `local_dataset_paths` (`--local-dataset-paths`, set by the sandbox, never by the Helm chart): accept local
 paths (file:// or absolute) as dataset files, which only pods that run as processes on the operator's machine
 can read."""
@@ -21,7 +22,7 @@ from typing import TypeVar
 
 from tpuforge.api import FineTuneJobSpec, ServingDeploymentSpec
 from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS
-from tpuforge.api.images import PUBLIC_IMAGES, ImageDefaults
+from tpuforge.api.images import PUBLIC_IMAGES, ImageDefaults, ResolvedImages
 
 S = TypeVar("S", FineTuneJobSpec, ServingDeploymentSpec)
 
@@ -33,9 +34,22 @@ class OperatorDefaults:
     images: ImageDefaults = PUBLIC_IMAGES
     local_dataset_paths: bool = False
 
-    def apply(self, spec: S) -> S:
-        """`spec` with the fields it leaves unset taken from these defaults."""
-        return self._apply_images(self._apply_tpu(spec))
+    def apply(self, spec: S, images: ResolvedImages | None = None) -> S:
+        """`spec` with the fields it leaves unset taken from these defaults; its images from `images` (the
+        object's pinned ones) where given."""
+        return self._apply_images(self._apply_tpu(spec), self.pinned(type(spec), images))
+
+    def pinned(self, kind: type[S], recorded: ResolvedImages | None, refresh: str | None = None) -> ResolvedImages:
+        """The default images of an object of `kind`: those it recorded, these defaults' where it recorded none
+        (with `refresh`, the annotation value they are resolved at)."""
+        d = self.images
+        if kind is FineTuneJobSpec:
+            current = {"trainer": d.trainer, "merger": d.merger, "evaluator": d.evaluator}
+        else:
+            current = {"serving": d.serving, "model_fetch": d.model_fetch, "adapters": d.adapters}
+        own = recorded or ResolvedImages(refresh=refresh)
+        missing = {k: v for k, v in current.items() if not getattr(own, k)}
+        return own.model_copy(update=missing) if missing else own
 
     def _apply_tpu(self, spec: S) -> S:
         unset = {
@@ -50,8 +64,8 @@ class OperatorDefaults:
             return spec
         return spec.model_copy(update={"tpu": spec.tpu.model_copy(update=unset)})
 
-    def _apply_images(self, spec: S) -> S:
-        d = self.images
+    def _apply_images(self, spec: S, d: ResolvedImages) -> S:
+        pull_secrets = self.images.with_pull_secrets
         if isinstance(spec, FineTuneJobSpec):
             given = spec.images
             images = given.model_copy(
@@ -59,7 +73,7 @@ class OperatorDefaults:
                     "trainer": given.trainer or d.trainer,
                     "merger": given.merger or d.merger,
                     "evaluator": given.evaluator or d.evaluator,
-                    "pull_secrets": d.with_pull_secrets(given.pull_secrets),
+                    "pull_secrets": pull_secrets(given.pull_secrets),
                 }
             )
             return spec.model_copy(update={"images": images})
@@ -71,7 +85,7 @@ class OperatorDefaults:
                     update={
                         "model_fetch": served.model_fetch or d.model_fetch,
                         "adapters": served.adapters or d.adapters,
-                        "pull_secrets": d.with_pull_secrets(served.pull_secrets),
+                        "pull_secrets": pull_secrets(served.pull_secrets),
                     }
                 ),
             }

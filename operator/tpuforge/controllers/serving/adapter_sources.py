@@ -92,6 +92,12 @@ def resolve_adapter(
         )
     if _promotion_required(spec, job):
         ev = status.evaluation
+        if ev is not None and ev.result == "Error":
+            return keep(
+                "WaitingForEvaluation",
+                f"FineTuneJob {ref.name!r}'s evaluation gave no verdict ({ev.message}); raise its "
+                "spec.evaluation.rerun to evaluate it again",
+            )
         if ev is None or ev.passed is None:
             return keep("WaitingForEvaluation", f"FineTuneJob {ref.name!r} has not been evaluated yet")
         if not ev.passed:

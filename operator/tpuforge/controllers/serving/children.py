@@ -124,6 +124,9 @@ class Children:
         self.pods: Informer[Key, Obj] = Informer(api_version="v1", kind="Pod", **common(pod_view))
         self.services: Informer[Key, Obj] = Informer(api_version="v1", kind="Service", **common(child_view))
         self.claims: Informer[Key, Obj] = Informer(api_version="v1", kind="PersistentVolumeClaim", **common(child_view))
+        self.budgets: Informer[Key, Obj] = Informer(
+            api_version="policy/v1", kind="PodDisruptionBudget", **common(child_view)
+        )
         # Scrape configurations, where their CRD is installed; when one is installed later, `on_served`.
         self.pod_monitorings: Informer[Key, Obj] = Informer(
             api_version="monitoring.googleapis.com/v1", kind="PodMonitoring", on_served=on_served, **common(child_view)
@@ -135,6 +138,7 @@ class Children:
             "Deployment": self.deployments,
             "Service": self.services,
             "PersistentVolumeClaim": self.claims,
+            "PodDisruptionBudget": self.budgets,
             "PodMonitoring": self.pod_monitorings,
             "ServiceMonitor": self.service_monitors,
         }

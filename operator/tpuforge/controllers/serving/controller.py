@@ -81,6 +81,10 @@ def servingdeployment_view(obj: Mapping[str, Any]) -> Obj:
             "generation": meta.get("generation"),
             "resourceVersion": meta.get("resourceVersion", ""),
             "deletionTimestamp": meta.get("deletionTimestamp"),
+            # The one annotation the reconcile reads: a new value asks for a rollout to the current images.
+            "annotations": {
+                k: v for k, v in (meta.get("annotations") or {}).items() if k == api.REFRESH_IMAGES_ANNOTATION
+            },
         },
         "spec": obj.get("spec") or {},
         "status": obj.get("status") or {},
@@ -255,6 +259,7 @@ class ServingDeploymentController:
             generation=meta.get("generation"),
             spec=body.get("spec") or {},
             status=api.ServingDeploymentStatus.model_validate(body.get("status") or {}),
+            refresh_images=(meta.get("annotations") or {}).get(api.REFRESH_IMAGES_ANNOTATION),
         )
         try:
             spec = plan.parse_spec(o.spec)
@@ -278,7 +283,15 @@ class ServingDeploymentController:
         applied = [await self.children.apply(self.async_api, key, obj) for obj in t.objects]
         for _group_version, _plural, obj in t.monitors:
             if self.children.served(obj["kind"]):
-                await self.children.apply(self.async_api, key, obj)
+                try:
+                    await self.children.apply(self.async_api, key, obj)
+                except kube_client.ApiException as exc:
+                    # A scrape config is optional: its CRD being removed (403 while it terminates, then 404)
+                    # must not hold up the server. The informer sees the kind go and stops asking.
+                    terminating = exc.status == 403 and "terminating" in str(exc.body)
+                    if not (terminating or exc.status == 404):
+                        raise
+                    log.info("%s/%s: no %s now: %s", key[0], key[1], obj["kind"], exc.reason)
         return applied[-1]
 
     async def replicas(self, key: Key, o: plan.Observed, t: plan.Target, deployment: Obj) -> plan.Replicas:
@@ -316,7 +329,10 @@ class ServingDeploymentController:
         await asyncio.gather(
             *(kube_api.post_event(body, type_, reason, message) for type_, reason, message in p.events)
         )
-        metrics.observe_servingdeployment(o.namespace, o.name, o.spec, p.status, defaults.current().images.serving)
+        image = p.status.images.serving if p.status.images else None
+        metrics.observe_servingdeployment(
+            o.namespace, o.name, o.spec, p.status, image or defaults.current().images.serving
+        )
         return p.status
 
     async def close(self) -> None:

@@ -17,7 +17,13 @@ from tpuforge import api
 from tpuforge.api.conditions import ConditionStatus
 from tpuforge.controllers.runtime import defaults
 from tpuforge.controllers.serving import adapters as adapters
-from tpuforge.controllers.serving.rollout import ModelSource, current_model, observe_rollout, resolve_model
+from tpuforge.controllers.serving.rollout import (
+    ModelSource,
+    current_model,
+    observe_rollout,
+    resolve_model,
+    running_images,
+)
 from tpuforge.manifests import serving as manifests
 from tpuforge.manifests import serving_inputs, vllm_server
 
@@ -55,6 +61,7 @@ class Observed:
     adapter_jobs: Mapping[str, Obj | None] = field(default_factory=dict)  # by name, for spec.adapters
     existing: Obj | None = None  # the Deployment as it was
     storage_class: str | None = None  # the operator's, for claims whose spec names none
+    refresh_images: str | None = None  # annotation tpuforge.dev/refresh-images
 
 
 @dataclass(frozen=True)
@@ -87,9 +94,22 @@ class Plan:
     target: Target | None = None  # None once the status is final: nothing to apply
 
 
-def parse_spec(spec: Mapping[str, Any]) -> api.ServingDeploymentSpec:
-    """The spec with the operator's defaults; raises api.SpecError."""
-    return defaults.current().apply(api.parse(api.ServingDeploymentSpec, spec or {}))
+def parse_spec(spec: Mapping[str, Any], images: api.ResolvedImages | None = None) -> api.ServingDeploymentSpec:
+    """The spec with the operator's defaults (its default images `images`, where given); raises api.SpecError."""
+    return defaults.current().apply(api.parse(api.ServingDeploymentSpec, spec or {}), images)
+
+
+def pinned_images(o: Observed) -> api.ResolvedImages:
+    """The object's default images: those recorded in its status, or (an object from before they were) those its
+    pods run; the operator's current ones when it has neither, or when annotation tpuforge.dev/refresh-images
+    has a new value (the user asks for a rollout). So an operator upgrade restarts no server."""
+    recorded = o.status.images
+    if recorded is not None and recorded.refresh != o.refresh_images:
+        recorded = None
+    elif recorded is None:
+        running = running_images(o.existing)
+        recorded = running.model_copy(update={"refresh": o.refresh_images}) if running is not None else None
+    return defaults.current().pinned(api.ServingDeploymentSpec, recorded, o.refresh_images)
 
 
 def finish(p: Plan, old: api.ServingDeploymentStatus, phase: api.ServingPhase, reason: str, message: str) -> Plan:
@@ -120,9 +140,11 @@ def plan_children(o: Observed) -> Plan:
     """The children the spec asks for; or, when there is nothing to apply, the final status saying why."""
     status = o.status.model_copy(deep=True)
     status.observed_generation = o.generation
+    status.selector = manifests.selector(o.name)
     p = Plan(status)
     try:
-        spec = parse_spec(o.spec)
+        status.images = pinned_images(o)
+        spec = parse_spec(o.spec, status.images)
     except api.SpecError as e:
         return finish(p, o.status, api.ServingPhase.FAILED, INVALID_SPEC, str(e))
     source = resolve_model(spec, o.job)
@@ -162,6 +184,7 @@ def plan_children(o: Observed) -> Plan:
             manifests.xla_cache_pvc(inp),
             *([claim] if (claim := manifests.model_pvc(inp)) is not None else []),
             manifests.service(inp),
+            manifests.disruption_budget(inp),
             manifests.deployment(inp),
         ],
         monitors=[(f"{m.group}/{m.version}", m.plural, m.build(inp)) for m in manifests.MONITOR_KINDS],
@@ -189,6 +212,7 @@ def plan_status(o: Observed, p: Plan, t: Target, r: Replicas) -> Plan:
     status, generation = p.status, p.status.observed_generation
     rollout = observe_rollout(t.spec.replicas, r.deployment, r.pods, t.inputs.model_uri, o.status.model_uri)
     status.ready_replicas = rollout.ready_replicas
+    status.replicas = (r.deployment.get("status") or {}).get("replicas") or 0
     status.endpoint = manifests.endpoint(o.name, o.namespace)
     status.model_uri = rollout.served_uri
     status.conditions = api.set_condition(

@@ -228,6 +228,20 @@ def _observe(
     )
 
 
+def running_images(deployment: Obj | None) -> api.ResolvedImages | None:
+    """The images the existing Deployment's pods run (None: no Deployment, or not one of ours): for an object
+    from before status.images was recorded, what its pods keep across an operator upgrade."""
+    pod = ((deployment or {}).get("spec") or {}).get("template", {}).get("spec") or {}
+    found = {c.get("name"): c.get("image") for c in [*pod.get("initContainers", []), *pod.get("containers", [])]}
+    if not found.get(manifests.VLLM_CONTAINER):
+        return None
+    return api.ResolvedImages(
+        serving=found[manifests.VLLM_CONTAINER],
+        model_fetch=found.get(manifests.FETCH_CONTAINER),
+        adapters=found.get(manifests.ADAPTERS_CONTAINER),
+    )
+
+
 def current_model(deployment: Obj | None) -> tuple[str | None, str]:
     """The model URI and revision the existing Deployment's pods were built for."""
     ann = ((deployment or {}).get("spec", {}).get("template", {}).get("metadata", {}) or {}).get("annotations") or {}

@@ -1,7 +1,9 @@
 """The FineTuneJob's export and evaluation decisions, on the simulated cluster of test_finetune_status_plan:
 adapter-only jobs (the merge Job exports just the PEFT adapter), then the evaluation Job, whose `score`
 container's termination message carries the scores. A result below the thresholds still ends Succeeded (the
-outputs are fine) with EvaluationPassed False; an evaluation Job that fails ends the job Failed."""
+outputs are fine) with EvaluationPassed False; an evaluation that gives no verdict (its Job failed, its result
+is unreadable, the deadline passed) says EvaluationFailed and the job still succeeds with its outputs, and
+spec.evaluation.rerun runs the evaluation again without retraining."""
 
 from __future__ import annotations
 
@@ -26,12 +28,30 @@ from tpuforge.controllers.finetune.plan import (
     plan,
     status_patch,
 )
-from tpuforge.manifests.finetune_common import merge_job_name
+from tpuforge.manifests.finetune_common import eval_job_name, merge_job_name
 from tpuforge.manifests.finetune_evaluation import EVAL_BACKOFF_LIMIT
 from tpuforge.metrics import FineTuneJobCollector, finetunejob_sample
 
 ADAPTER = f"{OUT}/adapter"
 MERGE = merge_job_name(NAME)
+
+
+def evaluation_failed(w: World, event: str = "evaluation failed, outputs kept") -> api.Condition:
+    """The evaluation gave no verdict: the job kept its outputs and succeeded, saying EvaluationFailed (the
+    Evaluated and EvaluationPassed conditions, status.evaluation, a Warning). The Evaluated condition."""
+    assert w.phase() == api.FineTunePhase.SUCCEEDED
+    assert w.status.outputs is not None and w.status.outputs.adapter_uri == ADAPTER
+    assert FAILED not in [c.type for c in w.status.conditions]
+    cond = w.condition(EVALUATED)
+    assert (cond.status, cond.reason) == ("False", "EvaluationFailed")
+    passed = w.condition(EVALUATION_PASSED)
+    assert (passed.status, passed.reason) == ("False", "EvaluationFailed")
+    e = w.status.evaluation
+    assert e is not None and (e.result, e.passed, e.run) == ("Error", None, 0)
+    assert e.message is not None and "raise spec.evaluation.rerun" in e.message
+    assert "evaluation failed" in w.condition(SUCCEEDED).message
+    assert ("Warning", "Evaluated", event) in w.events
+    return cond
 
 
 def to_evaluating(w: World) -> None:
@@ -193,12 +213,9 @@ def test_a_rejected_eval_config_fails_at_once_with_the_message() -> None:
     to_evaluating(w)
     eval_pod(w, "Failed", exit_code=EXIT_BAD_CONFIG, message="dataset gs://b/data/eval.jsonl has no records")
     w.step()  # before the Job's own Failed (its pod failure policy fails it on this exit code)
-    assert w.phase() == api.FineTunePhase.FAILED
-    cond = w.condition(FAILED)
-    assert cond.reason == "EvaluationFailed"
+    cond = evaluation_failed(w)
     assert "has no records" in cond.message and "not retried" in cond.message
-    assert (w.condition(EVALUATED).status, w.condition(EVALUATED).reason) == ("False", "EvaluationFailed")
-    assert w.events[-1][:2] == ("Warning", "Failed") and w.status.evaluation is None
+    assert "has no records" in w.condition(EVALUATION_PASSED).message
 
 
 def test_a_crash_is_left_to_the_jobs_retries_then_fails_with_the_last_message() -> None:
@@ -210,11 +227,9 @@ def test_a_crash_is_left_to_the_jobs_retries_then_fails_with_the_last_message() 
     eval_pod(w, "Failed", name="eval-2", exit_code=1, message="loss: RESOURCE_EXHAUSTED on device", init=True)
     w.job_done(EVAL, complete=False)
     w.step()
-    assert w.phase() == api.FineTunePhase.FAILED
-    cond = w.condition(FAILED)
-    assert cond.reason == "EvaluationFailed" and f"after {EVAL_BACKOFF_LIMIT + 1} tries" in cond.message
+    cond = evaluation_failed(w)
+    assert f"after {EVAL_BACKOFF_LIMIT + 1} tries" in cond.message
     assert "RESOURCE_EXHAUSTED" in cond.message  # the init container's message, the pod's last word
-    assert "RESOURCE_EXHAUSTED" in w.condition(EVALUATED).message
 
 
 def test_a_job_failed_by_its_pod_failure_policy_says_it_was_not_retried() -> None:
@@ -225,8 +240,7 @@ def test_a_job_failed_by_its_pod_failure_policy_says_it_was_not_retried() -> Non
     v = w.jobs[EVAL]
     w.jobs[EVAL] = JobView(v.name, v.component, None, False, True, "PodFailurePolicy: exit code 2", False)
     w.step()
-    assert w.phase() == api.FineTunePhase.FAILED
-    assert "failed at once (a rejected config); last: PodFailurePolicy" in w.condition(FAILED).message
+    assert "failed at once (a rejected config); last: PodFailurePolicy" in evaluation_failed(w).message
 
 
 def test_an_unreadable_result_fails_with_a_clear_reason() -> None:
@@ -240,10 +254,8 @@ def test_an_unreadable_result_fails_with_a_clear_reason() -> None:
         to_evaluating(w)
         eval_pod(w, "Succeeded", exit_code=0, message=message)
         w.step()
-        assert w.phase() == api.FineTunePhase.FAILED
-        cond = w.condition(FAILED)
-        assert cond.reason == "EvaluationResultUnreadable" and said in cond.message, cond.message
-        assert w.events[-1] == ("Warning", "Failed", "evaluation result unreadable")
+        cond = evaluation_failed(w, "evaluation result unreadable")
+        assert cond.message.startswith("EvaluationResultUnreadable: ") and said in cond.message, cond.message
 
 
 def test_a_completed_job_whose_pod_is_gone_fails_saying_so() -> None:
@@ -251,8 +263,8 @@ def test_a_completed_job_whose_pod_is_gone_fails_saying_so() -> None:
     to_evaluating(w)
     w.job_done(EVAL)
     w.step()
-    assert w.phase() == api.FineTunePhase.FAILED
-    assert w.condition(FAILED).reason == "EvaluationResultMissing"
+    cond = evaluation_failed(w)
+    assert cond.message.startswith("EvaluationResultMissing: ") and "spec.evaluation.rerun" in cond.message
 
 
 def test_a_completed_job_waits_for_its_pods_news() -> None:
@@ -411,10 +423,8 @@ def test_an_evaluation_evicted_for_its_own_disk_use_fails_at_once_naming_what_to
     to_evaluating(w)
     taken_away(w, "eval-1", "Evicted", 'Usage of EmptyDir volume "models" exceeds the limit "73Gi". ', None)
     w.step()
-    assert w.phase() == api.FineTunePhase.FAILED
-    cond = w.condition(FAILED)
-    assert cond.reason == "EvaluationFailed" and 'EmptyDir volume "models"' in cond.message
-    assert "spec.evaluation.modelStorage.size" in cond.message
+    cond = evaluation_failed(w)
+    assert 'EmptyDir volume "models"' in cond.message and "spec.evaluation.modelStorage.size" in cond.message
 
 
 def test_evaluation_pods_taken_away_are_retried_a_few_times_then_the_evaluation_fails() -> None:
@@ -427,8 +437,7 @@ def test_evaluation_pods_taken_away_are_retried_a_few_times_then_the_evaluation_
         assert w.phase() == api.FineTunePhase.EVALUATING  # the Job's pod failure policy ignores it: a new pod
     taken_away(w, "eval-last", *drained)
     w.step()
-    assert w.phase() == api.FineTunePhase.FAILED
-    assert f"taken away {EVAL_MAX_DISRUPTIONS + 1} times" in w.condition(FAILED).message
+    assert f"taken away {EVAL_MAX_DISRUPTIONS + 1} times" in evaluation_failed(w).message
 
 
 def test_an_evaluation_past_its_deadline_fails_naming_the_field() -> None:
@@ -438,8 +447,7 @@ def test_an_evaluation_past_its_deadline_fails_naming_the_field() -> None:
     failure = "DeadlineExceeded: Job was active longer than specified deadline"
     w.jobs[EVAL] = JobView(v.name, v.component, None, False, True, failure, False)
     w.step()
-    assert w.phase() == api.FineTunePhase.FAILED
-    assert "spec.evaluation.activeDeadlineSeconds=14400" in w.condition(FAILED).message
+    assert "spec.evaluation.activeDeadlineSeconds=14400" in evaluation_failed(w).message
 
 
 def test_the_evaluation_volume_takes_the_operators_storage_class_unless_the_spec_names_one() -> None:
@@ -456,3 +464,57 @@ def test_the_evaluation_volume_takes_the_operators_storage_class_unless_the_spec
         }
     )
     assert with_storage_class(own, "hyperdisk-balanced") == own
+
+
+def test_the_jobs_deadline_passing_while_it_evaluates_ends_only_the_evaluation() -> None:
+    """An evaluation Pending for hours on busy nodes does not throw away the training run at the deadline."""
+    w = World({**eval_spec(), "runPolicy": {"activeDeadlineSeconds": 3600}})
+    to_evaluating(w)
+    eval_pod(w, "Pending")
+    p = w.step(3600)
+    cond = evaluation_failed(w)
+    assert cond.message.startswith("DeadlineExceeded: spec.runPolicy.activeDeadlineSeconds=3600 passed")
+    assert ChildRef("batch/v1", "Job", EVAL) in p.delete  # the stuck evaluation gives its node back
+
+
+def test_raising_rerun_evaluates_the_exported_outputs_again_in_a_job_of_its_own_without_retraining() -> None:
+    w = World(eval_spec())
+    to_evaluating(w)
+    eval_pod(w, "Failed", exit_code=1, message="vLLM: out of memory")
+    w.job_done(EVAL, complete=False)
+    w.step()
+    evaluation_failed(w)
+    done_at, trained = w.status.completion_time, [n for n in w.jobs if n != EVAL]
+    assert plan(w.observed(), w.now).create == []  # nothing asked: the job stays as it ended
+    w.spec = {**w.spec, "evaluation": {**w.spec["evaluation"], "rerun": 1}}
+    w.generation += 1
+    p = w.step()
+    again = eval_job_name(NAME, 1)
+    assert w.phase() == api.FineTunePhase.EVALUATING
+    assert [(o["kind"], o["metadata"]["name"]) for o in p.create] == [("ConfigMap", again), ("Job", again)]
+    assert [n for n in w.jobs if n not in (EVAL, again)] == trained  # no training or merge Job again
+    assert w.condition(SUCCEEDED).status == "False" and w.status.evaluation is None
+    assert [(e.type, e.reason, e.message) for e in p.events] == [("Normal", "Evaluating", "evaluating again (rerun 1)")]
+    eval_pod(w, "Succeeded", name="eval-again", exit_code=0, message=result(em=0.9))
+    w.pods["eval-again"]["metadata"]["labels"]["job-name"] = again
+    w.step(7200)  # long past any deadline of the first run: a rerun has only its Job's own
+    assert w.phase() == api.FineTunePhase.SUCCEEDED
+    e = w.status.evaluation
+    assert e is not None and (e.run, e.passed, e.metrics["exactMatch"]) == (1, True, 0.9)
+    assert w.condition(EVALUATION_PASSED).status == "True"
+    # The outputs did not change: the completion time, which tells ServingDeployments a new model, stays.
+    assert w.status.completion_time == done_at
+    before = w.status.model_copy(deep=True)
+    p = plan(w.observed(), w.now)
+    assert p.create == [] and p.events == [] and status_patch(before, p.status) == {}
+
+
+def test_a_job_failed_at_its_evaluation_by_an_older_operator_can_be_evaluated_again() -> None:
+    w = World(eval_spec())
+    to_evaluating(w)
+    w.status.phase = api.FineTunePhase.FAILED
+    w.status.conditions = api.set_condition(w.status.conditions, FAILED, "True", "EvaluationFailed", "old", 1, "t")
+    w.spec = {**w.spec, "evaluation": {**w.spec["evaluation"], "rerun": 1}}
+    w.step()
+    assert w.phase() == api.FineTunePhase.EVALUATING
+    assert (w.condition(FAILED).status, w.condition(FAILED).reason) == ("False", "EvaluatingAgain")

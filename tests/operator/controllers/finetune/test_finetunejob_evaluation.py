@@ -67,6 +67,7 @@ def test_adapter_only_then_evaluated_to_succeeded(cluster: Cluster, operator: Op
         "metrics": {"exactMatch": 0.75, "loss": 0.5},
         "baseMetrics": {"exactMatch": 0.0, "loss": 3.0},
         "examples": 4,
+        "run": 0,
         "passed": True,
         "result": "Passed",
         "resultDisplay": "Passed",
@@ -93,15 +94,16 @@ def test_adapter_only_then_evaluated_to_succeeded(cluster: Cluster, operator: Op
     )
 
 
-def test_a_rejected_evaluation_config_fails_the_job_at_once(cluster: Cluster, operator: Operator) -> None:
+def test_a_rejected_evaluation_keeps_the_outputs_and_runs_again_alone(cluster: Cluster, operator: Operator) -> None:
     name = adapter_job(cluster)
     to_evaluating(cluster, name)
     said = "dataset gs://b/data/eval.jsonl has no records"
     cluster.set_pod(eval_job_name(name), "Failed", exit_code=EXIT_BAD_CONFIG, message=said)
-    st = cluster.wait_phase(name, "Failed")
-    failed = cluster.condition(name, "Failed")
-    assert failed["reason"] == "EvaluationFailed" and said in failed["message"]
-    assert "evaluation" not in st
+    st = cluster.wait_phase(name, "Succeeded")  # the training run's outputs are kept
+    evaluated = cluster.condition(name, "Evaluated")
+    assert evaluated["reason"] == "EvaluationFailed" and said in evaluated["message"]
+    assert st["evaluation"]["result"] == "Error" and st["outputs"]["adapterUri"]
+    assert ("Warning", "Evaluated", "evaluation failed, outputs kept") in cluster.said(name, "Evaluated")
     # Not retried: the evaluation Job is stopped (the apiserver of a cluster with pod failure policies, 1.26 and
     # later, fails it by itself on this exit code).
     eventually(
@@ -117,3 +119,16 @@ def test_a_rejected_evaluation_config_fails_the_job_at_once(cluster: Cluster, op
     )
     keys = {"namespace": cluster.ns, "name": name}
     eventually(lambda: _assert(operator.metric("tpuforge_finetunejob_eval_failed", **keys) == 1), "eval_failed is 1")
+
+    # Fixed, and asked to run again: a Job of its own, and no training or merge Job again.
+    trained = {j["metadata"]["name"] for j in cluster.children("Job", name)} - {eval_job_name(name)}
+    cluster.edit(name, {"evaluation": {"rerun": 1}})
+    cluster.wait_job(eval_job_name(name, 1))
+    assert cluster.status(name)["phase"] in ("Evaluating", "Succeeded")
+    result = {"metrics": {"exactMatch": 0.75}, "baseMetrics": {"exactMatch": 0.0}, "examples": 4}
+    cluster.set_pod(eval_job_name(name, 1), "Succeeded", exit_code=0, message=json.dumps(result))
+    eventually(lambda: _assert(cluster.status(name).get("evaluation", {}).get("result") == "Passed"), "passed")
+    st = cluster.wait_phase(name, "Succeeded")
+    assert st["evaluation"]["run"] == 1 and cluster.condition(name, "EvaluationPassed")["status"] == "True"
+    jobs = {j["metadata"]["name"] for j in cluster.children("Job", name)}
+    assert jobs - {eval_job_name(name), eval_job_name(name, 1)} == trained

@@ -17,6 +17,7 @@ from tests.fixtures.finetunejob import (
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
 from tpuforge.kube import client as kube_client
 from tpuforge.kube import objects as kube_objects
+from tpuforge_sandbox.procs import free_port
 
 pytestmark = pytest.mark.cluster
 
@@ -160,3 +161,47 @@ def test_a_platform_service_account_is_used_and_bound(cluster: Cluster) -> None:
     eventually(lambda: check(len(cluster.children("RoleBinding", name)) == 1), "the RoleBinding exists")
     trainer = sa_client(cluster.api, cluster.ns, "gcs-reader")
     assert report_progress(trainer, cluster.ns, name, 3)["status"]["progress"]["step"] == 3
+
+
+def test_a_webhook_that_does_not_answer_is_named_in_a_condition_until_it_does(
+    cluster: Cluster, operator: Operator
+) -> None:
+    """As on a private cluster whose firewall keeps the control plane from JobSet's or Kueue's webhook (9443):
+    here a webhook for the namespace's Jobs whose address nothing listens on."""
+    webhook = "jobs.unreachable.tpuforge.dev"
+    config = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": f"unreachable-{cluster.ns}"},
+        "webhooks": [
+            {
+                "name": webhook,
+                "clientConfig": {"url": f"https://127.0.0.1:{free_port()}/validate"},
+                "rules": [
+                    {"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["jobs"]}
+                ],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": cluster.ns}},
+                "failurePolicy": "Fail",
+                "sideEffects": "None",
+                "admissionReviewVersions": ["v1"],
+                "timeoutSeconds": 2,
+            }
+        ],
+    }
+    configs = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+    kube_client.request(cluster.api, "POST", configs, body=config)
+    try:
+        name = cluster.create()
+        eventually(
+            lambda: check(any(c["type"] == "WebhooksReachable" for c in cluster.status(name).get("conditions", []))),
+            "the WebhooksReachable condition",
+        )
+        cond = cluster.condition(name, "WebhooksReachable")
+        assert (cond["status"], cond["reason"]) == ("False", "WebhookUnreachable")
+        assert webhook in cond["message"] and "9443" in cond["message"]
+        assert ("Warning", "WebhookDown", f"webhook {webhook!r} unreachable") in cluster.said(name, "WebhookDown")
+        assert cluster.children("Job", name) == []
+    finally:
+        kube_client.request(cluster.api, "DELETE", f"{configs}/{config['metadata']['name']}")
+    cluster.wait_job(cluster.train(name, 0))  # retried, and created once the webhook is gone
+    eventually(lambda: check(cluster.condition(name, "WebhooksReachable")["status"] == "True"), "reachable again")

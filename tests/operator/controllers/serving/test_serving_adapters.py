@@ -99,6 +99,14 @@ def test_until_a_new_output_may_take_traffic_the_served_one_stays(j: dict[str, A
     assert d.uri == OLD and d.held_back is not None and d.held_back[0] == reason
 
 
+def test_an_evaluation_without_a_verdict_holds_the_adapter_back_and_says_how_to_run_it_again() -> None:
+    j = job()
+    j["status"]["evaluation"] = {"result": "Error", "message": "EvaluationResultMissing: the pod is gone"}
+    d = resolve(j, [SERVED_OLD])
+    assert d.uri == OLD and d.held_back is not None and d.held_back[0] == "WaitingForEvaluation"
+    assert "the pod is gone" in d.held_back[1] and "spec.evaluation.rerun" in d.held_back[1]
+
+
 def test_promotion_defaults_follow_the_job_and_the_spec_overrides() -> None:
     # No evaluation on the job: promoted when it succeeds.
     assert resolve(job(evaluation=False)).uri == NEW

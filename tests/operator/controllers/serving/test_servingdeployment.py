@@ -23,6 +23,7 @@ from prometheus_client import REGISTRY, generate_latest
 
 from tpuforge.api.constants import API_VERSION, GROUP, SERVING_PLURAL, VERSION
 from tpuforge.kube import client as kube_client
+from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests import serving as manifests
 from tpuforge.manifests import serving_inputs
 from tpuforge_sandbox import Sandbox, wait_for
@@ -509,3 +510,55 @@ def test_a_service_monitor_is_made_when_the_cluster_has_the_crd(
         assert obj["metadata"]["ownerReferences"][0]["name"] == name
     finally:
         ext.delete_custom_resource_definition(SERVICE_MONITOR_CRD["metadata"]["name"])
+
+
+def test_an_hpa_scales_the_servingdeployment_and_a_budget_guards_its_pods(
+    operator: KopfRunner, api_client: client.ApiClient, namespace: str
+) -> None:
+    """The scale subresource: kube-controller-manager's HPA controller raises the ServingDeployment to its
+    minReplicas (no metrics needed for that), and the operator carries the count to the Deployment."""
+    api, ns = api_client, namespace
+    shared = {
+        "xlaCache": {"accessMode": "ReadWriteMany", "storageClassName": "standard-rwx"},
+        "modelStorage": {"medium": "NodeLocal"},
+    }
+    sdep(api, ns, "chat", **tiny_spec(**shared))
+    s = status_when(api, ns, "chat", lambda s: bool(s.get("selector")), "the status selector")
+    budget = wait_for(
+        lambda: kube_objects.get(api, "policy/v1", "PodDisruptionBudget", ns, "chat-vllm"), WAIT, "the budget"
+    )
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"] == serving_inputs.selector_labels("chat")
+    assert s["selector"] == manifests.selector("chat")
+    scale: dict[str, Any] = client.CustomObjectsApi(api).get_namespaced_custom_object_scale(
+        GROUP, VERSION, ns, SERVING_PLURAL, "chat"
+    )
+    assert (scale["spec"]["replicas"], scale["status"]["selector"]) == (1, manifests.selector("chat"))
+
+    hpa = {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "chat", "namespace": ns},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": API_VERSION, "kind": "ServingDeployment", "name": "chat"},
+            "minReplicas": 2,
+            "maxReplicas": 3,
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": "vllm_num_requests_waiting"},
+                        "target": {"type": "AverageValue", "averageValue": "4"},
+                    },
+                }
+            ],
+        },
+    }
+    kube_client.request(api, "POST", f"/apis/autoscaling/v2/namespaces/{ns}/horizontalpodautoscalers", body=hpa)
+
+    def scaled() -> bool:
+        d = client.AppsV1Api(api).read_namespaced_deployment("chat-vllm", ns)
+        return d.spec.replicas == 2
+
+    wait_for(scaled, WAIT, "the HPA's count carried to the Deployment")
+    assert get_sdep(api, ns, "chat")["spec"]["replicas"] == 2
