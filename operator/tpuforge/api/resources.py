@@ -137,12 +137,28 @@ def eval_cpu_requests(own: PodResources) -> dict[str, str]:
     return _requests(own, EVAL_CPU, EVAL_CPU_MEMORY)
 
 
-def resource_errors(field: str, own: PodResources, host: TpuSlice | None = None) -> list[tuple[str, str]]:
+def resource_errors(
+    field: str, own: PodResources, host: TpuSlice | None = None, default: dict[str, str] | None = None
+) -> list[tuple[str, str]]:
     """(field, message) for each override that is not a quantity, or that asks more of a TPU host than GKE
-    leaves for pods on its machine type."""
+    leaves for pods on its machine type; with `default` (the requests the operator would write), also for a
+    default the host cannot hold (a small host such as v5litepod-1's), which the pod would wait Pending on
+    forever."""
     errors: list[tuple[str, str]] = []
     for key, example in (("cpu", "8 or 500m"), ("memory", "96Gi")):
         value = getattr(own, key)
+        if value is None and default is not None and host is not None:
+            amount, room = quantity(default[key]), _room(host, key)
+            if amount > room:
+                errors.append(
+                    (
+                        f"{field}.{key}",
+                        f"unset, so the operator would ask {default[key]} (this model's share, the compile cache "
+                        f"and the TPU runtime), more than a {host.machine_type} node of {host.id} leaves for pods "
+                        f"({_shown(room, key)}): set it to at most {_shown(room, key)}, or use a larger slice",
+                    )
+                )
+            continue
         if value is None:
             continue
         try:
@@ -152,21 +168,28 @@ def resource_errors(field: str, own: PodResources, host: TpuSlice | None = None)
             continue
         if host is None:
             continue
-        room = (
-            Decimal(allocatable_cpus(host.host_cpus))
-            if key == "cpu"
-            else Decimal(allocatable_memory_bytes(host.host_memory_bytes))
-        )
+        room = _room(host, key)
         if amount > room:
-            shown = f"{float(room):.1f} CPUs" if key == "cpu" else f"{int(room) // GIB}Gi"
             errors.append(
                 (
                     f"{field}.{key}",
-                    f"{value} is more than a {host.machine_type} node of {host.id} leaves for pods ({shown}): "
+                    f"{value} is more than a {host.machine_type} node of {host.id} leaves for pods "
+                    f"({_shown(room, key)}): "
                     "the pod would never be scheduled; ask for less",
                 )
             )
     return errors
+
+
+def _room(host: TpuSlice, key: str) -> Decimal:
+    """What a node of `host` leaves for pods: CPUs or bytes of memory."""
+    if key == "cpu":
+        return Decimal(allocatable_cpus(host.host_cpus))
+    return Decimal(allocatable_memory_bytes(host.host_memory_bytes))
+
+
+def _shown(room: Decimal, key: str) -> str:
+    return f"{float(room):.1f} CPUs" if key == "cpu" else f"{int(room) // GIB}Gi"
 
 
 def preflight_requests(own: PodResources) -> dict[str, str]:

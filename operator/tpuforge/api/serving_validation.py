@@ -5,8 +5,10 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
+from tpuforge.api.base import PodResources
 from tpuforge.api.catalog import MODELS, TPU_SLICES
 from tpuforge.api.constants import MULTIMODAL_ITEM_TOKENS, MULTIMODAL_MAX_NUM_BATCHED_TOKENS
+from tpuforge.api.resources import tpu_server_requests
 from tpuforge.api.serving import ServingDeploymentSpec
 from tpuforge.api.validation import (
     FieldError,
@@ -191,7 +193,8 @@ def check_serving(
                 f"use at least {MULTIMODAL_ITEM_TOKENS}, or leave it unset ({MULTIMODAL_MAX_NUM_BATCHED_TOKENS})",
             )
         )
-    check_resources(errors, "spec.tpu.resources", spec.tpu.resources, slc)
+    default = tpu_server_requests(PodResources(), shape) if shape and slc else None
+    check_resources(errors, "spec.tpu.resources", spec.tpu.resources, slc, default)
     check_scheduling(errors, "spec.tpu.scheduling", spec.tpu.scheduling, slc, spec.tpu.spot, "spec.tpu.slice")
     return errors
 

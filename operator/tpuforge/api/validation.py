@@ -15,7 +15,7 @@ from tpuforge.api.code_eval import CHECK_RUNNER_MEMORY, MIN_SAMPLE_MEMORY, PASS_
 from tpuforge.api.constants import CPU_SLICE
 from tpuforge.api.finetune import EvaluationSpec, FineTuneJobSpec, MeshSpec
 from tpuforge.api.labels import label_errors, label_value_problem
-from tpuforge.api.resources import quantity, resource_errors
+from tpuforge.api.resources import quantity, resource_errors, tpu_server_requests, trainer_requests
 from tpuforge.api.scheduling import PodScheduling, scheduling_errors
 
 M = TypeVar("M", bound=BaseModel)
@@ -245,7 +245,8 @@ def check_finetune(spec: FineTuneJobSpec, local_paths: bool = False) -> list[Fie
             )
         )
     _check_checkpoint_choice(errors, spec)
-    check_resources(errors, "spec.tpu.resources", spec.tpu.resources, slc)
+    default = trainer_requests(PodResources(), shape, slc.hosts) if shape and slc else None
+    check_resources(errors, "spec.tpu.resources", spec.tpu.resources, slc, default)
     check_scheduling(errors, "spec.tpu.scheduling", spec.tpu.scheduling, slc, spec.tpu.spot, "spec.tpu.slice")
     own, top = spec.tpu.scheduling.priority_class_name, spec.priority_class_name
     if own and top and own != top:
@@ -368,7 +369,8 @@ def _check_evaluation(
     elif slc is not None and shape is not None and "loss" in ev.metrics:
         # The loss runs the trainer's sharded forward pass on the slice's default mesh.
         _divides_heads(errors, "spec.evaluation.slice", slc.default_tp, shape)
-    check_resources(errors, "spec.evaluation.resources", ev.resources, slc)
+    default = tpu_server_requests(PodResources(), shape) if shape and slc else None
+    check_resources(errors, "spec.evaluation.resources", ev.resources, slc, default)
     size = ev.model_storage.size
     if size is not None and not is_quantity(size):
         errors.append(FieldError("spec.evaluation.modelStorage.size", f"{size!r} is not a size; e.g. 80Gi"))
@@ -485,8 +487,14 @@ def is_quantity(q: str) -> bool:
     return True
 
 
-def check_resources(errors: list[FieldError], field: str, own: PodResources, host: TpuSlice | None) -> None:
-    errors.extend(FieldError(f, m) for f, m in resource_errors(field, own, host))
+def check_resources(
+    errors: list[FieldError],
+    field: str,
+    own: PodResources,
+    host: TpuSlice | None,
+    default: dict[str, str] | None = None,
+) -> None:
+    errors.extend(FieldError(f, m) for f, m in resource_errors(field, own, host, default))
 
 
 def validate_finetune(raw: Any, local_paths: bool = False) -> FineTuneJobSpec:

@@ -102,17 +102,35 @@ def test_no_pod_is_best_effort(what: str) -> None:
 
 @pytest.mark.parametrize("slice_id", sorted(TPU_SLICES))
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_default_tpu_requests_fit_the_machine_type_gke_schedules_on(slice_id: str, model: str) -> None:
+def test_default_tpu_requests_fit_the_machine_type_gke_schedules_on_or_are_refused(slice_id: str, model: str) -> None:
     # GKE node allocatable: what a node leaves for pods once the system's share is reserved; a request above it
-    # never schedules.
+    # never schedules. A default the host cannot hold (v5litepod-1's 48 GB host beside the trainer's compile
+    # cache and runtime) is refused at validation, naming the field to set, never left Pending.
     slc, shape = tpu_slice(slice_id), model_shape(model)
     room = resources.allocatable_memory_bytes(slc.host_memory_bytes)
     for requests in (
-        resources.trainer_requests(api.PodResources(), shape),
+        resources.trainer_requests(api.PodResources(), shape, slc.hosts),
         resources.tpu_server_requests(api.PodResources(), shape),
     ):
-        assert resources.quantity(requests["memory"]) <= room
         assert resources.quantity(requests["cpu"]) <= resources.allocatable_cpus(slc.host_cpus)
+        errors = resources.resource_errors("spec.tpu.resources", api.PodResources(), slc, requests)
+        if resources.quantity(requests["memory"]) <= room:
+            assert errors == []
+        else:
+            assert [f for f, _ in errors] == ["spec.tpu.resources.memory"]
+            assert slc.machine_type in errors[0][1] and "set it to at most" in errors[0][1]
+            fixed = api.PodResources(memory=f"{room // resources.GIB}Gi")
+            assert resources.resource_errors("spec.tpu.resources", fixed, slc, requests) == []
+
+
+def test_every_catalog_model_fits_the_host_of_its_own_training_slice() -> None:
+    # The slice the catalog picks for a model needs no override.
+    for shape in MODELS.values():
+        if not shape.train_slice:
+            continue
+        slc = tpu_slice(shape.train_slice)
+        requests = resources.trainer_requests(api.PodResources(), shape, slc.hosts)
+        assert resources.quantity(requests["memory"]) <= resources.allocatable_memory_bytes(slc.host_memory_bytes)
 
 
 def test_allocatable_follows_gkes_reservation_table() -> None:
