@@ -5,6 +5,7 @@ against the targets. One Kind at a time (workload.FINETUNEJOB, serving.SERVINGDE
 from __future__ import annotations
 
 import argparse
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -70,6 +71,7 @@ def measure(
 ) -> dict[str, Any]:
     kind: Kind = serving.SERVINGDEPLOYMENT if args.kind == "servingdeployment" else FINETUNEJOB
     n = args.jobs
+    load_start = os.getloadavg()[0]
     print(f"baseline: one client makes the operator's writes for {n} {kind.name}s, {API_CONCURRENCY} threads ...")
     closes0 = forced_watch_closes(sandbox)
     before, writes, baseline_cpu = run_baseline(api, kind, n, namespace(api, ns_name("baseline-before")))
@@ -116,6 +118,7 @@ def measure(
         common = {
             "kind": kind.name,
             "objects": n,
+            "load_average_at_start": round(load_start, 1),
             "operator_restarted_midway": bool(restart),
             **(
                 {
@@ -158,7 +161,9 @@ def measure(
         )
         settled = settle(api, kind.label, ns, names, operator, args.settle_timeout, args.quiet)
         settled_cpu = operator.cpu_seconds() - cpu0
-        requests = serving.writes(requests0, serving.apiserver_requests(api))
+        requests = (
+            serving.writes(requests0, serving.apiserver_requests(api)) if kind is serving.SERVINGDEPLOYMENT else {}
+        )
         live_rss = operator.peak_rss_mb()
         print(
             f"  settled after {settled.seconds:.1f} s; operator CPU {settled_cpu:.1f} s since the burst began, "
@@ -173,11 +178,14 @@ def measure(
         steady = kind.arrivals(api, steady_ns)
         steady_names = [f"steady-{i:05d}" for i in range(max(2, int(args.rate * args.duration)))]
         print(f"steady: {args.rate:g}/s for {args.duration:g} s with {n} live ...", flush=True)
+        steady_cpu0, steady_start = operator.cpu_seconds(), time.monotonic()
         lat = run_steady(api, kind, steady, steady_ns, steady_names, args.rate)
+        steady_cpu = (operator.cpu_seconds() - steady_cpu0) / (time.monotonic() - steady_start)
         steady.stop()
         reports = late_reports(api, kind, ns)
         print(
-            f"  create -> {kind.done_what}: p50 {percentile(lat, 50):.3f} s, p99 {percentile(lat, 99):.3f} s"
+            f"  create -> {kind.done_what}: p50 {percentile(lat, 50):.3f} s, p99 {percentile(lat, 99):.3f} s; the "
+            f"operator used {steady_cpu:.2f} of a core; load average {os.getloadavg()[0]:.1f}"
             + (f"; {reports} of the burst reported their pods unschedulable by its end" if reports else ""),
             flush=True,
         )
@@ -196,13 +204,14 @@ def measure(
         "burst_ratio_target": TARGET_BURST_RATIO,
         **settled.result(),
         "operator_cpu_seconds_settled": round(settled_cpu, 1),
-        "apiserver_requests_burst_and_settling": requests,
+        **({"apiserver_requests_burst_and_settling": requests} if requests else {}),
         "steady_rate_per_second": args.rate,
         "steady_seconds": args.duration,
         "steady_p50_seconds": round(percentile(lat, 50), 3),
         "steady_p99_seconds": round(percentile(lat, 99), 3),
         "steady_p99_target": TARGET_P99_SECONDS,
         "unschedulable_reports_by_end_of_steady": reports,
+        "operator_cores_used_steady": round(steady_cpu, 2),
         "operator_system_cpu_seconds_burst": round(live_sys, 1),
         "operator_rss_mb_at_objects_live": round(live_rss, 1),
         "operator_peak_rss_mb": round(peak_rss, 1),

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from kubernetes import client
 
+from tpuforge.kube import objects as kube_objects
 from tpuforge_sandbox import Sandbox
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -52,9 +52,10 @@ def test_every_phase_runs_and_reports_on_a_small_burst(kind: str, sandbox: Sandb
     assert not missing, f"no figure for {missing}: {results}"
     # Its namespaces are gone from the shared sandbox (or going).
     with sandbox.api_client() as api:
-        left = [
-            ns.metadata.name
-            for ns in client.CoreV1Api(api).list_namespace().items
-            if ns.metadata.name.startswith("bench-") and ns.status.phase == "Active"
-        ]
+        namespaces = kube_objects.list_objects(api, "v1", "Namespace", None)
+    left = [
+        ns["metadata"]["name"]
+        for ns in namespaces
+        if ns["metadata"]["name"].startswith("bench-") and ns["status"]["phase"] == "Active"
+    ]
     assert not left, left
