@@ -23,6 +23,7 @@ layers double.
     python benchmarks/merge_throughput.py                  # 2 and 4 layers, local disk and fake-gcs-server
     python benchmarks/merge_throughput.py --layers 1 --no-gcs
     python benchmarks/merge_throughput.py --layers 4 --no-gcs --no-whole-model --rounds 5
+    python benchmarks/merge_throughput.py --model gemma4-tiny-mm --layers 1 --rounds 1   # seconds: a smoke run
 Needs ~4x the base size of free disk (base, outputs, and a GCS copy of each) and, for the whole-model
 merge, RAM for the whole base.
 """
@@ -142,46 +143,53 @@ def step_whole_model(config_path: str) -> None:
 # ---- the driver ----------------------------------------------------------------------------------------------
 
 
-def sgemm_gflops(seconds: float = 2.0) -> float:
-    """This machine's float32 matmul rate on the merge's shape of product (rows x 64) @ (64 x 5376)."""
+def sgemm_gflops(width: int, seconds: float = 2.0) -> float:
+    """This machine's float32 matmul rate on the merge's shape of product (rows x 64) @ (64 x width), width
+    the model's (5376 for the 31B)."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     b = rng.standard_normal((2048, RANK), dtype=np.float32)
-    a = rng.standard_normal((RANK, 5376), dtype=np.float32)
+    a = rng.standard_normal((RANK, width), dtype=np.float32)
     n, started = 0, time.monotonic()
     while time.monotonic() - started < seconds:
         b @ a
         n += 1
-    return n * 2 * 2048 * RANK * 5376 / (time.monotonic() - started) / 1e9
+    return n * 2 * 2048 * RANK * width / (time.monotonic() - started) / 1e9
 
 
-def step_inputs(root: str, layers: str, result: str) -> None:
-    base, ckpt, size, largest, gflop = make_inputs(Path(root), int(layers))
-    Path(result).write_text(json.dumps([base, ckpt, size, largest, gflop, sgemm_gflops()]))
+def step_inputs(root: str, layers: str, result: str, model: str) -> None:
+    base, ckpt, size, largest, gflop = make_inputs(Path(root), int(layers), model)
+    width = _shape(model, int(layers)).embed_dim
+    Path(result).write_text(json.dumps([base, ckpt, size, largest, gflop, sgemm_gflops(width)]))
+
+
+def _shape(model: str, layers: int) -> Any:
+    from tpuforge.api.catalog import model_shape
+
+    return dataclasses.replace(model_shape(model), num_layers=layers, sliding_per_global=1)
 
 
 def step_upload(local: str, uri: str) -> None:
     upload_dir(Path(local), uri)
 
 
-def make_inputs(root: Path, layers: int) -> tuple[str, str, int, int, float]:
+def make_inputs(root: Path, layers: int, model: str) -> tuple[str, str, int, int, float]:
     """(base dir, checkpoint dir, safetensors bytes, largest tensor bytes, GFLOP of the LoRA deltas) of a
-    31B-shaped synthetic model."""
+    synthetic model of `model`'s shapes (the 31B's by default)."""
     from tpuforge.api import LoraSpec
-    from tpuforge.api.catalog import model_shape
     from tpuforge_workloads.merge import synthetic
     from tpuforge_workloads.merge.plan import read_base_config
     from tpuforge_workloads.model import lora
 
-    shape = dataclasses.replace(model_shape("gemma4-31b"), num_layers=layers, sliding_per_global=1)
+    shape = _shape(model, layers)
     base, ckpt = root / "base", root / "ckpt"
     started = time.monotonic()
     specs = synthetic.write_base(str(base), shape, dtype="BF16", shard_bytes=SHARD_BYTES)
     text = read_base_config(str(base))
     spec = LoraSpec(rank=RANK, alpha=RANK)
     tree = synthetic.lora_tree(text, RANK, spec.target_modules)
-    manifest = lora.manifest("gemma4-31b", str(base), spec)
+    manifest = lora.manifest(model, str(base), spec)
     synthetic.write_lora_checkpoint(str(ckpt), tree, step=100, manifest=manifest)
     size = sum(f.stat().st_size for f in base.glob("*.safetensors"))
     largest = max(2 * math.prod(s.shape) for s in specs)
@@ -193,12 +201,12 @@ def make_inputs(root: Path, layers: int) -> tuple[str, str, int, int, float]:
     return str(base), str(ckpt), size, largest, gflop / 1e9
 
 
-def merge_config(base: str, ckpt: str, out: str, path: Path) -> Path:
+def merge_config(base: str, ckpt: str, out: str, path: Path, model: str) -> Path:
     from tpuforge.api import LoraSpec
     from tpuforge.api.configs import MergeConfig
 
     cfg = MergeConfig(
-        model_name="gemma4-31b",
+        model_name=model,
         base_model_uri=base,
         checkpoint_uri=ckpt,
         output_uri=out,
@@ -225,13 +233,15 @@ def upload_dir(local: Path, uri: str) -> None:
             storage.upload_file(f, storage.join(uri, rel))
 
 
-def run_config(root: Path, layers: int, gcs: bool, whole_model: bool, rounds: int) -> list[dict[str, Any]]:
+def run_config(root: Path, layers: int, gcs: bool, whole_model: bool, rounds: int, model: str) -> list[dict[str, Any]]:
     from tpuforge_workloads import storage
 
     # Inputs (and the matmul rate) in a child: the driver must stay small (see _measure).
     root.mkdir(parents=True, exist_ok=True)
     subprocess.run(
-        _self("--step", "inputs", str(root / "in"), str(layers), str(root / "in.json")), env=_env(), check=True
+        _self("--step", "inputs", str(root / "in"), str(layers), str(root / "in.json"), model),
+        env=_env(),
+        check=True,
     )
     base, ckpt, size, largest, gflop, rate = json.loads((root / "in.json").read_text())
     print(
@@ -271,7 +281,7 @@ def run_config(root: Path, layers: int, gcs: bool, whole_model: bool, rounds: in
 
     record("local", _measure("cp", _self("--step", "cp", base, str(root / "cp"))))
     shutil.rmtree(root / "cp")
-    cfg = merge_config(base, ckpt, str(root / "merged"), root / "merge.json")
+    cfg = merge_config(base, ckpt, str(root / "merged"), root / "merge.json", model)
     for r in range(rounds):
         record("local", _measure("copy", _self("--step", "copy", base, str(root / "copy"))), r)
         shutil.rmtree(root / "copy")
@@ -279,7 +289,7 @@ def run_config(root: Path, layers: int, gcs: bool, whole_model: bool, rounds: in
         record("local", _measure("merge", merge), r)
         shutil.rmtree(root / "merged")
     if whole_model:
-        cfg = merge_config(base, ckpt, str(root / "whole"), root / "whole.json")
+        cfg = merge_config(base, ckpt, str(root / "whole"), root / "whole.json", model)
         record("local", _measure("whole-model", _self("--step", "whole-model", str(cfg))))
         shutil.rmtree(root / "whole")
     if gcs:
@@ -294,7 +304,9 @@ def run_config(root: Path, layers: int, gcs: bool, whole_model: bool, rounds: in
                 subprocess.run(_self("--step", "upload", local, uri), env=_env(), check=True)
             record("gcs", _measure("copy", _self("--step", "copy", "gs://bench/base", "gs://bench/copy")))
             storage.delete_dir("gs://bench/copy")
-            cfg = merge_config("gs://bench/base", "gs://bench/ckpt", "gs://bench/merged", root / "merge-gcs.json")
+            cfg = merge_config(
+                "gs://bench/base", "gs://bench/ckpt", "gs://bench/merged", root / "merge-gcs.json", model
+            )
             record("gcs", _measure("merge", [sys.executable, "-m", "tpuforge_workloads.merge", "--config", str(cfg)]))
         finally:
             server.stop()
@@ -344,6 +356,7 @@ def report(rows: list[dict[str, Any]]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="gemma4-31b", help="the catalog model whose shapes are merged")
     parser.add_argument("--layers", type=int, default=2, help="decoder layers of the first run (doubled next)")
     parser.add_argument("--workdir", default=None, help="where inputs and outputs go (default: a temp dir)")
     parser.add_argument("--no-gcs", action="store_true", help="skip the fake-gcs-server runs")
@@ -369,7 +382,7 @@ def main() -> int:
     try:
         for layers in (args.layers, 2 * args.layers):
             gcs = not args.no_gcs and layers == args.layers  # fake-gcs-server is slow: once is enough
-            rows += run_config(root / f"l{layers}", layers, gcs, not args.no_whole_model, args.rounds)
+            rows += run_config(root / f"l{layers}", layers, gcs, not args.no_whole_model, args.rounds, args.model)
     finally:
         if not args.workdir:
             shutil.rmtree(root, ignore_errors=True)

@@ -1,6 +1,7 @@
-"""What the operator-at-scale benchmark watches and counts: when each training Job appears, the cluster
-settling after the burst, children beyond one of each kind, the CPU seconds of the clients and of the control
-plane, the watches the apiserver closed for falling behind, the operator's metrics, and percentiles."""
+"""What the operator-at-scale benchmark watches and counts: when each object is handled (Arrivals), the cluster
+settling after the burst, children beyond what the operator makes per object, the CPU seconds of the clients and
+of the control plane, the watches the apiserver closed for falling behind, the operator's metrics, and
+percentiles."""
 
 from __future__ import annotations
 
@@ -10,112 +11,155 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import psutil
-from benchmarks.scale.processes import OperatorProcess
 from kubernetes import client
 
-from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
-from tpuforge.controllers.finetune.attempts import UNSCHEDULABLE_REPORT_SECONDS
 from tpuforge.kube import client as kube_client
 from tpuforge.kube import objects as kube_objects
 from tpuforge_sandbox import Sandbox, wait_for
 
-CHILD_KINDS = {
-    "ServiceAccount": "v1",
-    "Role": "rbac.authorization.k8s.io/v1",
-    "RoleBinding": "rbac.authorization.k8s.io/v1",
-    "ConfigMap": "v1",
-    "Job": "batch/v1",
-}
+if TYPE_CHECKING:
+    from benchmarks.scale.processes import OperatorProcess
+
+Obj = dict[str, Any]
 
 
-class JobWatch:
-    """Local receive time of each new Job's first event in a namespace (a LIST, then a WATCH that resumes
+class Arrivals:
+    """Local receive time of each owner's first sign of being handled: the first event of an object of
+    (api_version, kind) in a namespace for which `owner_of` names an owner (a LIST, then a WATCH that resumes
     where it broke off)."""
 
-    def __init__(self, api: client.ApiClient, ns: str):
+    def __init__(
+        self, api: client.ApiClient, ns: str, api_version: str, kind: str, owner_of: Callable[[Obj], str | None]
+    ):
         self.seen: dict[str, float] = {}
         self._stop = threading.Event()
-        self._api, self._ns = api, ns
-        _, version = kube_objects.list_collection(api, "batch/v1", "Job", ns)
-        self._thread = threading.Thread(target=self._run, args=(version,), daemon=True)
-        self._thread.start()
+        self._api, self._ns, self._what, self._owner_of = api, ns, (api_version, kind), owner_of
+        _, version = kube_objects.list_collection(api, api_version, kind, ns)
+        threading.Thread(target=self._run, args=(version,), daemon=True).start()
 
     def _run(self, version: str) -> None:
         while not self._stop.is_set():
             try:
-                for event in kube_client.WatchStream(
-                    self._api, "batch/v1", "Job", self._ns, version, timeout_seconds=60
-                ):
+                for event in kube_client.WatchStream(self._api, *self._what, self._ns, version, timeout_seconds=60):
                     obj = event["object"]
                     if event["type"] == "ERROR":
                         raise RuntimeError(f"watch error: {obj}")
                     version = obj["metadata"]["resourceVersion"]
-                    if event["type"] == "ADDED":
-                        self.seen.setdefault(obj["metadata"]["name"], time.monotonic())
+                    if event["type"] != "DELETED" and (owner := self._owner_of(obj)) is not None:
+                        self.seen.setdefault(owner, time.monotonic())
                     if self._stop.is_set():
                         return
             except Exception as exc:  # a dropped stream: resume from the last version seen
-                print(f"  (job watch: {exc}; resuming)", flush=True)
+                if self._stop.is_set():
+                    return
+                print(f"  ({self._what[1]} watch: {exc}; resuming)", flush=True)
                 time.sleep(0.2)
 
-    def wait(self, names: set[str], timeout: float) -> float:
-        def arrived() -> bool:
-            return names <= self.seen.keys()
+    def count(self, names: set[str]) -> int:
+        return len(names & self.seen.keys())
 
+    def wait(self, names: set[str], timeout: float) -> float:
+        """The time the last of `names` arrived; TimeoutError saying how many did not."""
         try:
-            wait_for(arrived, timeout, f"{len(names)} training Jobs", interval=0.05)
+            wait_for(lambda: names <= self.seen.keys(), timeout, f"{len(names)} handled", interval=0.05)
         except TimeoutError:
             missing = sorted(names - self.seen.keys())
-            raise TimeoutError(f"{len(missing)} of {len(names)} training Jobs missing, e.g. {missing[:3]}") from None
+            raise TimeoutError(f"{len(missing)} of {len(names)} not handled, e.g. {missing[:3]}") from None
         return max(self.seen[n] for n in names)
 
     def stop(self) -> None:
         self._stop.set()
 
 
-def settle(api: client.ApiClient, ns: str, n: int, operator: OperatorProcess) -> None:
-    """Wait for the burst's aftermath so that the steady phase measures the operator alone: the Job
-    controller's pods, the node agent marking them unschedulable (the sandbox has no nodes), and, once they
-    have waited UNSCHEDULABLE_REPORT_SECONDS, the operator reporting so in every job's status."""
-    wait_for(lambda: len(kube_objects.list_objects(api, "v1", "Pod", ns)) >= n, 600, f"{n} pods", interval=1.0)
+@dataclass(frozen=True)
+class Settled:
+    """How the wait for the burst's aftermath ended: its seconds, and what had not happened within the bound."""
 
-    def reported() -> bool:
-        ftjs = kube_objects.list_objects(api, API_VERSION, FINETUNEJOB_KIND, ns)
-        return sum(_unschedulable(f) for f in ftjs) >= n
+    seconds: float
+    incomplete: str | None  # None: settled
 
-    wait_for(reported, UNSCHEDULABLE_REPORT_SECONDS + 300, "every job to report its pod unschedulable", interval=2.0)
-    last, quiet_since = -1.0, time.monotonic()
-    while time.monotonic() - quiet_since < 5.0:
-        now = metric(operator.port, "tpuforge_reconcile_total")
+    def result(self) -> dict[str, Any]:
+        return {"settle_seconds": round(self.seconds, 1), "settle_incomplete": self.incomplete}
+
+
+def placed_or_refused(pod: Obj) -> bool:
+    """Whether the scheduler (the sandbox's node agent) has decided about a pod: bound to a node, or its
+    PodScheduled condition False (reason Unschedulable, with the scheduler's message)."""
+    if (pod.get("spec") or {}).get("nodeName"):
+        return True
+    conds = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conds)
+
+
+def settle(
+    api: client.ApiClient,
+    label: str,
+    ns: str,
+    names: list[str],
+    operator: OperatorProcess,
+    timeout: float,
+    quiet: float,
+) -> Settled:
+    """Wait, at most `timeout` seconds in all, for the burst's aftermath, so that what follows measures the
+    operator alone: a pod for every owner (made by the Job controller, or the Deployment's ReplicaSet), every
+    pod placed or reported unschedulable by the node agent (the scheduler here), and the operator's handling of
+    those changes, until its reconcile count has not moved for `quiet` seconds. What the operator reports
+    later by design (a training pod unschedulable for longer than UNSCHEDULABLE_REPORT_SECONDS) is not waited
+    for: the phases after this one end before it is due at the sizes run here, and the steady phase counts
+    the objects that reported it."""
+    start = time.monotonic()
+    deadline = start + timeout
+    wanted = set(names)
+    pods_missing, undecided = len(wanted), 0
+    while True:
+        pods = kube_objects.list_objects(api, "v1", "Pod", ns, label)
+        owners = {(p["metadata"].get("labels") or {}).get(label) for p in pods}
+        pods_missing = len(wanted - owners)
+        undecided = sum(not placed_or_refused(p) for p in pods)
+        if not pods_missing and not undecided:
+            break
+        if time.monotonic() >= deadline:
+            why = f"after {timeout:.0f} s, {pods_missing} of {len(wanted)} had no pod and {undecided} pods were "
+            why += "neither placed nor reported unschedulable"
+            print(f"  (settling: {why}; going on)", flush=True)
+            return Settled(time.monotonic() - start, why)
+        time.sleep(1.0)
+    print(f"  pods: each placed or unschedulable after {time.monotonic() - start:.1f} s", flush=True)
+    last, since = -1.0, time.monotonic()
+    while time.monotonic() < deadline:
+        now = operator.metric("tpuforge_reconcile_total")
         if now != last:
-            last, quiet_since = now, time.monotonic()
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return Settled(time.monotonic() - start, None)
         time.sleep(0.5)
+    why = f"the operator still reconciled {timeout:.0f} s after the burst (never {quiet:.0f} s without one)"
+    print(f"  (settling: {why}; going on)", flush=True)
+    return Settled(time.monotonic() - start, why)
 
 
-def _unschedulable(ftj: dict[str, Any]) -> bool:
-    conds = (ftj.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Training" and c.get("reason") == "Unschedulable" for c in conds)
-
-
-def duplicates(api: client.ApiClient, ns: str, names: list[str]) -> int:
-    """Children beyond one of each kind per FineTuneJob."""
+def duplicates(api: client.ApiClient, label: str, ns: str, names: list[str], each: Counter[tuple[str, str]]) -> int:
+    """Children beyond `each` ((apiVersion, kind) -> how many the operator makes per owner) per owner. An owner
+    short of any kind raises, naming it."""
     extra = 0
-    for kind, api_version in CHILD_KINDS.items():
-        counts: dict[str, int] = {}
-        for obj in kube_objects.list_objects(api, api_version, kind, ns, "tpuforge.dev/finetunejob"):
-            owner = obj["metadata"]["labels"]["tpuforge.dev/finetunejob"]
-            counts[owner] = counts.get(owner, 0) + 1
-        extra += sum(c - 1 for c in counts.values() if c > 1)
-        missing = [n for n in names if n not in counts]
-        if missing:
-            raise RuntimeError(f"{len(missing)} FineTuneJobs have no {kind}, e.g. {missing[:3]}")
+    for (api_version, kind), want in each.items():
+        counts = Counter(
+            o["metadata"]["labels"][label] for o in kube_objects.list_objects(api, api_version, kind, ns, label)
+        )
+        extra += sum(c - want for c in counts.values() if c > want)
+        short = [n for n in names if counts[n] < want]
+        if short:
+            raise RuntimeError(f"{len(short)} of {len(names)} have fewer than {want} {kind}, e.g. {short[:3]}")
     return extra
 
 
-CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller-manager")
+CONTROL_PLANE = ("kube-apiserver", "etcd", "kube-controller-manager", "jobset-controller", "kueue-controller")
+NODE_AGENT = "tpuforge_sandbox.agent"  # a Python process: known by its command line
 
 
 def cpu_by_process() -> dict[str, float]:
@@ -125,9 +169,12 @@ def cpu_by_process() -> dict[str, float]:
     out = {"clients": times.user + times.system}
     for child in me.children(recursive=True):
         with contextlib.suppress(psutil.Error):
-            if child.name() in CONTROL_PLANE:
+            name = child.name()
+            if name not in CONTROL_PLANE:
+                name = "node-agent" if NODE_AGENT in child.cmdline() else ""
+            if name:
                 t = child.cpu_times()
-                out[child.name()] = out.get(child.name(), 0.0) + t.user + t.system
+                out[name] = out.get(name, 0.0) + t.user + t.system
     return out
 
 
@@ -151,8 +198,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def metric(port: int, name: str) -> float:
+    """The sum of a metric's series (e.g. tpuforge_reconcile_total of both kinds) on /metrics at `port`."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + "{"):
-                return float(line.rsplit(" ", 1)[1])
-    return 0.0
+        lines = r.read().decode().splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(name + "{"))

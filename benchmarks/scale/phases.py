@@ -1,65 +1,112 @@
-"""The phases of the operator-at-scale benchmark in order (baseline, burst, settling, baseline again, steady,
-the duplicates check; with --burst-only, the first two), and the results each reports against its target."""
+"""The phases of the operator-at-scale benchmark in order (baseline, burst, settling, baseline again, steady, the
+duplicates check; with --burst-only, the first two), each printing its figure as it ends, and the results
+against the targets. One Kind at a time (workload.FINETUNEJOB, serving.SERVINGDEPLOYMENT)."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.scale import serving
 from benchmarks.scale.observe import (
-    JobWatch,
+    Arrivals,
     cpu_by_process,
     cpu_spent,
     duplicates,
     forced_watch_closes,
-    metric,
     percentile,
     settle,
 )
 from benchmarks.scale.processes import OperatorProcess, Profiler
-from benchmarks.scale.workload import create_all, namespace, run_baseline, run_steady
+from benchmarks.scale.workload import FINETUNEJOB, Kind, create_all, namespace, run_baseline, run_steady
 from kubernetes import client
 
-from tpuforge.controllers.finetune.attempts import UNSCHEDULABLE_REPORT_SECONDS
+from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
 from tpuforge.controllers.finetune.controller import API_CONCURRENCY
-from tpuforge.manifests.finetune_common import train_job_name
+from tpuforge.kube import objects as kube_objects
 from tpuforge_sandbox import Sandbox
 
 TARGET_BURST_RATIO = 1.5
 TARGET_P99_SECONDS = 1.0
 TARGET_RSS_MB = 250.0
-TARGET_CPU_MS_PER_JOB = 8.0
+TARGET_CPU_MS_PER_OBJECT = 8.0
+BURST_TIMEOUT_SECONDS = 1200.0
 
 
-def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
+def restart_midway(
+    operator: OperatorProcess, arrivals: Arrivals, names: set[str], out: dict[str, float]
+) -> threading.Thread:
+    """Once half of `names` are handled, restart the operator (in a thread, while the burst goes on); `out`
+    gets when it stopped and how long until the new one served."""
+
+    def run() -> None:
+        deadline = time.monotonic() + BURST_TIMEOUT_SECONDS
+        while arrivals.count(names) < len(names) // 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        out["handled_at_restart"] = arrivals.count(names)
+        out["at"] = time.monotonic()
+        try:
+            out["seconds"] = operator.restart()
+        except Exception as exc:  # the burst's wait then times out; this says why
+            print(f"  (the operator's restart failed: {exc})", flush=True)
+            raise
+        print(
+            f"  operator restarted with {out['handled_at_restart']:.0f} of {len(names)} handled; the new one "
+            f"served {out['seconds']:.1f} s after the stop",
+            flush=True,
+        )
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def measure(
+    api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.Namespace, ns_name: Callable[[str], str]
+) -> dict[str, Any]:
+    kind: Kind = serving.SERVINGDEPLOYMENT if args.kind == "servingdeployment" else FINETUNEJOB
     n = args.jobs
-    print(f"baseline: one client makes the operator's writes for {n} FineTuneJobs, {API_CONCURRENCY} threads ...")
+    load_start = os.getloadavg()[0]
+    print(f"baseline: one client makes the operator's writes for {n} {kind.name}s, {API_CONCURRENCY} threads ...")
     closes0 = forced_watch_closes(sandbox)
-    before, writes, baseline_cpu = run_baseline(api, n, "bench-baseline-before")
+    before, writes, baseline_cpu = run_baseline(api, kind, n, namespace(api, ns_name("baseline-before")))
     closes1 = forced_watch_closes(sandbox)
-    print(f"  {writes} writes per job: {before:.1f} s; CPU seconds {baseline_cpu}", flush=True)
+    print(f"  {writes} writes per object: {before:.1f} s; CPU seconds {baseline_cpu}", flush=True)
 
-    ns, steady_ns = namespace(api, "bench-burst"), namespace(api, "bench-steady")
+    ns, steady_ns = namespace(api, ns_name("burst")), namespace(api, ns_name("steady"))
     cprofile = args.profile if args.profile and args.profile.suffix == ".prof" else None
     operator = OperatorProcess(sandbox, tmp / "operator.log", [ns, steady_ns], cprofile)
     try:
-        jobs = JobWatch(api, ns)
+        arrivals = kind.arrivals(api, ns)
         names = [f"burst-{i:05d}" for i in range(n)]
-        print(f"burst: {n} FineTuneJobs ...", flush=True)
+        restart: dict[str, float] = {}
+        restarter = restart_midway(operator, arrivals, set(names), restart) if args.restart_midway else None
+        print(f"burst: {n} {kind.name}s; the time until each has {kind.done_what} ...", flush=True)
         profiler = Profiler(operator.proc.pid, args.profile) if args.profile and not cprofile else None
         cpu0, sys0, threads0 = operator.cpu_seconds(), operator.system_cpu_seconds(), operator.thread_cpu_seconds()
-        others0 = cpu_by_process()
+        others0, requests0 = cpu_by_process(), serving.apiserver_requests(api)
         start = time.monotonic()
-        sent = create_all(api, ns, names)
+        sent = create_all(api, kind, ns, names)
         created = time.monotonic() - start
-        last = jobs.wait({train_job_name(x, 0) for x in names}, 600)
-        burst = last - start
-        burst_latencies = sorted(jobs.seen[train_job_name(x, 0)] - sent[x] for x in names)
+        burst = arrivals.wait(set(names), BURST_TIMEOUT_SECONDS) - start
+        if restarter is not None:
+            restarter.join()
+            if "seconds" not in restart:
+                raise RuntimeError("the operator's restart did not finish (see above)")
+        latencies = sorted(arrivals.seen[x] - sent[x] for x in names)
         burst_cpu = {**cpu_spent(others0), "operator": round(operator.cpu_seconds() - cpu0, 1)}
         closes = {"baseline": dict(closes1 - closes0), "burst": dict(forced_watch_closes(sandbox) - closes1)}
-        print(f"  created in {created:.1f} s; every training Job after {burst:.1f} s; CPU seconds {burst_cpu}")
+        print(
+            f"  created in {created:.1f} s; every one handled after {burst:.1f} s ({burst / before:.2f}x the "
+            f"baseline before); latency p50 {percentile(latencies, 50):.2f} s, p99 {percentile(latencies, 99):.2f} s;"
+            f" CPU seconds {burst_cpu}",
+            flush=True,
+        )
         live_cpu = operator.cpu_seconds() - cpu0
         live_sys = operator.system_cpu_seconds() - sys0
         threads = {t: c - threads0.get(t, 0.0) for t, c in operator.thread_cpu_seconds().items()}
@@ -67,77 +114,121 @@ def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.N
         busiest = sorted(threads.values(), reverse=True)
         if profiler is not None:
             profiler.stop()
-        jobs.stop()
+        arrivals.stop()
+        common = {
+            "kind": kind.name,
+            "objects": n,
+            "load_average_at_start": round(load_start, 1),
+            "operator_restarted_midway": bool(restart),
+            **(
+                {
+                    "restart_handled_before": int(restart["handled_at_restart"]),
+                    "restart_at_seconds": round(restart["at"] - start, 2),
+                    "restart_seconds": round(restart["seconds"], 2),
+                }
+                if restart
+                else {}
+            ),
+            "baseline_writes_per_object": writes,
+            "created_seconds": round(created, 2),
+            "burst_seconds": round(burst, 2),
+            "cpu_seconds_baseline_before": baseline_cpu,
+            "cpu_seconds_burst": burst_cpu,
+            "apiserver_forced_watch_closes": closes,
+            "burst_latency_p50_seconds": round(percentile(latencies, 50), 3),
+            "burst_latency_p99_seconds": round(percentile(latencies, 99), 3),
+            "operator_cpu_seconds_burst": round(live_cpu, 1),
+            "operator_cpu_ms_per_object": round(live_cpu * 1000 / n, 1),
+            "operator_cpu_ms_per_object_target": TARGET_CPU_MS_PER_OBJECT,
+        }
+        each = kind.writes(kube_objects.get(api, API_VERSION, kind.name, ns, names[0]) or {}).children()
         if args.burst_only:
             return {
-                "jobs": n,
+                **common,
                 "baseline_seconds": round(before, 2),
-                "burst_seconds": round(burst, 2),
                 "burst_ratio": round(burst / before, 2),
-                "cpu_seconds_baseline": baseline_cpu,
-                "cpu_seconds_burst": burst_cpu,
-                "apiserver_forced_watch_closes": closes,
-                "burst_latency_p50_seconds": round(percentile(burst_latencies, 50), 3),
-                "burst_latency_p99_seconds": round(percentile(burst_latencies, 99), 3),
-                "operator_cpu_seconds_burst": round(live_cpu, 1),
-                "operator_cpu_ms_per_job": round(live_cpu * 1000 / n, 1),
                 "operator_system_cpu_seconds_burst": round(live_sys, 1),
                 "operator_event_loop_cpu_seconds_burst": round(loop_cpu, 1),
                 "operator_other_threads_cpu_seconds_burst": [len(busiest), round(sum(busiest), 1)],
                 "operator_busiest_threads_cpu_seconds": [round(c, 2) for c in busiest[:8]],
-                "reconciles": metric(operator.port, "tpuforge_reconcile_total"),
-                "duplicates": duplicates(api, ns, names),
+                "reconciles": operator.metric("tpuforge_reconcile_total"),
+                "duplicates": duplicates(api, kind.label, ns, names, each),
             }
         print(
-            f"  settling: pods created, reported unschedulable after {UNSCHEDULABLE_REPORT_SECONDS:.0f} s ...",
+            f"settling: every pod placed or reported unschedulable, then no reconcile for {args.quiet:g} s "
+            f"(at most {args.settle_timeout:g} s) ...",
             flush=True,
         )
-        settle(api, ns, n, operator)
-        live_rss = operator.peak_rss_mb()
-        print("baseline again, so that the burst is bracketed by two ...", flush=True)
-        after, _, _ = run_baseline(api, n, "bench-baseline-after")
-        print(f"  {after:.1f} s", flush=True)
-
-        steady_jobs = JobWatch(api, steady_ns)
-        print(f"steady: {args.rate:g}/s for {args.duration:g} s with {n} jobs live ...", flush=True)
-        lat = run_steady(api, steady_jobs, steady_ns, args.rate, args.duration)
-        steady_jobs.stop()
-        peak_rss = operator.peak_rss_mb()
-        dup = duplicates(api, ns, names) + duplicates(
-            api, steady_ns, [f"steady-{i:05d}" for i in range(int(args.rate * args.duration))]
+        settled = settle(api, kind.label, ns, names, operator, args.settle_timeout, args.quiet)
+        settled_cpu = operator.cpu_seconds() - cpu0
+        requests = (
+            serving.writes(requests0, serving.apiserver_requests(api)) if kind is serving.SERVINGDEPLOYMENT else {}
         )
-        conflicts = metric(operator.port, "tpuforge_reconcile_conflicts_total")
-        reconciles = metric(operator.port, "tpuforge_reconcile_total")
+        live_rss = operator.peak_rss_mb()
+        print(
+            f"  settled after {settled.seconds:.1f} s; operator CPU {settled_cpu:.1f} s since the burst began, "
+            f"peak RSS {live_rss:.0f} MB with {n} live",
+            flush=True,
+        )
+        print("baseline again, so that the burst is bracketed by two ...", flush=True)
+        after, _, _ = run_baseline(api, kind, n, namespace(api, ns_name("baseline-after")))
+        baseline = (before + after) / 2
+        print(f"  {after:.1f} s; burst over the mean of both: {burst / baseline:.2f}x", flush=True)
+
+        steady = kind.arrivals(api, steady_ns)
+        steady_names = [f"steady-{i:05d}" for i in range(max(2, int(args.rate * args.duration)))]
+        print(f"steady: {args.rate:g}/s for {args.duration:g} s with {n} live ...", flush=True)
+        steady_cpu0, steady_start = operator.cpu_seconds(), time.monotonic()
+        lat = run_steady(api, kind, steady, steady_ns, steady_names, args.rate)
+        steady_cpu = (operator.cpu_seconds() - steady_cpu0) / (time.monotonic() - steady_start)
+        steady.stop()
+        reports = late_reports(api, kind, ns)
+        print(
+            f"  create -> {kind.done_what}: p50 {percentile(lat, 50):.3f} s, p99 {percentile(lat, 99):.3f} s; the "
+            f"operator used {steady_cpu:.2f} of a core; load average {os.getloadavg()[0]:.1f}"
+            + (f"; {reports} of the burst reported their pods unschedulable by its end" if reports else ""),
+            flush=True,
+        )
+        peak_rss = operator.peak_rss_mb()
+        dup = duplicates(api, kind.label, ns, names, each) + duplicates(api, kind.label, steady_ns, steady_names, each)
+        print(f"check: {dup} children beyond what the operator makes per {kind.name}", flush=True)
+        conflicts = operator.metric("tpuforge_reconcile_conflicts_total")
+        reconciles = operator.metric("tpuforge_reconcile_total")
     finally:
         operator.stop()
-    baseline = (before + after) / 2
-    ratio = burst / baseline
     return {
-        "jobs": n,
-        "baseline_writes_per_job": writes,
+        **common,
         "baseline_seconds_before_after": [round(before, 2), round(after, 2)],
         "baseline_seconds": round(baseline, 2),
-        "burst_seconds": round(burst, 2),
-        "burst_ratio": round(ratio, 2),
+        "burst_ratio": round(burst / baseline, 2),
         "burst_ratio_target": TARGET_BURST_RATIO,
-        "cpu_seconds_baseline_before": baseline_cpu,
-        "cpu_seconds_burst": burst_cpu,
-        "apiserver_forced_watch_closes": closes,
-        "burst_latency_p50_seconds": round(percentile(burst_latencies, 50), 3),
-        "burst_latency_p99_seconds": round(percentile(burst_latencies, 99), 3),
+        **settled.result(),
+        "operator_cpu_seconds_settled": round(settled_cpu, 1),
+        **({"apiserver_requests_burst_and_settling": requests} if requests else {}),
         "steady_rate_per_second": args.rate,
         "steady_seconds": args.duration,
         "steady_p50_seconds": round(percentile(lat, 50), 3),
         "steady_p99_seconds": round(percentile(lat, 99), 3),
         "steady_p99_target": TARGET_P99_SECONDS,
-        "operator_cpu_seconds_burst": round(live_cpu, 1),
-        "operator_cpu_ms_per_job": round(live_cpu * 1000 / n, 1),
-        "operator_cpu_ms_per_job_target": TARGET_CPU_MS_PER_JOB,
+        "unschedulable_reports_by_end_of_steady": reports,
+        "operator_cores_used_steady": round(steady_cpu, 2),
         "operator_system_cpu_seconds_burst": round(live_sys, 1),
-        "operator_rss_mb_at_jobs_live": round(live_rss, 1),
+        "operator_rss_mb_at_objects_live": round(live_rss, 1),
         "operator_peak_rss_mb": round(peak_rss, 1),
         "rss_target_mb": TARGET_RSS_MB,
         "reconciles": reconciles,
         "status_conflicts": conflicts,
         "duplicates": dup,
     }
+
+
+def late_reports(api: client.ApiClient, kind: Kind, ns: str) -> int:
+    """FineTuneJobs of the burst whose status says that their training pod is unschedulable: the operator
+    says so UNSCHEDULABLE_REPORT_SECONDS after the pod was refused, a wave of status writes that a steady phase
+    running that late measures too."""
+    if kind.name != FINETUNEJOB_KIND:
+        return 0
+    ftjs = kube_objects.list_objects(api, API_VERSION, kind.name, ns)
+    return sum(
+        any(c.get("reason") == "Unschedulable" for c in (f.get("status") or {}).get("conditions") or []) for f in ftjs
+    )

@@ -1,36 +1,27 @@
-"""The ServingDeployment burst of the operator-at-scale benchmark (`operator_scale.py --kind servingdeployment`):
-the operator runs; one client creates N ServingDeployments as fast as it can; the time until every one has its
-first status with an endpoint (its children applied and its status written: reconciled), then, once the
-operator has gone quiet (its reconcile count unchanged for QUIET_SECONDS: the Deployments' and pods' own
-changes handled), the reconciles, the operator's CPU, the children beyond one of each kind, and the writes
-the apiserver counted (its apiserver_request_total: status patches, creates refused as already there, updates)
-per ServingDeployment. The sandbox has no TPU nodes: the pods stay Pending, which is all the operator needs.
+"""The ServingDeployment kind of the operator-at-scale benchmark (--kind servingdeployment): the objects, the
+writes the operator makes for each (from the serving controller's own decisions: the claims, Service and
+Deployment, the status with the endpoint, the Events), handled once its first status with an endpoint arrives
+(its children applied and its status written: reconciled); and what the apiserver counted of the operator's
+requests (its apiserver_request_total: status patches, creates refused as already there, updates, reads) per
+ServingDeployment. The sandbox has no TPU nodes: the pods stay Pending, which is all the operator needs.
 """
 
 from __future__ import annotations
 
-import argparse
-import threading
-import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from benchmarks.scale.observe import cpu_by_process, cpu_spent, metric, percentile
-from benchmarks.scale.processes import OperatorProcess
-from benchmarks.scale.workload import namespace
+from benchmarks.scale.workload import Kind, Writes
 from kubernetes import client
 
+from tpuforge import api
 from tpuforge.api.constants import API_VERSION, LABEL_SERVING, SERVING_KIND
+from tpuforge.controllers.serving import plan
 from tpuforge.kube import client as kube_client
-from tpuforge.kube import objects as kube_objects
-from tpuforge_sandbox import Sandbox, wait_for
 
-API_CONCURRENCY = 128  # the burst's client threads, as the FineTuneJob burst's
-QUIET_SECONDS = 10.0
-CHILD_KINDS = {"Deployment": "apps/v1", "Service": "v1", "PersistentVolumeClaim": "v1"}
-# The writes counted, (verb, resource, subresource, code): the operator is their only writer here.
+Obj = dict[str, Any]
+
+# The requests counted, (verb, resource, subresource, code): the operator is their only maker here.
 WRITES = {
     "status_patches": ("PATCH", "servingdeployments", "status", "200"),
     "status_conflicts": ("PATCH", "servingdeployments", "status", "409"),
@@ -43,7 +34,7 @@ CHILD_RESOURCES = {"deployments", "services", "persistentvolumeclaims"}
 READ_RESOURCES = CHILD_RESOURCES | {"servingdeployments", "finetunejobs"}
 
 
-def servingdeployment(ns: str, name: str) -> dict[str, Any]:
+def servingdeployment(ns: str, name: str) -> Obj:
     return {
         "apiVersion": API_VERSION,
         "kind": SERVING_KIND,
@@ -56,45 +47,37 @@ def servingdeployment(ns: str, name: str) -> dict[str, Any]:
     }
 
 
-class Reconciled:
-    """Local receive time of each ServingDeployment's first status with an endpoint (a LIST, then a WATCH that
-    resumes where it broke off)."""
+def servingdeployment_writes(sdep: Obj) -> Writes:
+    """What the operator writes for a new ServingDeployment, from the serving controller's decisions: the
+    children in order, then the status it computes from the new Deployment (no pods yet), then its Events."""
+    meta = sdep["metadata"]
+    observed = plan.Observed(
+        meta["namespace"], meta["name"], meta["uid"], 1, sdep["spec"], api.ServingDeploymentStatus()
+    )
+    p = plan.plan_children(observed)
+    t = p.target
+    if t is None:
+        raise RuntimeError(f"the operator would not serve the benchmark's ServingDeployment: {p.status}")
+    p = plan.plan_status(observed, p, t, plan.Replicas(t.objects[-1], []))
+    status = p.status.model_dump(mode="json", by_alias=True)
+    return Writes([[o] for o in t.objects], status, list(p.events))
 
-    def __init__(self, api: client.ApiClient, ns: str):
-        self.seen: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._api, self._ns = api, ns
-        _, version = kube_objects.list_collection(api, API_VERSION, SERVING_KIND, ns)
-        threading.Thread(target=self._run, args=(version,), daemon=True).start()
 
-    def _run(self, version: str) -> None:
-        while not self._stop.is_set():
-            try:
-                for event in kube_client.WatchStream(
-                    self._api, API_VERSION, SERVING_KIND, self._ns, version, timeout_seconds=60
-                ):
-                    obj = event["object"]
-                    if event["type"] == "ERROR":
-                        raise RuntimeError(f"watch error: {obj}")
-                    version = obj["metadata"]["resourceVersion"]
-                    if (obj.get("status") or {}).get("endpoint"):
-                        self.seen.setdefault(obj["metadata"]["name"], time.monotonic())
-                    if self._stop.is_set():
-                        return
-            except Exception as exc:  # a dropped stream: resume from the last version seen
-                print(f"  (watch: {exc}; resuming)", flush=True)
-                time.sleep(0.2)
+def reconciled(sdep: Obj) -> str | None:
+    """A ServingDeployment is handled once its status has an endpoint."""
+    return sdep["metadata"]["name"] if (sdep.get("status") or {}).get("endpoint") else None
 
-    def wait(self, names: set[str], timeout: float) -> float:
-        try:
-            wait_for(lambda: names <= self.seen.keys(), timeout, f"{len(names)} reconciled", interval=0.05)
-        except TimeoutError:
-            missing = sorted(names - self.seen.keys())
-            raise TimeoutError(f"{len(missing)} of {len(names)} not reconciled, e.g. {missing[:3]}") from None
-        return max(self.seen[n] for n in names)
 
-    def stop(self) -> None:
-        self._stop.set()
+SERVINGDEPLOYMENT = Kind(
+    name=SERVING_KIND,
+    label=LABEL_SERVING,
+    manifest=servingdeployment,
+    writes=servingdeployment_writes,
+    done_what="its status with an endpoint",
+    done_api_version=API_VERSION,
+    done_kind=SERVING_KIND,
+    done_owner=reconciled,
+)
 
 
 def apiserver_requests(api: client.ApiClient) -> Counter[tuple[str, str, str, str]]:
@@ -123,84 +106,3 @@ def writes(before: Counter[tuple[str, str, str, str]], after: Counter[tuple[str,
 
     delta = after - before
     return {name: sum(n for k, n in delta.items() if matches(k, want)) for name, want in WRITES.items()}
-
-
-def duplicates(api: client.ApiClient, ns: str, names: list[str]) -> int:
-    """Children beyond one of each kind per ServingDeployment (the PVCs: the model's and the XLA cache's)."""
-    extra = 0
-    for kind, api_version in CHILD_KINDS.items():
-        counts = Counter(
-            o["metadata"]["labels"][LABEL_SERVING]
-            for o in kube_objects.list_objects(api, api_version, kind, ns, LABEL_SERVING)
-        )
-        each = 2 if kind == "PersistentVolumeClaim" else 1
-        extra += sum(c - each for c in counts.values() if c > each)
-        missing = [n for n in names if n not in counts]
-        if missing:
-            raise RuntimeError(f"{len(missing)} ServingDeployments have no {kind}, e.g. {missing[:3]}")
-    return extra
-
-
-def quiet(operator: OperatorProcess, timeout: float = 600) -> float:
-    """Wait until the operator's reconcile count has not moved for QUIET_SECONDS; the count."""
-    last, since, deadline = -1.0, time.monotonic(), time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        now = metric(operator.port, "tpuforge_reconcile_total")
-        if now != last:
-            last, since = now, time.monotonic()
-        elif time.monotonic() - since >= QUIET_SECONDS:
-            return now
-        time.sleep(1.0)
-    return last
-
-
-def measure(api: client.ApiClient, sandbox: Sandbox, tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
-    n = args.jobs
-    ns = namespace(api, "bench-serving")
-    operator = OperatorProcess(sandbox, tmp / "operator.log", [ns])
-    try:
-        reconciled = Reconciled(api, ns)
-        names = [f"sd-{i:05d}" for i in range(n)]
-        print(f"burst: {n} ServingDeployments ...", flush=True)
-        cpu0, requests0, others0 = operator.cpu_seconds(), apiserver_requests(api), cpu_by_process()
-        sent: dict[str, float] = {}
-
-        def create(name: str) -> None:
-            sent[name] = time.monotonic()
-            kube_objects.create(api, servingdeployment(ns, name))
-
-        start = time.monotonic()
-        with ThreadPoolExecutor(API_CONCURRENCY) as pool:
-            list(pool.map(create, names))
-        created = time.monotonic() - start
-        burst = reconciled.wait(set(names), 1200) - start
-        burst_cpu = operator.cpu_seconds() - cpu0
-        latencies = sorted(reconciled.seen[x] - sent[x] for x in names)
-        reconciles_burst = metric(operator.port, "tpuforge_reconcile_total")
-        print(f"  created in {created:.1f} s; every one reconciled after {burst:.1f} s", flush=True)
-        print(f"  settling: until no reconcile for {QUIET_SECONDS:.0f} s ...", flush=True)
-        reconciles = quiet(operator)
-        settled_cpu = operator.cpu_seconds() - cpu0
-        counted = writes(requests0, apiserver_requests(api))
-        reconciled.stop()
-        return {
-            "kind": SERVING_KIND,
-            "servingdeployments": n,
-            "created_seconds": round(created, 2),
-            "burst_seconds": round(burst, 2),
-            "burst_latency_p50_seconds": round(percentile(latencies, 50), 3),
-            "burst_latency_p99_seconds": round(percentile(latencies, 99), 3),
-            "operator_cpu_seconds_burst": round(burst_cpu, 1),
-            "operator_cpu_seconds_settled": round(settled_cpu, 1),
-            "operator_cpu_ms_per_object_settled": round(settled_cpu * 1000 / n, 1),
-            "operator_rss_mb_peak": round(operator.peak_rss_mb(), 1),
-            "cpu_seconds_burst_and_settling": cpu_spent(others0),
-            "reconciles_burst": reconciles_burst,
-            "reconciles_settled": reconciles,
-            "reconcile_conflicts": metric(operator.port, "tpuforge_reconcile_conflicts_total"),
-            "apiserver_requests": counted,
-            "apiserver_requests_per_object": {k: round(v / n, 2) for k, v in counted.items()},
-            "duplicates": duplicates(api, ns, names),
-        }
-    finally:
-        operator.stop()

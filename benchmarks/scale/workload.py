@@ -1,27 +1,70 @@
-"""The load of the operator-at-scale benchmark: the FineTuneJobs it creates (in a burst, as fast as one client
-can, or at a steady rate), and the baseline, one client making the writes that the operator makes for each
-FineTuneJob, as the operator's own decision code computes them."""
+"""The load of the operator-at-scale benchmark: a Kind (what is created, and what the operator writes for each
+one, from its own decision code), the FineTuneJob kind, and the load itself: the objects created in a burst (as
+fast as one client can) or at a steady rate, and the baseline, one client making the operator's writes."""
 
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from benchmarks.scale.observe import JobWatch, cpu_by_process, cpu_spent
+from benchmarks.scale.observe import Arrivals, cpu_by_process, cpu_spent
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from tpuforge.api import FineTuneJobStatus
-from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
+from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND, LABEL_FINETUNEJOB
 from tpuforge.controllers.finetune.controller import API_CONCURRENCY, creation_groups
-from tpuforge.controllers.finetune.plan import Event, Observed, plan, status_patch
+from tpuforge.controllers.finetune.plan import Observed, plan, status_patch
+from tpuforge.kube import client as kube_client
 from tpuforge.kube import events as kube_events
 from tpuforge.kube import objects as kube_objects
-from tpuforge.manifests.finetune_common import train_job_name
+from tpuforge_sandbox.agent.agent import CONTAINERS_PLAYED
+
+Obj = dict[str, Any]
 
 
-def spec(name: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Writes:
+    """What the operator writes for one new object: its children in creation groups (one after the other),
+    its status patch and its Events (type, reason, message)."""
+
+    groups: list[list[Obj]]
+    status: Obj
+    events: list[tuple[str, str, str]]
+
+    @property
+    def count(self) -> int:
+        return sum(len(g) for g in self.groups) + 1 + len(self.events)
+
+    def children(self) -> Counter[tuple[str, str]]:
+        """(apiVersion, kind) -> how many of each."""
+        return Counter((o["apiVersion"], o["kind"]) for g in self.groups for o in g)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind the benchmark bursts: how to make one, what the operator writes for it, and the event that says
+    the operator has handled it (an object of `done_kind` for which `done_owner` names the owner)."""
+
+    name: str
+    label: str  # on the operator's children and their pods: the owner's name
+    manifest: Callable[[str, str], Obj]  # (namespace, name) -> the object to create
+    writes: Callable[[Obj], Writes]  # for the object as created
+    done_what: str  # e.g. "its training Job"
+    done_api_version: str
+    done_kind: str
+    done_owner: Callable[[Obj], str | None]
+
+    def arrivals(self, api: client.ApiClient, ns: str) -> Arrivals:
+        return Arrivals(api, ns, self.done_api_version, self.done_kind, self.done_owner)
+
+
+def spec(name: str) -> Obj:
     return {
         "model": {"name": "gemma4-31b", "uri": "gs://bench/models/gemma4-31b"},
         "dataset": {"uri": "gs://bench/data/train.jsonl"},
@@ -37,7 +80,7 @@ def spec(name: str) -> dict[str, Any]:
     }
 
 
-def finetunejob(namespace: str, name: str) -> dict[str, Any]:
+def finetunejob(namespace: str, name: str) -> Obj:
     return {
         "apiVersion": API_VERSION,
         "kind": FINETUNEJOB_KIND,
@@ -46,59 +89,94 @@ def finetunejob(namespace: str, name: str) -> dict[str, Any]:
     }
 
 
-def namespace(api: client.ApiClient, name: str) -> str:
-    kube_objects.create(api, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
-    return name
-
-
-def operator_writes(ftj: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any], list[Event]]:
-    """What the operator writes for a new FineTuneJob, from its own decision code: the children, the status
-    patch and the Events."""
+def finetunejob_writes(ftj: Obj) -> Writes:
+    """What the operator writes for a new FineTuneJob, from its own decision code."""
     meta = ftj["metadata"]
     observed = Observed(meta["namespace"], meta["name"], meta["uid"], 1, ftj["spec"], FineTuneJobStatus())
     decided = plan(observed, datetime.now(UTC))
-    return decided.create, status_patch(FineTuneJobStatus(), decided.status), decided.events
+    events = [(e.type, e.reason, e.message) for e in decided.events]
+    return Writes(creation_groups(decided.create), status_patch(FineTuneJobStatus(), decided.status), events)
 
 
-def run_baseline(api: client.ApiClient, n: int, ns_name: str) -> tuple[float, int, dict[str, float]]:
-    """One client makes the operator's writes for n FineTuneJobs (created beforehand, untimed): per job the
-    children (those a pod needs first), the status, the Event. Returns the time, the writes per job and the
-    CPU seconds of the writes (see cpu_by_process)."""
-    ns = namespace(api, ns_name)
+def training_job_owner(job: Obj) -> str | None:
+    """A Job's FineTuneJob: the only Jobs here are training Jobs (the preflight is off)."""
+    return (job["metadata"].get("labels") or {}).get(LABEL_FINETUNEJOB)
+
+
+FINETUNEJOB = Kind(
+    name=FINETUNEJOB_KIND,
+    label=LABEL_FINETUNEJOB,
+    manifest=finetunejob,
+    writes=finetunejob_writes,
+    done_what="its training Job",
+    done_api_version="batch/v1",
+    done_kind="Job",
+    done_owner=training_job_owner,
+)
+
+
+def namespace(api: client.ApiClient, name: str) -> str:
+    """A namespace whose pods the node agent places (or reports unschedulable) but does not run: on a sandbox
+    with TPU nodes, a training or serving pod that fits must not start a trainer or vLLM here."""
+    key, value = CONTAINERS_PLAYED.split("=")
+    body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": {key: value}}}
+    kube_objects.create(api, body)
+    return name
+
+
+def create(api: client.ApiClient, obj: Obj) -> Obj:
+    """Create `obj`; the object as stored. A create that the client retried after losing the answer (a
+    timeout on a starved apiserver) finds its own first try there: that counts as the write."""
+    try:
+        return kube_objects.create(api, obj)
+    except ApiException as exc:
+        if not kube_client.is_already_exists(exc):
+            raise
+    found = kube_objects.get(api, obj["apiVersion"], obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+    if found is None:
+        raise RuntimeError(f"{obj['kind']} {obj['metadata']['name']} was said to exist, then was not there")
+    return found
+
+
+def run_baseline(api: client.ApiClient, kind: Kind, n: int, ns: str) -> tuple[float, int, dict[str, float]]:
+    """One client makes the operator's writes for n objects (created beforehand, untimed): per object its
+    children, group after group, then the status, then the Events, with as many threads as the operator makes
+    API calls at once. Returns the time, the writes per object and the CPU seconds of the writes."""
     with ThreadPoolExecutor(API_CONCURRENCY) as pool:
-        ftjs = list(pool.map(lambda i: kube_objects.create(api, finetunejob(ns, f"base-{i:05d}")), range(n)))
-    work = [(ftj, *operator_writes(ftj)) for ftj in ftjs]
+        objs = list(pool.map(lambda i: create(api, kind.manifest(ns, f"base-{i:05d}")), range(n)))
+    work = [(obj, kind.writes(obj)) for obj in objs]
 
-    def write(ftj: dict[str, Any], children: list[dict[str, Any]], status: dict[str, Any], events: list[Event]) -> None:
-        for group in creation_groups(children):
-            for obj in group:
-                kube_objects.create(api, obj)
-        kube_objects.patch_status(api, ftj, status, ftj["metadata"]["resourceVersion"])
-        for e in events:
-            kube_events.post_event(api, ftj, e.type, e.reason, e.message)
+    def write(obj: Obj, w: Writes) -> None:
+        for group in w.groups:
+            for child in group:
+                create(api, child)
+        kube_objects.patch_status(api, obj, w.status, obj["metadata"]["resourceVersion"])
+        for type_, reason, message in w.events:
+            kube_events.post_event(api, obj, type_, reason, message)
 
     start, cpu = time.monotonic(), cpu_by_process()
     with ThreadPoolExecutor(API_CONCURRENCY) as pool:
-        list(pool.map(lambda w: write(*w), work))
-    per_job = len(work[0][1]) + 1 + len(work[0][3])
-    return time.monotonic() - start, per_job, cpu_spent(cpu)
+        list(pool.map(lambda job: write(*job), work))
+    return time.monotonic() - start, work[0][1].count, cpu_spent(cpu)
 
 
-def create_all(api: client.ApiClient, ns: str, names: list[str]) -> dict[str, float]:
-    """Create the FineTuneJobs as fast as one client can; when each create was sent."""
+def create_all(api: client.ApiClient, kind: Kind, ns: str, names: list[str]) -> dict[str, float]:
+    """Create the objects as fast as one client can; when each create was sent."""
     sent: dict[str, float] = {}
 
     def one(name: str) -> None:
         sent[name] = time.monotonic()
-        kube_objects.create(api, finetunejob(ns, name))
+        create(api, kind.manifest(ns, name))
 
     with ThreadPoolExecutor(API_CONCURRENCY) as pool:
         list(pool.map(one, names))
     return sent
 
 
-def run_steady(api: client.ApiClient, jobs: JobWatch, ns: str, rate: float, duration: float) -> list[float]:
-    names = [f"steady-{i:05d}" for i in range(int(rate * duration))]
+def run_steady(
+    api: client.ApiClient, kind: Kind, arrivals: Arrivals, ns: str, names: list[str], rate: float
+) -> list[float]:
+    """Create `names` at `rate` per second; each one's latency from its create to the operator's handling."""
     sent: dict[str, float] = {}
     start = time.monotonic()
     with ThreadPoolExecutor(8) as pool:
@@ -107,7 +185,6 @@ def run_steady(api: client.ApiClient, jobs: JobWatch, ns: str, rate: float, dura
             if delay > 0:
                 time.sleep(delay)
             sent[name] = time.monotonic()
-            pool.submit(kube_objects.create, api, finetunejob(ns, name))
-    wanted = {train_job_name(n, 0) for n in names}
-    jobs.wait(wanted, 120)
-    return sorted(jobs.seen[train_job_name(n, 0)] - sent[n] for n in names)
+            pool.submit(create, api, kind.manifest(ns, name))
+    arrivals.wait(set(names), 120)
+    return sorted(arrivals.seen[n] - sent[n] for n in names)
