@@ -15,6 +15,7 @@ from tpuforge.api import CheckerSpec, CodeEvalSpec, LoraSpec, MeshSpec, Training
 from tpuforge.api.configs import EvalConfig
 from tpuforge_workloads.data.records import DatasetError
 from tpuforge_workloads.evaluate.answers import AnswerError, Samples, max_lora_rank
+from tpuforge_workloads.evaluate.check import unreadable_source
 from tpuforge_workloads.evaluate.config import EvalInputError
 from tpuforge_workloads.evaluate.records import read_examples
 from tpuforge_workloads.evaluate.sample import problems, sample_lines
@@ -300,3 +301,21 @@ def test_a_code_pattern_that_is_not_a_regex_is_named_before_any_model_loads(tmp_
     cfg = _config(metrics=["passAtK"], code=code, dataset_uri=str(path))
     with pytest.raises(EvalInputError, match=r"e.jsonl:1: test.codePattern 'module \(TopModule' is not a regular"):
         problems(cfg)
+
+
+def test_a_checker_source_the_samples_uids_cannot_read_is_refused_before_any_sample_runs(tmp_path: Path) -> None:
+    # A checkout under a 0700 folder (mktemp -d, a private home): every sample would fail importing the checker,
+    # blamed on the sample; the checker says which folder to open instead.
+    root = tmp_path / "private" / "workloads"
+    root.mkdir(parents=True)
+    for d in (tmp_path, root.parent, root):
+        d.chmod(0o755)
+    # (pytest's own folders above may be 0700: only the nearest shut folder is named)
+    assert f"{root.parent} does not let" not in (unreadable_source(root) or "")
+    root.parent.chmod(0o700)
+    try:
+        why = unreadable_source(root)
+        assert why is not None and f"{root.parent} does not let other users in (mode 700)" in why
+        assert "chmod o+rx" in why
+    finally:
+        root.parent.chmod(0o755)

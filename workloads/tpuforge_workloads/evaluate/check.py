@@ -277,7 +277,23 @@ def cannot_confine() -> str | None:
             f"{os.geteuid()} without them: an admission policy or a mutating webhook changed the `check` "
             f"container's securityContext; exempt it (runAsUser: 0, capabilities.add: [SETUID, SETGID])"
         )
-    return None
+    return unreadable_source(Path(PACKAGE_ROOT))
+
+
+def unreadable_source(root: Path) -> str | None:
+    """Why the samples' uids cannot import the checker's own modules from `root` (every directory above it must
+    let other users pass, and `root` itself be readable), or None. Without this every sample would fail with an
+    ImportError, blamed on the sample."""
+    shut = [d for d in [root, *root.parents] if not d.stat().st_mode & stat.S_IXOTH]
+    if not root.stat().st_mode & stat.S_IROTH:
+        shut.insert(0, root)
+    if not shut:
+        return None
+    return (
+        f"the checker runs each sample under a user id of its own, which imports the checker's modules from "
+        f"{root}; {shut[0]} does not let other users in (mode {stat.S_IMODE(shut[0].stat().st_mode):o}): "
+        f"chmod o+rx it, or install the project where other users can read it"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
