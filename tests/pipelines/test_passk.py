@@ -80,7 +80,8 @@ def test_the_adapter_that_learnt_the_solutions_passes_and_is_promoted_the_broken
             "metrics": ["exactMatch", "passAtK"],
             "maxNewTokens": CODE["maxNewTokens"],
             "code": CODE,
-            "thresholds": {"minPassAt": {"1": 0.5}},
+            # an exact 95% interval over 4 problems reaches 0.40 at best (4 of 4): a threshold it can show
+            "thresholds": {"minPassAt": {"1": 0.35}},
             "slice": "cpu",
         }
         return cluster.create(name, **spec)
@@ -100,7 +101,7 @@ def test_the_adapter_that_learnt_the_solutions_passes_and_is_promoted_the_broken
     assert good["resultDisplay"] == f"Passed (pass@1 {good['metrics']['pass@1']:.2f})"
     assert bad["metrics"]["pass@1"] < 0.5, f"{bad}\n{report_head(bad)}"
     assert bad["passed"] is False and bad["resultDisplay"].startswith("Failed (pass@1"), bad
-    assert "minPassAt.1 0.50" in bad["message"], bad
+    assert "minPassAt.1 0.35" in bad["message"], bad
 
     # The report: per problem, each sample's code and the checker's verdict and output.
     lines = [json.loads(x) for x in storage.read_text(f"{good['reportUri']}/report.jsonl").splitlines()]
