@@ -128,7 +128,7 @@ def crd(kind: Kind) -> dict[str, Any]:
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": f"{kind.plural}.{c.GROUP}",
+            "name": crd_name(kind),
             "labels": {c.LABEL_PART_OF: "tpuforge", "tpuforge.dev/version": c.PROJECT_VERSION},
         },
         "spec": {
@@ -171,6 +171,7 @@ def crd(kind: Kind) -> dict[str, Any]:
 
 # --- The CRDs on a cluster ---------------------------------------------------------------------------------
 
+CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 APPLY_PATCH = "application/apply-patch+yaml"
 FIELD_MANAGER = "tpuforge-crds"
 _MAX_PATHS = 6
@@ -234,7 +235,7 @@ def apply_crds(kubeconfig: str | None, context: str | None) -> int:
 
     kube_client.configure(kubeconfig, context)
     api = kube_client.api_client()
-    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    path = CRD_PATH
     for kind in KINDS:
         query = {"fieldManager": FIELD_MANAGER, "force": "true"}
         kube_client.request(

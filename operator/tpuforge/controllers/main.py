@@ -142,7 +142,7 @@ def served_crd_drift() -> list[str]:
     """Each CRD the apiserver serves that is not the one this operator was built with (tpuforge.crds builds
     them from the same models): an old schema would prune the fields a newer operator writes."""
     api = kube_client.api_client()
-    path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+    path = crds.CRD_PATH
     out = []
     for kind in KINDS:
         query = {"fieldSelector": f"metadata.name={crds.crd_name(kind)}"}  # a list: the operator's permission
