@@ -59,16 +59,19 @@ env_lines() {  # the environment that runs the project from the bundle, machine 
   local bundle site
   bundle=$(cd "$1" && pwd)
   site=$("$PYTHON" -c 'import site, sys; print(":".join(site.getsitepackages() + [site.getusersitepackages()]))')
-  echo "export PYTHONPATH=$site:$bundle/site:$bundle/repo/operator:$bundle/repo/workloads:$bundle/repo"
+  # What PYTHONPATH already names stays first (a TPU image may keep its JAX there, not in site-packages).
+  echo "export PYTHONPATH=\${PYTHONPATH:+\$PYTHONPATH:}$site:$bundle/site:$bundle/repo/operator:$bundle/repo/workloads:$bundle/repo"
   echo "export ALLOW_MULTIPLE_LIBTPU_LOAD=1"
 }
 
 install() {
   local bundle=$1
   [[ -d $bundle/wheels ]] || { echo "no $bundle/wheels: run 'prepare' where there is a package index" >&2; exit 2; }
-  "$PYTHON" -m pip install --no-index --no-deps --target "$bundle/site" "$bundle"/wheels/*.whl
+  # --isolated with no config file: a pip.conf naming an unreachable index is not consulted.
+  local pip=(env PIP_CONFIG_FILE=/dev/null "$PYTHON" -m pip install --isolated -q --no-deps --no-compile --no-cache-dir)
+  "${pip[@]}" --no-index --target "$bundle/site" "$bundle"/wheels/*.whl
   if [[ -n ${LOCAL_INDEX:-} ]]; then
-    "$PYTHON" -m pip install --no-deps --index-url "$LOCAL_INDEX" --target "$bundle/site" "${LARGE[@]}"
+    "${pip[@]}" --only-binary=:all: --index-url "$LOCAL_INDEX" --target "$bundle/site" "${LARGE[@]}"
   fi
   env_lines "$bundle" > "$bundle/env.sh"
   # shellcheck disable=SC1091

@@ -7,7 +7,11 @@ line per measurement with its name, command, exit code and seconds; each measure
 <name>.jsonl; its output in <name>.log). scripts/tpu-offline.sh runs this on the TPU machine
 (docs/tpu-offline.md); on CPU, `--tiny` runs the same plan at tiny shapes.
 
-    python -m benchmarks.chip.session --out DIR [--only NAME,...|GROUP] [--tiny] [--deadline S] [--list]
+    python -m benchmarks.chip.session --out DIR [--only NAME,...|GROUP] [--tiny] [--deadline S] [--budget S]
+        [--list]
+
+`--budget S`: the whole session's seconds (a lease on a chip is short): each measurement's deadline is capped at
+what is left, and one that would start with less than a minute left is recorded as skipped, not started.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,9 +37,10 @@ class Measurement:
     deadline_s: float
 
 
-def _throughput(layers: int, seq: int, batch: int = 1, remat: bool = True) -> Measurement:
-    name = f"throughput-31b-{layers}x{seq}-b{batch}" + ("" if remat else "-noremat")
-    args = ["benchmarks.train_throughput", "--model", "gemma4-31b", "--layers", str(layers), "--seq", str(seq)]
+def _throughput(layers: int, seqs: str, batch: int = 1, remat: bool = True) -> Measurement:
+    """The 31B's first `layers` at each of `seqs` (comma-separated): one process, one baseline, a child each."""
+    name = f"throughput-31b-{layers}x{seqs.replace(',', '-')}-b{batch}" + ("" if remat else "-noremat")
+    args = ["benchmarks.train_throughput", "--model", "gemma4-31b", "--layers", str(layers), "--seq", seqs]
     args += ["--batch", str(batch), "--steps", "8", "--warmup", "2", "--json", "{out}", "--timeout", "540"]
     return Measurement(name, "throughput", (*args, *([] if remat else ["--no-remat"])), 600)
 
@@ -52,18 +58,16 @@ def plan(tiny: bool = False) -> list[Measurement]:
             Measurement("splash-tiny", "splash", ("benchmarks.chip.splash_check", "--tiny", "--json", "{out}"), 300),
         ]
     out = [
-        _throughput(6, 2048),
-        _throughput(6, 3072),
-        _throughput(12, 2048),
-        _throughput(6, 2048, remat=False),
-        _throughput(2, 2048, batch=2),
+        # 12 of the 31B's layers hold more than one chip's HBM in weights alone (the preflight grid shows it).
+        _throughput(6, "2048,3072"),
+        _throughput(6, "2048", batch=2),
+        _throughput(6, "2048", remat=False),
         Measurement("build-31b-6", "build", ("benchmarks.chip.build_memory", "--layers", "6", "--json", "{out}"), 600),
         Measurement("splash-31b", "splash", ("benchmarks.chip.splash_check", "--json", "{out}"), 600),
     ]
-    for layers in (2, 4, 6):
-        for seq in (2048, 4096):
-            grid = ("benchmarks.chip.preflight_vs_chip", "--side", "chip", "--layers", str(layers), "--seq", str(seq))
-            out.append(Measurement(f"preflight-chip-{layers}x{seq}", "preflight", (*grid, "--json", "{out}"), 600))
+    # The grid only compiles (nothing runs on the chip), so one process opens the chip once for all six cells.
+    grid = ("benchmarks.chip.preflight_vs_chip", "--side", "chip", "--layers", "2,4,6", "--seq", "2048,4096")
+    out.append(Measurement("preflight-chip", "preflight", (*grid, "--json", "{out}"), 600))
     for model in ("gemma4-tiny", "qwen3-tiny"):
         resume = ("--model", model, "--steps", "300", "--kill-at", "110", "--json", "{out}")
         out.append(Measurement(f"trainer-{model}", "trainer", ("benchmarks.chip.trainer_resume", *resume), 900))
@@ -91,10 +95,16 @@ def run(m: Measurement, out: Path, deadline_s: float | None = None) -> dict[str,
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     started = time.monotonic()
     with open(out / f"{m.name}.log", "w") as log:
+        # A process group of its own: at the deadline the measurement's children (the trainer runs the
+        # resume check starts) go with it, so none is left holding the chip for the next measurement.
+        child = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True
+        )
         try:
-            done = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env, timeout=deadline)
-            code: int | str = done.returncode
+            code: int | str = child.wait(timeout=deadline)
         except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
             code = f"deadline {deadline:.0f} s"
     record: dict[str, object] = {
         "name": m.name,
@@ -109,12 +119,23 @@ def run(m: Measurement, out: Path, deadline_s: float | None = None) -> dict[str,
     return record
 
 
+MIN_START_S = 60.0  # a measurement started with less than this left of the budget would only open the chip
+
+
+def skipped(m: Measurement, out: Path, left: float) -> None:
+    """Record a measurement the budget left no time for, so results.jsonl names every one of the plan."""
+    record = {"name": m.name, "group": m.group, "exit": f"skipped: {max(left, 0):.0f} s of the budget left"}
+    with open(out / "results.jsonl", "a") as f:
+        f.write(json.dumps({**record, "seconds": 0, "rows": []}) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="directory for results.jsonl, <name>.jsonl and <name>.log")
     ap.add_argument("--only", help="comma-separated measurement names or groups (default: all)")
     ap.add_argument("--tiny", action="store_true", help="the plan at tiny shapes (a CPU host)")
     ap.add_argument("--deadline", type=float, help="cap every measurement's deadline at this many seconds")
+    ap.add_argument("--budget", type=float, help="the whole session's seconds: deadlines capped at what is left")
     ap.add_argument("--list", action="store_true", help="print the plan and exit")
     args = ap.parse_args(argv)
     try:
@@ -129,8 +150,18 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     failed = 0
+    ends = time.monotonic() + args.budget if args.budget else None
     for m in chosen:
-        record = run(m, out, args.deadline)
+        deadline = args.deadline
+        if ends is not None:
+            left = ends - time.monotonic()
+            if left < MIN_START_S:
+                skipped(m, out, left)
+                print(f"{m.name}: skipped, {left:.0f} s of the budget left", flush=True)
+                failed += 1
+                continue
+            deadline = min(deadline, left) if deadline else left
+        record = run(m, out, deadline)
         failed += record["exit"] != 0
         rows = record["rows"]
         print(f"{m.name}: exit {record['exit']} in {record['seconds']} s, {len(rows)} rows", flush=True)  # type: ignore[arg-type]
