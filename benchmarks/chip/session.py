@@ -63,11 +63,14 @@ def plan(tiny: bool = False) -> list[Measurement]:
         _throughput(6, "2048", batch=2),
         _throughput(6, "2048", remat=False),
         Measurement("build-31b-6", "build", ("benchmarks.chip.build_memory", "--layers", "6", "--json", "{out}"), 600),
-        Measurement("splash-31b", "splash", ("benchmarks.chip.splash_check", "--json", "{out}"), 600),
     ]
-    # The grid only compiles (nothing runs on the chip), so one process opens the chip once for all six cells.
-    grid = ("benchmarks.chip.preflight_vs_chip", "--side", "chip", "--layers", "2,4,6", "--seq", "2048,4096")
-    out.append(Measurement("preflight-chip", "preflight", (*grid, "--json", "{out}"), 600))
+    for kind in ("sliding", "global"):  # about 50 s a case on the chip: each kind a measurement of its own
+        splash = ("benchmarks.chip.splash_check", "--cases", kind, "--json", "{out}")
+        out.append(Measurement(f"splash-31b-{kind}", "splash", splash, 600))
+    # The grid only compiles (nothing runs on the chip): one process opens the chip once for the three cuts.
+    for seq in (2048, 4096):
+        grid = ("benchmarks.chip.preflight_vs_chip", "--side", "chip", "--layers", "2,4,6", "--seq", str(seq))
+        out.append(Measurement(f"preflight-chip-{seq}", "preflight", (*grid, "--json", "{out}"), 600))
     for model in ("gemma4-tiny", "qwen3-tiny"):
         resume = ("--model", model, "--steps", "300", "--kill-at", "110", "--json", "{out}")
         out.append(Measurement(f"trainer-{model}", "trainer", ("benchmarks.chip.trainer_resume", *resume), 900))

@@ -90,10 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU: interpret mode)")
     ap.add_argument("--seq", type=int, help="row length (default 4096; --tiny 256)")
+    ap.add_argument("--cases", help="comma-separated layer kinds to check (default: all)")
     ap.add_argument("--json", help="append each case's row here")
     args = ap.parse_args(argv)
     t = args.seq or (256 if args.tiny else 4096)
-    for name, (heads, kv, dim, window) in (TINY if args.tiny else CASES).items():
+    cases = TINY if args.tiny else CASES
+    wanted = args.cases.split(",") if args.cases else list(cases)
+    if unknown := set(wanted) - set(cases):
+        ap.error(f"--cases: {', '.join(sorted(unknown))} unknown; known: {', '.join(cases)}")
+    for name, (heads, kv, dim, window) in ((n, cases[n]) for n in wanted):
         for packed in (False, True):
             row = check(name, heads, kv, dim, window, t, packed)
             print(json.dumps(row), flush=True)

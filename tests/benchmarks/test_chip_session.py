@@ -23,8 +23,8 @@ def test_the_plan_names_each_measurement_once_and_every_command_is_a_module() ->
     assert groups == {"throughput", "build", "preflight", "splash", "trainer"}
     trainer = [m.name for m in session.select(session.plan(), "trainer")]
     assert trainer == ["trainer-gemma4-tiny", "trainer-qwen3-tiny"]
-    assert [m.name for m in session.select(session.plan(), "splash-31b,trainer-qwen3-tiny")] == [
-        "splash-31b",
+    assert [m.name for m in session.select(session.plan(), "splash-31b-global,trainer-qwen3-tiny")] == [
+        "splash-31b-global",
         "trainer-qwen3-tiny",
     ]
     with pytest.raises(ValueError, match="--only: nothing not in the plan; known: build, "):

@@ -3,6 +3,7 @@ and a broken channel that never blocks the caller."""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import urllib.request
@@ -213,3 +214,20 @@ def test_skipped_records_reach_status_progress(tmp_path: Path) -> None:
     wire = progress.progress().to_wire()
     assert wire["skippedRecords"] == 3 and Progress.model_validate(wire).skipped_records == 3
     assert "skippedRecords" not in _progress(tmp_path, None).progress().to_wire()
+
+
+def test_a_restart_under_the_same_attempt_number_keeps_the_losses_before_it(tmp_path: Path) -> None:
+    # The trainer CLI run again on its checkpoints (or a container restarted in place) reuses the attempt
+    # number: the record of the run it resumes must stay, with the losses of the steps only that run took.
+    first = RunSummary.open(str(tmp_path), {}, attempt=0)
+    for step in range(1, 101):
+        first.record_loss(step, 1.0 / step)
+    first.write()
+    second = RunSummary.open(str(tmp_path), {}, attempt=0)
+    second.record_loss(101, 0.5)
+    second.write()
+    third = RunSummary.open(str(tmp_path), {}, attempt=1)
+    third.write()
+    attempts = json.loads((tmp_path / "run_summary.json").read_text())["attempts"]
+    assert [(a["attempt"], a.get("restart")) for a in attempts] == [(0, None), (0, 1), (1, None)]
+    assert len(attempts[0]["losses"]) == 100 and attempts[1]["losses"] == {"101": 0.5}

@@ -163,7 +163,9 @@ def _same(a: Progress, b: Progress) -> bool:
 @dataclass
 class RunSummary:
     """The run summary JSON: the config, and per attempt its steps, losses, timings and devices. Each
-    attempt appends itself to the file left by the previous ones."""
+    attempt appends itself to the file left by the previous ones. A process that starts again under the same
+    attempt number (a container restarted in place, the trainer CLI run again on the same checkpoints) is a
+    record of its own, numbered by `restart`: the record it follows keeps the losses only it saw."""
 
     uri: str
     config: dict[str, Any]
@@ -176,12 +178,13 @@ class RunSummary:
         previous: list[dict[str, Any]] = []
         try:
             if storage.is_file(uri):
-                previous = [
-                    a for a in json.loads(storage.read_text(uri)).get("attempts", []) if a.get("attempt") != attempt
-                ]
+                previous = list(json.loads(storage.read_text(uri)).get("attempts", []))
         except (storage.StorageError, ValueError) as e:
             log.warning("previous run summary %s unreadable (%s); starting a new one", uri, e)
-        return cls(uri, config, {"attempt": attempt, "started_at": now_rfc3339(), "losses": {}}, previous)
+        record: dict[str, Any] = {"attempt": attempt, "started_at": now_rfc3339(), "losses": {}}
+        if restarts := sum(a.get("attempt") == attempt for a in previous):
+            record["restart"] = restarts
+        return cls(uri, config, record, previous)
 
     def record_loss(self, step: int, loss: float) -> None:
         self.attempt["losses"][str(step)] = loss
