@@ -63,6 +63,15 @@ def trainer(c: TrainConfig, workdir: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def _logged_step(line: str, steps: int) -> int | None:
+    """The step a trainer log line reports ("step N/STEPS ..."), else None."""
+    marker = f"/{steps}"
+    for word in line.split():
+        if word.endswith(marker) and word[: -len(marker)].isdigit():
+            return int(word[: -len(marker)])
+    return None
+
+
 def losses(checkpoints: Path) -> tuple[dict[int, float], list[dict[str, Any]]]:
     attempts = json.loads((checkpoints / SUMMARY_FILE).read_text())["attempts"]
     merged: dict[int, float] = {}
@@ -87,11 +96,20 @@ def measure(model: str, steps: int, kill_at: int, every: int, workdir: Path) -> 
     killed = config(model, model_dir, data, workdir / "killed", steps, every)
     first = trainer(killed, workdir / "run-killed")
     assert first.stdout is not None
+    # Killed at the first step at or after `kill_at` once the checkpoint before it is committed (Orbax renames
+    # its step folder into place at commit): on a chip the steps outrun an asynchronous commit, and a kill
+    # before it would test a restart from step 0, not a resume.
+    checkpoint = workdir / "killed" / str(kill_at // every * every)
+    killed_after = None
     for line in first.stdout:
-        if f"step {kill_at}/{steps}" in line:
+        step = _logged_step(line, steps)
+        if step is not None and step >= kill_at and checkpoint.is_dir():
             first.send_signal(signal.SIGKILL)
+            killed_after = step
             break
     first.wait()
+    if killed_after is None:
+        return {"model": model, "error": f"the run ended (exit {first.returncode}) before {checkpoint} was committed"}
     second = trainer(killed, workdir / "run-resumed")
     log = second.communicate()[0]
     if second.returncode != 0:
@@ -103,8 +121,9 @@ def measure(model: str, steps: int, kill_at: int, every: int, workdir: Path) -> 
         "model": model,
         "platform": jax.devices()[0].platform,
         "steps": steps,
-        "killedAfterStep": kill_at,
+        "killedAfterStep": killed_after,
         "resumedAt": attempts[-1].get("start_step"),
+        "attempts": len(attempts),
         "missingSteps": sorted(set(range(1, steps + 1)) - set(got)),
         "maxRelDiff": max(diffs) if diffs else None,
         "identical": all(got[s] == want[s] for s in common),
