@@ -8,13 +8,20 @@ remat on, LoRA rank 64.
 - `--side chip` (on the TPU): the cut's whole step compiled for the chip itself, and whether libtpu fits it.
 
     python -m benchmarks.chip.preflight_vs_chip --side cpu|chip [--layers 2,4,6] [--seq 2048,4096] [--json out]
+        [--hlo DIR]
+
+`--hlo DIR`: also write each cut's lowered program (StableHLO text, gzipped) as DIR/<side>-<layers>x<seq>.mlir.gz
+and its sha256 in the row, to tell a difference of program from a difference of compiler between the sides.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import hashlib
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from benchmarks.train_throughput import decoder, layer_kinds, train_config
@@ -23,7 +30,7 @@ from tpuforge.api.catalog import TPU_SLICES
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.preflight import estimate as est
 from tpuforge_workloads.preflight.run import PROBES
-from tpuforge_workloads.preflight.step import GIB, CompiledStep, compile_train_step, with_layers
+from tpuforge_workloads.preflight.step import GIB, CompiledStep, compile_train_step, lower_train_step, with_layers
 
 SLICE = TPU_SLICES["v5litepod-1"]
 STEPS = 1000
@@ -47,7 +54,19 @@ def _row(side: str, cut: Any, seq: int, figures: est.PerChip, refused: bool, sec
     }
 
 
-def cpu_side(layers: list[int], seq: int) -> list[dict[str, Any]]:
+def lowered_text(cut: Any, seq: int, mesh: Any, side: str, hlo: Path) -> str:
+    """The cut's lowered train step, written gzipped under `hlo`; its sha256."""
+    import jax
+
+    with jax.set_mesh(mesh), mesh:
+        text = lower_train_step(cut, train_config("gemma4-31b", seq, 1, True, fsdp=1), mesh, STEPS)[0].as_text()
+    hlo.mkdir(parents=True, exist_ok=True)
+    with gzip.open(hlo / f"{side}-{cut.num_layers}x{seq}.mlir.gz", "wt") as f:
+        f.write(text)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def cpu_side(layers: list[int], seq: int, hlo: Path | None = None) -> list[dict[str, Any]]:
     from tpuforge_workloads.preflight.topology import slice_devices
 
     text = decoder("gemma4-31b", 0)
@@ -60,10 +79,12 @@ def cpu_side(layers: list[int], seq: int) -> list[dict[str, Any]]:
         cut = decoder("gemma4-31b", n)
         refused = any(p.out_of_hbm for p in probes)
         rows.append(_row("cpu", cut, seq, est.extrapolate(probes, cut.layer_types), refused, seconds))
+        if hlo is not None:
+            rows[-1]["loweredSha256"] = lowered_text(cut, seq, mesh, "cpu", hlo)
     return rows
 
 
-def chip_side(layers: list[int], seq: int) -> list[dict[str, Any]]:
+def chip_side(layers: list[int], seq: int, hlo: Path | None = None) -> list[dict[str, Any]]:
     import jax
 
     rows = []
@@ -73,6 +94,8 @@ def chip_side(layers: list[int], seq: int) -> list[dict[str, Any]]:
         c = compile_train_step(cut, train_config("gemma4-31b", seq, 1, True, fsdp=1), mesh, STEPS)
         row = _row("chip", cut, seq, est.PerChip.of(c), c.out_of_hbm, c.compile_seconds)
         row["device"] = str(mesh.devices.flat[0].device_kind)
+        if hlo is not None:
+            row["loweredSha256"] = lowered_text(cut, seq, mesh, "chip", hlo)
         rows.append(row)
     return rows
 
@@ -83,10 +106,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", default="2,4,6")
     ap.add_argument("--seq", default="2048,4096")
     ap.add_argument("--json", help="append each row here")
+    ap.add_argument("--hlo", type=Path, help="write each cut's lowered program here (gzipped) and its sha256")
     args = ap.parse_args(argv)
+    if args.side == "cpu":  # before any backend starts: on a host with libtpu, JAX would otherwise open a TPU
+        import jax
+
+        jax.config.update("jax_platforms", "cpu")
     layers = [int(x) for x in args.layers.split(",")]
     for seq in (int(x) for x in args.seq.split(",")):
-        rows = cpu_side(layers, seq) if args.side == "cpu" else chip_side(layers, seq)
+        rows = (cpu_side if args.side == "cpu" else chip_side)(layers, seq, args.hlo)
         for row in rows:
             print(json.dumps(row), flush=True)
             if args.json:

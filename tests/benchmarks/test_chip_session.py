@@ -46,3 +46,12 @@ def test_each_measurement_runs_in_its_own_process_and_a_deadline_stops_only_it(t
         assert max(r[k] for k in ("forwardRelErr", "dqRelErr", "dkRelErr", "dvRelErr")) < 2e-2, r
     lines = [json.loads(line) for line in (tmp_path / "results.jsonl").read_text().splitlines()]
     assert [x["name"] for x in lines] == ["late", "splash-tiny"]
+
+
+def test_the_resume_check_reads_the_step_a_trainer_log_line_reports() -> None:
+    from benchmarks.chip.trainer_resume import _logged_step
+
+    line = "INFO step 110/300 loss 0.8123 tokens/s 5,120 eta 12s (step 0.01s, 512 tokens)"
+    assert _logged_step(line, 300) == 110
+    assert _logged_step("INFO checkpoint 100 committed in 0.3 s", 300) is None
+    assert _logged_step("INFO step 110/3000 loss 0.8", 300) is None
