@@ -1,7 +1,8 @@
 """The chart on GKE Autopilot (`gke.autopilot: true`): every pod it creates (the operator, the CRD upgrade hook,
 the `helm test` pod) is Autopilot-valid by the same checker the operator's own pods pass
-(tpuforge.manifests.autopilot), the operator runs with the Autopilot profile, and values that select a node pool
-by name are refused at install, naming the value."""
+(tpuforge.manifests.autopilot), the operator runs with the Autopilot profile, and values Autopilot cannot
+honour (a node pool selected by name, a Spot grace above Autopilot's 25 s) are refused at install, naming the
+value."""
 
 from __future__ import annotations
 
@@ -77,10 +78,15 @@ POOL = {GKE_NODEPOOL: "system"}
             {"kueue": {"enabled": True, "cpuFlavor": {"nodeLabels": POOL}}},
             f"kueue.cpuFlavor.nodeLabels[{GKE_NODEPOOL}]",
         ),
+        ({"tpu": {"spotGraceSeconds": 30}}, "tpu.spotGraceSeconds"),
     ],
 )
-def test_values_that_select_a_node_pool_are_refused_on_autopilot_naming_the_value(values: Obj, field: str) -> None:
+def test_values_autopilot_cannot_honour_are_refused_naming_the_value(values: Obj, field: str) -> None:
     refused = helm_template({"gke": {"autopilot": True}, **values})
     assert refused.returncode != 0
     assert field in refused.stderr and "Autopilot" in refused.stderr
     assert helm_template(values).returncode == 0  # the same values are fine on a Standard cluster
+
+
+def test_the_longest_spot_grace_autopilot_gives_is_accepted() -> None:
+    assert helm_template({"gke": {"autopilot": True}, "tpu": {"spotGraceSeconds": 25}}).returncode == 0

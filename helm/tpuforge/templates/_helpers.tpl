@@ -210,7 +210,8 @@ limits:
 {{- end }}
 
 {{/* Values that cannot work on GKE Autopilot, refused at install: a selector naming a node pool (Autopilot
-creates and names its node pools itself, so the pods would never be scheduled). Renders nothing. */}}
+creates and names its node pools itself, so the pods would never be scheduled), and a Spot grace above the
+25 s Autopilot gives a Spot Pod on preemption. Renders nothing. */}}
 {{- define "tpuforge.autopilotChecks" -}}
 {{- if .Values.gke.autopilot }}
 {{- $pool := "cloud.google.com/gke-nodepool" }}
@@ -222,6 +223,9 @@ creates and names its node pools itself, so the pods would never be scheduled). 
 {{- if hasKey (.nodeLabels | default dict) $pool }}
 {{- fail (printf "kueue.flavors[%s].nodeLabels[%s]: %s" .name $pool $fix) }}
 {{- end }}
+{{- end }}
+{{- if gt (int .Values.tpu.spotGraceSeconds) 25 }}
+{{- fail (printf "tpu.spotGraceSeconds: %v is more than GKE Autopilot gives a Spot Pod on preemption (25 s): set at most 25 (gke.autopilot is true)" .Values.tpu.spotGraceSeconds) }}
 {{- end }}
 {{- if hasKey (.Values.kueue.cpuFlavor.nodeLabels | default dict) $pool }}
 {{- fail (printf "kueue.cpuFlavor.nodeLabels[%s]: %s" $pool $fix) }}

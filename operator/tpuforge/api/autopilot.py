@@ -4,7 +4,7 @@
 Autopilot cluster, where GKE creates the nodes from each pod's own spec. There the operator renders every pod the
 way Autopilot admits it (tpuforge.manifests.autopilot) and refuses, before anything is created, the spec fields
 that only make sense with node pools of one's own: a node selector naming a node pool (Autopilot names its pools
-itself, so such a pod would never be scheduled).
+itself, so such a pod would never be scheduled), and a Spot grace longer than Autopilot gives a Spot Pod.
 
 GKE's pages behind the rules: "Deploy TPU workloads in GKE Autopilot" (the TPU is chosen by the
 cloud.google.com/gke-tpu-accelerator and -topology selectors and the chips a pod requests; Spot, specific
@@ -26,6 +26,10 @@ AUTOPILOT: ClusterProfile = "autopilot"
 CLUSTER_PROFILES: tuple[ClusterProfile, ...] = (STANDARD, AUTOPILOT)
 # Node labels a pod may not select on Autopilot: they name node pools, which Autopilot creates and names itself.
 NODE_POOL_LABELS = (GKE_NODEPOOL,)
+# The most a Spot Pod is given on preemption on Autopilot ("Run fault-tolerant workloads at lower costs in Spot
+# Pods"): a longer terminationGracePeriodSeconds is not honoured then, so the trainer's checkpoint would be held
+# against time it never gets.
+AUTOPILOT_SPOT_GRACE_SECONDS = 25
 
 
 def _node_pool_errors(field: str, selector: dict[str, str]) -> list[tuple[str, str]]:
@@ -41,9 +45,22 @@ def _node_pool_errors(field: str, selector: dict[str, str]) -> list[tuple[str, s
     ]
 
 
+def _spot_grace_errors(spot: bool, grace: int | None) -> list[tuple[str, str]]:
+    if not spot or grace is None or grace <= AUTOPILOT_SPOT_GRACE_SECONDS:
+        return []
+    return [
+        (
+            "spec.tpu.spotGraceSeconds",
+            f"{grace} s is more than GKE Autopilot gives a Spot Pod on preemption "
+            f"({AUTOPILOT_SPOT_GRACE_SECONDS} s): set at most {AUTOPILOT_SPOT_GRACE_SECONDS}, or leave it unset",
+        )
+    ]
+
+
 def finetune_autopilot_errors(spec: FineTuneJobSpec) -> list[tuple[str, str]]:
     """(field, message) for each setting of a FineTuneJob spec that cannot work on GKE Autopilot."""
-    errors = _node_pool_errors("spec.tpu.scheduling.nodeSelector", spec.tpu.scheduling.node_selector)
+    errors = _spot_grace_errors(spec.tpu.spot, spec.tpu.spot_grace_seconds)
+    errors += _node_pool_errors("spec.tpu.scheduling.nodeSelector", spec.tpu.scheduling.node_selector)
     errors += _node_pool_errors("spec.preflight.nodeSelector", spec.preflight.node_selector)
     errors += _node_pool_errors("spec.merge.nodeSelector", spec.merge.node_selector)
     if spec.evaluation is not None:
@@ -54,11 +71,13 @@ def finetune_autopilot_errors(spec: FineTuneJobSpec) -> list[tuple[str, str]]:
 
 def serving_autopilot_errors(spec: ServingDeploymentSpec) -> list[tuple[str, str]]:
     """(field, message) for each setting of a ServingDeployment spec that cannot work on GKE Autopilot."""
-    return _node_pool_errors("spec.tpu.scheduling.nodeSelector", spec.tpu.scheduling.node_selector)
+    errors = _spot_grace_errors(spec.tpu.spot, spec.tpu.spot_grace_seconds)
+    return errors + _node_pool_errors("spec.tpu.scheduling.nodeSelector", spec.tpu.scheduling.node_selector)
 
 
 __all__ = [
     "AUTOPILOT",
+    "AUTOPILOT_SPOT_GRACE_SECONDS",
     "CLUSTER_PROFILES",
     "NODE_POOL_LABELS",
     "STANDARD",

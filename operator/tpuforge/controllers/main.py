@@ -12,7 +12,7 @@ from typing import Any
 import kopf
 
 from tpuforge import crds, metrics
-from tpuforge.api.autopilot import CLUSTER_PROFILES, STANDARD
+from tpuforge.api.autopilot import AUTOPILOT, AUTOPILOT_SPOT_GRACE_SECONDS, CLUSTER_PROFILES, STANDARD
 from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS, PROJECT_VERSION
 from tpuforge.api.images import ImageDefaults, unique
 from tpuforge.controllers.finetune import controller as finetunejob
@@ -165,7 +165,13 @@ def served_crd_drift() -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.cluster_profile == AUTOPILOT and args.spot_grace_seconds > AUTOPILOT_SPOT_GRACE_SECONDS:
+        p.error(
+            f"--spot-grace-seconds {args.spot_grace_seconds}: GKE Autopilot gives a Spot Pod at most "
+            f"{AUTOPILOT_SPOT_GRACE_SECONDS} s on preemption; set at most that with --cluster-profile autopilot"
+        )
     defaults.configure(
         defaults.OperatorDefaults(
             tpu_run_as_root=args.tpu_run_as_root,

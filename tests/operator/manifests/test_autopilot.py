@@ -27,7 +27,7 @@ from tpuforge.api.constants import (
     TPU_RESOURCE,
 )
 from tpuforge.api.scheduling import GKE_FLEX_START, GKE_RESERVATION_AFFINITY, GKE_RESERVATION_NAME
-from tpuforge.controllers.main import parser
+from tpuforge.controllers.main import main, parser
 from tpuforge.controllers.runtime.defaults import OperatorDefaults
 from tpuforge.manifests import autopilot, serving, serving_inputs
 from tpuforge.manifests.finetune_common import owner
@@ -290,3 +290,25 @@ def test_the_operator_takes_its_cluster_profile_from_a_flag() -> None:
     assert parser().parse_args(["--cluster-profile", "autopilot"]).cluster_profile == "autopilot"
     with pytest.raises(SystemExit):
         parser().parse_args(["--cluster-profile", "gke"])
+
+
+@pytest.mark.parametrize(
+    ("spot", "grace", "refused"), [(True, 30, True), (True, 25, False), (True, None, False), (False, 60, False)]
+)
+def test_a_spot_grace_above_what_autopilot_gives_a_spot_pod_is_refused(
+    spot: bool, grace: int | None, refused: bool
+) -> None:
+    tpu: dict[str, Any] = {"spot": spot, **({"spotGraceSeconds": grace} if grace is not None else {})}
+    errors = AUTOPILOT.profile_errors(job_spec(tpu=tpu))
+    assert [e.field for e in errors] == (["spec.tpu.spotGraceSeconds"] if refused else [])
+    raw = example("serving.yaml")["spec"]
+    raw["tpu"] = {**raw.get("tpu", {}), **tpu}
+    served = AUTOPILOT.profile_errors(api.validate_serving(raw, "gemma4-31b"))
+    assert [e.field for e in served] == (["spec.tpu.spotGraceSeconds"] if refused else [])
+    if refused:
+        assert "25" in errors[0].message and STANDARD.profile_errors(job_spec(tpu=tpu)) == []
+
+
+def test_the_operator_refuses_a_default_spot_grace_autopilot_never_gives() -> None:
+    with pytest.raises(SystemExit):
+        main(["--cluster-profile", "autopilot", "--spot-grace-seconds", "30"])
