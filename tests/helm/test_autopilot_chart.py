@@ -90,3 +90,13 @@ def test_values_autopilot_cannot_honour_are_refused_naming_the_value(values: Obj
 
 def test_the_longest_spot_grace_autopilot_gives_is_accepted() -> None:
     assert helm_template({"gke": {"autopilot": True}, "tpu": {"spotGraceSeconds": 25}}).returncode == 0
+
+
+def test_the_example_autopilot_values_render_autopilot_valid_pods() -> None:
+    values = yaml.safe_load((CHART.parents[1] / "examples" / "values" / "gke-autopilot.yaml").read_text())
+    proc = helm_template(values)
+    assert proc.returncode == 0, proc.stderr
+    objs = tuple(d for d in yaml.safe_load_all(proc.stdout) if d)
+    assert parser().parse_args(operator_container(objs)["args"]).spot_grace_seconds == 25
+    for obj in workloads(objs):
+        assert autopilot.object_problems(obj) == []
