@@ -192,3 +192,43 @@ per namespace otherwise (the table in operator/tpuforge/controllers/permissions.
   resources: ["servicemonitors"]
   verbs: ["get", "list", "watch", "create", "update"]
 {{- end }}
+
+{{/* A container's resources: on GKE Autopilot (gke.autopilot) the requests given as the third argument with
+limits equal to them; otherwise the second argument as it is. Called with (list $ given autopilot). */}}
+{{- define "tpuforge.resources" -}}
+{{- $root := index . 0 }}
+{{- $given := index . 1 }}
+{{- $autopilot := index . 2 }}
+{{- if $root.Values.gke.autopilot -}}
+requests:
+  {{- toYaml $autopilot | nindent 2 }}
+limits:
+  {{- toYaml $autopilot | nindent 2 }}
+{{- else if $given }}
+{{- toYaml $given }}
+{{- end }}
+{{- end }}
+
+{{/* Values that cannot work on GKE Autopilot, refused at install: a selector naming a node pool (Autopilot
+creates and names its node pools itself, so the pods would never be scheduled), and a Spot grace above the
+25 s Autopilot gives a Spot Pod on preemption. Renders nothing. */}}
+{{- define "tpuforge.autopilotChecks" -}}
+{{- if .Values.gke.autopilot }}
+{{- $pool := "cloud.google.com/gke-nodepool" }}
+{{- $fix := "GKE Autopilot creates and names its node pools itself, so no node carries a pool name you chose: remove the key (gke.autopilot is true)" }}
+{{- if hasKey (.Values.nodeSelector | default dict) $pool }}
+{{- fail (printf "nodeSelector[%s]: %s" $pool $fix) }}
+{{- end }}
+{{- range .Values.kueue.flavors }}
+{{- if hasKey (.nodeLabels | default dict) $pool }}
+{{- fail (printf "kueue.flavors[%s].nodeLabels[%s]: %s" .name $pool $fix) }}
+{{- end }}
+{{- end }}
+{{- if gt (int .Values.tpu.spotGraceSeconds) 25 }}
+{{- fail (printf "tpu.spotGraceSeconds: %v is more than GKE Autopilot gives a Spot Pod on preemption (25 s): set at most 25 (gke.autopilot is true)" .Values.tpu.spotGraceSeconds) }}
+{{- end }}
+{{- if hasKey (.Values.kueue.cpuFlavor.nodeLabels | default dict) $pool }}
+{{- fail (printf "kueue.cpuFlavor.nodeLabels[%s]: %s" $pool $fix) }}
+{{- end }}
+{{- end }}
+{{- end }}

@@ -12,6 +12,7 @@ from typing import Any
 import kopf
 
 from tpuforge import crds, metrics
+from tpuforge.api.autopilot import AUTOPILOT, AUTOPILOT_SPOT_GRACE_SECONDS, CLUSTER_PROFILES, STANDARD
 from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS, PROJECT_VERSION
 from tpuforge.api.images import ImageDefaults, unique
 from tpuforge.controllers.finetune import controller as finetunejob
@@ -30,6 +31,7 @@ PREFIX = "tpuforge.dev"
 ENV_IMAGE_REGISTRY = "TPUFORGE_IMAGE_REGISTRY"
 ENV_IMAGE_TAG = "TPUFORGE_IMAGE_TAG"
 ENV_IMAGE_PULL_SECRETS = "TPUFORGE_IMAGE_PULL_SECRETS"  # comma-separated
+ENV_CLUSTER_PROFILE = "TPUFORGE_CLUSTER_PROFILE"
 
 
 @kopf.on.startup()
@@ -121,6 +123,15 @@ def parser() -> argparse.ArgumentParser:
         "each object's namespace (repeatable; default: $TPUFORGE_IMAGE_PULL_SECRETS, comma-separated)",
     )
     p.add_argument(
+        "--cluster-profile",
+        choices=CLUSTER_PROFILES,
+        default=os.environ.get(ENV_CLUSTER_PROFILE) or STANDARD,
+        help="the kind of GKE cluster the pods run on: standard (TPU node pools the platform team creates) or "
+        "autopilot (GKE creates the nodes from each pod: every pod states its CPU, memory and ephemeral-storage "
+        "requests with equal limits, selects its TPU by accelerator and topology only, and a spec that selects "
+        "a node pool is refused); default: $TPUFORGE_CLUSTER_PROFILE, else standard",
+    )
+    p.add_argument(
         "--local-dataset-paths",
         action="store_true",
         help="accept local paths (file:// or absolute) in spec.dataset and spec.evaluation.datasetUri: only where "
@@ -154,13 +165,20 @@ def served_crd_drift() -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.cluster_profile == AUTOPILOT and args.spot_grace_seconds > AUTOPILOT_SPOT_GRACE_SECONDS:
+        p.error(
+            f"--spot-grace-seconds {args.spot_grace_seconds}: GKE Autopilot gives a Spot Pod at most "
+            f"{AUTOPILOT_SPOT_GRACE_SECONDS} s on preemption; set at most that with --cluster-profile autopilot"
+        )
     defaults.configure(
         defaults.OperatorDefaults(
             tpu_run_as_root=args.tpu_run_as_root,
             spot_grace_seconds=args.spot_grace_seconds,
             images=image_defaults(args),
             local_dataset_paths=args.local_dataset_paths,
+            cluster_profile=args.cluster_profile,
         )
     )
     kopf.configure(verbose=args.verbose)

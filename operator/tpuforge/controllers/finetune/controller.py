@@ -57,6 +57,7 @@ from tpuforge.controllers.finetune.children import (
 )
 from tpuforge.controllers.finetune.plan import ChildRef, Event, Observed, Plan, plan, status_patch
 from tpuforge.controllers.finetune.snapshot import Snapshot, finetunejob_informer
+from tpuforge.controllers.runtime import defaults
 from tpuforge.controllers.runtime.informer import Informer
 from tpuforge.controllers.runtime.status_writes import StatusWrites
 from tpuforge.controllers.runtime.workqueue import KeyedQueue
@@ -270,7 +271,7 @@ class FineTuneJobController:
         status, and last the Events."""
         kube_api = self.api
         try:
-            for group in creation_groups(p.create):
+            for group in creation_groups([defaults.current().workload(obj) for obj in p.create]):
                 await asyncio.gather(*(self.create_child(kube_api, snap.uid, obj) for obj in group))
         except WebhookUnreachable as exc:
             await self.webhook_unreachable(snap, observed, exc)

@@ -93,7 +93,11 @@ def resolve(b: Base) -> Ctx | None:
 def _effective(b: Base) -> FineTuneJobSpec | None:
     started = started_spec(b.o.configs)
     try:
-        current: FineTuneJobSpec | None = validate_finetune(b.o.spec, defaults.current().local_dataset_paths)
+        valid = validate_finetune(b.o.spec, defaults.current().local_dataset_paths)
+        profile = defaults.current().profile_errors(valid)
+        if profile:
+            raise SpecError(profile)
+        current: FineTuneJobSpec | None = valid
         error: SpecError | None = None
     except SpecError as exc:
         current, error = None, exc

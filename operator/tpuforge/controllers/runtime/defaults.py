@@ -13,16 +13,29 @@ before the spec's own (tpuforge.api.images). Each object keeps the default image
 (`pinned`, recorded in its status.images), so a new operator version changes no running object's images.
 `local_dataset_paths` (`--local-dataset-paths`, set by the sandbox, never by the Helm chart): accept local
 paths (file:// or absolute) as dataset files, which only pods that run as processes on the operator's machine
-can read."""
+can read.
+`cluster_profile` (`--cluster-profile`, Helm value `gke.autopilot`): `standard` (the default) renders pods for a
+GKE Standard cluster's own node pools; `autopilot` renders every pod the way GKE Autopilot admits it
+(tpuforge.manifests.autopilot) and refuses the spec fields that cannot work there (tpuforge.api.autopilot)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tpuforge.api import FineTuneJobSpec, ServingDeploymentSpec
+from tpuforge.api.autopilot import (
+    AUTOPILOT,
+    STANDARD,
+    ClusterProfile,
+    finetune_autopilot_errors,
+    serving_autopilot_errors,
+)
 from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS
 from tpuforge.api.images import PUBLIC_IMAGES, ImageDefaults, ResolvedImages
+from tpuforge.api.validation import FieldError
+from tpuforge.manifests.autopilot import for_autopilot
 
 S = TypeVar("S", FineTuneJobSpec, ServingDeploymentSpec)
 
@@ -33,11 +46,29 @@ class OperatorDefaults:
     spot_grace_seconds: int = GKE_SPOT_GRACE_SECONDS
     images: ImageDefaults = PUBLIC_IMAGES
     local_dataset_paths: bool = False
+    cluster_profile: ClusterProfile = STANDARD
 
     def apply(self, spec: S, images: ResolvedImages | None = None) -> S:
         """`spec` with the fields it leaves unset taken from these defaults; its images from `images` (the
         object's pinned ones) where given."""
         return self._apply_images(self._apply_tpu(spec), self.pinned(type(spec), images))
+
+    def profile_errors(self, spec: FineTuneJobSpec | ServingDeploymentSpec) -> list[FieldError]:
+        """The spec's settings that cannot work on the cluster profile (none on Standard)."""
+        if self.cluster_profile != AUTOPILOT:
+            return []
+        if isinstance(spec, FineTuneJobSpec):
+            found = finetune_autopilot_errors(spec)
+        else:
+            found = serving_autopilot_errors(spec)
+        return [FieldError(f, m) for f, m in found]
+
+    def workload(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """A rendered child as this cluster profile creates it: on Autopilot its pods made Autopilot-valid; on
+        Standard the object itself, unchanged."""
+        if self.cluster_profile == AUTOPILOT:
+            return for_autopilot(dict(obj))
+        return obj if isinstance(obj, dict) else dict(obj)
 
     def pinned(self, kind: type[S], recorded: ResolvedImages | None, refresh: str | None = None) -> ResolvedImages:
         """The default images of an object of `kind`: those it recorded, these defaults' where it recorded none

@@ -280,7 +280,8 @@ class ServingDeploymentController:
 
     async def apply(self, key: Key, t: plan.Target) -> Obj:
         """The plan's objects, in order; monitors where their kind is served. Returns the applied Deployment."""
-        applied = [await self.children.apply(self.async_api, key, obj) for obj in t.objects]
+        profile = defaults.current()
+        applied = [await self.children.apply(self.async_api, key, profile.workload(obj)) for obj in t.objects]
         for _group_version, _plural, obj in t.monitors:
             if self.children.served(obj["kind"]):
                 try:

@@ -151,6 +151,7 @@ def plan_children(o: Observed) -> Plan:
     errors = serving_inputs.name_errors(o.name) + api.check_serving(
         spec, source.model_id, serving_inputs.served_model_name(o.name, spec)
     )
+    errors += defaults.current().profile_errors(spec)
     if errors:
         return finish(p, o.status, api.ServingPhase.FAILED, INVALID_SPEC, str(api.SpecError(errors)))
     model_status: ConditionStatus = "True" if source.available else "False"
