@@ -1,12 +1,12 @@
 """Training attempts: the phases Pending and Training. Each attempt is one training Job (a JobSet on a
-multi-host slice) with its own name; how it ended is classified once (`finetune_children.attempt_end`), then:
+multi-host slice) with its own name; how it ended is classified once (`children.attempt_end`), then:
 
     Succeeded -> `trained` (the state machine, finetune/machine.py, begins the merge)
     Preempted -> the next attempt, resuming from the last checkpoint, while spec.runPolicy.maxPreemptions
                  allows (`preempted`), else the job fails
     Failed    -> the next attempt while spec.runPolicy.maxRestarts allows (`failed`), else the job fails;
                  a rejected config (exit 3) fails it at once; an eviction for the pod's own use of memory or
-                 disk is a failure (finetune_children.self_evicted), not a preemption
+                 disk is a failure (children.self_evicted), not a preemption
 """
 
 from __future__ import annotations

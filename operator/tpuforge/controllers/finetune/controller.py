@@ -7,7 +7,7 @@ an object, to a child or to a child's Workload asks for a reconcile of the owner
 FineTuneJobs: its per-event bookkeeping (a deep copy of each object for the diff base, handler progress, a task
 per object) cost more CPU than the reconciles themselves.
 
-The reconcile reads memory (no API reads), lets the pure `finetune_plan.plan` decide, and applies the plan:
+The reconcile reads memory (no API reads), lets the pure `plan.plan` (finetune/plan.py) decide, and applies the plan:
 create missing children, delete the ones to stop, patch the status on the resourceVersion it was computed
 from (a 409 means a newer object is on its way: reconcile that one), then post the Events. The children's
 informers finish their first LIST before the FineTuneJobs' informer starts, so an operator that restarts

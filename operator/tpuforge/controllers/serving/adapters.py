@@ -1,5 +1,5 @@
 """LoRA adapters on a running ServingDeployment: bringing every ready replica to the adapters each name should
-serve (`serving_adapter_sources`), without restarting anything.
+serve (`adapter_sources`), without restarting anything.
 
 The decisions are pure (`plan_pod`, `summarise`, `adapter_events`); `sync_pod` carries a plan out over HTTP,
 straight to the pod's IP: the adapters sidecar (port 8001) fetches a copy into the pod, then vLLM (port 8000)

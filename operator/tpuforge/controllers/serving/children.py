@@ -74,7 +74,7 @@ def child_view(obj: Mapping[str, Any]) -> Obj:
 
 
 def deployment_view(obj: Mapping[str, Any]) -> Obj:
-    """What serving_rollout reads of the Deployment: its generation and revision, strategy, the model its pod
+    """What rollout reads of the Deployment: its generation and revision, strategy, the model its pod
     template was built for, and its status."""
     spec = obj.get("spec") or {}
     template_meta = (spec.get("template") or {}).get("metadata") or {}
@@ -91,7 +91,7 @@ def deployment_view(obj: Mapping[str, Any]) -> Obj:
 
 
 def pod_view(obj: Mapping[str, Any]) -> Obj:
-    """What serving_rollout and the adapters read of a serving pod: its model, node, status and IP."""
+    """What rollout and the adapters read of a serving pod: its model, node, status and IP."""
     return {
         "metadata": _meta(obj, [manifests.ANNOTATION_MODEL_URI]),
         "spec": {"nodeName": (obj.get("spec") or {}).get("nodeName")},

@@ -1,4 +1,4 @@
-"""ServingDeployment controller: observe -> a pure plan (serving_plan) -> apply -> one status write.
+"""ServingDeployment controller: observe -> a pure plan (serving/plan.py) -> apply -> one status write.
 
 It runs on the same runtime as the FineTuneJob controller: informers (LIST + WATCH) keep the
 ServingDeployments, their children (Deployment, pods, Service, claims, scrape configurations; selected by label
@@ -8,13 +8,13 @@ the event loop. A change of an object, of one of its children, or of what decide
 names gives (`model_view`) asks for its reconcile. kopf watches nothing of this kind: its indices held every
 handler back until each object had been indexed, which stalled a restart for minutes at about a thousand.
 
-The reconcile reads memory (`observe`), applies the children the pure `serving_plan.plan_children` asks for
-(`apply`, through `serving_children`: an unchanged child costs no call), reads the replicas, lets
-`serving_plan.plan_status` derive the status from the Deployment and its pods (`serving_rollout`), and patches
+The reconcile reads memory (`observe`), applies the children the pure `plan.plan_children` asks for
+(`apply`, through `children`: an unchanged child costs no call), reads the replicas, lets
+`plan.plan_status` derive the status from the Deployment and its pods (`rollout.py`), and patches
 it once, on the resourceVersion it was computed from (`write`; a 409 means a newer object is on its way).
 Children carry owner references, so deleting the object lets the garbage collector remove them; the XLA
 cache PVC is owned only when the spec does not retain it. LoRA adapters (spec.adapters) are brought to every
-ready replica over HTTP by `serving_adapters` (in a thread: those calls block), without touching the pod
+ready replica over HTTP by `adapters` (in a thread: those calls block), without touching the pod
 template; while one loads, the reconcile asks to run again soon.
 """
 
@@ -368,7 +368,7 @@ def adapter_requeue(status: api.ServingDeploymentStatus | None) -> float | None:
 
 
 def model_view(job: Snapshot) -> tuple[str, ...]:
-    """What `resolve_model` and `serving_adapters.resolve_adapter` read of a FineTuneJob."""
+    """What `resolve_model` and `adapters.resolve_adapter` read of a FineTuneJob."""
     status, spec = job.status, job.spec
     outputs, evaluation = status.get("outputs") or {}, status.get("evaluation") or {}
     return (

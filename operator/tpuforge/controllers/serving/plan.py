@@ -37,7 +37,7 @@ ROLLED_OUT = "RolledOut"
 ADAPTERS_READY = "AdaptersReady"
 ADAPTERS_PROMOTED = "AdaptersPromoted"
 ADAPTER_CONDITIONS = (ADAPTERS_READY, ADAPTERS_PROMOTED)
-# Reasons this module decides (the rollout's come from serving_rollout, the model's from resolve_model).
+# Reasons this module decides (the rollout's come from rollout.py, the model's from resolve_model).
 INVALID_SPEC = "InvalidSpec"
 ROLLING_OUT = "RollingOut"
 WAITING_FOR_DELETION = "WaitingForDeletion"
