@@ -50,6 +50,21 @@ async def close(apis: list[kube_async.AsyncApi]) -> None:
         await api.close()
 
 
+def steal(ns: str) -> None:
+    """Write another holder into the Lease, as its current holder would never expect."""
+    api = kube_client.api_client()
+    path = kube_client.resource_path(leader.LEASE_API_VERSION, leader.LEASE_KIND, ns, NAME)
+    for _ in range(10):  # the leader may renew between this read and write
+        lease = kube_client.request(api, "GET", path)
+        lease["spec"]["holderIdentity"] = "intruder"
+        try:
+            kube_client.request(api, "PUT", path, body=lease)
+            return
+        except kube_client.ApiException as exc:
+            assert kube_client.is_conflict(exc), exc
+    raise AssertionError("the Lease kept changing")
+
+
 @pytest.fixture
 def ns(sandbox: Sandbox, namespace: str) -> str:
     kube_client.configure(sandbox.kubeconfig)
@@ -176,16 +191,7 @@ def test_the_operators_election_thread_releases_on_stop_and_reports_a_lost_lease
     try:
         assert second.wait_leading(2 * FAST.retry_period + 2)
         # Someone else writes the Lease (a split the rules should make impossible): the leader must stop.
-        api = kube_client.api_client()
-        path = kube_client.resource_path(leader.LEASE_API_VERSION, leader.LEASE_KIND, ns, NAME)
-        for _ in range(10):  # the leader may renew between this read and write
-            lease = kube_client.request(api, "GET", path)
-            lease["spec"]["holderIdentity"] = "intruder"
-            try:
-                kube_client.request(api, "PUT", path, body=lease)
-                break
-            except kube_client.ApiException as exc:
-                assert kube_client.is_conflict(exc), exc
+        steal(ns)
         assert gone.wait(FAST.renew_period + FAST.renew_deadline + 2)
         assert lost == ["another candidate holds the Lease"] and not second.leading.is_set()
     finally:
@@ -223,6 +229,14 @@ def test_the_operator_waits_as_a_standby_then_leads_and_releases_on_sigterm(
         op.proc.terminate()
         assert op.proc.wait(30) == 0
         assert lease_spec(ns)["holderIdentity"] == ""  # released after kopf stopped: the next leads at once
+
+        # Leading again at once; then another holder appears in the Lease: the operator exits (status 4) at its
+        # next renewal instead of acting beside it.
+        op.start(*election)
+        wait_for(lambda: op.metric("tpuforge_operator_leader") == 1, WAIT, "the operator to lead again")
+        steal(ns)
+        assert op.proc.wait(2 * leader.Timing().renew_period) == 4
+        assert "lost the Lease (another candidate holds the Lease)" in op.log_tail()
         assert "Traceback" not in op.log.read_text(errors="replace"), op.log_tail()
     finally:
         op.stop()
