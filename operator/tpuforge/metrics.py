@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -40,6 +40,12 @@ RECONCILE_DURATION = Histogram(
     "Time to reconcile one object, API calls included.",
     ["kind"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+
+OPERATOR_LEADER = Gauge(
+    "tpuforge_operator_leader",
+    "1 while this operator process handles objects (it holds the leader Lease, or runs without leader "
+    "election); 0 while it waits for the Lease as a standby.",
 )
 
 

@@ -112,6 +112,9 @@ def test_kinds_per_values() -> None:
             "Pod",
             "NetworkPolicy",
             "StorageClass",
+            "Role",  # leader election's, in the release's namespace
+            "RoleBinding",
+            "PodDisruptionBudget",
             *CRD_HOOK,
         ]
     )
@@ -127,8 +130,17 @@ def test_kinds_per_values() -> None:
         ]
     )
     assert kinds(render("bring-your-own")) == sorted(
-        ["CustomResourceDefinition", "CustomResourceDefinition", "Deployment", "NetworkPolicy", *CRD_HOOK]
+        [
+            "CustomResourceDefinition",
+            "CustomResourceDefinition",
+            "Deployment",
+            "NetworkPolicy",
+            "PodDisruptionBudget",
+            *CRD_HOOK,
+        ]
     )
+    single = set(kinds(render("default"))) - {"Role", "RoleBinding", "PodDisruptionBudget"}
+    assert set(kinds(render("single-replica"))) == single
 
 
 def test_serving_volumes_default_to_a_hyperdisk_class_that_tpu_v6e_attaches() -> None:
@@ -198,13 +210,37 @@ def test_operator_runs_tpuforge_operator_with_args_its_cli_accepts(name: str) ->
     health = next(p for p in ct["ports"] if p["name"] == "health")["containerPort"]
     assert args.liveness == f"http://0.0.0.0:{health}/healthz"
     assert ct["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    electing = values.get("operator", {}).get("leaderElection", {}).get("enabled", True)
+    assert args.leader_elect is electing
+    if electing:
+        # The Lease is named after the release (two releases never wait on each other), in the pod's namespace.
+        assert args.leader_election_name == find(objs, "Deployment")["metadata"]["name"]
+        env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in ct["env"]}
+        assert env["POD_NAMESPACE"] == "metadata.namespace" and env["POD_NAME"] == "metadata.name"
     if metrics_on:
         assert {"name": "metrics", "containerPort": args.metrics_port, "protocol": "TCP"} in ct["ports"]
 
 
-def test_operator_pod_is_locked_down_and_single() -> None:
-    dep = find(render("default"), "Deployment")
-    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+def test_operator_pod_is_locked_down_and_one_replica_acts() -> None:
+    """Two replicas with leader election (one acts), rolled one at a time and drained one at a time; without
+    leader election, one replica, never two at once (Recreate), and more than one is refused."""
+    objs = render("default")
+    dep = find(objs, "Deployment")
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    pdb = find(objs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    single = find(render("single-replica"), "Deployment")
+    assert single["spec"]["replicas"] == 1 and single["spec"]["strategy"] == {"type": "Recreate"}
+    two_unelected = ["--set", "replicas=2", "--set", "operator.leaderElection.enabled=false"]
+    proc = subprocess.run(
+        [helm(), "template", RELEASE, str(CHART), *two_unelected],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode != 0 and "needs operator.leaderElection.enabled" in proc.stderr
     pod = dep["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     sc = operator_container(render("default"))["securityContext"]
@@ -283,14 +319,20 @@ def test_the_permission_table_covers_every_call_and_grants_nothing_unused() -> N
     from tpuforge.controllers import permissions
 
     uses = rbac_scan.Scan().uses()
-    declared = rbac_scan.granted(permissions.cluster_role_rules(namespaced=True) + permissions.namespace_role_rules())
+    declared = rbac_scan.granted(
+        permissions.cluster_role_rules(namespaced=True)
+        + permissions.namespace_role_rules()
+        + permissions.own_namespace_role_rules()
+    )
     missing = sorted(f"{u.permission} (needed at {u.where})" for u in uses if u.permission not in declared)
     assert not missing, "tpuforge/controllers/permissions.py lacks:\n" + "\n".join(missing)
     needed = {u.permission for u in uses} | KOPF_FRAMEWORK | KOPF_NAMESPACED
     needed |= rbac_scan.granted(trainer_role_rules())
     extra = sorted(str(p) for p in declared - needed)
     assert not extra, "tpuforge/controllers/permissions.py grants what no code uses:\n" + "\n".join(extra)
-    only_namespaced = declared - rbac_scan.granted(permissions.cluster_role_rules(namespaced=False))
+    own = rbac_scan.granted(permissions.own_namespace_role_rules())
+    assert {(p.group, p.resource) for p in own} == {("coordination.k8s.io", "leases")}
+    only_namespaced = declared - rbac_scan.granted(permissions.cluster_role_rules(namespaced=False)) - own
     assert only_namespaced == KOPF_NAMESPACED
 
 
@@ -310,10 +352,18 @@ def test_cluster_role_is_the_declared_permission_table(name: str) -> None:
     objs = render(name)
     cluster_role = find(objs, "ClusterRole", OPERATOR)["rules"]
     assert_grants(cluster_role, permissions.cluster_role_rules(bool(watched)), "templates/clusterrole.yaml")
-    roles = {o["metadata"]["namespace"]: o for o in objs if o["kind"] == "Role"}
+    roles = {o["metadata"]["namespace"]: o for o in objs if o["kind"] == "Role" and o["metadata"]["name"] == OPERATOR}
     assert sorted(roles) == sorted(watched)
     for ns, role in roles.items():
         assert_grants(role["rules"], permissions.namespace_role_rules(), f"templates/roles.yaml ({ns})")
+    # Leader election's Lease: a Role in the operator's own namespace only, bound to its ServiceAccount.
+    election = find(objs, "Role", f"{OPERATOR}-leader-election")
+    assert election["metadata"]["namespace"] == NAMESPACE
+    assert_grants(election["rules"], permissions.own_namespace_role_rules(), "templates/leader-election-rbac.yaml")
+    binding = find(objs, "RoleBinding", f"{OPERATOR}-leader-election")
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"]["name"] == election["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE}]
 
 
 def test_watching_some_namespaces_grants_jobs_and_roles_in_those_namespaces_only() -> None:
@@ -327,7 +377,7 @@ def test_watching_some_namespaces_grants_jobs_and_roles_in_those_namespaces_only
     }
     assert all(p.verb in ("list", "watch") for p in cluster_wide)
     sa = find(objs, "ServiceAccount", OPERATOR)["metadata"]["name"]
-    bindings = [o for o in objs if o["kind"] == "RoleBinding"]
+    bindings = [o for o in objs if o["kind"] == "RoleBinding" and o["metadata"]["name"] == OPERATOR]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["ml-team", "serving"]
     for b in bindings:
         assert b["roleRef"] == {

@@ -21,6 +21,8 @@ def test_the_operator_runs_with_this_interpreter_against_the_kubeconfig_given() 
     assert args.kubeconfig == "/sb/kubeconfig" and args.namespace == ["a", "b"]
     assert (args.metrics_address, args.metrics_port) == ("127.0.0.1", 18080)
     assert args.local_dataset_paths  # the sandbox's pods are local processes: they read local dataset files
+    # One operator beside the sandbox: nothing to elect, and a demo's killed operator holds no Lease for 15 s.
+    assert args.leader_elect is False
 
 
 def test_no_namespaces_watches_all_and_python_options_go_before_the_module() -> None:

@@ -4,10 +4,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
-from collections.abc import Sequence
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import urlsplit
 
 import kopf
 
@@ -16,7 +22,7 @@ from tpuforge.api.autopilot import AUTOPILOT, AUTOPILOT_SPOT_GRACE_SECONDS, CLUS
 from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS, PROJECT_VERSION
 from tpuforge.api.images import ImageDefaults, unique
 from tpuforge.controllers.finetune import controller as finetunejob
-from tpuforge.controllers.runtime import defaults
+from tpuforge.controllers.runtime import defaults, leader
 from tpuforge.controllers.serving import controller as servingdeployment
 from tpuforge.kinds import KINDS
 from tpuforge.kube import client as kube_client
@@ -32,6 +38,9 @@ ENV_IMAGE_REGISTRY = "TPUFORGE_IMAGE_REGISTRY"
 ENV_IMAGE_TAG = "TPUFORGE_IMAGE_TAG"
 ENV_IMAGE_PULL_SECRETS = "TPUFORGE_IMAGE_PULL_SECRETS"  # comma-separated
 ENV_CLUSTER_PROFILE = "TPUFORGE_CLUSTER_PROFILE"
+# The exit status when the leader could not renew its Lease in time: the Deployment starts it again, as a
+# candidate.
+EXIT_LEADERSHIP_LOST = 4
 
 
 @kopf.on.startup()
@@ -137,6 +146,25 @@ def parser() -> argparse.ArgumentParser:
         help="accept local paths (file:// or absolute) in spec.dataset and spec.evaluation.datasetUri: only where "
         "pods run as local processes beside the files (the sandbox); on a cluster the pods cannot see them",
     )
+    p.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="handle objects only while holding a coordination.k8s.io Lease, so that several replicas can run "
+        "and one acts (default: off, for one operator run by hand; the Helm chart turns it on)",
+    )
+    p.add_argument(
+        "--leader-election-namespace",
+        default="",
+        metavar="NAMESPACE",
+        help="namespace of the Lease (default: $POD_NAMESPACE, else the pod's service account's, else default)",
+    )
+    p.add_argument(
+        "--leader-election-name",
+        default=leader.DEFAULT_LEASE_NAME,
+        metavar="NAME",
+        help=f"name of the Lease (default {leader.DEFAULT_LEASE_NAME})",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p
 
@@ -206,11 +234,94 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "cannot serve /metrics on %s:%d (--metrics-port): %s", args.metrics_address, args.metrics_port, exc
             )
             return 2
-    kopf.run(
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-        standalone=True,  # one operator per cluster (the Helm chart runs one replica); no peering objects
-        liveness_endpoint=args.liveness,
-        memo=kopf.Memo(namespaces=args.namespace or None),  # for the controllers' own informers
-    )
+    election = None
+    if args.leader_elect:
+        election = wait_for_leadership(args)
+        if election is None:  # stopped (SIGTERM) while a standby
+            return 0
+    else:
+        metrics.OPERATOR_LEADER.set(1)
+    try:
+        kopf.run(
+            clusterwide=not args.namespace,
+            namespaces=args.namespace,
+            # One operator acts at a time (the leader, or the only one): no kopf peering objects.
+            standalone=True,
+            liveness_endpoint=args.liveness,
+            memo=kopf.Memo(namespaces=args.namespace or None),  # for the controllers' own informers
+        )
+    finally:
+        if election is not None:
+            election.stop()  # releases the Lease: a standby takes over at its next try
     return 0
+
+
+def leadership_lost(why: str) -> None:
+    """Exit at once, as controller-runtime does: past the renew deadline another replica may take the Lease,
+    and two operators must never act together. The Deployment starts this one again, as a candidate."""
+    log.error("leader election: lost the Lease (%s); exiting", why)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_LEADERSHIP_LOST)
+
+
+def wait_for_leadership(args: argparse.Namespace) -> leader.LeaderElection | None:
+    """Start electing and return once this process leads (the election keeps renewing in its thread), or None
+    when SIGTERM or SIGINT came first. Meanwhile the liveness URL answers: a standby is alive."""
+    namespace = args.leader_election_namespace or leader.default_namespace()
+    election = leader.LeaderElection(
+        namespace,
+        args.leader_election_name,
+        leader.default_identity(),
+        on_lost=leadership_lost,
+        on_change=metrics.OPERATOR_LEADER.set,
+    )
+    metrics.OPERATOR_LEADER.set(0)
+    terminated = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: terminated.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    log.info("leader election: %s waits for Lease %s/%s", election.identity, namespace, election.name)
+    try:
+        with standby_health(args.liveness):
+            election.start()
+            while not election.wait_leading(0.5) and not terminated.is_set():
+                pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if terminated.is_set():
+        election.stop()
+        return None
+    return election
+
+
+@contextlib.contextmanager
+def standby_health(liveness_url: str | None) -> Iterator[None]:
+    """Answer GETs on the liveness URL while waiting for the Lease: kopf serves it only once it runs, and a
+    standby that did not answer would be restarted by its liveness probe."""
+    if not liveness_url:
+        yield
+        return
+    parts = urlsplit(liveness_url)
+
+    class Standby(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # http.server's name
+            body = b'{"standby": true}'
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass  # a probe every few seconds
+
+    server = ThreadingHTTPServer((parts.hostname or "0.0.0.0", parts.port or 80), Standby)
+    thread = threading.Thread(target=server.serve_forever, name="standby-health", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()  # the port is kopf's next
+        thread.join()

@@ -2,7 +2,9 @@
 one ClusterRole holds them all (`cluster_role_rules(False)`); with operator.watchNamespaces the ClusterRole keeps
 only the cluster-scoped ones (`cluster_role_rules(True)`) and a Role in each watched namespace holds the rest
 (`namespace_role_rules()`), so the operator can create Jobs, Roles and RoleBindings nowhere else (e.g. not run
-pods as kube-system's ServiceAccounts). helm/tpuforge/templates/clusterrole.yaml and roles.yaml must equal them.
+pods as kube-system's ServiceAccounts). Leader election's Lease is the operator's own namespace's only: a Role
+there holds it (`own_namespace_role_rules()`). helm/tpuforge/templates/clusterrole.yaml, roles.yaml and
+leader-election-rbac.yaml must equal them.
 tests/helm/test_helm_chart.py checks both ways: every API call the controllers make is covered here, and nothing
 here goes unused (by the controllers, by kopf itself, or by the trainer's Role, which the operator can only grant
 what it holds)."""
@@ -25,6 +27,8 @@ class Rule:
     namespaced_only: bool = False
     # The resources are cluster-scoped (no namespace): a Role cannot grant them.
     cluster_scoped: bool = False
+    # Only in the operator's own namespace (a Role there), whichever namespaces it watches.
+    own_namespace: bool = False
 
 
 RULES: tuple[Rule, ...] = (
@@ -87,6 +91,13 @@ RULES: tuple[Rule, ...] = (
         ("get", "list", "watch", "create", "update"),
         "scrape config (Prometheus)",
     ),
+    Rule(
+        "coordination.k8s.io",
+        ("leases",),
+        ("get", "create", "update"),
+        "leader election (--leader-elect): the operator's Lease",
+        own_namespace=True,
+    ),
 )
 
 
@@ -99,9 +110,14 @@ def cluster_role_rules(namespaced: bool) -> list[dict[str, Any]]:
     keeps what a Role cannot grant."""
     if namespaced:
         return _wire([r for r in RULES if r.cluster_scoped])
-    return _wire([r for r in RULES if not r.namespaced_only])
+    return _wire([r for r in RULES if not r.namespaced_only and not r.own_namespace])
 
 
 def namespace_role_rules() -> list[dict[str, Any]]:
     """The rules of the Role in each watched namespace (operator.watchNamespaces)."""
-    return _wire([r for r in RULES if not r.cluster_scoped])
+    return _wire([r for r in RULES if not r.cluster_scoped and not r.own_namespace])
+
+
+def own_namespace_role_rules() -> list[dict[str, Any]]:
+    """The rules of the Role in the operator's own namespace (leader election)."""
+    return _wire([r for r in RULES if r.own_namespace])

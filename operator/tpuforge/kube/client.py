@@ -72,6 +72,7 @@ PLURALS: dict[str, str] = {
     "ServiceMonitor": "servicemonitors",
     "CustomResourceDefinition": "customresourcedefinitions",
     "Namespace": "namespaces",
+    "Lease": "leases",
     FINETUNEJOB_KIND: FINETUNEJOB_PLURAL,
     SERVING_KIND: SERVING_PLURAL,
     JOBSET_KIND: JOBSET_PLURAL,
