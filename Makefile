@@ -6,19 +6,24 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml sandbox/pyproject.toml scripts/build-control-plane.sh | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup control-plane control-plane-start test lint types contracts pytest crds crds-check demo bench clean sandbox-down vllm \
+.PHONY: setup tools control-plane control-plane-start test lint types contracts pytest crds crds-check demo bench clean sandbox-down vllm \
         helm prometheus checkov iverilog images
 
 # The control plane's Go build (CPU-bound, about 12 minutes cold on 2 cores, then a no-op) runs in the
 # background beside the rest of the set-up, which waits mostly on downloads and the disk and runs one step at a
-# time (two of its steps take apt's lock); setup's own recipe then waits for the build and shows its output.
-setup: control-plane-start $(STAMP) vllm helm prometheus checkov iverilog
+# time (two of its steps take apt's lock). `setup` then waits for the build and shows its output; `pytest` does
+# not: the tests that need no cluster run first, and the sandbox fixture waits for the build
+# (tests/fixtures/cluster.py), so a cold run's build overlaps the Python set-up and those tests.
+setup: tools
 	@while [ ! -f build/control-plane.rc ]; do sleep 2; done
 	@cat build/control-plane.out; exit "$$(cat build/control-plane.rc)"
 
+tools: control-plane-start $(STAMP) vllm helm prometheus checkov iverilog
+
 control-plane-start:
 	@mkdir -p build && rm -f build/control-plane.rc
-	@(bash scripts/build-control-plane.sh >build/control-plane.out 2>&1; echo $$? >build/control-plane.rc) &
+	@(bash scripts/build-control-plane.sh >build/control-plane.out 2>&1; echo $$? >build/control-plane.rc) & \
+	  echo $$! >build/control-plane.pid
 
 $(STAMP):
 	@command -v $(PY) >/dev/null || { echo "need $(PY)"; exit 1; }
@@ -69,10 +74,10 @@ crds: $(STAMP)
 	$(BIN)/tpuforge crds --out crds --docs docs/api.md
 	$(BIN)/tpuforge crds --out helm/tpuforge/crds
 
-pytest: setup
+pytest: tools
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-test: setup lint types contracts pytest
+test: tools lint types contracts pytest
 
 demo: setup
 	$(BIN)/tpuforge demo $(if $(MODEL),--model $(MODEL),) $(if $(PREEMPT),--preempt,) $(if $(HOSTS),--hosts $(HOSTS),) $(if $(ADAPTERS),--adapters,) $(if $(EVAL),--eval $(EVAL),) $(if $(QUEUE),--queue,)
