@@ -68,7 +68,7 @@ def test_a_finetunejob_trains_merges_and_succeeds_with_a_complete_verified_model
     # The preflight compiled the step for the v5p-8's real topology on the CPU node, before any TPU pod.
     pf = status["preflight"]
     assert pf["fits"] is True and pf["slice"] == "v5p-8" and pf["topology"] == "v5p:2x2x1"
-    assert 0 < pf["hbmPerChipGiB"] < pf["hbmCapacityGiB"] == 95.0
+    assert 0 < pf["hbmPerChipGiB"] < pf["hbmCapacityGiB"] == 95.74
     assert pf["tflopsPerStep"] > 0 and pf["estimatedTokensPerSecond"] > 0
     assert pf["estimatedSeconds"] > 0 and pf["estimatedUSD"] > 0 and pf["compileSeconds"] > 0
     assert pf["message"].startswith("fits: ")

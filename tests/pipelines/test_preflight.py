@@ -35,7 +35,7 @@ def test_a_job_that_cannot_fit_fails_without_a_tpu_pod(cluster: Cluster, sandbox
     assert status["phase"] == "Failed", f"{status}\n{pod_logs(cluster, sandbox, name)}"
     cond = cluster.condition(name, "Failed")
     assert cond["reason"] == "DoesNotFit"
-    assert "does not fit the chips: at least" in cond["message"] and "of 32 GiB per chip" in cond["message"]
+    assert "does not fit the chips: at least" in cond["message"] and "of 31.25 GiB per chip" in cond["message"]
     assert "to fit: " in cond["message"] and "spec.training.maxSeqLen" in cond["message"]
     pf = status["preflight"]
     assert pf["fits"] is False and pf["lowerBound"] is True and pf["hbmPerChipGiB"] > 32

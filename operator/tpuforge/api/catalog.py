@@ -42,7 +42,7 @@ class TpuSlice:
     def host_memory_bytes(self) -> int:
         return self.host_memory_gb * 10**9
 
-    hbm_gib_per_chip: float  # high-bandwidth memory of one chip
+    hbm_gib_per_chip: float  # high-bandwidth memory of one chip that XLA may use (CHIP_SPECS)
     peak_tflops_per_chip: float  # dense bfloat16 matmul peak of one chip
 
     @property
@@ -54,9 +54,15 @@ class TpuSlice:
 V5P_USD_PER_CHIP_HOUR = 4.20
 V6E_USD_PER_CHIP_HOUR = 2.69
 V5E_USD_PER_CHIP_HOUR = 1.20
-# Per chip, from Cloud TPU's published specifications: HBM (GiB) and peak bfloat16 TFLOP/s. (One TPU v5e chip
-# reported 15.75 GiB of its 16 usable by XLA, 2026-12-06.)
-CHIP_SPECS = {"tpu-v5p-slice": (95.0, 459.0), "tpu-v6e-slice": (32.0, 918.0), "tpu-v5-lite-podslice": (16.0, 197.0)}
+# Per chip: the HBM (GiB) XLA may use, which is what libtpu refuses a compile against ("exceeds available HBM"),
+# and the peak bfloat16 TFLOP/s from Cloud TPU's published specifications. The HBM figures are libtpu 0.0.42.1's,
+# read here from a compile for each topology too large for it (the datasheets say 95, 32 and 16 GiB); one TPU v5e
+# chip reported the same 15.75 GiB itself, 2026-12-06.
+CHIP_SPECS = {
+    "tpu-v5p-slice": (95.74, 459.0),
+    "tpu-v6e-slice": (31.25, 918.0),
+    "tpu-v5-lite-podslice": (15.75, 197.0),
+}
 
 
 # One host of each machine type: vCPUs and memory (GB), as Compute Engine lists them. Pod requests must fit

@@ -25,6 +25,11 @@ def significant(value: float, digits: int = 4) -> str:
     return text.rstrip(".") if "e" not in text else text
 
 
+def hbm_gib(value: float) -> str:
+    """A chip's HBM in GiB as libtpu gives it (95.74, 31.25, 15.75); a whole number without decimals (95)."""
+    return f"{value:,.2f}".rstrip("0").rstrip(".")
+
+
 def percent(value: float) -> str:
     """Percent done: whole numbers except near the ends, where a tenth says that something moved (0.4%, 99.9%)."""
     if 0 < value < 1 or 99 < value < 100:

@@ -67,12 +67,12 @@ def test_estimate_of_a_v5p_8_run() -> None:
     figures = est.PerChip(argument_bytes=20 * GIB, temp_bytes=10 * GIB, output_bytes=1 * GIB, flops=459e12 * 0.35)
     e = est.estimate(figures, v5p8, tokens_per_micro_batch=4096, accumulation=8, total_steps=1000, mfu=0.35)
 
-    assert e.fits and e.hbm_per_chip_gib == pytest.approx(31.0) and e.hbm_capacity_gib == 95.0
+    assert e.fits and e.hbm_per_chip_gib == pytest.approx(31.0) and e.hbm_capacity_gib == 95.74
     assert e.step_seconds == pytest.approx(8.0)  # 8 micro-batches of one second each at 35% of 459 TFLOP/s
     assert e.tokens_per_second == pytest.approx(4096)
     assert e.run_seconds == pytest.approx(8000)
     assert e.run_usd == pytest.approx(8000 / 3600 * v5p8.usd_per_hour)
-    assert e.headline() == "fits: 31.0 of 95 GiB per chip; ~4,096 tok/s at 35% MFU"
+    assert e.headline() == "fits: 31.0 of 95.74 GiB per chip; ~4,096 tok/s at 35% MFU"
     # A measured throughput maps back to the MFU by the same FLOP count: the estimate's own throughput is its
     # MFU, half of it half.
     assert est.mfu_of(4096, e.flops_per_token, v5p8) == pytest.approx(0.35)
@@ -85,7 +85,7 @@ def test_a_job_that_does_not_fit_is_told_what_to_change() -> None:
     e = est.estimate(figures, v6e8, 8192, 1, 10)
 
     assert not e.fits
-    assert e.headline().startswith("does not fit: 40.0 of 32 GiB per chip")
+    assert e.headline().startswith("does not fit: 40.0 of 31.25 GiB per chip")
     fixes = est.fixes(e, micro_batch_size=2, max_seq_len=8192, remat=False, rank=64)
     assert fixes[0].startswith("turn on spec.training.remat")
     assert any("spec.training.microBatchSize to 1" in f for f in fixes)
@@ -113,16 +113,16 @@ def test_libtpus_refusal_to_compile_for_want_of_hbm_gives_what_the_step_needs() 
 def test_a_step_libtpu_refused_does_not_fit_and_its_headline_has_no_speed() -> None:
     refused = CompiledStep(2, 0, 0, 0, int(72.16 * GIB), 0, 0.0, 50.0, "tpu", out_of_hbm=True)
     e = est.estimate(est.PerChip.of(refused), TPU_SLICES["v6e-4"], 65536, 8, 10)
-    assert not e.fits and e.headline() == "does not fit: 72.2 of 32 GiB per chip"
+    assert not e.fits and e.headline() == "does not fit: 72.2 of 31.25 GiB per chip"
 
 
 def test_a_build_that_outgrows_the_chip_fails_a_job_whose_step_fits() -> None:
-    # The step needs 20 GiB of 32; building the model (adapters added to the base) peaks at 40.
+    # The step needs 20 GiB of 31.25; building the model (adapters added to the base) peaks at 40.
     figures = est.PerChip(argument_bytes=15 * GIB, temp_bytes=5 * GIB, output_bytes=0, flops=1e12, build_bytes=40 * GIB)
     e = est.estimate(figures, TPU_SLICES["v6e-8"], 8192, 1, 10)
     assert e.hbm_per_chip_gib == pytest.approx(20.0) and e.build_gib == pytest.approx(40.0)
     assert not e.fits
-    assert e.headline().startswith("does not fit: 40.0 of 32 GiB per chip (the model build's peak)")
+    assert e.headline().startswith("does not fit: 40.0 of 31.25 GiB per chip (the model build's peak)")
     # The build's figure extrapolates per layer as the step's do.
     probes = [step(1, 10, 4, 100.0), step(2, 11, 4.5, 110.0), step(2, 12, 5.0, 130.0)]
     probes = [dataclasses.replace(p, build_bytes=int(b * GIB)) for p, b in zip(probes, (10, 11, 12), strict=True)]

@@ -62,7 +62,7 @@ def test_tpuforge_preflight_compiles_a_job_for_its_slice(tmp_path: Path) -> None
     assert report["compiledLayers"] == [2] and report["extrapolated"] is False
     # On TPU the step runs splash attention with the rows' segment ids (attention.py), not the dense mask.
     assert report["attention"] == "splash"
-    assert 0 < report["hbmPerChipGiB"] < report["hbmCapacityGiB"] == 95.0
+    assert 0 < report["hbmPerChipGiB"] < report["hbmCapacityGiB"] == 95.74
     assert report["tflopsPerStep"] > 0 and report["tokensPerStep"] == 128 * 8  # 1 row x 8 micro-batches
     assert report["estimatedSeconds"] > 0 and report["estimatedUSD"] > 0 and report["totalSteps"] == 50
     assert report["headline"].startswith("fits: ")
@@ -124,3 +124,25 @@ def test_31b_layer_compiles_for_the_slice_with_its_weights_sharded_over_the_chip
     assert share <= step.argument_bytes <= 2 * share, (step.argument_bytes / GIB, base_bytes / GIB)
     assert step.flops > 0
     assert step.hbm_bytes < slc.hbm_gib_per_chip * GIB, f"{step.hbm_bytes / GIB:.2f} GiB per chip"
+
+
+@pytest.mark.parametrize("accelerator", sorted({s.accelerator for s in TPU_SLICES.values()}))
+def test_each_chip_s_capacity_is_the_hbm_libtpu_refuses_against(accelerator: str) -> None:
+    # The preflight's verdict sets the step against the catalog's HBM per chip; libtpu refuses a compile
+    # against its own "available HBM" (below the datasheet's for v5e and v6e): the two must be one figure.
+    import re
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    slc = next(s for s in TPU_SLICES.values() if s.accelerator == accelerator)
+    one = NamedSharding(Mesh(np.array(slice_devices(slc)[:1]), ("x",)), P())
+    too_big = jax.jit(lambda x: jnp.cumsum(jnp.outer(x, x), axis=0)[::1000, ::1000], in_shardings=one)
+    with pytest.raises(jax.errors.JaxRuntimeError) as refused:
+        too_big.lower(jax.ShapeDtypeStruct((200_000,), jnp.float32, sharding=one)).compile()
+    available = re.search(r"available HBM \(([\d.]+)G\)", str(refused.value))
+    assert available, str(refused.value)[:500]
+    assert slc.hbm_gib_per_chip == float(available.group(1))

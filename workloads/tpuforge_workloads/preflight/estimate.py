@@ -23,6 +23,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from tpuforge.api.catalog import TpuSlice
+from tpuforge.api.display import hbm_gib
 from tpuforge_workloads.preflight.step import GIB, CompiledStep
 
 # The share of a chip's peak bf16 FLOP/s the trainer's step reaches, by XLA's FLOP count of the step (remat's
@@ -134,7 +135,7 @@ class Estimate:
 
     def headline(self) -> str:
         verdict = "fits" if self.fits else "does not fit"
-        said = f"{verdict}: {self.attempt_gib:,.1f} of {self.hbm_capacity_gib:,.0f} GiB per chip"
+        said = f"{verdict}: {self.attempt_gib:,.1f} of {hbm_gib(self.hbm_capacity_gib)} GiB per chip"
         if self.build_gib > self.hbm_per_chip_gib:
             said += " (the model build's peak)"
         if not self.tokens_per_second:  # no FLOP count (libtpu refused the compile)

@@ -8,6 +8,7 @@ from typing import Any
 
 from tpuforge.api import TrainConfig
 from tpuforge.api.catalog import TpuSlice
+from tpuforge.api.display import hbm_gib
 from tpuforge_workloads.model.decoder import Decoder
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.preflight import estimate as est
@@ -85,7 +86,7 @@ class Report:
         lines = [
             f"preflight for {e.slice_id}: {self.headline()}",
             f"  HBM per chip   {e.hbm_per_chip_gib:8.2f} GiB (arguments {e.argument_gib:.2f}, temporaries "
-            f"{e.temp_gib:.2f}) of {e.hbm_capacity_gib:.0f} GiB",
+            f"{e.temp_gib:.2f}) of {hbm_gib(e.hbm_capacity_gib)} GiB",
             f"  model build    {e.build_gib:8.2f} GiB per chip (adapters added to the base, before the first step)",
             f"  compute        {e.tflops_per_step:8.2f} TFLOP per chip per step, {e.flops_per_token / 1e9:.1f} "
             f"GFLOP per token per chip ({e.tokens_per_step:,} tokens per step)",

@@ -16,6 +16,7 @@ which is the part that tells nodes and pods apart; the full names are in status.
 
 from __future__ import annotations
 
+from tpuforge.api import display
 from tpuforge.api.evaluation import Check, score
 from tpuforge.kube import events as kube_events
 
@@ -102,7 +103,7 @@ def preflight_started(slice_id: str) -> str:
 def preflight_result(headline: str, fits: bool, hbm_gib: float, capacity_gib: float, tokens_per_s: float) -> str:
     """The report's headline (fits: 31.2 of 95 GiB per chip; ~2,900 tok/s at 8% MFU), shorter if need be."""
     verdict = "fits" if fits else "does not fit"
-    figures = f"{hbm_gib:,.1f}/{capacity_gib:,.0f} GiB/chip"
+    figures = f"{hbm_gib:,.1f}/{display.hbm_gib(capacity_gib)} GiB/chip"
     speed = f"; ~{tokens_per_s:,.0f} tok/s" if tokens_per_s else ""
     return fit(headline, f"{verdict} {figures}{speed}", f"{verdict} {figures}", verdict)
 
