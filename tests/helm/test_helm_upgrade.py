@@ -133,8 +133,15 @@ class Watch(threading.Thread):
         self.pod_uids: set[str] = set()
         self.unhealthy = 0  # vLLM's /health not answering 200
         self.polls = 0
+        self.error: BaseException | None = None
 
     def run(self) -> None:
+        try:
+            self.poll()
+        except BaseException as e:  # the test reads it: a watch that died saw nothing
+            self.error = e
+
+    def poll(self) -> None:
         while not self.stop.is_set():
             sd = kube_objects.get(self.api, API_VERSION, "ServingDeployment", self.ns, self.name) or {}
             self.phases.add((sd.get("status") or {}).get("phase", "<none>"))
@@ -237,6 +244,7 @@ def test_helm_upgrade_rolls_the_operator_and_restarts_no_server_and_no_finetune_
             watch.stop.set()
             watch.join()
         print(f"upgrade and takeover: {time.monotonic() - started:.0f} s, {watch.polls} polls")
+        assert watch.error is None and watch.polls >= 10, (watch.error, watch.polls)
         assert watch.phases == {"Ready"}, watch.phases
         assert watch.pod_uids == {server["metadata"]["uid"]}  # the same server pod throughout
         assert watch.unhealthy == 0, f"vLLM did not answer {watch.unhealthy} of {watch.polls} health checks"
