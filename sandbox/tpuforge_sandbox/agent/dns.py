@@ -6,6 +6,10 @@ pod gets a loopback address of its own (127.0.0.2, 127.0.0.3, ...; other pods ha
 pods' environment `<hostname>.<subdomain>...:<port>` becomes `127.0.0.1:<a free port>`, the same free port
 for every pod that names that host and port: the host named binds it (servers listen on all addresses) and
 the others connect to it. The table lives as long as the agent; a new agent fails the pods it cannot adopt.
+
+A pod annotated `sandbox.tpuforge.dev/own-address: "true"` gets a loopback address of its own too, without a
+subdomain: replicas of one Deployment that serve on fixed ports (the operator's /metrics and /healthz) can each
+bind their pod IP, as they would in pods of their own network namespace.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from collections.abc import Mapping
 from typing import Any
 
 Obj = dict[str, Any]
+
+OWN_ADDRESS = "sandbox.tpuforge.dev/own-address"
 
 
 def pod_hostname(pod: Mapping[str, Any]) -> str | None:
@@ -44,8 +50,10 @@ class LoopbackDns:
         self._ips: dict[str, str] = {}  # pod uid -> its loopback address
 
     def pod_ip(self, pod: Mapping[str, Any]) -> str:
-        """127.0.0.1, or for a pod with a subdomain a loopback address no other such pod holds."""
-        if not (pod.get("spec") or {}).get("subdomain"):
+        """127.0.0.1, or for a pod with a subdomain (or the own-address annotation) a loopback address no other
+        such pod holds."""
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        if not (pod.get("spec") or {}).get("subdomain") and annotations.get(OWN_ADDRESS) != "true":
             return "127.0.0.1"
         uid = pod["metadata"]["uid"]
         with self._lock:

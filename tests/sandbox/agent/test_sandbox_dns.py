@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tpuforge_sandbox.agent.dns import LoopbackDns, loopback_ip, pod_hostname
+from tpuforge_sandbox.agent.dns import OWN_ADDRESS, LoopbackDns, loopback_ip, pod_hostname
 from tpuforge_sandbox.agent.scheduling import EXCLUSIVE_TOPOLOGY, JOB_KEY, exclusive_nodes
 from tpuforge_sandbox.nodes import GKE_NODEPOOL
 
@@ -41,6 +41,10 @@ def test_pods_named_by_hostname_get_loopback_addresses_of_their_own_and_give_the
     dns.release("a")
     assert dns.pod_ip(pod("c", "h-2")) == a  # reused once free
     assert [loopback_ip(i) for i in (0, 1, 255)] == ["127.0.0.1", "127.0.0.2", "127.0.1.0"]
+    # A pod without a subdomain that asks for one (a Deployment's replicas on fixed ports) gets one too.
+    own = pod("own", subdomain="")
+    own["metadata"]["annotations"] = {OWN_ADDRESS: "true"}
+    assert dns.pod_ip(own) not in {a, b, "127.0.0.1"}
     assert pod_hostname({"spec": {"hostname": "x-trainer-0-1"}}) == "x-trainer-0-1"
     assert pod_hostname({"spec": {}}) is None
 

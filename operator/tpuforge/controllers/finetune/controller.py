@@ -72,8 +72,10 @@ Key = tuple[str, str]  # namespace, owner uid
 Obj = dict[str, Any]
 WORKERS = 64  # reconciles at once
 API_CONCURRENCY = 128  # API calls at once, one connection each (a reconcile makes up to three at a time)
-# What a pod needs to exist when it is created (else the Job controller backs off for seconds).
-POD_PREREQUISITES = ("ServiceAccount", "ConfigMap")
+# What a pod needs to exist when it is created (else the Job controller backs off for seconds), and the Role
+# its RoleBinding names: the apiserver reads that Role to check that the operator holds what it grants (the
+# escalation check; only cluster admins skip it), and refuses a binding created beside its Role with 404.
+POD_PREREQUISITES = ("ServiceAccount", "ConfigMap", "Role")
 CONFLICT_RETRY_SECONDS = 1.0  # if the newer object's watch event is lost, look again anyway
 # A webhook that did not answer (a firewall, its controller restarting): try the create again this often.
 WEBHOOK_RETRY_SECONDS = 30.0
@@ -100,7 +102,7 @@ def _now() -> datetime:
 
 
 def creation_groups(objs: list[Obj]) -> list[list[Obj]]:
-    """What a pod needs at creation, then everything else; each group can be created at once."""
+    """What a pod needs at creation (and the Roles), then everything else; each group can be created at once."""
     first = [o for o in objs if o["kind"] in POD_PREREQUISITES]
     rest = [o for o in objs if o["kind"] not in POD_PREREQUISITES]
     return [g for g in (first, rest) if g]
