@@ -4,36 +4,19 @@ on a Standard cluster. (What the Autopilot profile renders: tests/operator/manif
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from tests.fixtures.finetune.world import World, raw_spec
 from tpuforge import api
-from tpuforge.api.autopilot import ClusterProfile
 from tpuforge.api.constants import GKE_NODEPOOL
 from tpuforge.api.finetune_reasons import FAILED
-from tpuforge.controllers.runtime import defaults
 from tpuforge.controllers.serving import plan as serving_plan
 
 POOL = {GKE_NODEPOOL: "v5p-pool"}
 
 
-@pytest.fixture
-def profile() -> Iterator[Any]:
-    """Set the operator's cluster profile, as its command line would; restored after the test."""
-    before = defaults.current()
-
-    def use(name: ClusterProfile) -> None:
-        defaults.configure(defaults.OperatorDefaults(cluster_profile=name))
-
-    yield use
-    defaults.configure(before)
-
-
-def test_a_finetune_job_selecting_a_node_pool_fails_on_autopilot_and_creates_nothing(profile: Any) -> None:
-    profile("autopilot")
+def test_a_finetune_job_selecting_a_node_pool_fails_on_autopilot_and_creates_nothing(operator_defaults: Any) -> None:
+    operator_defaults(cluster_profile="autopilot")
     w = World(raw_spec(merge={"nodeSelector": POOL}))
     p = w.step()
     assert p.create == []
@@ -43,8 +26,8 @@ def test_a_finetune_job_selecting_a_node_pool_fails_on_autopilot_and_creates_not
     assert f"spec.merge.nodeSelector[{GKE_NODEPOOL}]" in cond.message and "Autopilot" in cond.message
 
 
-def test_the_same_finetune_job_runs_on_a_standard_cluster(profile: Any) -> None:
-    profile("standard")
+def test_the_same_finetune_job_runs_on_a_standard_cluster(operator_defaults: Any) -> None:
+    operator_defaults(cluster_profile="standard")
     w = World(raw_spec(merge={"nodeSelector": POOL}))
     assert w.step().create
     assert w.phase() != api.FineTunePhase.FAILED
@@ -65,11 +48,11 @@ def serving(selector: dict[str, str]) -> serving_plan.Observed:
     )
 
 
-def test_a_serving_deployment_selecting_a_node_pool_fails_on_autopilot(profile: Any) -> None:
-    profile("autopilot")
+def test_a_serving_deployment_selecting_a_node_pool_fails_on_autopilot(operator_defaults: Any) -> None:
+    operator_defaults(cluster_profile="autopilot")
     p = serving_plan.plan_children(serving(POOL))
     assert p.target is None and p.status.phase == api.ServingPhase.FAILED
     ready = next(c for c in p.status.conditions if c.type == "Ready")
     assert ready.reason == "InvalidSpec" and f"spec.tpu.scheduling.nodeSelector[{GKE_NODEPOOL}]" in ready.message
-    profile("standard")
+    operator_defaults(cluster_profile="standard")
     assert serving_plan.plan_children(serving(POOL)).target is not None

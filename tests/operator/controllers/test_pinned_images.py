@@ -4,15 +4,11 @@ new ones when asked (annotation tpuforge.dev/refresh-images), and images a spec 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from tests.fixtures.finetune.world import World, train
 from tpuforge import api
 from tpuforge.api.images import ImageDefaults
-from tpuforge.controllers.runtime import defaults
 from tpuforge.controllers.serving import plan as serving_plan
 from tpuforge.manifests.finetune_common import merge_job_name
 from tpuforge.manifests.serving import FETCH_CONTAINER, VLLM_CONTAINER
@@ -21,29 +17,17 @@ OLD = ImageDefaults(registry="europe-docker.pkg.dev/ml/tpuforge", tag="0.1.0")
 NEW = ImageDefaults(registry="europe-docker.pkg.dev/ml/tpuforge", tag="0.2.0")
 
 
-@pytest.fixture
-def operator_images() -> Iterator[Any]:
-    """Set the operator's default images, as its command line would; restored after the test."""
-    before = defaults.current()
-
-    def use(images: ImageDefaults) -> None:
-        defaults.configure(defaults.OperatorDefaults(images=images))
-
-    yield use
-    defaults.configure(before)
-
-
 def containers(obj: dict[str, Any]) -> dict[str, str]:
     pod = obj["spec"]["template"]["spec"]
     return {c["name"]: c["image"] for c in [*pod.get("initContainers", []), *pod["containers"]]}
 
 
-def test_a_finetune_under_way_keeps_its_images_through_an_operator_upgrade(operator_images: Any) -> None:
-    operator_images(OLD)
+def test_a_finetune_under_way_keeps_its_images_through_an_operator_upgrade(operator_defaults: Any) -> None:
+    operator_defaults(images=OLD)
     w = World()
     w.step()
     assert w.status.images is not None and w.status.images.merger == OLD.merger
-    operator_images(NEW)  # the chart upgraded mid-training
+    operator_defaults(images=NEW)  # the chart upgraded mid-training
     w.pod(train(0), "Succeeded", exit_code=0)
     w.step()
     merge = w.objects[("Job", merge_job_name(w.observed().name))]
@@ -51,8 +35,8 @@ def test_a_finetune_under_way_keeps_its_images_through_an_operator_upgrade(opera
     assert w.status.images.trainer == OLD.trainer
 
 
-def test_a_finetune_that_names_an_image_runs_it(operator_images: Any) -> None:
-    operator_images(OLD)
+def test_a_finetune_that_names_an_image_runs_it(operator_defaults: Any) -> None:
+    operator_defaults(images=OLD)
     w = World()
     w.spec = {**w.spec, "images": {"merger": "me/merger:7"}}
     w.step()
@@ -81,14 +65,14 @@ def deployment_of(p: serving_plan.Plan) -> dict[str, Any]:
     return next(o for o in p.target.objects if o["kind"] == "Deployment")
 
 
-def test_a_server_keeps_its_images_through_an_upgrade_until_a_rollout_is_asked_for(operator_images: Any) -> None:
-    operator_images(OLD)
+def test_a_server_keeps_its_images_through_an_upgrade_until_a_rollout_is_asked_for(operator_defaults: Any) -> None:
+    operator_defaults(images=OLD)
     first = serving_plan.plan_children(observed(api.ServingDeploymentStatus()))
     running = deployment_of(first)
     assert containers(running)[VLLM_CONTAINER] == OLD.serving
     assert first.status.images is not None and first.status.images.serving == OLD.serving
 
-    operator_images(NEW)
+    operator_defaults(images=NEW)
     after = serving_plan.plan_children(observed(first.status, running))
     assert deployment_of(after) == running  # the same template: no pod restarts
     assert after.status.images == first.status.images
@@ -98,15 +82,15 @@ def test_a_server_keeps_its_images_through_an_upgrade_until_a_rollout_is_asked_f
     assert (images[VLLM_CONTAINER], images[FETCH_CONTAINER]) == (NEW.serving, NEW.model_fetch)
     assert rolled.status.images is not None and rolled.status.images.refresh == "2026-12-06"
     # Asked once: the next reconcile keeps what that rollout resolved, whatever the operator's defaults.
-    operator_images(OLD)
+    operator_defaults(images=OLD)
     again = serving_plan.plan_children(observed(rolled.status, deployment_of(rolled), refresh="2026-12-06"))
     assert containers(deployment_of(again))[VLLM_CONTAINER] == NEW.serving
 
 
-def test_a_server_from_before_images_were_recorded_keeps_what_its_pods_run(operator_images: Any) -> None:
-    operator_images(OLD)
+def test_a_server_from_before_images_were_recorded_keeps_what_its_pods_run(operator_defaults: Any) -> None:
+    operator_defaults(images=OLD)
     running = deployment_of(serving_plan.plan_children(observed(api.ServingDeploymentStatus())))
-    operator_images(NEW)
+    operator_defaults(images=NEW)
     p = serving_plan.plan_children(observed(api.ServingDeploymentStatus(), running))
     assert deployment_of(p) == running
     assert p.status.images is not None and p.status.images.serving == OLD.serving
