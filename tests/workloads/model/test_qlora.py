@@ -16,8 +16,9 @@ from flax import nnx
 
 from tests.fixtures.models import TrainerProcess, read_summary, tiny_train_config
 from tpuforge.api import LoraSpec
+from tpuforge.api.catalog import model_shape
 from tpuforge_workloads import storage
-from tpuforge_workloads.model import checkpoint_read, gemma4, lora
+from tpuforge_workloads.model import checkpoint_read, family, gemma4, lora
 from tpuforge_workloads.model.mesh import make_mesh
 
 pytestmark = pytest.mark.slow
@@ -26,9 +27,9 @@ TOKENS = np.arange(1, 33).reshape(2, 16) % 300
 
 
 def _base(model_dir: Path, mesh: jax.sharding.Mesh) -> Any:
-    text = gemma4.parse_config(gemma4.read_config(str(model_dir)))
+    text = family.read_decoder(str(model_dir))
     with jax.set_mesh(mesh):
-        return checkpoint_read.load_model(model_dir, text, gemma4.tunix_config(text), mesh)
+        return checkpoint_read.load_model(model_dir, text, family.of(text).tunix_config(text), mesh)
 
 
 def _bytes(state: Any) -> int:
@@ -57,12 +58,22 @@ def test_the_base_is_quantized_in_place_as_qwix_quantizes_it(
     assert base_bytes < 0.4 * full  # the tiny model is float32: its targeted weights take a byte (or less) each
 
 
-def test_qlora_trains_and_resumes_with_only_adapters_saved(
+def test_qwen3_takes_a_quantized_base_too(tiny_qwen3_model_dir: Path, jax_devices: Any) -> None:
+    mesh = make_mesh(1, 1, jax_devices[:1])
+    targets = list(model_shape("qwen3-tiny").lora_targets)
+    spec = LoraSpec(rank=4, alpha=8.0, dropout=0.0, target_modules=targets, base_quantization="int8")
+    model = lora.apply_lora(_base(tiny_qwen3_model_dir, mesh), spec, mesh, seed=0)
+    reference = lora.add_adapters(_base(tiny_qwen3_model_dir, mesh), spec, batch=1, seed=0)
+    np.testing.assert_array_equal(lora.logits(model, TOKENS), lora.logits(reference, TOKENS))
+    assert len(lora.quantized_weights(model)) == len(model.layers) * len(targets)
+
+
+def test_qlora_trains_resumes_and_merges_with_only_adapters_saved(
     tiny_model_dir: Path, chat_dataset: Path, tmp_path: Path
 ) -> None:
     """The trainer CLI on an int8 base (4 virtual devices, tp=4): killed after a checkpoint and run again, it
     resumes there and finishes with a lower loss; each checkpoint holds the adapters alone, and the manifest
-    says what base they trained against."""
+    says what base they trained against. The adapters then merge into the full-precision base."""
     ckpt = str(tmp_path / "checkpoints")
     config = tiny_train_config(str(tiny_model_dir), str(chat_dataset), ckpt, max_steps=12)
     config.lora = config.lora.model_copy(update={"base_quantization": "int8"})
@@ -92,6 +103,42 @@ def test_qlora_trains_and_resumes_with_only_adapters_saved(
     names = {str(p[-2].key) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]}
     assert names and all(n.endswith(("_lora_a", "_lora_b")) for n in names), names
     assert all(np.asarray(x).dtype == np.float32 for x in jax.tree.leaves(tree))
+    _merges_into_the_full_precision_base(config, tmp_path / "merged")
+
+
+def _merges_into_the_full_precision_base(config: Any, out: Path) -> None:
+    """The merge adds the adapters to the full-precision base, as for any adapter: the merged model computes
+    what the adapters do on that base. It differs from the quantized forward they trained against by the
+    base's quantization error (what the logits below measure, printed for docs/training.md)."""
+    from tpuforge.api.configs import MergeConfig
+    from tpuforge_workloads.merge.merge import run_merge
+
+    ckpt = config.checkpoint.uri
+    run_merge(
+        MergeConfig(
+            model_name=config.model_name,
+            base_model_uri=config.model_uri,
+            checkpoint_uri=ckpt,
+            output_uri=str(out),
+            lora=config.lora,
+        )
+    )
+    mesh = make_mesh(1, 1, jax.devices()[:1])
+    merged = lora.logits(_base(out, mesh), TOKENS)
+    full, _ = lora.load_lora_model(config.model_uri, ckpt, mesh=mesh)
+    trained = lora.untrained_lora_model(config.model_uri, ckpt, mesh=mesh, base_quantization="int8")
+    from tpuforge_workloads.model.adapter_checkpoint import restore_lora_params
+
+    restore_lora_params(ckpt, trained)
+    on_full, on_int8 = lora.logits(full, TOKENS), lora.logits(trained, TOKENS)
+    np.testing.assert_allclose(merged, on_full, atol=1e-4)
+    drift = float(np.abs(merged - on_int8).max())
+    agree = float((merged.argmax(-1) == on_int8.argmax(-1)).mean())
+    print(
+        f"merged vs int8 forward: max |logit diff| {drift:.4f} of max |logit| {np.abs(merged).max():.2f}, "
+        f"argmax agreement {agree:.3f}"
+    )
+    assert 0 < drift < 0.2 * float(np.abs(merged).max())
 
 
 def test_a_manifest_from_a_quantized_base_differs_from_a_full_precision_run() -> None:
