@@ -238,7 +238,16 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 with args.json.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-    scores = [r["heldOut"] for r in rows]
+    if args.base_quantization:
+        for quantization in args.base_quantization:
+            group = [r for r in rows if r.get("baseQuantization", "none") == quantization]
+            print(
+                f"{quantization}: held-out exact match {statistics.fmean(r['heldOut'] for r in group):.3f} "
+                f"(full-precision base), loss {statistics.fmean(r['loss'] for r in group):.3f}"
+            )
+    # The band is the full-precision LoRA's; quantized runs alone are held to it too.
+    plain = [r for r in rows if r.get("baseQuantization", "none") == "none"] or rows
+    scores = [r["heldOut"] for r in plain]
     mean = statistics.fmean(scores)
     spread = statistics.stdev(scores) if len(scores) > 1 else 0.0
     print(f"held-out exact match: mean {mean:.3f}, sd {spread:.3f} over seeds {args.seeds}")
