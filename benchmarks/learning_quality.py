@@ -7,10 +7,14 @@ scored by greedy answers, exact match, on
 - seen: the task's own phrasings (the demo asks "Which city is the capital of Norway?", a training record).
 
     .venv/bin/python benchmarks/learning_quality.py [--seeds 0 1 2] [--steps 400] [--mesh 1x4]
-        [--set training.maxGradNorm=1e9 ...] [--task capitals] [--json out.jsonl] [--check]
+        [--set training.maxGradNorm=1e9 ...] [--task capitals] [--base-quantization none int8 int4]
+        [--json out.jsonl] [--check]
 
 `--set` changes one field of the job's spec (camelCase path, YAML value), so each default that shapes
-learning can be measured against the others held fixed. `--mesh FxT` trains on F x T virtual CPU devices
+learning can be measured against the others held fixed. `--base-quantization` trains once per value (QLoRA) and
+scores each adapter twice: on the full-precision base (heldOut, as the merged model and serving answer) and on
+the quantized base it trained against (heldOutQuantizedForward); baseBytes / quantizedBaseBytes are the base's
+parameter bytes in each. `--mesh FxT` trains on F x T virtual CPU devices
 (the run's effective batch is microBatchSize x F rows, as on a slice). `--check` compares the held-out score
 with the recorded band (benchmarks/learning_quality.json) and exits 1 below it. One JSON line per seed.
 """
@@ -101,26 +105,46 @@ def train(config: Any, workdir: Path, devices: int) -> dict[str, Any]:
     return {"loss": result["loss"], "steps": result["step"], "trainSeconds": round(time.monotonic() - started, 1)}
 
 
-def answers(model_dir: Path, ckpt: Path, questions: list[dict[str, Any]], max_seq_len: int) -> list[str]:
-    """Greedy answers of the base with the run's last LoRA checkpoint, as the trainer's samples decode."""
+def lora_model(model_dir: Path, ckpt: Path, mesh: Any, base_quantization: str = "none") -> Any:
+    """The base with the run's last LoRA checkpoint: on the full-precision base (as the merge and serving use
+    the adapter), or on the base quantized as `base_quantization` (the forward a QLoRA run trained against)."""
+    from tpuforge_workloads.model import lora
+    from tpuforge_workloads.model.adapter_checkpoint import restore_lora_params
+
+    model = lora.untrained_lora_model(str(model_dir), str(ckpt), mesh=mesh, base_quantization=base_quantization)
+    restore_lora_params(str(ckpt), model)
+    return model
+
+
+def base_param_bytes(model: Any) -> int:
+    """Bytes of the LoRA model's base weights (every parameter but the adapters), 4-bit types at half a byte."""
+    import jax
+    from flax import nnx
+
+    leaves = jax.tree.leaves(nnx.state(model, nnx.Not(nnx.LoRAParam)))
+    return int(sum(x.size * (0.5 if x.dtype.name in ("int4", "uint4") else x.dtype.itemsize) for x in leaves))
+
+
+def answers(
+    model_dir: Path, ckpt: Path, questions: list[dict[str, Any]], max_seq_len: int, base_quantization: str = "none"
+) -> tuple[list[str], int]:
+    """Greedy answers of the base with the run's last LoRA checkpoint, as the trainer's samples decode, and
+    the base's parameter bytes."""
     import jax
 
     from tpuforge_workloads.data.chat import ChatEncoder, read_tokenizer
     from tpuforge_workloads.data.records import parse_object
-    from tpuforge_workloads.model import lora
-    from tpuforge_workloads.model.adapter_checkpoint import restore_lora_params
     from tpuforge_workloads.model.mesh import make_mesh
     from tpuforge_workloads.train.samples import Sampler, pick_prompts
 
     mesh = make_mesh(1, 1, jax.local_devices()[:1])
-    model = lora.untrained_lora_model(str(model_dir), str(ckpt), mesh=mesh)
-    restore_lora_params(str(ckpt), model)
+    model = lora_model(model_dir, ckpt, mesh, base_quantization)
     encoder = ChatEncoder(read_tokenizer(str(model_dir)))
     records = [parse_object(q, "question", i) for i, q in enumerate(questions)]
     prompts = pick_prompts(records, encoder, len(records), max_seq_len)
     with jax.set_mesh(mesh):
         out = Sampler(prompts, encoder, mesh, max_seq_len).answers(model)
-    return [a["answer"] for a in out]
+    return [a["answer"] for a in out], base_param_bytes(model)
 
 
 def exact(questions: list[dict[str, Any]], got: list[str]) -> float:
@@ -146,9 +170,19 @@ def run_seed(
     row |= train(config, work / f"run-{seed}", mesh[0] * mesh[1])
     held = demo.held_out_records(t)
     seen = demo.seen_records(t)
-    got = answers(model_dir, ckpt, held + seen, config.training.max_seq_len)
+    got, row["baseBytes"] = answers(model_dir, ckpt, held + seen, config.training.max_seq_len)
     row["heldOut"] = round(exact(held, got[: len(held)]), 4)
     row["seen"] = round(exact(seen, got[len(held) :]), 4)
+    quantization = config.lora.base_quantization
+    if quantization != "none":
+        # QLoRA: the adapter above runs on the full-precision base (as merged and served); here on the base
+        # it trained against.
+        row["baseQuantization"] = quantization
+        trained, row["quantizedBaseBytes"] = answers(
+            model_dir, ckpt, held + seen, config.training.max_seq_len, quantization
+        )
+        row["heldOutQuantizedForward"] = round(exact(held, trained[: len(held)]), 4)
+        row["seenQuantizedForward"] = round(exact(seen, trained[len(held) :]), 4)
     row["wrong"] = {
         q["messages"][-2]["content"]: a
         for q, a in zip(held + seen, got, strict=True)
@@ -168,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=None, help="training.maxSteps (default: the demo's)")
     p.add_argument("--mesh", default="1x1", help="fsdp x tp virtual CPU devices (default 1x1)")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="spec field=value")
+    p.add_argument(
+        "--base-quantization",
+        nargs="+",
+        choices=["none", "int8", "int4"],
+        help="QLoRA: train once per value (spec.lora.baseQuantization), scoring each adapter on the "
+        "full-precision base and on the quantized one it trained against",
+    )
     p.add_argument("--json", type=Path, help="append one JSON line per seed here")
     p.add_argument("--check", action="store_true", help="exit 1 when the held-out mean is below the band")
     p.add_argument("--workdir", type=Path, help="keep the runs here (default: a temporary directory)")
@@ -183,15 +224,30 @@ def main(argv: list[str] | None = None) -> int:
         if not (model_dir / "config.json").exists():
             tiny_model.write(str(model_dir))
         rows = []
-        for seed in args.seeds:
-            row = run_seed(spec, args.task, seed, (fsdp, tp), model_dir, work / f"s{seed}")
+        runs = [(q, seed) for q in args.base_quantization or [None] for seed in args.seeds]
+        for quantization, seed in runs:
+            run_spec, run_work = spec, work / f"s{seed}"
+            if quantization is not None:
+                run_spec = copy.deepcopy(spec)
+                set_field(run_spec, "lora.baseQuantization", quantization)
+                run_work = work / f"{quantization}-s{seed}"
+            row = run_seed(run_spec, args.task, seed, (fsdp, tp), model_dir, run_work)
             row["set"] = args.overrides
             rows.append(row)
             print(json.dumps(row), flush=True)
             if args.json:
                 with args.json.open("a") as f:
                     f.write(json.dumps(row) + "\n")
-    scores = [r["heldOut"] for r in rows]
+    if args.base_quantization:
+        for quantization in args.base_quantization:
+            group = [r for r in rows if r.get("baseQuantization", "none") == quantization]
+            print(
+                f"{quantization}: held-out exact match {statistics.fmean(r['heldOut'] for r in group):.3f} "
+                f"(full-precision base), loss {statistics.fmean(r['loss'] for r in group):.3f}"
+            )
+    # The band is the full-precision LoRA's; quantized runs alone are held to it too.
+    plain = [r for r in rows if r.get("baseQuantization", "none") == "none"] or rows
+    scores = [r["heldOut"] for r in plain]
     mean = statistics.fmean(scores)
     spread = statistics.stdev(scores) if len(scores) > 1 else 0.0
     print(f"held-out exact match: mean {mean:.3f}, sd {spread:.3f} over seeds {args.seeds}")

@@ -10,7 +10,8 @@ holds. Everything is compiled in this run by libtpu for the real TPU topology, o
    that the report's measured 763 tokens/s on a v5p-8 corresponds to.
 
     .venv/bin/python benchmarks/preflight_31b.py [--slices v5p-8,v5p-16] [--seq 1024,2048,4096,8192]
-        [--batch 1,2,4] [--check-layers 12] [--check-seq 4096] [--skip-mfu] [--skip-table] [--json out.json]
+        [--batch 1,2,4] [--check-layers 12] [--check-seq 4096] [--skip-mfu] [--skip-table]
+        [--base-quantization none int8] [--json out.json]
 
 Compiles are single-threaded for much of their time: on a 2-core machine each probe of 1-2 layers takes
 about a minute, a 12-layer compile several.
@@ -43,13 +44,15 @@ REPORT_SEQ = 3072  # its maxSeqLen (1 x 8 micro-batches of 3072 tokens)
 STEPS = 1244  # its run: one epoch of 10k rows
 
 
-def config_31b(slice_id: str, seq: int, batch: int, accumulation: int = 8, remat: bool = True) -> TrainConfig:
+def config_31b(
+    slice_id: str, seq: int, batch: int, accumulation: int = 8, remat: bool = True, base_quantization: str = "none"
+) -> TrainConfig:
     slc = TPU_SLICES[slice_id]
     return TrainConfig(
         model_name="gemma4-31b",
         model_uri="gs://preflight/gemma4-31b",
         dataset_uri="gs://preflight/train.jsonl",
-        lora=LoraSpec(rank=64, alpha=64, dropout=0.05),
+        lora=LoraSpec(rank=64, alpha=64, dropout=0.05, base_quantization=base_quantization),  # type: ignore[arg-type]
         training=TrainingSpec(
             max_seq_len=seq, micro_batch_size=batch, gradient_accumulation_steps=accumulation, remat=remat
         ),
@@ -63,30 +66,34 @@ def text_31b() -> gemma4.Gemma4Text:
     return gemma4.parse_config(tiny_model.hf_config(model_shape("gemma4-31b")))
 
 
-def table(slices: list[str], seqs: list[int], batches: list[int]) -> list[dict[str, Any]]:
+def table(
+    slices: list[str], seqs: list[int], batches: list[int], quantizations: list[str] | None = None
+) -> list[dict[str, Any]]:
     text = text_31b()
     rows = []
-    for slice_id in slices:
-        for seq in seqs:
-            for batch in batches:
-                r = preflight(text, config_31b(slice_id, seq, batch), TPU_SLICES[slice_id], STEPS)
-                e = r.estimate
-                row = {
-                    "slice": slice_id,
-                    "maxSeqLen": seq,
-                    "microBatch": batch,
-                    "fits": e.fits,
-                    "lowerBound": r.lower_bound,
-                    "hbmPerChipGiB": round(e.hbm_per_chip_gib, 2),
-                    "argumentsGiB": round(e.argument_gib, 2),
-                    "temporariesGiB": round(e.temp_gib, 2),
-                    # outputs not written over donated inputs, and the program (estimate.py)
-                    "otherGiB": round(e.hbm_per_chip_gib - e.argument_gib - e.temp_gib, 2),
-                    "tflopsPerMicroBatch": round(e.tflops_per_step / 8, 2),
-                    "compileSeconds": round(r.compile_seconds, 1),
-                }
-                rows.append(row)
-                print(json.dumps(row), flush=True)
+    runs = [(sl, sq, b, q) for sl in slices for sq in seqs for b in batches for q in quantizations or ["none"]]
+    for slice_id, seq, batch, quantization in runs:
+        config = config_31b(slice_id, seq, batch, base_quantization=quantization)
+        r = preflight(text, config, TPU_SLICES[slice_id], STEPS)
+        e = r.estimate
+        row = {
+            "slice": slice_id,
+            "maxSeqLen": seq,
+            "microBatch": batch,
+            "fits": e.fits,
+            "lowerBound": r.lower_bound,
+            "hbmPerChipGiB": round(e.hbm_per_chip_gib, 2),
+            "argumentsGiB": round(e.argument_gib, 2),
+            "temporariesGiB": round(e.temp_gib, 2),
+            # outputs not written over donated inputs, and the program (estimate.py)
+            "otherGiB": round(e.hbm_per_chip_gib - e.argument_gib - e.temp_gib, 2),
+            "tflopsPerMicroBatch": round(e.tflops_per_step / 8, 2),
+            "compileSeconds": round(r.compile_seconds, 1),
+        }
+        if quantizations:
+            row |= {"baseQuantization": quantization, "buildGiB": round(e.build_gib, 2)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     return rows
 
 
@@ -149,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check-seq", type=int, default=4096, help="maxSeqLen of the whole-compile check")
     ap.add_argument("--skip-mfu", action="store_true", help="skip the report's MFU (three probes at 3072)")
     ap.add_argument("--skip-table", action="store_true")
+    ap.add_argument(
+        "--base-quantization",
+        nargs="+",
+        choices=["none", "int8", "int4"],
+        help="QLoRA: one table row per value (spec.lora.baseQuantization), with the model build's peak",
+    )
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -162,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_table:
         slices = args.slices.split(",")
         seqs = [int(s) for s in args.seq.split(",")]
-        rows = table(slices, seqs, [int(b) for b in args.batch.split(",")])
+        rows = table(slices, seqs, [int(b) for b in args.batch.split(",")], args.base_quantization)
         out["table"] = rows
         for slice_id in slices:
             for seq in seqs:

@@ -88,6 +88,10 @@ class DatasetRef(DataOptions):
         return DataOptions.model_validate(self.model_dump(include=set(DataOptions.model_fields)))
 
 
+BaseQuantization = Literal["none", "int8", "int4"]
+BASE_QUANTIZATIONS: tuple[str, ...] = get_args(BaseQuantization)
+
+
 class LoraSpec(ApiModel):
     rank: int = Field(default=64, ge=1, le=4096, description="LoRA rank r.")
     alpha: float = Field(default=64.0, gt=0, description="LoRA alpha; the update is scaled by alpha/rank.")
@@ -97,6 +101,16 @@ class LoraSpec(ApiModel):
         min_length=1,
         description="Modules that get a LoRA adapter, by the model's Tunix names. The default is Gemma 4's; on a "
         "model of another family it stands for that model's own (docs/api.md's model catalog lists them).",
+    )
+    base_quantization: BaseQuantization = Field(
+        default="none",
+        # Left out of the configs when none, so that a job without it writes the bytes it always did.
+        exclude_if=lambda v: v == "none",
+        description="QLoRA: the frozen base's targeted weights are quantized (Qwix, weight-only, absmax) while "
+        "the adapters train in float32 against the quantized forward. int8: per output channel; int4: in tiles "
+        "of the contracted axis. none (the default) keeps the base in its own dtype. Only the training forward "
+        "changes: the merge adds the adapters to the full-precision base, and evaluation and serving run the "
+        "adapter on it too (docs/training.md, QLoRA).",
     )
 
 

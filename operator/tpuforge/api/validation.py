@@ -15,6 +15,7 @@ from tpuforge.api.code_eval import CHECK_RUNNER_MEMORY, MIN_SAMPLE_MEMORY, PASS_
 from tpuforge.api.constants import CPU_SLICE
 from tpuforge.api.finetune import EvaluationSpec, FineTuneJobSpec, MeshSpec
 from tpuforge.api.labels import label_errors, label_value_problem
+from tpuforge.api.quantization import contracted_sizes, tile_size
 from tpuforge.api.resources import quantity, resource_errors, tpu_server_requests, trainer_requests
 from tpuforge.api.scheduling import PodScheduling, scheduling_errors
 
@@ -236,6 +237,7 @@ def check_finetune(spec: FineTuneJobSpec, local_paths: bool = False) -> list[Fie
                     f"{unknown} are not {shape.family} modules; choose from {list(shape.lora_targets)}",
                 )
             )
+        _check_base_quantization(errors, spec.lora.base_quantization, shape)
     t = spec.training
     if t.max_steps is not None and t.warmup_steps >= t.max_steps:
         errors.append(
@@ -262,6 +264,16 @@ def check_finetune(spec: FineTuneJobSpec, local_paths: bool = False) -> list[Fie
     _check_labels(errors, spec)
     _check_evaluation(errors, spec, shape, local_paths)
     return errors
+
+
+def _check_base_quantization(errors: list[FieldError], quantization: str, shape: ModelShape) -> None:
+    """int4 scales tiles of each contracted axis (quantization.tile_size): a model none of whose tiles divides
+    every such axis cannot be built."""
+    sizes = contracted_sizes(shape.embed_dim, shape.hidden_dim, (shape.head_dim, shape.global_head_dim))
+    try:
+        tile_size(quantization, sizes)
+    except ValueError as e:
+        errors.append(FieldError("spec.lora.baseQuantization", f"{e} ({shape.id}); use int8 or none"))
 
 
 def _check_labels(errors: list[FieldError], spec: FineTuneJobSpec) -> None:

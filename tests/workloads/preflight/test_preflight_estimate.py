@@ -94,6 +94,19 @@ def test_a_job_that_does_not_fit_is_told_what_to_change() -> None:
     assert fixes[-1].startswith("use a larger slice (spec.tpu.slice)")
 
 
+def test_qlora_is_offered_when_the_step_does_not_fit_and_the_build_does() -> None:
+    v6e8 = TPU_SLICES["v6e-8"]
+    figures = est.PerChip(argument_bytes=30 * GIB, temp_bytes=10 * GIB, output_bytes=0, flops=1e12)
+    over_step = est.estimate(dataclasses.replace(figures, build_bytes=20 * GIB), v6e8, 8192, 1, 10)
+    fixes = est.fixes(over_step, micro_batch_size=1, max_seq_len=1024, remat=True, rank=16)
+    assert fixes[-2].startswith("set spec.lora.baseQuantization: int8") and "20.0 GiB" in fixes[-2]
+    already = est.fixes(over_step, 1, 1024, True, 16, base_quantization="int8")
+    assert not any("baseQuantization" in f for f in already)
+    # The build alone (the base in its own dtype) does not fit: quantizing the step's copy would not help.
+    over_build = est.estimate(dataclasses.replace(figures, build_bytes=40 * GIB), v6e8, 8192, 1, 10)
+    assert not any("baseQuantization" in f for f in est.fixes(over_build, 1, 1024, True, 16))
+
+
 def test_mfu_outside_0_1_is_refused() -> None:
     with pytest.raises(ValueError, match="mfu must be in"):
         est.estimate(est.PerChip(0, 0, 0, 1.0), TPU_SLICES["v5p-8"], 1, 1, 1, mfu=35)

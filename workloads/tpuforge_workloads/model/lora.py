@@ -19,9 +19,10 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from tpuforge.api import LoraSpec
+from tpuforge.api.quantization import contracted_sizes, tile_size
 from tpuforge_workloads import storage
 from tpuforge_workloads.model.adapter_checkpoint import PARAMS_ITEM, restore_lora_params
 from tpuforge_workloads.model.decoder import ModelError
@@ -50,6 +51,8 @@ class LoraManifest(BaseModel):
     module_regex: str
     params_item: str
     layout: str
+    # What the adapters were trained against (QLoRA); left out when none, as manifests were written before.
+    base_quantization: str = Field(default="none", exclude_if=lambda v: v == "none")
 
     def differences(self, other: LoraManifest) -> list[str]:
         """What would make `other`'s run resume these checkpoints as another adapter, each naming the
@@ -60,6 +63,8 @@ class LoraManifest(BaseModel):
             "lora.rank": (self.rank, other.rank),
             "lora.alpha": (self.alpha, other.alpha),
             "lora.targetModules": (sorted(self.target_modules), sorted(other.target_modules)),
+            # The same shapes, but adapters trained against another forward than the one they would resume in.
+            "lora.baseQuantization": (self.base_quantization, other.base_quantization),
         }
         return [
             f"{name} {mine} (checkpoints) vs {theirs} (this run)"
@@ -83,6 +88,7 @@ def manifest(model_name: str, base_model_uri: str, lora: LoraSpec) -> LoraManife
         target_modules=list(lora.target_modules),
         module_regex=module_regex(lora.target_modules),
         params_item=PARAMS_ITEM,
+        base_quantization=lora.base_quantization,
         layout=(
             f"<step>/{PARAMS_ITEM}: nnx.state(model, nnx.LoRAParam) of the Tunix model, leaves "
             "layers/<i>/<attn|mlp>/<module>/<w|kernel>_lora_<a|b>/value; update = (alpha / rank) * A @ B "
@@ -115,13 +121,48 @@ def add_adapters(base: Any, lora: LoraSpec, batch: int, seed: int, adapter_dtype
 
     # Ours: dropout off where the trainer evaluates (lora_provider.without_dropout).
     provider = LoraProvider(
-        module_path=module_regex(lora.target_modules), rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout
+        module_path=module_regex(lora.target_modules),
+        rank=lora.rank,
+        alpha=lora.alpha,
+        dropout=lora.dropout,
+        **quantization_rule(lora, base.config),
     )
     # Positional: every family's model takes (tokens, positions, cache, attention_mask), under its own names.
     inputs = (jnp.ones((batch, 2), jnp.int32), jnp.zeros((batch, 2), jnp.int32), None, jnp.ones((batch, 2, 2), bool))
     model = qwix.apply_lora_to_model(base, provider, *inputs, rngs=nnx.Rngs(params=seed, dropout=seed))
     nnx.update(model, jax.tree.map(lambda x: x.astype(adapter_dtype), nnx.state(model, nnx.LoRAParam)))
     return model
+
+
+def quantization_rule(lora: LoraSpec, config: Any) -> dict[str, Any]:
+    """The LoRA rule's weight quantization for `lora.base_quantization` on a model of Tunix config `config`
+    (nothing for none): Qwix quantizes each targeted weight (absmax, weight only) the first time the model
+    runs, and computes with it from then on; the adapters stay in their own dtype."""
+    import jax.numpy as jnp
+
+    if lora.base_quantization == "none":
+        return {}
+    heads = [config.head_dim] + ([config.global_key_size] if getattr(config, "global_key_size", None) else [])
+    sizes = contracted_sizes(config.embed_dim, config.hidden_dim, heads)
+    try:
+        tile = tile_size(lora.base_quantization, sizes)
+    except ValueError as e:
+        raise ModelError(f"lora.baseQuantization: {e}; use int8 or none") from None
+    return {"weight_qtype": jnp.dtype(lora.base_quantization), "tile_size": tile}
+
+
+def quantized_weights(model: Any) -> list[tuple[tuple[Any, ...], str, Any]]:
+    """(module path, attribute, value) of each weight Qwix holds quantized in `model` (its value a
+    ptq.WithAux: the QArray, whose leaves are the Params, and how it was quantized)."""
+    from flax import nnx
+    from qwix._src.providers.ptq import WithAux  # Qwix's box of a quantized weight; not exported
+
+    return [
+        (path, name, value)
+        for path, module in nnx.iter_modules(model)
+        for name, value in vars(module).items()
+        if isinstance(value, WithAux)
+    ]
 
 
 class AdapterBuild:
@@ -137,7 +178,13 @@ class AdapterBuild:
     their partition specs put them. The LoRA model is then the base's own arrays plus those values: the base
     exists once, as the function's argument (read by nothing: A is random and B zero), and its output is the
     adapters alone (`lower` gives XLA's memory analysis of it: the preflight adds it to its figures, tests
-    check it)."""
+    check it).
+
+    With a quantized base (lora.baseQuantization), Qwix's insertion also replaces each targeted weight by its
+    quantized form. `init` still returns the adapters alone; `run` then quantizes the base in place, one
+    weight at a time (each replaced weight's full-precision array is dropped as soon as its quantized form
+    exists), so the build holds the full-precision base and one weight's quantized copy at most, and the
+    LoRA model holds the quantized base only."""
 
     def __init__(self, base: Any, lora: LoraSpec, mesh: jax.sharding.Mesh, seed: int, adapter_dtype: str):
         """`base`: the base model, with weights or abstract (its state ShapeDtypeStructs)."""
@@ -159,6 +206,8 @@ class AdapterBuild:
         self.graph: Any = parts[0]
         self.adapters: Any = parts[1]  # the adapters' ShapeDtypeStructs
         self.rest: Any = parts[2]
+        self.quantized = quantized_weights(abstract)
+        self._quantizers: dict[str, Any] = {}
         shardings = nnx.get_named_sharding(self.adapters, mesh)
         # keep_unused: the adapters' values need none of the base's, but the base is held while they are made,
         # and so counted as the program's arguments in its memory analysis.
@@ -187,7 +236,61 @@ class AdapterBuild:
         base_state = nnx.state(base)
         with jax.set_mesh(self.mesh):
             adapters = self.init(base_state)
+        if self.quantized:
+            del base_state  # its references would keep the full-precision weights alive
+            self.quantize_in_place(base)
+            base_state = nnx.state(base)
         return nnx.merge(self.graph, adapters, base_state)
+
+    def quantize_in_place(self, base: Any) -> None:
+        """Replace each weight of `base` that the LoRA model holds quantized by its quantized form (as Qwix
+        quantizes it in the forward), laid out by its partition specs, one weight at a time."""
+        import jax
+        from flax import nnx
+
+        modules = dict(nnx.iter_modules(base))
+        for path, name, boxed in self.quantized:
+            module = modules[path]
+            weight = getattr(module, name)
+            quantized = self._quantizer(boxed)(weight.get_value().reshape(boxed.shape))
+            del weight
+            # The abstract model's Params carry the quantized arrays' sharding metadata.
+            setattr(
+                module,
+                name,
+                jax.tree.map(
+                    lambda p, v: p.replace(v), boxed, quantized, is_leaf=lambda x: isinstance(x, nnx.Variable)
+                ),
+            )
+
+    def _quantizer(self, boxed: Any) -> Any:
+        """A jitted function from a full-precision weight to the unboxed quantized form of `boxed` (one per
+        way of quantizing and layout, so that layers of one shape share a compiled program)."""
+        import jax
+        import qwix
+        from flax import nnx
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        def sharding(p: Any) -> Any:
+            return NamedSharding(self.mesh, PartitionSpec(*(p.get_metadata().get("out_sharding") or ())))  # type: ignore[no-untyped-call]
+
+        shardings = jax.tree.map(sharding, boxed, is_leaf=lambda x: isinstance(x, nnx.Variable))
+        key = repr((boxed.how, shardings))
+        if key not in self._quantizers:
+            how = boxed.how
+
+            def quantize(w: Any) -> Any:
+                q = qwix.quantize(
+                    w,
+                    how.qtype,
+                    channelwise_axes=how.channelwise_axes,
+                    tiled_axes=how.tiled_axes,
+                    calibration_method=how.calibration_method,
+                )
+                return boxed.replace(array=q)
+
+            self._quantizers[key] = jax.jit(quantize, out_shardings=shardings)
+        return self._quantizers[key]
 
 
 def _abstract(state: Any) -> Any:
@@ -308,9 +411,13 @@ def untrained_lora_model(
     checkpoint_uri: str,
     *,
     mesh: jax.sharding.Mesh | None = None,
+    base_quantization: str = "none",
 ) -> Any:
     """The base with the adapters that `checkpoint_uri`'s manifest describes, as training creates them (B is
-    zero: the model computes exactly what the base does) and without dropout; restore a step into it."""
+    zero: the model computes exactly what the base does) and without dropout; restore a step into it. The base
+    is the full-precision one even when the adapters were trained on a quantized base (the manifest's
+    base_quantization): the merge adds them to that base, and this model computes what the merged one does;
+    `base_quantization` quantizes it instead (the forward a QLoRA run trained against)."""
 
     import jax
 
@@ -322,7 +429,13 @@ def untrained_lora_model(
         raise ModelError(f"{checkpoint_uri}: no {MANIFEST_FILE}; not a tpuforge training checkpoint directory")
     text = family.read_decoder(base_model_uri)
     mesh = mesh or make_mesh(1, 1, jax.local_devices()[:1])
-    lora = LoraSpec(rank=m.rank, alpha=m.alpha, dropout=0.0, target_modules=m.target_modules)
+    lora = LoraSpec(
+        rank=m.rank,
+        alpha=m.alpha,
+        dropout=0.0,
+        target_modules=m.target_modules,
+        base_quantization=base_quantization,
+    )
     with jax.set_mesh(mesh):
         base = checkpoint_read.load_model(base_model_uri, text, family.of(text).tunix_config(text), mesh)
     return apply_lora(base, lora, mesh, seed=0)

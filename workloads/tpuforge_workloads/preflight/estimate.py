@@ -189,7 +189,9 @@ def mfu_of(tokens_per_second: float, flops_per_token: float, slc: TpuSlice) -> f
     return tokens_per_second * flops_per_token / (slc.peak_tflops_per_chip * 1e12)
 
 
-def fixes(e: Estimate, micro_batch_size: int, max_seq_len: int, remat: bool, rank: int) -> list[str]:
+def fixes(
+    e: Estimate, micro_batch_size: int, max_seq_len: int, remat: bool, rank: int, base_quantization: str = "none"
+) -> list[str]:
     """What would make a job that does not fit fit, most effective first."""
     out: list[str] = []
     if not remat:
@@ -203,5 +205,11 @@ def fixes(e: Estimate, micro_batch_size: int, max_seq_len: int, remat: bool, ran
         out.append(f"lower spec.training.maxSeqLen (now {max_seq_len})")
     if rank > 16:
         out.append(f"lower spec.lora.rank (now {rank})")
+    if base_quantization == "none" and 0 < e.build_gib <= e.hbm_capacity_gib < e.hbm_per_chip_gib:
+        # Only the step shrinks: the model build still holds the base in its own dtype (docs/training.md, QLoRA).
+        out.append(
+            "set spec.lora.baseQuantization: int8 (QLoRA: the step holds the base's adapted weights in int8; "
+            f"the model build, {e.build_gib:,.1f} GiB per chip, fits already)"
+        )
     out.append("use a larger slice (spec.tpu.slice): FSDP spreads the weights over more chips")
     return out

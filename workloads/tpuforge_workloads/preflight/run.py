@@ -143,7 +143,11 @@ def preflight(
     t = config.training
     rows = t.micro_batch_size * config.mesh.fsdp
     e = est.estimate(figures, slc, rows * t.max_seq_len, t.gradient_accumulation_steps, total_steps, mfu)
-    fixes = [] if e.fits else est.fixes(e, t.micro_batch_size, t.max_seq_len, t.remat, config.lora.rank)
+    fixes = (
+        []
+        if e.fits
+        else est.fixes(e, t.micro_batch_size, t.max_seq_len, t.remat, config.lora.rank, config.lora.base_quantization)
+    )
     return Report(
         e,
         [s.layers for s in steps],
