@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from benchmarks.rows import emit
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_JOB = ROOT / "examples" / "finetune-demo.yaml"
@@ -234,10 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             row = run_seed(run_spec, args.task, seed, (fsdp, tp), model_dir, run_work)
             row["set"] = args.overrides
             rows.append(row)
-            print(json.dumps(row), flush=True)
-            if args.json:
-                with args.json.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+            emit(row, args.json)
     if args.base_quantization:
         for quantization in args.base_quantization:
             group = [r for r in rows if r.get("baseQuantization", "none") == quantization]

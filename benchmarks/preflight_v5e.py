@@ -12,13 +12,14 @@ rank 64 on the catalog's targets, micro-batch 1 x 8 accumulated, remat on). docs
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 from typing import Any
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from benchmarks.rows import emit
 
 from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
 from tpuforge.api.catalog import TPU_SLICES, holds_for_training, model_shape
@@ -74,10 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         for slice_id in args.slices.split(",") if args.slices else slices_for(model_name):
             report = preflight(text, config(model_name, slice_id, args.seq), TPU_SLICES[slice_id], STEPS)
             row = {"model": model_name, "maxSeqLen": args.seq, **report.to_json()}
-            print(json.dumps(row), flush=True)
-            if args.json:
-                with open(args.json, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            emit(row, args.json)
     return 0
 
 

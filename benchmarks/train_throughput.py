@@ -50,6 +50,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from benchmarks.rows import emit
 from flax import nnx
 
 from benchmarks import model_flops
@@ -387,18 +388,12 @@ def main(argv: list[str] | None = None) -> int:
         return child(args)
     logging.basicConfig(level=logging.WARNING)
 
-    def emit(row: dict[str, Any]) -> None:
-        print(json.dumps(row), flush=True)
-        if args.json:
-            with open(args.json, "a") as f:
-                f.write(json.dumps(row) + "\n")
-
     baseline = None
     if args.flops_only:
         platform = "cpu"
     else:  # the baseline's process also says what the devices are, so this one never touches them
         baseline = in_child(["--baseline", str(args.matmul)], args.timeout)
-        emit(baseline)
+        emit(baseline, args.json)
         platform = baseline.get("platform", "cpu")
     for name, value in zip(
         ("model", "layers", "seq", "batch"), CPU_DEFAULTS if platform == "cpu" else DEFAULTS, strict=True
@@ -410,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         for seq in (int(x) for x in args.seq.split(",")):
             for batch in (int(x) for x in args.batch.split(",")):
                 if args.flops_only:
-                    emit(flops_row(args.model, layers, seq, batch, remat, args.flops_only))
+                    emit(flops_row(args.model, layers, seq, batch, remat, args.flops_only), args.json)
                     continue
                 config = {"model": args.model, "layers": layers, "seq": seq, "batch": batch, "remat": remat}
                 flags = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
@@ -419,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
                     row = {**config, **row}
                 if baseline and baseline.get("tflops") and row.get("achievedTflopsPerDevice"):
                     row["ofBaseline"] = round(row["achievedTflopsPerDevice"] / baseline["tflops"], 3)
-                emit(row)
+                emit(row, args.json)
     return 0
 
 

@@ -11,13 +11,13 @@ Run it in a process of its own: the device's peak is the process's.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
 
 import jax
 import numpy as np
+from benchmarks.rows import emit
 from benchmarks.train_throughput import GIB, decoder, layer_kinds, random_model, train_config
 from flax import nnx
 
@@ -73,10 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="append the row here")
     args = ap.parse_args(argv)
     row = measure(args.model, args.layers)
-    print(json.dumps(row), flush=True)
-    if args.json:
-        with open(args.json, "a") as f:
-            f.write(json.dumps(row) + "\n")
+    emit(row, args.json)
     return 0
 
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.rows import emit
 from benchmarks.train_throughput import decoder, layer_kinds, train_config
 
 from tpuforge.api.catalog import TPU_SLICES
@@ -116,10 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     for seq in (int(x) for x in args.seq.split(",")):
         rows = (cpu_side if args.side == "cpu" else chip_side)(layers, seq, args.hlo)
         for row in rows:
-            print(json.dumps(row), flush=True)
-            if args.json:
-                with open(args.json, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            emit(row, args.json)
     return 0
 
 

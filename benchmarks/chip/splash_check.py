@@ -9,13 +9,13 @@ they run in Pallas interpret mode (`--tiny` shapes).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from benchmarks.rows import emit
 
 from tpuforge_workloads.model.attention import splash_attention
 
@@ -101,10 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, (heads, kv, dim, window) in ((n, cases[n]) for n in wanted):
         for packed in (False, True):
             row = check(name, heads, kv, dim, window, t, packed)
-            print(json.dumps(row), flush=True)
-            if args.json:
-                with open(args.json, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            emit(row, args.json)
     return 0
 
 

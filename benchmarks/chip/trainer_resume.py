@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.rows import emit
+
 from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
 from tpuforge.api.catalog import model_shape
 from tpuforge_workloads.data import demo
@@ -145,10 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="tpuforge-resume-"))
     row = measure(args.model, args.steps, args.kill_at, args.every, workdir)
-    print(json.dumps(row), flush=True)
-    if args.json:
-        with open(args.json, "a") as f:
-            f.write(json.dumps(row) + "\n")
+    emit(row, args.json)
     return 0 if "error" not in row else 1
 
 
