@@ -27,7 +27,8 @@ A cut keeps at least one layer of each attention kind: where the first N layers 
 31B's first is layer 6), the cut's last layer is the model's first global one (the row's layerTypes says so).
 
     python benchmarks/train_throughput.py [--model gemma4-31b] [--layers 6,12] [--seq 3072] [--batch 1,2]
-        [--steps 8] [--warmup 2] [--no-remat] [--no-flops] [--json out.jsonl] [--timeout 900]
+        [--steps 8] [--warmup 2] [--remat off|full|saveAttention|saveMatmuls] [--no-flops] [--json out.jsonl]
+        [--timeout 900]
     python benchmarks/train_throughput.py --flops-only 1 --layers 6,12,0     (the FLOP counts alone)
 
 Without arguments on a CPU-only host it runs the tiny model whole (make bench); --layers 0 is the whole model.
@@ -56,6 +57,7 @@ from flax import nnx
 from benchmarks import model_flops
 from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
 from tpuforge.api.catalog import model_shape
+from tpuforge.api.finetune import REMAT_POLICIES
 from tpuforge_workloads.data.pipeline import BATCH_ARRAYS
 from tpuforge_workloads.model import attention, family
 from tpuforge_workloads.model.decoder import Decoder
@@ -102,13 +104,22 @@ def matmul_tflops(device: Any, n: int) -> float:
     return 2 * n**3 / statistics.median(times) / 1e12
 
 
-def train_config(model: str, seq: int, batch: int, remat: bool, fsdp: int) -> TrainConfig:
+def train_config(model: str, seq: int, batch: int, remat: str, fsdp: int) -> TrainConfig:
+    """`remat`: off, or what remat keeps (spec.training.rematPolicy)."""
+    on = remat != "off"
+    training = TrainingSpec(
+        max_seq_len=seq,
+        micro_batch_size=batch,
+        gradient_accumulation_steps=1,
+        remat=on,
+        remat_policy=remat if on else "full",
+    )
     return TrainConfig(
         model_name=model,
         model_uri=f"gs://benchmark/{model}",
         dataset_uri="gs://benchmark/train.jsonl",
         lora=LoraSpec(rank=64, alpha=64, dropout=0.0, target_modules=list(model_shape(model).lora_targets)),
-        training=TrainingSpec(max_seq_len=seq, micro_batch_size=batch, gradient_accumulation_steps=1, remat=remat),
+        training=training,
         mesh=MeshSpec(fsdp=fsdp, tp=1),
         checkpoint=CheckpointSpec(uri="gs://benchmark/checkpoints"),
         metrics_port=0,
@@ -212,7 +223,7 @@ def layer_kinds(text: Decoder) -> str:
     return " + ".join(f"{n} {k}" for k, n in counts.items())
 
 
-def flops_row(model_name: str, layers: int, seq: int, batch: int, remat: bool, fsdp: int) -> dict[str, Any]:
+def flops_row(model_name: str, layers: int, seq: int, batch: int, remat: str, fsdp: int) -> dict[str, Any]:
     """The FLOP count alone, from shapes (no device run): to complete rows measured with --no-flops."""
     text = decoder(model_name, layers)
     flops = step_flops(text, train_config(model_name, seq, batch, remat, fsdp))
@@ -233,7 +244,7 @@ def _gib(n: float) -> float:
 
 
 def measure(
-    model_name: str, layers: int, seq: int, batch: int, remat: bool, steps: int, warmup: int, count_flops: bool = True
+    model_name: str, layers: int, seq: int, batch: int, remat: str, steps: int, warmup: int, count_flops: bool = True
 ) -> dict[str, Any]:
     """One configuration trained for `warmup` + `steps` steps on every local device (fsdp over them). Run it in
     a process of its own (`run_config`): the device's peak memory is the process's."""
@@ -373,7 +384,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layers", help="comma-separated; 0 is the whole model (default: 6,12; on CPU 0)")
     ap.add_argument("--seq", help="comma-separated maxSeqLen (default: 3072, the report's; on CPU 128)")
     ap.add_argument("--batch", help="comma-separated micro batch (default: 1; on CPU 2)")
-    ap.add_argument("--no-remat", action="store_true")
+    ap.add_argument(
+        "--remat", default="full", choices=("off", *REMAT_POLICIES), help="off, or what remat keeps (default full)"
+    )
     ap.add_argument("--no-flops", action="store_true", help="skip XLA's FLOP count (one more trace of the step)")
     ap.add_argument("--flops-only", type=int, metavar="DEVICES", help="only the FLOP counts, for a mesh of fsdp=N")
     ap.add_argument("--steps", type=int, default=8)
@@ -400,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         if getattr(args, name) is None:
             setattr(args, name, value)
-    remat = not args.no_remat
+    remat = args.remat
     for layers in (int(x) for x in args.layers.split(",")):
         for seq in (int(x) for x in args.seq.split(",")):
             for batch in (int(x) for x in args.batch.split(",")):

@@ -37,12 +37,12 @@ class Measurement:
     deadline_s: float
 
 
-def _throughput(layers: int, seqs: str, batch: int = 1, remat: bool = True) -> Measurement:
+def _throughput(layers: int, seqs: str, batch: int = 1, remat: str = "full") -> Measurement:
     """The 31B's first `layers` at each of `seqs` (comma-separated): one process, one baseline, a child each."""
-    name = f"throughput-31b-{layers}x{seqs.replace(',', '-')}-b{batch}" + ("" if remat else "-noremat")
+    name = f"throughput-31b-{layers}x{seqs.replace(',', '-')}-b{batch}" + ("" if remat == "full" else f"-{remat}")
     args = ["benchmarks.train_throughput", "--model", "gemma4-31b", "--layers", str(layers), "--seq", seqs]
     args += ["--batch", str(batch), "--steps", "8", "--warmup", "2", "--json", "{out}", "--timeout", "540"]
-    return Measurement(name, "throughput", (*args, *([] if remat else ["--no-remat"])), 600)
+    return Measurement(name, "throughput", (*args, "--remat", remat), 600)
 
 
 def plan(tiny: bool = False) -> list[Measurement]:
@@ -61,7 +61,11 @@ def plan(tiny: bool = False) -> list[Measurement]:
         # 12 of the 31B's layers hold more than one chip's HBM in weights alone (the preflight grid shows it).
         _throughput(6, "2048,3072"),
         _throughput(6, "2048", batch=2),
-        _throughput(6, "2048", remat=False),
+        _throughput(6, "2048", remat="off"),
+        _throughput(6, "2048,3072", remat="saveAttention"),
+        _throughput(6, "2048", remat="saveMatmuls"),
+        _throughput(4, "2048"),  # the model-FLOPs column for the shorter cuts
+        _throughput(2, "2048,4096"),
         Measurement("build-31b-6", "build", ("benchmarks.chip.build_memory", "--layers", "6", "--json", "{out}"), 600),
     ]
     for kind in ("sliding", "global"):  # about 50 s a case on the chip: each kind a measurement of its own
@@ -73,7 +77,9 @@ def plan(tiny: bool = False) -> list[Measurement]:
         grid += ("--hlo", "{dir}/hlo") if seq == 4096 else ()  # 2 @ 4096: the chip fits what the host refuses
         out.append(Measurement(f"preflight-chip-{seq}", "preflight", (*grid, "--json", "{out}"), 600))
     for model in ("gemma4-tiny", "qwen3-tiny"):
+        # The runs' files kept under the output directory: the adapters come back to be merged on a CPU.
         resume = ("--model", model, "--steps", "300", "--kill-at", "110", "--json", "{out}")
+        resume += ("--workdir", f"{{dir}}/trainer-{model}-work")
         out.append(Measurement(f"trainer-{model}", "trainer", ("benchmarks.chip.trainer_resume", *resume), 900))
     return out
 

@@ -88,6 +88,9 @@ class DatasetRef(DataOptions):
         return DataOptions.model_validate(self.model_dump(include=set(DataOptions.model_fields)))
 
 
+RematPolicy = Literal["full", "saveAttention", "saveMatmuls"]
+REMAT_POLICIES: tuple[str, ...] = get_args(RematPolicy)
+
 BaseQuantization = Literal["none", "int8", "int4"]
 BASE_QUANTIZATIONS: tuple[str, ...] = get_args(BaseQuantization)
 
@@ -148,6 +151,13 @@ class TrainingSpec(ApiModel):
     )
     packing: bool = Field(default=False, description="Pack several records per row (block-diagonal mask).")
     remat: bool = Field(default=True, description="Rematerialise decoder layers to save memory.")
+    remat_policy: RematPolicy = Field(
+        default="full",
+        description="What remat keeps from the forward pass (with remat on): full (each layer's input only; the "
+        "backward pass recomputes the layer), saveAttention (also the attention's q, k, v and output: the four "
+        "projections are not recomputed; on TPU), saveMatmuls (every matmul's output: the most HBM, the least "
+        "recomputation). The preflight says whether the choice fits; docs/performance.md has the measured speeds.",
+    )
     seed: int = Field(default=0, ge=0, description="Seed for shuffling, LoRA init and dropout.")
     eval_samples: int = Field(
         default=2,

@@ -34,6 +34,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
 from tunix.models.gemma4 import model as gm
@@ -135,6 +136,16 @@ def splash_attention(
     return out.transpose(0, 2, 1, 3)
 
 
+def _name(x: jax.Array, what: str) -> jax.Array:
+    """`x` named for remat's saveAttention policy (model/remat.py: ATTENTION_SAVES); the identity otherwise."""
+    out: jax.Array = checkpoint_name(x, f"attention_{what}")  # type: ignore[no-untyped-call]
+    return out
+
+
+def _named(q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    return _name(q, "q"), _name(k, "k"), _name(v, "v")
+
+
 class SegmentAttention(gm.Attention):  # type: ignore[misc]
     """Tunix's Gemma 4 attention that also takes `Segments` (see the module's docstring)."""
 
@@ -164,8 +175,9 @@ class SegmentAttention(gm.Attention):  # type: ignore[misc]
         v = v * jax.lax.rsqrt(jnp.mean(jnp.square(v), axis=-1, keepdims=True) + 1e-6)
         k = rope(self._key_norm(k))
         window = cfg.sliding_window_size if self.attn_type == gm.AttentionType.LOCAL_SLIDING else None
-        encoded = splash_attention(q, k, v, attn_mask.ids, window, tuple(cfg.shd_config.act_btnh))
-        out = shard(self.attn_vec_einsum(encoded), cfg.shd_config.act_btd)
+        q, k, v = _named(q, k, v)
+        encoded = _name(splash_attention(q, k, v, attn_mask.ids, window, tuple(cfg.shd_config.act_btnh)), "encoded")
+        out = _name(shard(self.attn_vec_einsum(encoded), cfg.shd_config.act_btd), "out")
         return {"v": v, "k": k}, out, (k, v)
 
 
@@ -186,8 +198,9 @@ class Qwen3SegmentAttention(qm.Attention):  # type: ignore[misc]
         v = shard(self.v_proj(x), btnh)
         q = qm.apply_rope(q, segment_pos, head_dim=self.head_dim)
         k = qm.apply_rope(k, segment_pos, head_dim=self.head_dim)
-        encoded = splash_attention(q * self.scale, k, v, attn_mask.ids, None, tuple(btnh))
-        return None, shard(self.o_proj(encoded), self.shd_config.act_btd)
+        q, k, v = _named(q * self.scale, k, v)
+        encoded = _name(splash_attention(q, k, v, attn_mask.ids, None, tuple(btnh)), "encoded")
+        return None, _name(shard(self.o_proj(encoded), self.shd_config.act_btd), "out")
 
 
 # Tunix's attention module of each family -> ours, and the parts ours reads from it.

@@ -102,17 +102,3 @@ def check_sharding(state: Any, mesh: jax.sharding.Mesh) -> None:
                 problems.append(f"{name} {tuple(leaf.shape)}: axis of {dim} over {'x'.join(map(str, names))}={size}")
     if problems:
         raise ModelError(f"mesh {dict(mesh.shape)} does not divide the parameters: {'; '.join(problems[:5])}")
-
-
-def set_remat(model: Any, remat: bool, config_type: type[Any], remat_type: Any) -> None:
-    """Turn rematerialisation of decoder layers on or off in a built model whose modules hold a
-    `config_type` config. Tunix reads it from each module's config at call time; LoRA adapters must be
-    added with it off (variables created inside nnx.remat are discarded), so the trainer builds without it
-    and turns it on afterwards."""
-    import dataclasses
-
-    wanted = remat_type.DECODER if remat else remat_type.NONE
-    for _, module in model.iter_modules():
-        cfg = getattr(module, "config", None)
-        if isinstance(cfg, config_type) and cfg.remat_config != wanted:
-            module.config = dataclasses.replace(cfg, remat_config=wanted)

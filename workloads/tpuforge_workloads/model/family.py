@@ -41,7 +41,7 @@ class Family:
     model_class: Callable[[], Any]  # the Tunix model class (imported when asked)
     key_mapping: Callable[[Any], dict[str, Any]]  # HF name pattern -> (Tunix name, (permute, reshape))
     check_tensors: Callable[[Iterable[str], Any, str], None]
-    set_remat: Callable[[Any, bool], None]
+    set_remat: Callable[[Any, bool, str], None]  # model, remat on, what it keeps (model/remat.py)
     lora_modules: Mapping[str, tuple[str, tuple[str, ...]]]  # Tunix LoRA module -> (HF block, HF projections)
 
     def build(self, text: Decoder, seed: int = 0) -> Any:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tpuforge.api.catalog import ModelShape
-from tpuforge_workloads.model import decoder
+from tpuforge_workloads.model import remat
 from tpuforge_workloads.model.decoder import ModelError, check_sharding, mesh_errors, read_config
 
 __all__ = ["ModelError", "check_sharding", "mesh_errors", "read_config"]  # shared by every family (decoder.py)
@@ -194,11 +194,11 @@ def tunix_config(text: Gemma4Text) -> gemma4_model.ModelConfig:
     )
 
 
-def set_remat(model: Any, remat: bool) -> None:
-    """Rematerialisation of the decoder layers on or off (decoder.set_remat)."""
+def set_remat(model: Any, on: bool, policy: str = "full") -> None:
+    """Rematerialisation of the decoder layers on or off, keeping what `policy` names (remat.set_remat)."""
     from tunix.models.gemma4 import model as gm
 
-    decoder.set_remat(model, remat, gm.ModelConfig, gm.RematConfig)
+    remat.set_remat(model, on, policy, gm.ModelConfig, gm.RematConfig, gm.DecoderLayer)
 
 
 # Tunix LoRA module -> (HF block, HF projections) it stands for (merge/mapping.py). kv_einsum's B stacks keys

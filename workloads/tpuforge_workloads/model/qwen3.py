@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tpuforge.api.catalog import ModelShape
-from tpuforge_workloads.model import decoder
+from tpuforge_workloads.model import remat
 from tpuforge_workloads.model.decoder import ModelError
 
 if TYPE_CHECKING:
@@ -143,10 +143,11 @@ LORA_MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-def set_remat(model: Any, remat: bool) -> None:
+def set_remat(model: Any, on: bool, policy: str = "full") -> None:
+    """Rematerialisation of the decoder layers on or off, keeping what `policy` names (remat.set_remat)."""
     from tunix.models.qwen3 import model as qm
 
-    decoder.set_remat(model, remat, qm.ModelConfig, qm.RematConfig)
+    remat.set_remat(model, on, policy, qm.ModelConfig, qm.RematConfig, qm.DecoderLayer)
 
 
 def key_mapping(cfg: qwen3_model.ModelConfig) -> dict[str, Any]:

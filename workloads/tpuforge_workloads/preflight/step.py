@@ -138,7 +138,7 @@ def lower_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_steps:
     def finish(model: Any) -> tuple[Any, Any]:
         if config.lora.dropout > 0:
             lora.attach_dropout_stream(model, t.seed)
-        fam.set_remat(model, t.remat)
+        fam.set_remat(model, t.remat, t.remat_policy)
         trainer = make_trainer(model, config, total_steps, NoCheckpoints())
         trainers.append(trainer)
         return model, trainer.optimizer

@@ -234,7 +234,7 @@ def adapt_for_training(
     remat as configured, every array laid out by its partition spec."""
     model = lora.apply_lora(base, config.lora, mesh, seed=config.training.seed, adapter_dtype=adapter_dtype)
     check_sharding(nnx.state(model, nnx.LoRAParam), mesh)
-    family.of_model(base).set_remat(model, config.training.remat)
+    family.of_model(base).set_remat(model, config.training.remat, config.training.remat_policy)
     place_by_specs(model, mesh)
     return model
 
