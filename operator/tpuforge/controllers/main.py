@@ -19,14 +19,13 @@ import kopf
 
 from tpuforge import crds, metrics
 from tpuforge.api.autopilot import AUTOPILOT, AUTOPILOT_SPOT_GRACE_SECONDS, CLUSTER_PROFILES, STANDARD
-from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS, PROJECT_VERSION
+from tpuforge.api.constants import EVENT_COMPONENT, GKE_SPOT_GRACE_SECONDS, PROJECT_VERSION
 from tpuforge.api.images import ImageDefaults, unique
 from tpuforge.controllers.finetune import controller as finetunejob
 from tpuforge.controllers.runtime import defaults, leader
 from tpuforge.controllers.serving import controller as servingdeployment
 from tpuforge.kinds import KINDS
 from tpuforge.kube import client as kube_client
-from tpuforge.kube import events as kube_events
 
 __all__ = ["finetunejob", "main", "servingdeployment"]
 
@@ -51,7 +50,7 @@ def configure_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix=PREFIX, key="last-handled-configuration"
     )
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
-    settings.posting.reporting_component = kube_events.COMPONENT
+    settings.posting.reporting_component = EVENT_COMPONENT
 
 
 @kopf.on.login()

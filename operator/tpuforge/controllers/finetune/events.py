@@ -1,31 +1,11 @@
-"""The FineTuneJob's Events, each one line of `kubectl describe finetunejob` on an 80-column terminal.
-
-`kubectl describe` prints Events as a table through a tab writer that pads each column to its widest cell plus
-two spaces, after a two-space indent:
-
-      Type     Reason      Age    From      Message
-      ----     ------      ----   ----      -------
-      Warning  Preempted   5m10s  tpuforge  attempt 0 preempted on ...pool-3f2a1b2c-k9xz
-
-So the room left for the message is 80 less the indent, the widest Type ("Warning"), the widest Reason this
-operator can post (every Event on the object shares the column), the widest Age (five characters cover any
-age under two years: 9m59s, 7d23h, 729d; Events here are posted once, never counted up) and the From column
-(the Event's source component). Messages are built to fit that room: a name that would overflow keeps its end,
-which is the part that tells nodes and pods apart; the full names are in status.attempts and the conditions.
-"""
+"""The FineTuneJob's Events, each one line of `kubectl describe finetunejob` on an 80-column terminal (the room
+is tpuforge.api.describe's: what the widest reason below leaves)."""
 
 from __future__ import annotations
 
 from tpuforge.api import display
+from tpuforge.api.describe import DescribeLine
 from tpuforge.api.evaluation import Check, score
-from tpuforge.kube import events as kube_events
-
-DESCRIBE_WIDTH = 80
-INDENT = 2
-PADDING = 2
-AGE_WIDTH = 5
-ELLIPSIS = "..."
-MIN_NAME = 8  # shorter than this, a shortened name says nothing: leave it out instead
 
 # Every reason the FineTuneJob controller posts.
 CREATED = "Created"
@@ -68,32 +48,9 @@ REASONS = (
 )
 
 
-def room(reasons: tuple[str, ...] = REASONS, component: str = kube_events.COMPONENT) -> int:
-    """Characters left for an Event message on one `kubectl describe` line."""
-    type_col = INDENT + len("Warning") + PADDING
-    reason_col = max(len("Reason"), *map(len, reasons)) + PADDING
-    age_col = max(len("Age"), AGE_WIDTH) + PADDING
-    from_col = max(len("From"), len(component)) + PADDING
-    return DESCRIBE_WIDTH - type_col - reason_col - age_col - from_col
-
-
-MESSAGE_ROOM = room()
-
-
-def fit(*candidates: str, name: str = "") -> str:
-    """The first candidate that fits MESSAGE_ROOM. In each, `{name}` stands for `name`, shortened from the
-    left when that makes the candidate fit (and at least MIN_NAME characters of it remain). If none fits, the
-    last one, clipped."""
-    for text in candidates:
-        full = text.replace("{name}", name)
-        if len(full) <= MESSAGE_ROOM:
-            return full
-        if "{name}" in text:
-            left = MESSAGE_ROOM - (len(text) - len("{name}")) - len(ELLIPSIS)
-            if left >= MIN_NAME:
-                return text.replace("{name}", ELLIPSIS + name[-left:])
-    last = candidates[-1].replace("{name}", name)
-    return last[: MESSAGE_ROOM - len(ELLIPSIS)] + ELLIPSIS
+LINE = DescribeLine.of(REASONS)
+MESSAGE_ROOM = LINE.room
+fit = LINE.fit
 
 
 def preflight_started(slice_id: str) -> str:
