@@ -170,7 +170,7 @@ def failed(ctx: Ctx, reason: str, message: str, detail: str, short: str | None =
     said = message if reason == c.EVALUATION_FAILED else f"{reason}: {message}"
     run = ctx.spec.evaluation.rerun if ctx.spec.evaluation is not None else 0
     ctx.condition(c.EVALUATED, "False", c.EVALUATION_FAILED, said)
-    ctx.condition(c.EVALUATION_PASSED, "False", c.EVALUATION_FAILED, f"no verdict: {detail}")
+    ctx.condition(c.EVALUATION_PASSED, "False", c.EVALUATION_FAILED, c.no_verdict(detail))
     ctx.st.evaluation = EvaluationStatus(
         run=run, result="Error", result_display="Error", message=c.evaluation_error(said)
     )

@@ -4,25 +4,26 @@ is tpuforge.api.describe's: what the widest reason below leaves)."""
 from __future__ import annotations
 
 from tpuforge.api import display
+from tpuforge.api import finetune_reasons as c
 from tpuforge.api.describe import DescribeLine
 from tpuforge.api.evaluation import Check, score
 
-# Every reason the FineTuneJob controller posts.
+# Every reason the FineTuneJob controller posts; those that name a condition or its reason are that name.
 CREATED = "Created"
-PREFLIGHT = "Preflight"
-TRAINING = "Training"
-PREEMPTED = "Preempted"
-RETRYING = "Retrying"
+PREFLIGHT = c.PREFLIGHT
+TRAINING = c.TRAINING
+PREEMPTED = c.PREEMPTED
+RETRYING = c.RETRYING
 RESUMING = "Resuming"
-MERGING = "Merging"
-EVALUATING = "Evaluating"
-EVALUATED = "Evaluated"
-SUSPENDED = "Suspended"
-RESUMED = "Resumed"
-QUEUED = "Queued"
-ADMITTED = "Admitted"
-SUCCEEDED = "Succeeded"
-FAILED = "Failed"
+MERGING = c.MERGING
+EVALUATING = c.EVALUATING
+EVALUATED = c.EVALUATED
+SUSPENDED = c.SUSPENDED
+RESUMED = c.RESUMED
+QUEUED = c.QUEUED
+ADMITTED = c.ADMITTED
+SUCCEEDED = c.SUCCEEDED
+FAILED = c.FAILED
 SPEC_FROZEN = "SpecFrozen"
 NO_JOBSET = "NoJobSet"
 EARLY_STOP = "EarlyStop"
@@ -94,7 +95,7 @@ def preempted(attempt: int, node: str | None) -> str:
 
 def host_preempted(attempt: int, host: int | None, hosts: int, node: str | None) -> str:
     """One host of a multi-host slice was taken away: which one, and its node."""
-    which = f"host {host}/{hosts}" if host is not None else f"a host of {hosts}"
+    which = f"host {host}/{hosts}" if host is not None else c.a_host_of(hosts)
     if not node:
         return fit(f"attempt {attempt} {which} preempted")
     # The node tells the hosts apart; the attempt number is in the Resuming Event that follows.
@@ -135,7 +136,7 @@ def merging(uri: str) -> str:
 
 
 def merged(uri: str) -> str:
-    return fit(f"merged model in {uri}", "merged model in spec.output.uri")
+    return fit(c.merged(uri, None), "merged model in spec.output.uri")
 
 
 def exporting(uri: str) -> str:
@@ -275,6 +276,14 @@ def merge_failed() -> str:
 def invalid_edit(fields: list[str]) -> str:
     named = f" ({', '.join(fields)})" if fields else ""
     return fit(f"edit invalid{named}; not applied", "edit invalid; not applied")
+
+
+# Posted by the controller itself when a child cannot be created (outside the plan, so not in REASONS).
+WEBHOOK_DOWN = "WebhookDown"
+
+
+def webhook_down(webhook: str) -> str:
+    return f"webhook {webhook!r} unreachable"
 
 
 def no_jobset(slice_id: str) -> str:
