@@ -46,7 +46,6 @@ class Observed:
     job: Obj | None = None  # the FineTuneJob of spec.model.fineTuneJobRef
     adapter_jobs: Mapping[str, Obj | None] = field(default_factory=dict)  # by name, for spec.adapters
     existing: Obj | None = None  # the Deployment as it was
-    storage_class: str | None = None  # the operator's, for claims whose spec names none
     refresh_images: str | None = None  # annotation tpuforge.dev/refresh-images
 
 
@@ -190,7 +189,7 @@ def _inputs(
         slice=api.tpu_slice(spec.tpu.slice),
         model_revision=revision,
         adapter_job_rank=adapters.max_job_rank(o.adapter_jobs),
-        storage_class=o.storage_class,
+        storage_class=defaults.current().storage_class,
     )
 
 
