@@ -57,9 +57,9 @@ from tpuforge.controllers.finetune.children import (
     workload_view,
 )
 from tpuforge.controllers.finetune.plan import ChildRef, Event, Observed, Plan, plan, status_patch
-from tpuforge.controllers.finetune.snapshot import Snapshot, finetunejob_informer
 from tpuforge.controllers.runtime import defaults
 from tpuforge.controllers.runtime.informer import Informer
+from tpuforge.controllers.runtime.snapshot import Snapshot, finetunejob_informer
 from tpuforge.controllers.runtime.status_writes import StatusWrites
 from tpuforge.controllers.runtime.workqueue import KeyedQueue
 from tpuforge.kube import async_client as kube_async

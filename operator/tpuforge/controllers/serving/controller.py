@@ -31,9 +31,9 @@ import kopf
 
 from tpuforge import api, metrics
 from tpuforge.api.constants import API_VERSION, SERVING_KIND
-from tpuforge.controllers.finetune.snapshot import Snapshot, finetunejob_informer
 from tpuforge.controllers.runtime import defaults
 from tpuforge.controllers.runtime.informer import Informer
+from tpuforge.controllers.runtime.snapshot import Snapshot, finetunejob_informer
 from tpuforge.controllers.runtime.status_writes import StatusWrites
 from tpuforge.controllers.runtime.workqueue import KeyedQueue
 from tpuforge.controllers.serving import adapters as adapters

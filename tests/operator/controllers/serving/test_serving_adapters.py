@@ -12,7 +12,7 @@ from tpuforge import api
 from tpuforge.api import serving_reasons as sr
 from tpuforge.api.constants import DEFAULT_VLLM_IMAGE
 from tpuforge.api.serving import AdapterPhase, AdapterStatus
-from tpuforge.controllers.finetune.snapshot import snapshot
+from tpuforge.controllers.runtime.snapshot import snapshot
 from tpuforge.controllers.serving import adapters as sa
 from tpuforge.controllers.serving.controller import adapter_requeue, model_view, referenced_jobs
 
