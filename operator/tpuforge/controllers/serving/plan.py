@@ -1,6 +1,6 @@
 """The ServingDeployment decisions, pure: from what was observed to the children to apply, then, from what the
 applied Deployment, its pods and their adapters say, the status and the Events. The controller
-(servingdeployment) does the reads and writes around them:
+(controller.py) does the reads and writes around them:
 
     observe -> plan_children (the objects; or a final status: invalid spec, nothing to serve yet)
             -> apply them -> observe the replicas (and bring their adapters to the spec)
