@@ -224,7 +224,7 @@ def pod_completed(pod: str) -> str:
     return f"pod {pod} completed"
 
 
-def self_evicted(pod: str, detail: str) -> str:
+def evicted_over_requests(pod: str, detail: str) -> str:
     return f"pod {pod} was evicted for using more than it asked for: {detail}"
 
 

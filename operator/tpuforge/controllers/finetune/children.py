@@ -316,7 +316,7 @@ def pod_ending(pod: PodView) -> AttemptEnd | None:
     said = clip(term.message) if term else ""
     if self_evicted(pod):
         detail = "; ".join(p for p in (pod.message.strip(), said) if p)
-        return AttemptEnd("Failed", r.EVICTED, r.self_evicted(pod.name, clip(detail)), at)
+        return AttemptEnd("Failed", r.EVICTED, r.evicted_over_requests(pod.name, clip(detail)), at)
     if pod.disruption is not None:
         detail = "; ".join(p for p in (pod.disruption, said) if p)
         return AttemptEnd("Preempted", r.DISRUPTION_TARGET, r.pod_disrupted(pod.name, clip(detail)), at)
