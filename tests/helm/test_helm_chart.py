@@ -150,7 +150,7 @@ def test_serving_volumes_default_to_a_hyperdisk_class_that_tpu_v6e_attaches() ->
     sc = find(objs, "StorageClass")
     assert (sc["provisioner"], sc["parameters"]["type"]) == ("pd.csi.storage.gke.io", "hyperdisk-balanced")
     assert sc["volumeBindingMode"] == "WaitForFirstConsumer"  # the disk in the TPU node's zone
-    from tpuforge.controllers.serving.controller import ENV_STORAGE_CLASS
+    from tpuforge.controllers.main import ENV_STORAGE_CLASS
 
     env = {e["name"]: e.get("value") for e in operator_container(objs)["env"]}
     assert env[ENV_STORAGE_CLASS] == sc["metadata"]["name"]

@@ -14,6 +14,9 @@ SERVING_KIND = "ServingDeployment"
 SERVING_PLURAL = "servingdeployments"
 SERVING_SHORT = "sdep"
 
+# The source of the operator's Events, shown in the From column of `kubectl describe`: short leaves room.
+EVENT_COMPONENT = "tpuforge"
+
 PROJECT_VERSION = "0.1.0"
 DEFAULT_TRAINER_IMAGE = f"tpuforge/trainer:{PROJECT_VERSION}"
 DEFAULT_MERGER_IMAGE = f"tpuforge/merger:{PROJECT_VERSION}"

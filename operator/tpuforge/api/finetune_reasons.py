@@ -42,6 +42,10 @@ DISRUPTION_TARGET = "DisruptionTarget"
 TRAINER_CHECKPOINTED = "TrainerCheckpointed"
 POD_FAILED = "PodFailed"
 INVALID_CONFIG = "InvalidConfig"
+JOB_FAILED = "JobFailed"
+JOBSET_FAILED = "JobSetFailed"
+POD_DELETED = "PodDeleted"  # a pod the attempt recorded disappeared before it ended: taken away
+CONTAINER_ERROR = "Error"  # the kubelet's reason for a container that exited non-zero, where it gives none
 # Of the Preflight condition (DoesNotFit and PreflightFailed also end the job as the Failed condition's reason).
 COMPILING = "Compiling"
 FITS = "Fits"
@@ -54,12 +58,12 @@ WAITING_FOR_ADMISSION = "WaitingForAdmission"
 ADMITTED = "Admitted"
 NOT_QUEUED = "NotQueued"
 # Of the Suspended condition (and of Training, while suspended).
-SUSPENDED_REASON = "Suspended"
+SUSPENDED_REASON = SUSPENDED
 RESUMED = "Resumed"
 # Of the Merged condition.
 MERGING = "Merging"
 EXPORTING = "Exporting"
-MERGED_REASON = "Merged"
+MERGED_REASON = MERGED
 ADAPTER_EXPORTED = "AdapterExported"
 MERGE_FAILED = "MergeFailed"
 # Of the Evaluated and EvaluationPassed conditions.
@@ -76,7 +80,7 @@ SAVE_EXCEEDS_GRACE = "SaveExceedsGracePeriod"
 FROZEN_FIELDS_CHANGED = "FrozenFieldsChanged"
 SPEC_MATCHES = "SpecMatches"
 # Of the Succeeded and Failed conditions (a failed attempt's own reason, e.g. a rejected config, also ends there).
-SUCCEEDED_REASON = "Succeeded"
+SUCCEEDED_REASON = SUCCEEDED
 INVALID_SPEC = "InvalidSpec"
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 TRAINING_FAILED = "TrainingFailed"
@@ -85,6 +89,10 @@ EVALUATION_RESULT_MISSING = "EvaluationResultMissing"
 EVALUATION_RESULT_UNREADABLE = "EvaluationResultUnreadable"
 
 JOBSET_INSTALL_URL = "https://jobset.sigs.k8s.io/docs/installation/"
+
+
+def _on_node(node: str | None) -> str:
+    return f" on node {node}" if node else ""
 
 
 # --- Spec changes ----------------------------------------------------------------------------------------------
@@ -143,7 +151,7 @@ def previous_attempt_running(attempt: int, pod: str) -> str:
 
 
 def training_on_pod(attempt: int, pod: str, node: str | None) -> str:
-    where = f" on node {node}" if node else ""
+    where = _on_node(node)
     return f"attempt {attempt}: pod {pod} is training{where}"
 
 
@@ -209,6 +217,81 @@ def preemptions_exhausted(attempt: int, message: str, preemptions: int, limit: i
     )
 
 
+# --- How an attempt ended (status.attempts[].message; the long form of its Retrying or Failed condition) ----------
+
+
+def pod_completed(pod: str) -> str:
+    return f"pod {pod} completed"
+
+
+def evicted_over_requests(pod: str, detail: str) -> str:
+    return f"pod {pod} was evicted for using more than it asked for: {detail}"
+
+
+def pod_disrupted(pod: str, detail: str) -> str:
+    return f"pod {pod} was disrupted: {detail}"
+
+
+def pod_being_disrupted(pod: str, detail: str | None) -> str:
+    return f"pod {pod} is being disrupted: {detail}"
+
+
+def pod_stopped(pod: str, detail: str) -> str:
+    return f"pod {pod} was stopped: {detail}"
+
+
+def pod_failed(pod: str, why: str) -> str:
+    return f"pod {pod} failed: {why}"
+
+
+def trainer_checkpointed(pod: str, said: str) -> str:
+    """The trainer checkpointed on SIGTERM and said so (`said`: its termination message)."""
+    return f"pod {pod}: {said or 'preempted'}"
+
+
+def exit_detail(reason: str, code: int | None, said: str) -> str:
+    return f"{reason}, exit code {code}" + (f": {said}" if said else "")
+
+
+def config_rejected(pod: str, detail: str) -> str:
+    return f"pod {pod} rejected its config ({detail})"
+
+
+def pod_exited(pod: str, detail: str) -> str:
+    return f"pod {pod} failed ({detail})"
+
+
+def job_completed(job: str) -> str:
+    return f"Job {job} completed"
+
+
+def job_failed(job: str, failure: str | None) -> str:
+    return f"Job {job} failed: {failure}"
+
+
+def pod_gone(pod: str) -> str:
+    return f"pod {pod} disappeared before it finished (node loss, eviction or deletion)"
+
+
+def hosts_completed(hosts: int, jobset: str) -> str:
+    return f"all {hosts} hosts of JobSet {jobset} completed"
+
+
+def jobset_failed(jobset: str, failure: str | None) -> str:
+    return f"JobSet {jobset} failed: {failure}"
+
+
+def a_host_of(hosts: int) -> str:
+    """A host of a multi-host slice whose index is not known."""
+    return f"a host of {hosts}"
+
+
+def from_host(host: int | None, hosts: int, pod: str, node: str | None, message: str) -> str:
+    """An ending said as the host it came from: its index in the slice, its pod and node."""
+    index = f"host {host} of {hosts}" if host is not None else a_host_of(hosts)
+    return f"{index} (pod {pod}" + (f"{_on_node(node)})" if node else ")") + f": {message}"
+
+
 # --- Preflight ---------------------------------------------------------------------------------------------------
 
 
@@ -217,7 +300,7 @@ def preflight_compiling(slice_id: str, topology: str) -> str:
 
 
 def preflight_on(pod: str, node: str | None) -> str:
-    where = f" on node {node}" if node else ""
+    where = _on_node(node)
     return f"pod {pod} is compiling the train step{where}"
 
 
@@ -358,7 +441,7 @@ def evaluating(metrics: list[str], max_examples: int, dataset: str, slice_id: st
 
 
 def evaluating_on(pod: str, node: str | None) -> str:
-    where = f" on node {node}" if node else ""
+    where = _on_node(node)
     return f"pod {pod} is evaluating{where}"
 
 
@@ -390,6 +473,11 @@ def evaluation_error(message: str) -> str:
 def evaluation_failed_note(reason: str) -> str:
     """What the Succeeded condition adds when the evaluation gave no verdict."""
     return f"; evaluation failed ({reason}, see the Evaluated condition): raise {RERUN_FIELD} to run it again"
+
+
+def no_verdict(detail: str) -> str:
+    """The EvaluationPassed condition's message when the evaluation gave no verdict."""
+    return f"no verdict: {detail}"
 
 
 def evaluating_again(run: int) -> str:

@@ -19,14 +19,13 @@ import kopf
 
 from tpuforge import crds, metrics
 from tpuforge.api.autopilot import AUTOPILOT, AUTOPILOT_SPOT_GRACE_SECONDS, CLUSTER_PROFILES, STANDARD
-from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS, PROJECT_VERSION
+from tpuforge.api.constants import EVENT_COMPONENT, GKE_SPOT_GRACE_SECONDS, PROJECT_VERSION
 from tpuforge.api.images import ImageDefaults, unique
 from tpuforge.controllers.finetune import controller as finetunejob
 from tpuforge.controllers.runtime import defaults, leader
 from tpuforge.controllers.serving import controller as servingdeployment
 from tpuforge.kinds import KINDS
 from tpuforge.kube import client as kube_client
-from tpuforge.kube import events as kube_events
 
 __all__ = ["finetunejob", "main", "servingdeployment"]
 
@@ -38,6 +37,9 @@ ENV_IMAGE_REGISTRY = "TPUFORGE_IMAGE_REGISTRY"
 ENV_IMAGE_TAG = "TPUFORGE_IMAGE_TAG"
 ENV_IMAGE_PULL_SECRETS = "TPUFORGE_IMAGE_PULL_SECRETS"  # comma-separated
 ENV_CLUSTER_PROFILE = "TPUFORGE_CLUSTER_PROFILE"
+# The StorageClass of the volumes a spec names none for; the chart sets it to its Hyperdisk Balanced class (TPU
+# v6e VMs attach Hyperdisk only). Unset: the cluster's default class.
+ENV_STORAGE_CLASS = "TPUFORGE_STORAGE_CLASS"
 # The exit status when the leader could not renew its Lease in time: the Deployment starts it again, as a
 # candidate.
 EXIT_LEADERSHIP_LOST = 4
@@ -51,7 +53,7 @@ def configure_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
         prefix=PREFIX, key="last-handled-configuration"
     )
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
-    settings.posting.reporting_component = kube_events.COMPONENT
+    settings.posting.reporting_component = EVENT_COMPONENT
 
 
 @kopf.on.login()
@@ -141,6 +143,13 @@ def parser() -> argparse.ArgumentParser:
         "a node pool is refused); default: $TPUFORGE_CLUSTER_PROFILE, else standard",
     )
     p.add_argument(
+        "--storage-class",
+        default=os.environ.get(ENV_STORAGE_CLASS, ""),
+        metavar="NAME",
+        help="StorageClass of the serving volumes and the evaluation's model volume where a spec names none "
+        "(default: $TPUFORGE_STORAGE_CLASS, else the cluster's default class)",
+    )
+    p.add_argument(
         "--local-dataset-paths",
         action="store_true",
         help="accept local paths (file:// or absolute) in spec.dataset and spec.evaluation.datasetUri: only where "
@@ -207,6 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             images=image_defaults(args),
             local_dataset_paths=args.local_dataset_paths,
             cluster_profile=args.cluster_profile,
+            storage_class=args.storage_class.strip() or None,
         )
     )
     kopf.configure(verbose=args.verbose)

@@ -13,12 +13,11 @@ from typing import Any
 
 from kubernetes import client as k8s
 
+from tpuforge.api.constants import EVENT_COMPONENT
 from tpuforge.kube.client import Obj
 from tpuforge.kube.objects import create
 
 log = logging.getLogger(__name__)
-
-COMPONENT = "tpuforge"  # Events show it in the From column of `kubectl describe`: short leaves room
 
 
 def event_time() -> str:
@@ -47,8 +46,8 @@ def event_object(involved: Mapping[str, Any], type_: str, reason: str, message: 
         "type": type_,
         "reason": reason,
         "message": message[:1024],
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
+        "source": {"component": EVENT_COMPONENT},
+        "reportingComponent": EVENT_COMPONENT,
         "reportingInstance": _INSTANCE,
         "firstTimestamp": now,
         "lastTimestamp": now,

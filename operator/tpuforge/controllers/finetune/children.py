@@ -310,31 +310,29 @@ def pod_ending(pod: PodView) -> AttemptEnd | None:
     term = pod.terminated
     at = term.finished_at if term else None
     if pod.phase == "Succeeded":
-        return AttemptEnd("Succeeded", r.COMPLETED, f"pod {pod.name} completed", at)
+        return AttemptEnd("Succeeded", r.COMPLETED, r.pod_completed(pod.name), at)
     if pod.phase != "Failed":
         return None
     said = clip(term.message) if term else ""
     if self_evicted(pod):
         detail = "; ".join(p for p in (pod.message.strip(), said) if p)
-        return AttemptEnd(
-            "Failed", r.EVICTED, f"pod {pod.name} was evicted for using more than it asked for: {clip(detail)}", at
-        )
+        return AttemptEnd("Failed", r.EVICTED, r.evicted_over_requests(pod.name, clip(detail)), at)
     if pod.disruption is not None:
         detail = "; ".join(p for p in (pod.disruption, said) if p)
-        return AttemptEnd("Preempted", r.DISRUPTION_TARGET, f"pod {pod.name} was disrupted: {clip(detail)}", at)
+        return AttemptEnd("Preempted", r.DISRUPTION_TARGET, r.pod_disrupted(pod.name, clip(detail)), at)
     if pod.reason in PREEMPTION_POD_REASONS:
         detail = "; ".join(p for p in (_why(pod.reason, pod.message), said) if p)
-        return AttemptEnd("Preempted", pod.reason, f"pod {pod.name} was stopped: {clip(detail)}", at)
+        return AttemptEnd("Preempted", pod.reason, r.pod_stopped(pod.name, clip(detail)), at)
     if term is None:
         return AttemptEnd(
-            "Failed", pod.reason or r.POD_FAILED, clip(f"pod {pod.name} failed: {_why(pod.reason, pod.message)}")
+            "Failed", pod.reason or r.POD_FAILED, clip(r.pod_failed(pod.name, _why(pod.reason, pod.message)))
         )
     if term.exit_code == EXIT_PREEMPTED or said.startswith(TERMINATION_PREEMPTED):
-        return AttemptEnd("Preempted", r.TRAINER_CHECKPOINTED, f"pod {pod.name}: {said or 'preempted'}", at)
-    detail = f"{term.reason or 'Error'}, exit code {term.exit_code}" + (f": {said}" if said else "")
+        return AttemptEnd("Preempted", r.TRAINER_CHECKPOINTED, r.trainer_checkpointed(pod.name, said), at)
+    detail = r.exit_detail(term.reason or r.CONTAINER_ERROR, term.exit_code, said)
     if term.exit_code == EXIT_BAD_CONFIG:
-        return AttemptEnd("Failed", r.INVALID_CONFIG, f"pod {pod.name} rejected its config ({detail})", at, True)
-    return AttemptEnd("Failed", term.reason or "Error", f"pod {pod.name} failed ({detail})", at)
+        return AttemptEnd("Failed", r.INVALID_CONFIG, r.config_rejected(pod.name, detail), at, True)
+    return AttemptEnd("Failed", term.reason or r.CONTAINER_ERROR, r.pod_exited(pod.name, detail), at)
 
 
 def host_order(pod: PodView) -> tuple[int, str]:
@@ -354,9 +352,9 @@ def attempt_end(job: JobView, pods: list[PodView], hosts: int, entry: AttemptSta
     if endings:
         return endings[-1]
     if job.complete:
-        return AttemptEnd("Succeeded", r.COMPLETED, f"Job {job.name} completed")
+        return AttemptEnd("Succeeded", r.COMPLETED, r.job_completed(job.name))
     if job.failed:
-        return AttemptEnd("Failed", "JobFailed", f"Job {job.name} failed: {job.failure}")
+        return AttemptEnd("Failed", r.JOB_FAILED, r.job_failed(job.name, job.failure))
     return _gone(pods, (entry.pod_name,) if entry.pod_name else ())
 
 
@@ -364,9 +362,7 @@ def _gone(pods: list[PodView], recorded: tuple[str, ...]) -> AttemptEnd | None:
     gone = [name for name in recorded if not any(p.name == name for p in pods)]
     if not gone:
         return None
-    return AttemptEnd(
-        "Preempted", "PodDeleted", f"pod {gone[0]} disappeared before it finished (node loss, eviction or deletion)"
-    )
+    return AttemptEnd("Preempted", r.POD_DELETED, r.pod_gone(gone[0]))
 
 
 def _hosts_end(job: JobView, pods: list[PodView], hosts: int, recorded: tuple[str, ...]) -> AttemptEnd | None:
@@ -380,7 +376,7 @@ def _hosts_end(job: JobView, pods: list[PodView], hosts: int, recorded: tuple[st
     taken = [(p, e) for p, e in ended if e.outcome == "Preempted" and e.reason != r.TRAINER_CHECKPOINTED]
     if ended:
         taken += [
-            (p, AttemptEnd("Preempted", r.DISRUPTION_TARGET, f"pod {p.name} is being disrupted: {p.disruption}"))
+            (p, AttemptEnd("Preempted", r.DISRUPTION_TARGET, r.pod_being_disrupted(p.name, p.disruption)))
             for p in pods
             if p.disruption is not None and not p.terminal
         ]
@@ -394,14 +390,13 @@ def _hosts_end(job: JobView, pods: list[PodView], hosts: int, recorded: tuple[st
         return _from_host(*failed, hosts)
     if len(ended) >= hosts or job.complete:
         at = ended[-1][1].at if ended else None
-        return AttemptEnd("Succeeded", r.COMPLETED, f"all {hosts} hosts of JobSet {job.name} completed", at)
+        return AttemptEnd("Succeeded", r.COMPLETED, r.hosts_completed(hosts, job.name), at)
     if job.failed:
-        return AttemptEnd("Failed", "JobSetFailed", f"JobSet {job.name} failed: {job.failure}")
+        return AttemptEnd("Failed", r.JOBSET_FAILED, r.jobset_failed(job.name, job.failure))
     return None
 
 
 def _from_host(pod: PodView, end: AttemptEnd, hosts: int) -> AttemptEnd:
     """The ending, said as which host it came from: its index in the slice and its node."""
-    index = f"host {pod.host} of {hosts}" if pod.host is not None else f"a host of {hosts}"
-    where = f"{index} (pod {pod.name}" + (f" on node {pod.node_name})" if pod.node_name else ")")
-    return dataclasses.replace(end, message=f"{where}: {end.message}", host=pod.host, node=pod.node_name)
+    message = r.from_host(pod.host, hosts, pod.name, pod.node_name, end.message)
+    return dataclasses.replace(end, message=message, host=pod.host, node=pod.node_name)

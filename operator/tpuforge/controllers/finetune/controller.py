@@ -42,6 +42,7 @@ from tpuforge.api.constants import (
     LABEL_FINETUNEJOB,
     LABEL_JOBSET_NAME,
 )
+from tpuforge.controllers.finetune import events as ev
 from tpuforge.controllers.finetune.children import (
     ConfigView,
     JobView,
@@ -56,9 +57,9 @@ from tpuforge.controllers.finetune.children import (
     workload_view,
 )
 from tpuforge.controllers.finetune.plan import ChildRef, Event, Observed, Plan, plan, status_patch
-from tpuforge.controllers.finetune.snapshot import Snapshot, finetunejob_informer
 from tpuforge.controllers.runtime import defaults
 from tpuforge.controllers.runtime.informer import Informer
+from tpuforge.controllers.runtime.snapshot import Snapshot, finetunejob_informer
 from tpuforge.controllers.runtime.status_writes import StatusWrites
 from tpuforge.controllers.runtime.workqueue import KeyedQueue
 from tpuforge.kube import async_client as kube_async
@@ -79,8 +80,6 @@ POD_PREREQUISITES = ("ServiceAccount", "ConfigMap", "Role")
 CONFLICT_RETRY_SECONDS = 1.0  # if the newer object's watch event is lost, look again anyway
 # A webhook that did not answer (a firewall, its controller restarting): try the create again this often.
 WEBHOOK_RETRY_SECONDS = 30.0
-# The Event's reason: short, as kubectl describe's Reason column is shared with the planner's.
-WEBHOOK_EVENT = "WebhookDown"
 # A child created moments ago may not be in its informer yet: skip creating it again for this long.
 CREATED_MEMORY_SECONDS = 30.0
 CHILD_SELECTOR = f"{LABEL_FINETUNEJOB},{LABEL_OWNER_UID}"
@@ -348,7 +347,7 @@ class FineTuneJobController:
             return  # a newer object is on its way; its reconcile says it again
         self.written.record((snap.namespace, snap.uid), snap.resource_version, new)
         if before is None or before.status != "False" or before.message != message:
-            await self.api.post_event(snap.ref, "Warning", WEBHOOK_EVENT, f"webhook {exc.webhook!r} unreachable")
+            await self.api.post_event(snap.ref, "Warning", ev.WEBHOOK_DOWN, ev.webhook_down(exc.webhook))
 
     async def delete_child(self, kube_api: kube_async.AsyncApi, namespace: str, child: ChildRef) -> None:
         await kube_api.delete(child.api_version, child.kind, namespace, child.name)

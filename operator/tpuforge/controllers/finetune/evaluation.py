@@ -10,8 +10,6 @@ in a Job of its own, without retraining.
 
 from __future__ import annotations
 
-import os
-
 from tpuforge.api import EvaluationStatus, FineTuneJobSpec, FineTunePhase, display, eval_dataset, evaluation_verdict
 from tpuforge.api import finetune_reasons as c
 from tpuforge.api.configs import output_subdir
@@ -24,13 +22,11 @@ from tpuforge.controllers.finetune.children import JobView, PodView
 from tpuforge.controllers.finetune.context import Base, Ctx
 from tpuforge.controllers.finetune.records import eval_result
 from tpuforge.controllers.finetune.transitions import to_evaluating, to_exported
+from tpuforge.controllers.runtime import defaults
 from tpuforge.manifests import finetune_evaluation as m
 from tpuforge.manifests.common import Obj
 from tpuforge.manifests.finetune_common import COMPONENT_EVALUATOR, eval_job_name
 
-# The operator's StorageClass (the chart's Hyperdisk Balanced class; servingdeployment reads the same variable)
-# for the evaluation's model volume where spec.evaluation.modelStorage names none.
-ENV_STORAGE_CLASS = "TPUFORGE_STORAGE_CLASS"
 # Pods of one evaluation Job taken away (DisruptionTarget, which its pod failure policy does not count against
 # backoffLimit) before the evaluation fails: a drain or an upgrade now and then is retried, a loop is not.
 EVAL_MAX_DISRUPTIONS = 3
@@ -39,7 +35,7 @@ EVAL_MAX_DISRUPTIONS = 3
 def objects(ctx: Ctx) -> list[Obj]:
     """The evaluation's ConfigMap and Job, its model volume on the operator's StorageClass unless the spec names
     one."""
-    return m.eval_objects(ctx.owner, with_storage_class(ctx.spec, os.environ.get(ENV_STORAGE_CLASS) or None))
+    return m.eval_objects(ctx.owner, with_storage_class(ctx.spec, defaults.current().storage_class))
 
 
 def with_storage_class(spec: FineTuneJobSpec, storage_class: str | None) -> FineTuneJobSpec:
@@ -170,7 +166,7 @@ def failed(ctx: Ctx, reason: str, message: str, detail: str, short: str | None =
     said = message if reason == c.EVALUATION_FAILED else f"{reason}: {message}"
     run = ctx.spec.evaluation.rerun if ctx.spec.evaluation is not None else 0
     ctx.condition(c.EVALUATED, "False", c.EVALUATION_FAILED, said)
-    ctx.condition(c.EVALUATION_PASSED, "False", c.EVALUATION_FAILED, f"no verdict: {detail}")
+    ctx.condition(c.EVALUATION_PASSED, "False", c.EVALUATION_FAILED, c.no_verdict(detail))
     ctx.st.evaluation = EvaluationStatus(
         run=run, result="Error", result_display="Error", message=c.evaluation_error(said)
     )

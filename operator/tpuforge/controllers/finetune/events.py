@@ -1,48 +1,29 @@
-"""The FineTuneJob's Events, each one line of `kubectl describe finetunejob` on an 80-column terminal.
-
-`kubectl describe` prints Events as a table through a tab writer that pads each column to its widest cell plus
-two spaces, after a two-space indent:
-
-      Type     Reason      Age    From      Message
-      ----     ------      ----   ----      -------
-      Warning  Preempted   5m10s  tpuforge  attempt 0 preempted on ...pool-3f2a1b2c-k9xz
-
-So the room left for the message is 80 less the indent, the widest Type ("Warning"), the widest Reason this
-operator can post (every Event on the object shares the column), the widest Age (five characters cover any
-age under two years: 9m59s, 7d23h, 729d; Events here are posted once, never counted up) and the From column
-(the Event's source component). Messages are built to fit that room: a name that would overflow keeps its end,
-which is the part that tells nodes and pods apart; the full names are in status.attempts and the conditions.
-"""
+"""The FineTuneJob's Events, each one line of `kubectl describe finetunejob` on an 80-column terminal (the room
+is tpuforge.api.describe's: what the widest reason below leaves)."""
 
 from __future__ import annotations
 
 from tpuforge.api import display
+from tpuforge.api import finetune_reasons as c
+from tpuforge.api.describe import DescribeLine
 from tpuforge.api.evaluation import Check, score
-from tpuforge.kube import events as kube_events
 
-DESCRIBE_WIDTH = 80
-INDENT = 2
-PADDING = 2
-AGE_WIDTH = 5
-ELLIPSIS = "..."
-MIN_NAME = 8  # shorter than this, a shortened name says nothing: leave it out instead
-
-# Every reason the FineTuneJob controller posts.
+# Every reason the FineTuneJob controller posts; those that name a condition or its reason are that name.
 CREATED = "Created"
-PREFLIGHT = "Preflight"
-TRAINING = "Training"
-PREEMPTED = "Preempted"
-RETRYING = "Retrying"
+PREFLIGHT = c.PREFLIGHT
+TRAINING = c.TRAINING
+PREEMPTED = c.PREEMPTED
+RETRYING = c.RETRYING
 RESUMING = "Resuming"
-MERGING = "Merging"
-EVALUATING = "Evaluating"
-EVALUATED = "Evaluated"
-SUSPENDED = "Suspended"
-RESUMED = "Resumed"
-QUEUED = "Queued"
-ADMITTED = "Admitted"
-SUCCEEDED = "Succeeded"
-FAILED = "Failed"
+MERGING = c.MERGING
+EVALUATING = c.EVALUATING
+EVALUATED = c.EVALUATED
+SUSPENDED = c.SUSPENDED
+RESUMED = c.RESUMED
+QUEUED = c.QUEUED
+ADMITTED = c.ADMITTED
+SUCCEEDED = c.SUCCEEDED
+FAILED = c.FAILED
 SPEC_FROZEN = "SpecFrozen"
 NO_JOBSET = "NoJobSet"
 EARLY_STOP = "EarlyStop"
@@ -68,32 +49,9 @@ REASONS = (
 )
 
 
-def room(reasons: tuple[str, ...] = REASONS, component: str = kube_events.COMPONENT) -> int:
-    """Characters left for an Event message on one `kubectl describe` line."""
-    type_col = INDENT + len("Warning") + PADDING
-    reason_col = max(len("Reason"), *map(len, reasons)) + PADDING
-    age_col = max(len("Age"), AGE_WIDTH) + PADDING
-    from_col = max(len("From"), len(component)) + PADDING
-    return DESCRIBE_WIDTH - type_col - reason_col - age_col - from_col
-
-
-MESSAGE_ROOM = room()
-
-
-def fit(*candidates: str, name: str = "") -> str:
-    """The first candidate that fits MESSAGE_ROOM. In each, `{name}` stands for `name`, shortened from the
-    left when that makes the candidate fit (and at least MIN_NAME characters of it remain). If none fits, the
-    last one, clipped."""
-    for text in candidates:
-        full = text.replace("{name}", name)
-        if len(full) <= MESSAGE_ROOM:
-            return full
-        if "{name}" in text:
-            left = MESSAGE_ROOM - (len(text) - len("{name}")) - len(ELLIPSIS)
-            if left >= MIN_NAME:
-                return text.replace("{name}", ELLIPSIS + name[-left:])
-    last = candidates[-1].replace("{name}", name)
-    return last[: MESSAGE_ROOM - len(ELLIPSIS)] + ELLIPSIS
+LINE = DescribeLine.of(REASONS)
+MESSAGE_ROOM = LINE.room
+fit = LINE.fit
 
 
 def preflight_started(slice_id: str) -> str:
@@ -137,7 +95,7 @@ def preempted(attempt: int, node: str | None) -> str:
 
 def host_preempted(attempt: int, host: int | None, hosts: int, node: str | None) -> str:
     """One host of a multi-host slice was taken away: which one, and its node."""
-    which = f"host {host}/{hosts}" if host is not None else f"a host of {hosts}"
+    which = f"host {host}/{hosts}" if host is not None else c.a_host_of(hosts)
     if not node:
         return fit(f"attempt {attempt} {which} preempted")
     # The node tells the hosts apart; the attempt number is in the Resuming Event that follows.
@@ -178,7 +136,7 @@ def merging(uri: str) -> str:
 
 
 def merged(uri: str) -> str:
-    return fit(f"merged model in {uri}", "merged model in spec.output.uri")
+    return fit(c.merged(uri, None), "merged model in spec.output.uri")
 
 
 def exporting(uri: str) -> str:
@@ -318,6 +276,14 @@ def merge_failed() -> str:
 def invalid_edit(fields: list[str]) -> str:
     named = f" ({', '.join(fields)})" if fields else ""
     return fit(f"edit invalid{named}; not applied", "edit invalid; not applied")
+
+
+# Posted by the controller itself when a child cannot be created (outside the plan, so not in REASONS).
+WEBHOOK_DOWN = "WebhookDown"
+
+
+def webhook_down(webhook: str) -> str:
+    return f"webhook {webhook!r} unreachable"
 
 
 def no_jobset(slice_id: str) -> str:

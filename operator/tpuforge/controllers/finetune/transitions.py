@@ -26,7 +26,7 @@ def to_pending(ctx: Ctx, attempt: int) -> None:
 
 
 def to_preflight(ctx: Ctx) -> None:
-    """Before the first attempt, the preflight Job compiles the step for the slice (finetune_preflight)."""
+    """Before the first attempt, the preflight Job compiles the step for the slice (preflight.py)."""
     s = ctx.slice
     ctx.st.phase = FineTunePhase.PREFLIGHT
     ctx.st.start_time = ctx.st.start_time or ctx.stamp

@@ -16,7 +16,10 @@ paths (file:// or absolute) as dataset files, which only pods that run as proces
 can read.
 `cluster_profile` (`--cluster-profile`, Helm value `gke.autopilot`): `standard` (the default) renders pods for a
 GKE Standard cluster's own node pools; `autopilot` renders every pod the way GKE Autopilot admits it
-(tpuforge.manifests.autopilot) and refuses the spec fields that cannot work there (tpuforge.api.autopilot)."""
+(tpuforge.manifests.autopilot) and refuses the spec fields that cannot work there (tpuforge.api.autopilot).
+`storage_class` (`--storage-class`, else $TPUFORGE_STORAGE_CLASS, which the Helm chart sets from
+`storage.className`): the StorageClass of the volumes a spec names none for (the serving claims, the evaluation's
+model volume); the chart's is Hyperdisk Balanced, which TPU v6e VMs attach. None: the cluster's default class."""
 
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ class OperatorDefaults:
     images: ImageDefaults = PUBLIC_IMAGES
     local_dataset_paths: bool = False
     cluster_profile: ClusterProfile = STANDARD
+    storage_class: str | None = None
 
     def apply(self, spec: S, images: ResolvedImages | None = None) -> S:
         """`spec` with the fields it leaves unset taken from these defaults; its images from `images` (the

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuforge import api
+from tpuforge.api import serving_reasons as sr
 from tpuforge.api.serving import AdapterStatus
 
 Obj = dict[str, Any]
@@ -57,20 +58,19 @@ def resolve_adapter(
 
     def keep(reason: str, message: str) -> DesiredAdapter:
         if prev is not None:
-            held = (reason, f"adapter {entry.name!r}: {message}; still serving {prev.uri}")
+            held = (reason, sr.held_back(entry.name, message, prev.uri))
             return DesiredAdapter(entry.name, prev.uri, prev.source, prev.revision or "", held_back=held)
-        return DesiredAdapter(entry.name, None, ref.name, held_back=(reason, f"adapter {entry.name!r}: {message}"))
+        return DesiredAdapter(entry.name, None, ref.name, held_back=(reason, sr.held_back(entry.name, message, None)))
 
     if job is None:
-        return keep("FineTuneJobNotFound", f"FineTuneJob {ref.name!r} does not exist")
+        return keep(sr.FINETUNEJOB_NOT_FOUND, sr.adapter_job_missing(ref.name))
     job_model = ((job.get("spec") or {}).get("model") or {}).get("name")
     if job_model and job_model != model_id:
         return DesiredAdapter(
             entry.name,
             None,
             ref.name,
-            refused=f"FineTuneJob {ref.name!r} fine-tunes {job_model!r} but this deployment serves {model_id!r}; "
-            "serve it from a ServingDeployment of that base, or reference a job of this one",
+            refused=sr.other_base(ref.name, job_model, model_id),
         )
     rank = int(((job.get("spec") or {}).get("lora") or {}).get("rank") or api.LoraSpec().rank)
     if max_rank is not None and rank > max_rank:
@@ -78,31 +78,22 @@ def resolve_adapter(
             entry.name,
             None,
             ref.name,
-            refused=f"FineTuneJob {ref.name!r} trains LoRA rank {rank}, above spec.vllm.lora.maxLoraRank "
-            f"({max_rank}); raise maxLoraRank to at least {rank} (this restarts the pods)",
+            refused=sr.rank_above_max(ref.name, rank, max_rank),
         )
     status = api.FineTuneJobStatus.model_validate(job.get("status") or {})
     adapter_uri = status.outputs.adapter_uri if status.outputs else None
     if status.phase != api.FineTunePhase.SUCCEEDED:
-        return keep("WaitingForJob", f"waiting for FineTuneJob {ref.name!r} (phase {status.phase or 'Pending'})")
+        return keep(sr.WAITING_FOR_JOB, sr.waiting_for_adapter_job(ref.name, status.phase))
     if not adapter_uri:
-        return keep(
-            "NoAdapter",
-            f"FineTuneJob {ref.name!r} wrote no adapter: set its spec.merge.writeAdapter: true and run it again",
-        )
+        return keep(sr.NO_ADAPTER, sr.no_adapter(ref.name))
     if _promotion_required(spec, job):
         ev = status.evaluation
         if ev is not None and ev.result == "Error":
-            return keep(
-                "WaitingForEvaluation",
-                f"FineTuneJob {ref.name!r}'s evaluation gave no verdict ({ev.message}); raise its "
-                "spec.evaluation.rerun to evaluate it again",
-            )
+            return keep(sr.WAITING_FOR_EVALUATION, sr.evaluation_gave_no_verdict(ref.name, ev.message))
         if ev is None or ev.passed is None:
-            return keep("WaitingForEvaluation", f"FineTuneJob {ref.name!r} has not been evaluated yet")
+            return keep(sr.WAITING_FOR_EVALUATION, sr.not_evaluated(ref.name))
         if not ev.passed:
-            why = f": {ev.message}" if ev.message else ""
-            return keep("EvaluationFailed", f"FineTuneJob {ref.name!r} failed its evaluation{why}")
+            return keep(sr.EVALUATION_FAILED, sr.evaluation_failed(ref.name, ev.message))
     meta = job.get("metadata") or {}
     # The same output URI holds a new adapter after the job runs again: the revision tells them apart.
     revision = f"{meta.get('uid', '')}/{status.completion_time or ''}"

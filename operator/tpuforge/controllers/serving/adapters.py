@@ -21,9 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpuforge.api.constants import DEFAULT_VLLM_IMAGE
+from tpuforge.api import serving_reasons as sr
 from tpuforge.api.serving import AdapterPhase, AdapterStatus
-from tpuforge.controllers.finetune.events import fit
 from tpuforge.controllers.serving.adapter_sources import DesiredAdapter as DesiredAdapter
 from tpuforge.controllers.serving.adapter_sources import max_job_rank as max_job_rank
 from tpuforge.controllers.serving.adapter_sources import resolve_adapter as resolve_adapter
@@ -97,21 +96,23 @@ def plan_pod(desired: Sequence[DesiredAdapter], sidecar: Mapping[str, Obj], lora
         s = sidecar.get(d.name)
         if s is None or (s.get("uri"), s.get("revision") or "") != (d.uri, d.revision):
             plan.actions.append(Fetch(d.name, d.uri, d.revision))
-            plan.states[d.name] = PodAdapter(AdapterPhase.LOADING, f"fetching {d.uri}")
+            plan.states[d.name] = PodAdapter(AdapterPhase.LOADING, sr.fetching(d.uri))
             continue
         step = s.get("step")
         if s.get("phase") == "Failed":
             plan.actions.append(Fetch(d.name, d.uri, d.revision))  # the sidecar retries after a pause
-            plan.states[d.name] = PodAdapter(AdapterPhase.FAILED, str(s.get("message") or "fetch failed"), step)
+            plan.states[d.name] = PodAdapter(AdapterPhase.FAILED, str(s.get("message") or sr.FETCH_FAILED), step)
         elif s.get("phase") != "Ready" or not s.get("path"):
-            plan.states[d.name] = PodAdapter(AdapterPhase.LOADING, f"fetching {d.uri}")
+            plan.states[d.name] = PodAdapter(AdapterPhase.LOADING, sr.fetching(d.uri))
         else:
             path = str(s["path"])
             if loras.get(d.name) != path:
                 plan.actions.append(Load(d.name, path, inplace=d.name in loras))
-                plan.states[d.name] = PodAdapter(AdapterPhase.LOADING, f"loading {d.uri}", step, s.get("seconds"))
+                plan.states[d.name] = PodAdapter(
+                    AdapterPhase.LOADING, sr.loading_adapter(d.uri), step, s.get("seconds")
+                )
             else:
-                plan.states[d.name] = PodAdapter(AdapterPhase.READY, f"serving {d.uri}", step)
+                plan.states[d.name] = PodAdapter(AdapterPhase.READY, sr.serving_uri(d.uri), step)
             keep = posixpath.basename(path.rstrip("/"))
             if any(c != keep for c in s.get("copies") or []):
                 plan.actions.append(Remove(d.name, keep))
@@ -132,10 +133,7 @@ class PodResult:
     lora_unsupported: str | None = None
 
 
-# The AdaptersReady reason when the server has no runtime LoRA loading: vLLM-TPU images before tpu-inference
-# v0.25.0 answer /v1/load_lora_adapter with the worker's NotImplementedError (tpu-inference#2707), and a server
-# started without VLLM_ALLOW_RUNTIME_LORA_UPDATING has no such route (404 {"detail": "Not Found"}).
-RUNTIME_LORA_UNSUPPORTED = "RuntimeLoraUnsupported"
+# What a server without runtime LoRA loading (sr.RUNTIME_LORA_UNSUPPORTED) answers.
 _UNSUPPORTED = re.compile(r"NotImplementedError|not implemented|not supported|unsupported", re.IGNORECASE)
 
 
@@ -145,18 +143,11 @@ def lora_unsupported(e: Exception) -> str | None:
         return None
     body = _error_body(e)
     if e.code == 404 and body.get("detail") == "Not Found":
-        return "HTTP 404: the server has no /v1/load_lora_adapter route"
+        return sr.NO_LOAD_ROUTE
     msg = _error_message(body)
     if e.code == 501 or _UNSUPPORTED.search(msg):
-        return f"HTTP {e.code}: {msg or e.reason}"
+        return sr.http_error(e.code, msg or e.reason)
     return None
-
-
-def unsupported_message(image: str | None, answer: str) -> str:
-    return (
-        f"the vLLM server ({image or 'spec.vllm.image'}) cannot load LoRA adapters at runtime ({answer}); "
-        f"use {DEFAULT_VLLM_IMAGE} or another vllm/vllm-tpu release of tpu-inference v0.25.0 or later (spec.vllm.image)"
-    )
 
 
 class PodClient:
@@ -170,8 +161,8 @@ class PodClient:
     def _call(method: str, url: str, body: Obj | None = None, timeout: float = GET_TIMEOUT) -> Any:
         data = json.dumps(body).encode() if body is not None else None
         req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            text = r.read().decode()
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            text = resp.read().decode()
         try:
             return json.loads(text)
         except ValueError:
@@ -222,7 +213,7 @@ def _error_message(body: Mapping[str, Any]) -> str:
 
 def _http_error(e: Exception) -> str:
     if isinstance(e, urllib.error.HTTPError):
-        return f"HTTP {e.code}: {_error_message(_error_body(e)) or e.reason}"
+        return sr.http_error(e.code, _error_message(_error_body(e)) or e.reason)
     if isinstance(e, urllib.error.URLError):
         return str(e.reason)
     return str(e)
@@ -233,9 +224,10 @@ def sync_pod(pod: PodClient, desired: Sequence[DesiredAdapter]) -> PodResult:
     try:
         sidecar, loras = pod.sidecar_states(), pod.loras()
     except (OSError, ValueError) as e:
-        why = f"cannot reach the replica's adapter endpoints: {_http_error(e)}"
+        why = sr.unreachable(_http_error(e))
         return PodResult({d.name: PodAdapter(AdapterPhase.LOADING, why) for d in desired}, unreachable=why)
     plan = plan_pod(desired, sidecar, loras)
+    uris = {d.name: d.uri for d in desired}
     result = PodResult(dict(plan.states))
     for a in plan.actions:
         try:
@@ -246,8 +238,7 @@ def sync_pod(pod: PodClient, desired: Sequence[DesiredAdapter]) -> PodResult:
                 pod.load(a)
                 prior = result.states[a.name]
                 seconds = (prior.seconds or 0.0) + time.monotonic() - started
-                msg = prior.message.replace("loading ", "serving ", 1)
-                result.states[a.name] = PodAdapter(AdapterPhase.READY, msg, prior.step)
+                result.states[a.name] = PodAdapter(AdapterPhase.READY, sr.serving_uri(str(uris[a.name])), prior.step)
                 result.loaded.append((a.name, a.inplace, seconds))
             elif isinstance(a, Unload):
                 pod.unload(a)
@@ -260,14 +251,14 @@ def sync_pod(pod: PodClient, desired: Sequence[DesiredAdapter]) -> PodResult:
                 unsupported = lora_unsupported(e)
                 if unsupported is not None:
                     result.lora_unsupported = unsupported
-                    why = f"vLLM cannot load adapters at runtime: {unsupported}"
+                    why = sr.cannot_load_at_runtime(unsupported)
                 else:
-                    why = f"vLLM refused the adapter: {_http_error(e)}"
+                    why = sr.refused_adapter(_http_error(e))
                 result.states[a.name] = PodAdapter(AdapterPhase.FAILED, why, prior.step)
             elif isinstance(a, Fetch) and a.name in result.states:
                 prior = result.states[a.name]
                 if prior.phase != AdapterPhase.FAILED:
-                    result.states[a.name] = PodAdapter(AdapterPhase.LOADING, f"asking for the fetch: {_http_error(e)}")
+                    result.states[a.name] = PodAdapter(AdapterPhase.LOADING, sr.asking_for_fetch(_http_error(e)))
             # An unload or a removal that failed is tried again on the next reconcile.
     return result
 
@@ -287,26 +278,25 @@ def summarise(
             out.append(st)
             continue
         if d.uri is None:
-            reason, message = d.held_back or ("WaitingForJob", f"adapter {d.name!r}: nothing to serve yet")
-            st.phase = AdapterPhase.FAILED if reason in ("EvaluationFailed", "NoAdapter") else AdapterPhase.LOADING
+            reason, message = d.held_back or (sr.WAITING_FOR_JOB, sr.nothing_to_serve(d.name))
+            st.phase = AdapterPhase.FAILED if reason in sr.ADAPTER_FAILED_REASONS else AdapterPhase.LOADING
             st.message = message
             out.append(st)
             continue
-        per_pod = {pod: r.states[d.name] for pod, r in pods.items() if d.name in r.states}
+        per_pod = {pod: res.states[d.name] for pod, res in pods.items() if d.name in res.states}
         st.loaded_replicas = sum(1 for s in per_pod.values() if s.phase == AdapterPhase.READY)
         st.step = next((s.step for s in per_pod.values() if s.step is not None), None)
         failed = [(pod, s) for pod, s in per_pod.items() if s.phase == AdapterPhase.FAILED]
         if failed:
             pod, s = failed[0]
-            st.phase, st.message = AdapterPhase.FAILED, f"pod {pod}: {s.message}"
+            st.phase, st.message = AdapterPhase.FAILED, sr.on_pod(pod, s.message)
         elif ready_replicas > 0 and st.loaded_replicas >= ready_replicas:
             st.phase = AdapterPhase.READY
-            st.message = f"serving {d.uri} on {st.loaded_replicas}/{ready_replicas} replicas"
+            st.message = sr.serving_on(d.uri, st.loaded_replicas, ready_replicas)
         else:
             st.phase = AdapterPhase.LOADING
             waiting = next((s.message for s in per_pod.values() if s.phase != AdapterPhase.READY), None)
-            st.message = waiting or "waiting for a ready replica"
-            st.message += f" ({st.loaded_replicas}/{ready_replicas} replicas)"
+            st.message = sr.loaded_of(waiting or sr.WAITING_FOR_REPLICA, st.loaded_replicas, ready_replicas)
         if d.held_back is not None:
             st.message += f"; {d.held_back[1]}"
         out.append(st)
@@ -319,11 +309,6 @@ def adapters_ready(statuses: Sequence[AdapterStatus]) -> str:
 
 # --- Events ---------------------------------------------------------------------------------------------------
 
-EVENT_LOADED = "AdapterLoaded"
-EVENT_REPLACED = "AdapterReplaced"
-EVENT_REMOVED = "AdapterRemoved"
-EVENT_FAILED = "AdapterFailed"
-
 
 def adapter_events(
     old: Sequence[AdapterStatus], new: Sequence[AdapterStatus], pods: Sequence[PodResult]
@@ -332,22 +317,16 @@ def adapter_events(
     replicas), removals, and adapters that have just failed. Full details are in status.adapters."""
     out: list[tuple[str, str]] = []
     loaded: dict[str, bool] = {}
-    for r in pods:
-        for name, replaced, _ in r.loaded:
+    for res in pods:
+        for name, replaced, _ in res.loaded:
             loaded[name] = loaded.get(name, False) or replaced
     for name, replaced in loaded.items():
-        n = sum(1 for r in pods if any(x[0] == name for x in r.loaded))
-        what = "replaced" if replaced else "loaded"
-        out.append(
-            (
-                EVENT_REPLACED if replaced else EVENT_LOADED,
-                fit(f"adapter {{name}} {what} on {n} pod(s)", f"{{name}} {what}", name=name),
-            )
-        )
-    unloaded = sorted({name for r in pods for name in r.unloaded})
-    out += [(EVENT_REMOVED, fit("adapter {name} removed", "{name} removed", name=n)) for n in unloaded]
+        n = sum(1 for res in pods if any(x[0] == name for x in res.loaded))
+        out.append((sr.ADAPTER_REPLACED if replaced else sr.ADAPTER_LOADED, sr.adapter_loaded(name, replaced, n)))
+    unloaded = sorted({name for p in pods for name in p.unloaded})
+    out += [(sr.ADAPTER_REMOVED, sr.adapter_removed(n)) for n in unloaded]
     before = {a.name: a.phase for a in old}
     for a in new:
         if a.phase == AdapterPhase.FAILED and before.get(a.name) != AdapterPhase.FAILED:
-            out.append((EVENT_FAILED, fit("adapter {name} failed; see status", "{name} failed", name=a.name)))
+            out.append((sr.ADAPTER_FAILED, sr.adapter_failed(a.name)))
     return out

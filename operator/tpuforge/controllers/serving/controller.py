@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -32,9 +31,9 @@ import kopf
 
 from tpuforge import api, metrics
 from tpuforge.api.constants import API_VERSION, SERVING_KIND
-from tpuforge.controllers.finetune.snapshot import Snapshot, finetunejob_informer
 from tpuforge.controllers.runtime import defaults
 from tpuforge.controllers.runtime.informer import Informer
+from tpuforge.controllers.runtime.snapshot import Snapshot, finetunejob_informer
 from tpuforge.controllers.runtime.status_writes import StatusWrites
 from tpuforge.controllers.runtime.workqueue import KeyedQueue
 from tpuforge.controllers.serving import adapters as adapters
@@ -50,9 +49,6 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 Key = tuple[str, str]  # namespace, name
 
-# The StorageClass of the serving volumes a spec names none for; the chart sets it to its Hyperdisk Balanced
-# class (TPU v6e VMs attach Hyperdisk only). Unset: the cluster's default class.
-ENV_STORAGE_CLASS = "TPUFORGE_STORAGE_CLASS"
 WORKERS = 64  # reconciles at once
 API_CONCURRENCY = 128  # API calls at once, one connection each
 CONFLICT_RETRY_SECONDS = 1.0  # if the newer object's watch event is lost, look again anyway
@@ -273,10 +269,7 @@ class ServingDeploymentController:
             if a.fine_tune_job_ref is not None and (r := a.fine_tune_job_ref.name)
         }
         existing = self.children.get(key, "Deployment", serving_inputs.names(o.name).deployment)
-        storage_class = os.environ.get(ENV_STORAGE_CLASS) or None
-        return dataclasses.replace(
-            o, job=job, adapter_jobs=adapter_jobs, existing=existing, storage_class=storage_class
-        )
+        return dataclasses.replace(o, job=job, adapter_jobs=adapter_jobs, existing=existing)
 
     async def apply(self, key: Key, t: plan.Target) -> Obj:
         """The plan's objects, in order; monitors where their kind is served. Returns the applied Deployment."""

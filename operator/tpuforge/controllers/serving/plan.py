@@ -1,6 +1,6 @@
 """The ServingDeployment decisions, pure: from what was observed to the children to apply, then, from what the
 applied Deployment, its pods and their adapters say, the status and the Events. The controller
-(servingdeployment) does the reads and writes around them:
+(controller.py) does the reads and writes around them:
 
     observe -> plan_children (the objects; or a final status: invalid spec, nothing to serve yet)
             -> apply them -> observe the replicas (and bring their adapters to the spec)
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tpuforge import api
+from tpuforge.api import serving_reasons as sr
 from tpuforge.api.conditions import ConditionStatus
 from tpuforge.controllers.runtime import defaults
 from tpuforge.controllers.serving import adapters as adapters
@@ -30,21 +31,6 @@ from tpuforge.manifests import serving_inputs, vllm_server
 Obj = dict[str, Any]
 
 DEFAULT_MODEL = "gemma4-31b"
-# Condition types.
-READY = "Ready"
-MODEL_AVAILABLE = "ModelAvailable"
-ROLLED_OUT = "RolledOut"
-ADAPTERS_READY = "AdaptersReady"
-ADAPTERS_PROMOTED = "AdaptersPromoted"
-ADAPTER_CONDITIONS = (ADAPTERS_READY, ADAPTERS_PROMOTED)
-# Reasons this module decides (the rollout's come from rollout.py, the model's from resolve_model).
-INVALID_SPEC = "InvalidSpec"
-ROLLING_OUT = "RollingOut"
-WAITING_FOR_DELETION = "WaitingForDeletion"
-ADAPTER_FAILED = "AdapterFailed"
-ADAPTERS_LOADING = "AdaptersLoading"
-PROMOTED = "Promoted"
-ROLLING_MODEL = "RollingModel"  # an Event's
 
 
 @dataclass(frozen=True)
@@ -60,7 +46,6 @@ class Observed:
     job: Obj | None = None  # the FineTuneJob of spec.model.fineTuneJobRef
     adapter_jobs: Mapping[str, Obj | None] = field(default_factory=dict)  # by name, for spec.adapters
     existing: Obj | None = None  # the Deployment as it was
-    storage_class: str | None = None  # the operator's, for claims whose spec names none
     refresh_images: str | None = None  # annotation tpuforge.dev/refresh-images
 
 
@@ -117,7 +102,7 @@ def finish(p: Plan, old: api.ServingDeploymentStatus, phase: api.ServingPhase, r
     p.status.phase = phase
     ready: ConditionStatus = "True" if phase == api.ServingPhase.READY else "False"
     generation = p.status.observed_generation
-    p.status.conditions = api.set_condition(p.status.conditions, READY, ready, reason, message, generation)
+    p.status.conditions = api.set_condition(p.status.conditions, sr.READY, ready, reason, message, generation)
     if phase != old.phase:
         p.events.append(("Warning" if phase == api.ServingPhase.FAILED else "Normal", phase.value, message))
     p.target = None
@@ -127,13 +112,13 @@ def finish(p: Plan, old: api.ServingDeploymentStatus, phase: api.ServingPhase, r
 def waiting_for_deletion(o: Observed, p: Plan, kind: str, name: str) -> Plan:
     """A child's name is still held by an object being deleted (a same-named predecessor's): Pending, and
     the Ready condition says what it waits for."""
-    message = f"waiting for {kind} {name}, still being deleted; it is created again once it is gone"
-    return finish(p, o.status, api.ServingPhase.PENDING, WAITING_FOR_DELETION, message)
+    message = sr.waiting_for_deletion(kind, name)
+    return finish(p, o.status, api.ServingPhase.PENDING, sr.WAITING_FOR_DELETION, message)
 
 
 def waits_for_deletion(status: api.ServingDeploymentStatus) -> bool:
-    ready = next((c for c in status.conditions if c.type == READY), None)
-    return ready is not None and ready.reason == WAITING_FOR_DELETION
+    ready = next((c for c in status.conditions if c.type == sr.READY), None)
+    return ready is not None and ready.reason == sr.WAITING_FOR_DELETION
 
 
 def plan_children(o: Observed) -> Plan:
@@ -146,17 +131,17 @@ def plan_children(o: Observed) -> Plan:
         status.images = pinned_images(o)
         spec = parse_spec(o.spec, status.images)
     except api.SpecError as e:
-        return finish(p, o.status, api.ServingPhase.FAILED, INVALID_SPEC, str(e))
+        return finish(p, o.status, api.ServingPhase.FAILED, sr.INVALID_SPEC, str(e))
     source = resolve_model(spec, o.job)
     errors = serving_inputs.name_errors(o.name) + api.check_serving(
         spec, source.model_id, serving_inputs.served_model_name(o.name, spec)
     )
     errors += defaults.current().profile_errors(spec)
     if errors:
-        return finish(p, o.status, api.ServingPhase.FAILED, INVALID_SPEC, str(api.SpecError(errors)))
+        return finish(p, o.status, api.ServingPhase.FAILED, sr.INVALID_SPEC, str(api.SpecError(errors)))
     model_status: ConditionStatus = "True" if source.available else "False"
     status.conditions = api.set_condition(
-        status.conditions, MODEL_AVAILABLE, model_status, source.reason, source.message, o.generation
+        status.conditions, sr.MODEL_AVAILABLE, model_status, source.reason, source.message, o.generation
     )
     uri, revision = source.uri, source.revision
     if uri is None:
@@ -169,7 +154,7 @@ def plan_children(o: Observed) -> Plan:
     inp = _inputs(o, spec, source, uri, revision)
     if o.existing is not None and current_model(o.existing) != (uri, revision):
         dep_name = serving_inputs.names(o.name).deployment
-        p.events.append(("Normal", ROLLING_MODEL, f"rolling the Deployment {dep_name} to model {uri}"))
+        p.events.append(("Normal", sr.ROLLING_MODEL, sr.rolling_model(dep_name, uri)))
     explicit_rank = spec.vllm.lora.max_lora_rank
     p.target = Target(
         spec=spec,
@@ -204,7 +189,7 @@ def _inputs(
         slice=api.tpu_slice(spec.tpu.slice),
         model_revision=revision,
         adapter_job_rank=adapters.max_job_rank(o.adapter_jobs),
-        storage_class=o.storage_class,
+        storage_class=defaults.current().storage_class,
     )
 
 
@@ -218,10 +203,10 @@ def plan_status(o: Observed, p: Plan, t: Target, r: Replicas) -> Plan:
     status.model_uri = rollout.served_uri
     status.conditions = api.set_condition(
         status.conditions,
-        ROLLED_OUT,
+        sr.ROLLED_OUT,
         "True" if rollout.rolled_out else "False",
-        ROLLED_OUT if rollout.rolled_out else ROLLING_OUT,
-        "every replica runs the current template" if rollout.rolled_out else "a rollout is in progress",
+        sr.ROLLED_OUT_REASON if rollout.rolled_out else sr.ROLLING_OUT,
+        sr.ROLLED_OUT_MESSAGE if rollout.rolled_out else sr.ROLLING_OUT_MESSAGE,
         generation,
     )
     adapter_status(o, p, t, r)
@@ -235,27 +220,25 @@ def adapter_status(o: Observed, p: Plan, t: Target, r: Replicas) -> None:
     status.adapters = adapters.summarise(t.adapters, r.adapters, len(r.adapters))
     status.adapters_ready = adapters.adapters_ready(status.adapters) if t.spec.adapters else None
     for reason, text in adapters.adapter_events(o.status.adapters, status.adapters, list(r.adapters.values())):
-        p.events.append(("Warning" if reason == adapters.EVENT_FAILED else "Normal", reason, text))
+        p.events.append(("Warning" if reason == sr.ADAPTER_FAILED else "Normal", reason, text))
     if not t.spec.adapters:
-        status.conditions = [c for c in status.conditions if c.type not in ADAPTER_CONDITIONS]
+        status.conditions = [c for c in status.conditions if c.type not in sr.ADAPTER_CONDITIONS]
         return
     failed = [a for a in status.adapters if a.phase == api.AdapterPhase.FAILED]
     loading = [a for a in status.adapters if a.phase == api.AdapterPhase.LOADING]
     unsupported = next((x.lora_unsupported for x in r.adapters.values() if x.lora_unsupported), None)
     if unsupported is not None:
-        why = adapters.unsupported_message(t.spec.vllm.image, unsupported)
-        ready: tuple[ConditionStatus, str, str] = ("False", adapters.RUNTIME_LORA_UNSUPPORTED, why)
+        why = sr.unsupported_message(t.spec.vllm.image, unsupported)
+        ready: tuple[ConditionStatus, str, str] = ("False", sr.RUNTIME_LORA_UNSUPPORTED, why)
     elif failed:
-        ready = ("False", ADAPTER_FAILED, f"{failed[0].name}: {failed[0].message}")
+        ready = ("False", sr.ADAPTER_FAILED, sr.adapter_said(failed[0].name, failed[0].message))
     elif loading:
-        ready = ("False", ADAPTERS_LOADING, f"{loading[0].name}: {loading[0].message}")
+        ready = ("False", sr.ADAPTERS_LOADING, sr.adapter_said(loading[0].name, loading[0].message))
     else:
-        ready = ("True", ADAPTERS_READY, f"{status.adapters_ready} adapters ready on every ready replica")
-    status.conditions = api.set_condition(status.conditions, ADAPTERS_READY, *ready, generation)
+        ready = ("True", sr.ADAPTERS_READY_REASON, sr.adapters_ready(status.adapters_ready))
+    status.conditions = api.set_condition(status.conditions, sr.ADAPTERS_READY, *ready, generation)
     held = [d.held_back for d in t.adapters if d.held_back is not None]
     promoted: tuple[ConditionStatus, str, str] = (
-        ("False", held[0][0], "; ".join(m for _, m in held))
-        if held
-        else ("True", PROMOTED, "every adapter serves its newest output that may take traffic")
+        ("False", held[0][0], "; ".join(m for _, m in held)) if held else ("True", sr.PROMOTED, sr.PROMOTED_MESSAGE)
     )
-    status.conditions = api.set_condition(status.conditions, ADAPTERS_PROMOTED, *promoted, generation)
+    status.conditions = api.set_condition(status.conditions, sr.ADAPTERS_PROMOTED, *promoted, generation)

@@ -8,18 +8,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tpuforge import api
+from tpuforge.api import serving_reasons as sr
 from tpuforge.manifests import serving as manifests
 
 Obj = dict[str, Any]
-
-UNSCHEDULABLE = "Unschedulable"  # a pod problem's reason: Pending until a pod is scheduled, then Loading
-CRASH_REASONS = (
-    "CrashLoopBackOff",
-    "ImagePullBackOff",
-    "ErrImagePull",
-    "CreateContainerConfigError",
-    "InvalidImageName",
-)
 
 
 @dataclass(frozen=True)
@@ -31,14 +23,14 @@ class ModelSource:
     revision: str = ""
     available: bool = True
     failed: bool = False
-    reason: str = "ModelAvailable"
+    reason: str = sr.MODEL_AVAILABLE_REASON
     message: str = ""
 
 
 def resolve_model(spec: api.ServingDeploymentSpec, job: Obj | None) -> ModelSource:
     """The model to serve, from the spec's URI or from the referenced FineTuneJob (None when absent)."""
     if spec.model.uri is not None:
-        return ModelSource(uri=spec.model.uri, model_id=spec.model.name, message=f"serving {spec.model.uri}")
+        return ModelSource(uri=spec.model.uri, model_id=spec.model.name, message=sr.serving_uri(spec.model.uri))
     ref = spec.model.fine_tune_job_ref
     assert ref is not None  # the spec allows exactly one source
     if job is None:
@@ -46,8 +38,8 @@ def resolve_model(spec: api.ServingDeploymentSpec, job: Obj | None) -> ModelSour
             uri=None,
             model_id=None,
             available=False,
-            reason="FineTuneJobNotFound",
-            message=f"FineTuneJob {ref.name!r} does not exist yet; waiting for it (spec.model.fineTuneJobRef)",
+            reason=sr.FINETUNEJOB_NOT_FOUND,
+            message=sr.job_not_found(ref.name),
         )
     model_id = spec.model.name or job.get("spec", {}).get("model", {}).get("name")
     status = api.FineTuneJobStatus.model_validate(job.get("status") or {})
@@ -60,7 +52,7 @@ def resolve_model(spec: api.ServingDeploymentSpec, job: Obj | None) -> ModelSour
             uri=merged,
             model_id=model_id,
             revision=revision,
-            message=f"serving FineTuneJob {ref.name!r}'s merged model {merged}",
+            message=sr.serving_merged(ref.name, merged),
         )
     if status.phase == api.FineTunePhase.FAILED:
         return ModelSource(
@@ -68,16 +60,15 @@ def resolve_model(spec: api.ServingDeploymentSpec, job: Obj | None) -> ModelSour
             model_id=model_id,
             available=False,
             failed=True,
-            reason="FineTuneJobFailed",
-            message=f"FineTuneJob {ref.name!r} failed, so it has no merged model to serve; fix and rerun it, "
-            "or point spec.model.uri at a merged model",
+            reason=sr.FINETUNEJOB_FAILED,
+            message=sr.job_failed(ref.name),
         )
     return ModelSource(
         uri=None,
         model_id=model_id,
         available=False,
-        reason="WaitingForModel",
-        message=f"waiting for FineTuneJob {ref.name!r} to succeed (phase {status.phase or 'Pending'})",
+        reason=sr.WAITING_FOR_MODEL,
+        message=sr.waiting_for_job_model(ref.name, status.phase),
     )
 
 
@@ -99,12 +90,12 @@ def _container_problem(pod: str, statuses: list[Obj], init: bool) -> tuple[str, 
         waiting = state.get("waiting") or {}
         term = state.get("terminated") or last.get("terminated") or {}
         failed_exit = term.get("exitCode") not in (None, 0)
-        if waiting.get("reason") in CRASH_REASONS or (init and failed_exit and state.get("terminated")):
+        if waiting.get("reason") in sr.CRASH_REASONS or (init and failed_exit and state.get("terminated")):
             why = (term.get("message") or "").strip() or waiting.get("message") or waiting.get("reason") or ""
-            code = f" (exit code {term['exitCode']})" if failed_exit else ""
+            code = sr.exit_code(term["exitCode"]) if failed_exit else ""
             if init:
-                return "ModelFetchFailed", f"pod {pod}: model fetch failed{code}: {why}"
-            return "ServerFailing", f"pod {pod}: container {cs.get('name')} is failing{code}: {why}"
+                return sr.MODEL_FETCH_FAILED, sr.model_fetch_failed(pod, code, why)
+            return sr.SERVER_FAILING, sr.server_failing(pod, cs.get("name"), code, why)
     return None
 
 
@@ -114,7 +105,7 @@ def pod_problem(pod: Obj) -> tuple[str, str] | None:
     status = pod.get("status") or {}
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            return UNSCHEDULABLE, f"pod {name} is not scheduled: {cond.get('message') or cond.get('reason')}"
+            return sr.UNSCHEDULABLE, sr.unscheduled(name, cond.get("message") or cond.get("reason"))
     return _container_problem(name, status.get("initContainerStatuses") or [], init=True) or _container_problem(
         name, status.get("containerStatuses") or [], init=False
     )
@@ -123,13 +114,6 @@ def pod_problem(pod: Obj) -> tuple[str, str] | None:
 def pod_ready(pod: Obj) -> bool:
     conds = (pod.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conds)
-
-
-# A Recreate rollout (the pod holds ReadWriteOnce disks) takes the old pods down before the new one starts.
-RECREATING = (
-    "; the pod is being replaced (Recreate: its ReadWriteOnce disks move to the new one), so nothing serves "
-    "until the new one is ready"
-)
 
 
 def observe_rollout(
@@ -142,9 +126,9 @@ def observe_rollout(
     annotations = dep.get("metadata", {}).get("annotations") or {}
     rollout = int(annotations.get("deployment.kubernetes.io/revision", "1")) > 1
     recreate = ((dep.get("spec") or {}).get("strategy") or {}).get("type") == "Recreate"
-    waiting = out.phase in (api.ServingPhase.PENDING, api.ServingPhase.LOADING) and out.reason != "ScaledToZero"
+    waiting = out.phase in (api.ServingPhase.PENDING, api.ServingPhase.LOADING) and out.reason != sr.SCALED_TO_ZERO
     if recreate and rollout and waiting and not out.rolled_out:
-        return replace(out, message=out.message + RECREATING)
+        return replace(out, message=out.message + sr.RECREATING)
     return out
 
 
@@ -179,50 +163,48 @@ def _observe(
         (
             c
             for c in dep_status.get("conditions") or []
-            if c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"
+            if c.get("type") == "Progressing" and c.get("reason") == sr.PROGRESS_DEADLINE_EXCEEDED
         ),
         None,
     )
     P = api.ServingPhase
     if replicas == 0:
-        return Rollout(P.PENDING, ready, "ScaledToZero", "spec.replicas is 0", rolled_out, None)
+        return Rollout(P.PENDING, ready, sr.SCALED_TO_ZERO, sr.SCALED_TO_ZERO_MESSAGE, rolled_out, None)
     if ready >= replicas:
-        msg = f"{ready}/{replicas} replicas ready"
-        if not rolled_out:
-            msg += "; rolling out the new template while the old pods serve"
-            if problems:
-                msg += f" ({problems[0][1]})"
-        return Rollout(P.READY, ready, "Ready", msg, rolled_out, served_uri)
+        if rolled_out:
+            msg = sr.replicas_ready(ready, replicas)
+        else:
+            msg = sr.rolling_out_while_serving(ready, replicas, problems[0][1] if problems else None)
+        return Rollout(P.READY, ready, sr.READY_REASON, msg, rolled_out, served_uri)
     if stalled is not None:
         why = problems[0][1] if problems else stalled.get("message", "")
         return Rollout(
             P.FAILED,
             ready,
-            "RolloutStalled",
-            f"pods did not become ready within the progress deadline: {why}",
+            sr.ROLLOUT_STALLED,
+            sr.rollout_stalled(why),
             rolled_out,
             served_uri,
         )
     scheduled = [p for p in live if (p.get("spec") or {}).get("nodeName")]
     if problems:
         reason, msg = problems[0]
-        phase = P.PENDING if reason == UNSCHEDULABLE and not scheduled else P.LOADING
-        return Rollout(phase, ready, reason, f"{ready}/{replicas} replicas ready; {msg}", rolled_out, served_uri)
+        phase = P.PENDING if reason == sr.UNSCHEDULABLE and not scheduled else P.LOADING
+        return Rollout(phase, ready, reason, sr.not_ready(ready, replicas, msg), rolled_out, served_uri)
     if scheduled:
         return Rollout(
             P.LOADING,
             ready,
-            "Loading",
-            f"{ready}/{replicas} replicas ready; fetching the model and compiling (XLA compilation "
-            "takes 8-10 minutes on a cold cache)",
+            sr.LOADING,
+            sr.loading(ready, replicas),
             rolled_out,
             served_uri,
         )
     return Rollout(
         P.PENDING,
         ready,
-        "Pending",
-        f"waiting for {replicas} pod(s) to be scheduled on a TPU node",
+        sr.PENDING,
+        sr.pending(replicas),
         rolled_out,
         served_uri,
     )

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from tests.fixtures.finetune.events import NODE, flow_events, worst_cases
+from tpuforge.api.constants import EVENT_COMPONENT
 from tpuforge.api.evaluation import Check
 from tpuforge.controllers.finetune import events as ev
-from tpuforge.kube import events as kube_events
 
 
 def describe_events(rows: list[tuple[str, str, str, str, str]]) -> list[str]:
@@ -27,7 +27,7 @@ def describe_events(rows: list[tuple[str, str, str, str, str]]) -> list[str]:
 
 def test_the_room_is_what_describe_leaves() -> None:
     widest = max(ev.REASONS, key=len)
-    line = describe_events([("Warning", widest, "9m59s", kube_events.COMPONENT, "x" * ev.MESSAGE_ROOM)])[-1]
+    line = describe_events([("Warning", widest, "9m59s", EVENT_COMPONENT, "x" * ev.MESSAGE_ROOM)])[-1]
     assert len(line) == 80
     assert ev.MESSAGE_ROOM >= 40  # short reasons and a short component leave room for a node name
 
@@ -37,8 +37,8 @@ def test_every_event_fits_one_line_of_an_80_column_terminal(monkeypatch: pytest.
     assert {e.reason for e in events} == set(ev.REASONS), "a reason is never exercised, or is not in REASONS"
     messages = [(e.type, e.message) for e in events] + [("Warning", m) for m in worst_cases()]
     # Every reason in the table at once: the Reason column at its widest.
-    rows = [("Normal", r, "9m59s", kube_events.COMPONENT, "") for r in ev.REASONS]
-    rows += [(t, "Failed", "1s", kube_events.COMPONENT, m) for t, m in messages]
+    rows = [("Normal", r, "9m59s", EVENT_COMPONENT, "") for r in ev.REASONS]
+    rows += [(t, "Failed", "1s", EVENT_COMPONENT, m) for t, m in messages]
     too_long = [line for line in describe_events(rows) if len(line) > 80]
     assert not too_long, "\n".join(too_long)
     assert all(m.strip() == m and m.split()[-1] not in ("of", "on", "in", "invalid") for _, m in messages)

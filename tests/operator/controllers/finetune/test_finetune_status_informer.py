@@ -12,8 +12,8 @@ from tests.fixtures.finetune.world import raw_spec
 from tpuforge import api
 from tpuforge.controllers.finetune.children import JobView, config_view, job_view, pod_view, workload_view
 from tpuforge.controllers.finetune.controller import FineTuneJobController, fresh, owner_key, workload_key
-from tpuforge.controllers.finetune.snapshot import snapshot
 from tpuforge.controllers.runtime.informer import Informer
+from tpuforge.controllers.runtime.snapshot import snapshot
 from tpuforge.manifests.finetune_common import owner
 from tpuforge.manifests.finetune_training import train_job
 

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from tpuforge import api
+from tpuforge.api import serving_reasons as sr
 from tpuforge.api.constants import DEFAULT_VLLM_IMAGE
 from tpuforge.api.serving import AdapterPhase, AdapterStatus
-from tpuforge.controllers.finetune.events import MESSAGE_ROOM
-from tpuforge.controllers.finetune.snapshot import snapshot
+from tpuforge.controllers.runtime.snapshot import snapshot
 from tpuforge.controllers.serving import adapters as sa
 from tpuforge.controllers.serving.controller import adapter_requeue, model_view, referenced_jobs
 
@@ -196,11 +196,11 @@ def test_events_fit_one_describe_line_and_say_what_happened() -> None:
     new = [AdapterStatus(name="d", phase=AdapterPhase.FAILED), AdapterStatus(name="e", phase=AdapterPhase.FAILED)]
     old = [AdapterStatus(name="e", phase=AdapterPhase.FAILED)]
     events = sa.adapter_events(old, new, pods)
-    assert [r for r, _ in events] == [sa.EVENT_REPLACED, sa.EVENT_LOADED, sa.EVENT_REMOVED, sa.EVENT_FAILED]
+    assert [r for r, _ in events] == [sr.ADAPTER_REPLACED, sr.ADAPTER_LOADED, sr.ADAPTER_REMOVED, sr.ADAPTER_FAILED]
     assert events[1][1] == "adapter b loaded on 2 pod(s)"
     assert events[2][1] == "adapter c removed"
     assert events[3][1] == "adapter d failed; see status"
-    assert all(len(m) <= MESSAGE_ROOM for _, m in events) and events[0][1].endswith("xxx replaced on 1 pod(s)")
+    assert all(len(m) <= sr.LINE.room for _, m in events) and events[0][1].endswith("xxx replaced")
 
 
 def test_loading_adapters_are_looked_at_again_soon() -> None:
@@ -324,7 +324,7 @@ def test_a_server_without_runtime_lora_fails_the_adapters_saying_which_image_to_
         server.close()
     assert result.lora_unsupported is not None and said in result.lora_unsupported
     assert result.states["a"].phase == AdapterPhase.FAILED
-    message = sa.unsupported_message("vllm/vllm-tpu:v0.20.0", result.lora_unsupported)
+    message = sr.unsupported_message("vllm/vllm-tpu:v0.20.0", result.lora_unsupported)
     assert "cannot load LoRA adapters at runtime" in message and DEFAULT_VLLM_IMAGE in message
 
 
