@@ -15,7 +15,6 @@ from tpuforge.api.catalog import model_shape, tpu_slice
 from tpuforge.api.constants import DEFAULT_VLLM_IMAGE
 from tpuforge.manifests import serving, serving_inputs, vllm_server
 
-
 # The model copied to a disk of the ServingDeployment (the default before streaming; still an option).
 DISK = {"modelStorage": {"medium": "Disk"}}
 
