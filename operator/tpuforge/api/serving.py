@@ -172,8 +172,6 @@ class XlaCacheSpec(ApiModel):
 
 
 ModelMedium = Literal["Stream", "Disk", "NodeLocal", "HyperdiskML"]
-# The media that keep a copy of the model in the pod (everything but Stream).
-COPY_MEDIA = ("Disk", "NodeLocal", "HyperdiskML")
 
 
 class ModelStorageSpec(ApiModel):
