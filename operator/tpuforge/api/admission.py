@@ -276,7 +276,8 @@ ADMISSION_RULES: dict[type[BaseModel], tuple[AdmissionRule, ...]] = {
         ),
         AdmissionRule(
             "self.replicas <= 1 || self.modelStorage.medium != 'Disk'",
-            "replicas > 1 cannot share one model disk (ReadWriteOnce); use NodeLocal, or replicas: 1",
+            "replicas > 1 cannot share one model disk (ReadWriteOnce); use Stream (no model volume) or NodeLocal, or "
+            "replicas: 1",
             ".modelStorage.medium",
         ),
         AdmissionRule(

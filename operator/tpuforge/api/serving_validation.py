@@ -123,8 +123,8 @@ def _check_serving_pods(errors: list[FieldError], spec: ServingDeploymentSpec) -
         errors.append(
             FieldError(
                 "spec.modelStorage.medium",
-                f"{spec.replicas} replicas cannot share one model disk (ReadWriteOnce); use HyperdiskML (read by "
-                "many nodes) or NodeLocal, or replicas: 1",
+                f"{spec.replicas} replicas cannot share one model disk (ReadWriteOnce); use Stream (no model volume), "
+                "HyperdiskML (read by many nodes) or NodeLocal, or replicas: 1",
             )
         )
 
