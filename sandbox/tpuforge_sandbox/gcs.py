@@ -19,11 +19,15 @@ __all__ = ["GcsServer", "create_bucket", "free_port", "gcs_argv", "gcs_env", "st
 
 
 def gcs_env(url: str) -> dict[str, str]:
-    """Environment that points google-cloud-storage, tensorstore/Orbax and gcsfs at `url`, and keeps every
-    client away from the metadata server and real GCS."""
+    """Environment that points google-cloud-storage, tensorstore/Orbax, gcsfs and vLLM's Run:ai model streamer
+    at `url`, and keeps every client away from the metadata server and real GCS."""
     return {
         "STORAGE_EMULATOR_HOST": url,
         "TENSORSTORE_GCS_HTTP_URL": url,
+        # The streamer reads the weights with google-cloud-cpp, which takes its endpoint from this variable, and
+        # lists and pulls the small files with google-cloud-storage, which needs anonymous credentials here.
+        "CLOUD_STORAGE_EMULATOR_ENDPOINT": url,
+        "RUNAI_STREAMER_GCS_USE_ANONYMOUS_CREDENTIALS": "true",
         "GOOGLE_AUTH_TOKEN_FOR_TESTING": "sandbox",
         "NO_GCE_CHECK": "true",
         "GCE_METADATA_HOST": "127.0.0.1:9",

@@ -266,15 +266,18 @@ ADMISSION_RULES: dict[type[BaseModel], tuple[AdmissionRule, ...]] = {
         ),
         # Each replica holds a whole TPU VM, so replicas run on different nodes, and a ReadWriteOnce disk
         # attaches to one node at a time.
+        # A streamed model's pods mount no ReadWriteOnce disk: a ReadWriteOnce cache is then the node's own.
         AdmissionRule(
-            "self.replicas <= 1 || self.xlaCache.accessMode == 'ReadWriteMany'",
+            "self.replicas <= 1 || self.xlaCache.accessMode == 'ReadWriteMany' || self.modelStorage.medium == 'Stream'",
             "replicas > 1 run on as many TPU VMs and a ReadWriteOnce disk attaches to one: set ReadWriteMany with "
-            "a storageClassName that provides it (Filestore), or use replicas: 1",
+            "a storageClassName that provides it (Filestore), stream the model (modelStorage.medium Stream), or "
+            "use replicas: 1",
             ".xlaCache.accessMode",
         ),
         AdmissionRule(
             "self.replicas <= 1 || self.modelStorage.medium != 'Disk'",
-            "replicas > 1 cannot share one model disk (ReadWriteOnce); use NodeLocal, or replicas: 1",
+            "replicas > 1 cannot share one model disk (ReadWriteOnce); use Stream (no model volume) or NodeLocal, or "
+            "replicas: 1",
             ".modelStorage.medium",
         ),
         AdmissionRule(
@@ -324,6 +327,18 @@ ADMISSION_RULES: dict[type[BaseModel], tuple[AdmissionRule, ...]] = {
             "(self.medium == 'HyperdiskML') == has(self.dataSource)",
             "the GCPDataSource that fills the model volume: required with medium HyperdiskML, and only there",
             ".dataSource",
+        ),
+        AdmissionRule(
+            "self.medium != 'Stream' || !has(self.size)",
+            "a streamed model (medium Stream, the default) has no volume to size: remove size, or set medium Disk, "
+            "NodeLocal or HyperdiskML",
+            ".size",
+        ),
+        AdmissionRule(
+            "self.medium != 'Stream' || !has(self.storageClassName)",
+            "a streamed model (medium Stream, the default) has no volume: remove storageClassName, or set medium "
+            "Disk, NodeLocal or HyperdiskML",
+            ".storageClassName",
         ),
     ),
     PodScheduling: (

@@ -135,7 +135,9 @@ class VllmSpec(ApiModel):
         default=None, description="Name clients put in requests; defaults to the ServingDeployment's name."
     )
     model_path: str = Field(
-        default="/models/model", description="Where the init container puts the model inside the pod."
+        default="/models/model",
+        description="Where the init container puts the model inside the pod (modelStorage media that copy it; a "
+        "streamed model is read from its gs:// URI).",
     )
     lora: LoraServingSpec = Field(
         default_factory=LoraServingSpec, description="Multi-LoRA settings, used when spec.adapters is not empty."
@@ -151,37 +153,50 @@ STORAGE_CLASS_HELP = (
 
 
 class XlaCacheSpec(ApiModel):
-    size: str = Field(default="20Gi", description="Size of the persistent XLA compilation cache.")
+    """vLLM's XLA compilation cache. With a streamed model (modelStorage.medium Stream) a ReadWriteOnce cache is
+    an emptyDir on the node (sizeLimit `size`), since a disk attached to one node would pin the pods to it and
+    stop a rolling update; a ReadWriteMany cache stays a claim every replica shares."""
+
+    size: str = Field(default="20Gi", description="Size of the XLA compilation cache.")
     storage_class_name: str | None = Field(default=None, description=STORAGE_CLASS_HELP)
     access_mode: AccessMode = Field(
         default="ReadWriteOnce",
-        description="ReadWriteOnce (a disk: one node at a time, so pods are replaced, not surged) or "
-        "ReadWriteMany (a class that many nodes mount, such as Filestore: needed for replicas > 1; "
-        "storageClassName is then required, since the default Hyperdisk Balanced class cannot be shared).",
+        description="ReadWriteOnce (a disk: one node at a time, so pods are replaced, not surged; with a streamed "
+        "model, an emptyDir on the node instead) or ReadWriteMany (a class that many nodes mount, such as "
+        "Filestore: needed for replicas > 1 with a model copied to a volume; storageClassName is then required, "
+        "since the default Hyperdisk Balanced class cannot be shared).",
     )
     retain_on_delete: bool = Field(
         default=True, description="Keep the cache PVC when the ServingDeployment is deleted."
     )
 
 
-class ModelStorageSpec(ApiModel):
-    """Where the serving pod keeps its copy of the model."""
+ModelMedium = Literal["Stream", "Disk", "NodeLocal", "HyperdiskML"]
 
-    medium: Literal["Disk", "NodeLocal", "HyperdiskML"] = Field(
-        default="Disk",
-        description="Disk: a ReadWriteOnce PersistentVolumeClaim of the ServingDeployment, kept across pod "
-        "restarts (a restart does not download the model again). NodeLocal: an emptyDir on the node's disk "
-        "with an ephemeral-storage request of `size` (for node pools with a boot disk or local SSD large enough). "
+
+class ModelStorageSpec(ApiModel):
+    """Where the serving pod reads the model from: straight from Cloud Storage, or a copy on a volume."""
+
+    medium: ModelMedium = Field(
+        default="Stream",
+        description="Stream (the default): vLLM reads the weights from the model's gs:// directory as it starts "
+        "(`--load-format runai_streamer`), with no model volume, so pods are not pinned to a disk's zone and "
+        "are replaced by a rolling update that keeps the endpoint up; the model must hold safetensors weights "
+        "(every merged model does; the pod's check refuses one without). Disk: a ReadWriteOnce "
+        "PersistentVolumeClaim of the ServingDeployment, kept across pod restarts (a restart does not download "
+        "the model again; pods are replaced with Recreate). NodeLocal: an emptyDir on the node's disk with an "
+        "ephemeral-storage request of `size` (for node pools with a boot disk or local SSD large enough). "
         "HyperdiskML: a ReadOnlyMany Hyperdisk ML volume that GKE's Volume Populator fills from Cloud Storage "
         "(dataSource), read by every replica at once: no fetch in the pod, and replicas > 1 need no copy per node.",
     )
     size: str | None = Field(
-        default=None, description="Volume size; default: the model's checkpoint bytes plus 25%, in GiB."
+        default=None,
+        description="Volume size (not with Stream); default: the model's checkpoint bytes plus 25%, in GiB.",
     )
     storage_class_name: str | None = Field(
         default=None,
-        description=f"{STORAGE_CLASS_HELP} Required with HyperdiskML: a class of type hyperdisk-ml (the chart's "
-        "storage.hyperdiskML class).",
+        description=f"{STORAGE_CLASS_HELP} Not with Stream. Required with HyperdiskML: a class of type hyperdisk-ml "
+        "(the chart's storage.hyperdiskML class).",
     )
     data_source: str | None = Field(
         default=None,
@@ -252,8 +267,8 @@ class ServingDeploymentSpec(ApiModel):
         ge=0,
         description="vLLM server replicas (one slice each). The scale subresource: a HorizontalPodAutoscaler "
         "targets the ServingDeployment (kind ServingDeployment, apiVersion tpuforge.dev/v1alpha1) and writes "
-        "this field, which the operator carries to the Deployment; more than one needs storage many nodes read "
-        "(docs/platform-team.md, Scaling).",
+        "this field, which the operator carries to the Deployment; more than one needs a streamed model (the "
+        "default) or storage many nodes read (docs/platform-team.md, Scaling).",
     )
     disruption: DisruptionSpec = Field(
         default_factory=DisruptionSpec,
@@ -261,10 +276,13 @@ class ServingDeploymentSpec(ApiModel):
         "and drains.",
     )
     xla_cache: XlaCacheSpec = Field(
-        default_factory=XlaCacheSpec, description="Persistent XLA compilation cache (VLLM_XLA_CACHE_PATH)."
+        default_factory=XlaCacheSpec,
+        description="XLA compilation cache (VLLM_XLA_CACHE_PATH): a claim kept across pods, except for a streamed "
+        "model with accessMode ReadWriteOnce, where it is the node's disk (kept across container restarts only).",
     )
     model_storage: ModelStorageSpec = Field(
-        default_factory=ModelStorageSpec, description="Where the pod keeps its copy of the model."
+        default_factory=ModelStorageSpec,
+        description="Where the pod reads the model from: streamed from GCS (the default), or a copy on a volume.",
     )
     service_account_name: str | None = Field(
         default=None,

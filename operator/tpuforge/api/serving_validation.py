@@ -103,7 +103,11 @@ def _check_serving_pods(errors: list[FieldError], spec: ServingDeploymentSpec) -
             )
     elif storage.data_source:
         errors.append(FieldError("spec.modelStorage.dataSource", "used with medium HyperdiskML only; remove it"))
-    if spec.replicas <= 1:
+    if storage.medium == "Stream":
+        _check_stream(errors, spec)
+    if spec.replicas <= 1 or storage.medium == "Stream":
+        # A streamed model has no volume, and its cache is either the node's or shared: replicas never wait on a
+        # disk another node holds.
         return
     # Each replica holds a whole TPU VM, so replicas run on different nodes, and a ReadWriteOnce disk attaches
     # to one node at a time: a second replica would wait for the disk forever (Multi-Attach error).
@@ -119,8 +123,31 @@ def _check_serving_pods(errors: list[FieldError], spec: ServingDeploymentSpec) -
         errors.append(
             FieldError(
                 "spec.modelStorage.medium",
-                f"{spec.replicas} replicas cannot share one model disk (ReadWriteOnce); use HyperdiskML (read by "
-                "many nodes) or NodeLocal, or replicas: 1",
+                f"{spec.replicas} replicas cannot share one model disk (ReadWriteOnce); use Stream (no model volume), "
+                "HyperdiskML (read by many nodes) or NodeLocal, or replicas: 1",
+            )
+        )
+
+
+def _check_stream(errors: list[FieldError], spec: ServingDeploymentSpec) -> None:
+    """A streamed model is read from its gs:// directory: nothing to size or to put on a class."""
+    storage = spec.model_storage
+    for field, value in (("size", storage.size), ("storageClassName", storage.storage_class_name)):
+        if value is not None:
+            errors.append(
+                FieldError(
+                    f"spec.modelStorage.{field}",
+                    "used with a model copied to a volume only; a streamed model (medium Stream, the default) "
+                    "has no volume: remove it, or set medium Disk, NodeLocal or HyperdiskML to keep a copy",
+                )
+            )
+    uri = spec.model.uri
+    if uri is not None and not uri.startswith("gs://"):
+        errors.append(
+            FieldError(
+                "spec.modelStorage.medium",
+                f"Stream reads the weights from Cloud Storage and needs a gs:// spec.model.uri (got {uri!r}); "
+                "give one, or set medium Disk to copy the model into the pod",
             )
         )
 

@@ -1,6 +1,7 @@
 """ServingDeployment -> the Kubernetes objects that serve it: a vLLM-TPU Deployment (with a model-fetch init
-container and, when it serves LoRA adapters, an adapter-fetch sidecar), a Service, the XLA compilation cache
-PVC and the model's PVC, and PodMonitoring / ServiceMonitor objects. The vLLM process itself (arguments,
+container, which only checks the model when vLLM streams it from GCS, and, when it serves LoRA adapters, an
+adapter-fetch sidecar), a Service, the XLA compilation cache PVC and the model's PVC where the spec keeps them,
+and PodMonitoring / ServiceMonitor objects. The vLLM process itself (arguments,
 environment, probes) is vllm_server's; the inputs, names and labels are serving_inputs'.
 
 Pure: the same inputs give the same objects. The caller resolves what needs the API (the model URI, the
@@ -74,6 +75,18 @@ def pods_selector(owner_uid: str) -> str:
     return f"{LABEL_OWNER_UID}={owner_uid},{LABEL_COMPONENT}={COMPONENT}"
 
 
+def streams(spec: ServingDeploymentSpec) -> bool:
+    """vLLM reads the weights from the model's gs:// directory itself (the Run:ai model streamer): no model
+    volume, no copy."""
+    return spec.model_storage.medium == "Stream"
+
+
+def node_local_xla_cache(spec: ServingDeploymentSpec) -> bool:
+    """With a streamed model, a ReadWriteOnce cache would be the pods' only disk, and pin them to its node (and
+    zone) as the model disk does: it is an emptyDir on the node instead. A shared (ReadWriteMany) cache stays."""
+    return streams(spec) and spec.xla_cache.access_mode == "ReadWriteOnce"
+
+
 def uncommitted_base(spec: ServingDeploymentSpec) -> bool:
     """A base for adapters named by URI is usually a checkpoint uploaded as it is, without `_COMPLETE`; a merged
     model (a FineTuneJob's output, or a URI served without adapters) must be committed. A base that has the
@@ -83,14 +96,9 @@ def uncommitted_base(spec: ServingDeploymentSpec) -> bool:
 
 def fetch_args(inp: ServingInputs) -> list[str]:
     # The termination log is passed, not defaulted, so that every path the container writes is in its args.
-    args = [
-        "--model-uri",
-        inp.model_uri,
-        "--target-dir",
-        inp.spec.vllm.model_path,
-        "--termination-log",
-        TERMINATION_LOG,
-    ]
+    # A streamed model is only checked (committed, files as listed, safetensors weights): vLLM reads it.
+    where = ["--check-only"] if streams(inp.spec) else ["--target-dir", inp.spec.vllm.model_path]
+    args = ["--model-uri", inp.model_uri, *where, "--termination-log", TERMINATION_LOG]
     if uncommitted_base(inp.spec):
         args.append("--uncommitted-base")
     return args
@@ -98,14 +106,17 @@ def fetch_args(inp: ServingInputs) -> list[str]:
 
 def adapters_sidecar(inp: ServingInputs, model_id: str) -> Obj:
     """Fetches adapters into the shared volume when the operator asks (port 8001), checking each against the
-    base in the model volume. It takes no per-adapter arguments, so adapters change without a new template."""
+    base in the model volume (or, for a streamed model, in GCS). It takes no per-adapter arguments, so adapters
+    change without a new template."""
+    model_dir = inp.model_uri if streams(inp.spec) else inp.spec.vllm.model_path
+    mounts: list[Obj] = [] if streams(inp.spec) else [model_mount(inp)]
     return {
         "name": ADAPTERS_CONTAINER,
         "image": inp.spec.images.adapters or PUBLIC_IMAGES.adapters,
         "command": ["python", "-m", "tpuforge_workloads.serve.adapters"],
         "args": [
             "--model-dir",
-            inp.spec.vllm.model_path,
+            model_dir,
             "--model-name",
             model_id,
             "--adapters-dir",
@@ -126,11 +137,12 @@ def adapters_sidecar(inp: ServingInputs, model_id: str) -> Obj:
             "periodSeconds": 10,
             "timeoutSeconds": 5,
         },
-        "volumeMounts": [
-            {"name": "model", "mountPath": inp.spec.vllm.model_path, "readOnly": True},
-            {"name": "adapters", "mountPath": ADAPTERS_DIR},
-        ],
+        "volumeMounts": [*mounts, {"name": "adapters", "mountPath": ADAPTERS_DIR}],
     }
+
+
+def model_mount(inp: ServingInputs) -> Obj:
+    return {"name": "model", "mountPath": inp.spec.vllm.model_path, "readOnly": True}
 
 
 def scrape_annotations() -> dict[str, str]:
@@ -146,6 +158,7 @@ def pod_template(inp: ServingInputs) -> Obj:
     spec = inp.spec
     model_dir = spec.vllm.model_path
     lora = lora_enabled(spec)
+    stream = streams(spec)
     vllm: Obj = {
         "name": VLLM_CONTAINER,
         "image": spec.vllm.image or PUBLIC_IMAGES.serving,
@@ -157,7 +170,7 @@ def pod_template(inp: ServingInputs) -> Obj:
         "ports": [{"name": "http", "containerPort": VLLM_PORT, "protocol": "TCP"}],
         "resources": tpu_resources(inp.slice, resources.tpu_server_requests(spec.tpu.resources, inp.model)),
         "volumeMounts": [
-            {"name": "model", "mountPath": model_dir, "readOnly": True},
+            *([] if stream else [model_mount(inp)]),
             {"name": "xla-cache", "mountPath": XLA_CACHE_MOUNT},
             {"name": "dshm", "mountPath": "/dev/shm"},
         ],
@@ -171,20 +184,21 @@ def pod_template(inp: ServingInputs) -> Obj:
         "command": ["python", "-m", "tpuforge_workloads.serve.fetch"],
         "args": fetch_args(inp),
         "resources": resources.FETCH_RESOURCES,
-        "volumeMounts": [{"name": "model", "mountPath": model_dir}],
+        "volumeMounts": [] if stream else [{"name": "model", "mountPath": model_dir}],
         "terminationMessagePath": TERMINATION_LOG,
     }
     volumes: list[Obj] = [
-        model_volume(inp),
-        {"name": "xla-cache", "persistentVolumeClaim": {"claimName": names(inp.name).xla_cache}},
+        *([] if stream else [model_volume(inp)]),
+        xla_cache_volume(inp),
         {"name": "dshm", "emptyDir": {"medium": "Memory"}},
     ]
-    if spec.model_storage.medium == "NodeLocal":
-        # The copy lives on the node's disk: say so, so that the scheduler and the kubelet's eviction count it.
-        vllm["resources"] = {
-            **vllm["resources"],
-            "requests": {**vllm["resources"]["requests"], **local_model_request(inp)},
-        }
+    # What lives on the node's disk (a NodeLocal model copy, a node-local XLA cache) is requested, so that the
+    # scheduler and the kubelet's eviction count it.
+    local = {**(local_model_request(inp) if spec.model_storage.medium == "NodeLocal" else {})}
+    if node_local_xla_cache(spec):
+        local["ephemeral-storage"] = spec.xla_cache.size
+    if local:
+        vllm["resources"] = {**vllm["resources"], "requests": {**vllm["resources"]["requests"], **local}}
     containers = [vllm]
     if lora:
         # Same path in both containers: the path the sidecar reports is the lora_path vLLM loads.
@@ -215,7 +229,10 @@ def pod_template(inp: ServingInputs) -> Obj:
 def surges(spec: ServingDeploymentSpec) -> bool:
     """Whether a new pod may start beside the old ones. It lands on another TPU VM (the old pod holds every chip
     of its own), so every volume it shares with them must attach to many nodes; a ReadWriteOnce disk cannot
-    (GKE: Multi-Attach error), and a surge pod would wait for it for ever while the old pod is never removed."""
+    (GKE: Multi-Attach error), and a surge pod would wait for it for ever while the old pod is never removed.
+    A streamed model shares no ReadWriteOnce disk (its cache is the node's, or a ReadWriteMany claim)."""
+    if streams(spec):
+        return True
     return spec.xla_cache.access_mode == "ReadWriteMany" and spec.model_storage.medium in ("NodeLocal", "HyperdiskML")
 
 
@@ -298,7 +315,16 @@ def _claim(inp: ServingInputs, name: str, size: str, mode: str, storage_class: s
     }
 
 
-def xla_cache_pvc(inp: ServingInputs) -> Obj:
+def xla_cache_volume(inp: ServingInputs) -> Obj:
+    if node_local_xla_cache(inp.spec):
+        return {"name": "xla-cache", "emptyDir": {"sizeLimit": inp.spec.xla_cache.size}}
+    return {"name": "xla-cache", "persistentVolumeClaim": {"claimName": names(inp.name).xla_cache}}
+
+
+def xla_cache_pvc(inp: ServingInputs) -> Obj | None:
+    """The cache's claim, or None where the cache is the node's (a streamed model, ReadWriteOnce)."""
+    if node_local_xla_cache(inp.spec):
+        return None
     cache = inp.spec.xla_cache
     return _claim(
         inp,
@@ -339,9 +365,10 @@ GCP_DATA_SOURCE = {"apiGroup": "datalayer.gke.io", "kind": "GCPDataSource"}
 
 
 def model_pvc(inp: ServingInputs) -> Obj | None:
-    """The model's disk (medium Disk): the fetched copy survives pod restarts, so a restarted or rescheduled pod
-    skips the download; collected with the ServingDeployment. With HyperdiskML, a read-only-many Hyperdisk ML
-    claim that the Volume Populator fills from the spec's GCPDataSource, attached to every replica's node."""
+    """None for a streamed model (medium Stream). The model's disk (medium Disk): the fetched copy survives pod
+    restarts, so a restarted or rescheduled pod skips the download; collected with the ServingDeployment. With
+    HyperdiskML, a read-only-many Hyperdisk ML claim that the Volume Populator fills from the spec's
+    GCPDataSource, attached to every replica's node."""
     storage = inp.spec.model_storage
     if storage.medium == "HyperdiskML":
         claim = _claim(inp, names(inp.name).model, model_size(inp), "ReadOnlyMany", storage.storage_class_name, True)

@@ -18,6 +18,9 @@ XLA_CACHE_MOUNT = "/xla-cache"
 # timeout and the startup probe share this budget so that neither gives up before the other.
 STARTUP_BUDGET_SECONDS = 3600
 STARTUP_PROBE_PERIOD_SECONDS = 10
+# vLLM's loader for weights in object storage (the Run:ai model streamer): it reads a gs:// directory's
+# safetensors straight into memory, several ranges at once, and pulls the small files (config, tokenizer) first.
+STREAM_LOAD_FORMAT = "runai_streamer"
 # The ranks vLLM's --max-lora-rank accepts (vllm.config.lora.MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # --max-lora-rank when an adapter's rank is not known ahead (a URI adapter): covers the usual LoRA ranks.
@@ -61,10 +64,13 @@ def lora_args(inp: ServingInputs) -> list[str]:
 
 
 def vllm_args(inp: ServingInputs) -> list[str]:
-    """`vllm serve` arguments after the subcommand: the model path first, extra args last (so they win)."""
+    """`vllm serve` arguments after the subcommand: the model first (its gs:// URI when streamed, else the path
+    the init container copied it to), extra args last (so they win)."""
     v = inp.spec.vllm
+    stream = inp.spec.model_storage.medium == "Stream"
     args = [
-        v.model_path,
+        inp.model_uri if stream else v.model_path,
+        *(["--load-format", STREAM_LOAD_FORMAT] if stream else []),
         "--served-model-name",
         served_model_name(inp.name, inp.spec),
         "--tensor-parallel-size",
@@ -121,7 +127,7 @@ def vllm_env(lora: bool = False) -> list[Obj]:
     env = [
         {"name": "VLLM_XLA_CACHE_PATH", "value": XLA_CACHE_MOUNT},
         {"name": "VLLM_ENGINE_READY_TIMEOUT_S", "value": str(STARTUP_BUDGET_SECONDS)},
-        # The model is a local directory: nothing should reach out to the Hugging Face Hub.
+        # The model is a local directory or a gs:// one: nothing should reach out to the Hugging Face Hub.
         {"name": "HF_HUB_OFFLINE", "value": "1"},
         # vLLM otherwise reports usage statistics to its authors (and writes them under HOME).
         {"name": "VLLM_NO_USAGE_STATS", "value": "1"},

@@ -185,7 +185,7 @@ def serving(s: DemoSession) -> None:
     s.say(f"$ kubectl apply -f {SERVING_YAML}\nservingdeployment.tpuforge.dev/{name} created")
     phase, last = "", dict[str, Any]()
     deadline = time.monotonic() + SERVE_TIMEOUT
-    with s.console.status("fetching the model from GCS and starting vLLM...") as spinner:
+    with s.console.status("starting vLLM, which streams the model from GCS...") as spinner:
         while phase not in ("Ready", "Failed"):
             obj = kube_objects.get(api, API_VERSION, SERVING_KIND, NAMESPACE, name) or {}
             last = obj.get("status") or {}

@@ -211,7 +211,8 @@ def test_serving_defaults() -> None:
     s = api.validate_serving(serving())
     assert (s.tpu.slice, s.vllm.tensor_parallel_size, s.vllm.max_model_len) == ("v6e-8", 8, 16384)
     assert s.replicas == 1
-    assert (s.xla_cache.access_mode, s.model_storage.medium) == ("ReadWriteOnce", "Disk")
+    # vLLM streams the model from GCS: no model volume, so no zone pin and a rolling update (docs/serving.md).
+    assert (s.xla_cache.access_mode, s.model_storage.medium) == ("ReadWriteOnce", "Stream")
 
 
 def test_the_default_vllm_image_loads_lora_adapters_at_runtime() -> None:
@@ -257,8 +258,10 @@ def test_run_policy_and_evaluation_limits_default_and_validate() -> None:
 
 
 def test_more_than_one_replica_needs_volumes_that_many_nodes_mount() -> None:
-    """Kubernetes/GKE: a ReadWriteOnce volume attaches to one node, and each replica holds a whole TPU VM."""
-    raw = serving() | {"replicas": 2}
+    """Kubernetes/GKE: a ReadWriteOnce volume attaches to one node, and each replica holds a whole TPU VM. A
+    streamed model (the default) has no such volume."""
+    assert api.validate_serving(serving() | {"replicas": 2}).replicas == 2
+    raw = serving() | {"replicas": 2, "modelStorage": {"medium": "Disk"}}
     with pytest.raises(api.SpecError) as info:
         api.validate_serving(raw)
     assert info.value.fields == ["spec.xlaCache.accessMode", "spec.modelStorage.medium"]
@@ -268,7 +271,21 @@ def test_more_than_one_replica_needs_volumes_that_many_nodes_mount() -> None:
     }
     assert api.validate_serving(raw).replicas == 2
     with pytest.raises(api.SpecError, match="not a size"):
-        api.validate_serving(serving() | {"modelStorage": {"size": "lots"}})
+        api.validate_serving(serving() | {"modelStorage": {"medium": "Disk", "size": "lots"}})
+
+
+def test_a_streamed_model_has_no_volume_to_size_and_needs_gcs() -> None:
+    """vLLM's Run:ai model streamer reads object storage: a size or a class of a volume that does not exist is a
+    mistake, named with the fix."""
+    for field, value in (("size", "80Gi"), ("storageClassName", "hyperdisk-balanced")):
+        with pytest.raises(api.SpecError) as info:
+            api.validate_serving(serving() | {"modelStorage": {field: value}})
+        assert info.value.fields == [f"spec.modelStorage.{field}"]
+        assert "medium Disk" in str(info.value)
+        api.validate_serving(serving() | {"modelStorage": {"medium": "Disk", field: value}})
+    with pytest.raises(api.SpecError) as info:
+        api.validate_serving(serving(uri="/models/gemma"))
+    assert "spec.modelStorage.medium" in info.value.fields and "gs://" in str(info.value)
 
 
 def test_serving_needs_exactly_one_model_source() -> None:

@@ -272,5 +272,6 @@ def test_hyperdisk_ml_needs_its_class_and_a_data_source_and_nothing_else_takes_o
     assert [e.split(":")[0] for e in errors] == ["spec.modelStorage.storageClassName", "spec.modelStorage.dataSource"]
     errors = refused(inputs, modelStorage={"dataSource": "x"})
     assert errors == ["spec.modelStorage.dataSource: used with medium HyperdiskML only; remove it"]
-    errors = refused(inputs, replicas=2, xlaCache={"accessMode": "ReadWriteMany", "storageClassName": "rwx"})
+    shared_cache = {"accessMode": "ReadWriteMany", "storageClassName": "rwx"}
+    errors = refused(inputs, replicas=2, xlaCache=shared_cache, modelStorage={"medium": "Disk"})
     assert "HyperdiskML" in errors[0]

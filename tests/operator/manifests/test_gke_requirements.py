@@ -168,7 +168,13 @@ def test_requests_are_configurable_and_bad_ones_name_the_field() -> None:
     assert e.value.fields == ["spec.merge.resources.cpu"]
     sdep = chat_inputs(tpu={"resources": {"cpu": "16", "memory": "200Gi"}})
     vllm = serving.pod_template(sdep)["spec"]["containers"][0]
-    assert vllm["resources"]["requests"] == {"cpu": "16", "memory": "200Gi", TPU_RESOURCE: "8"}
+    # A streamed model's XLA cache (ReadWriteOnce by default) is the node's disk, and requested as such.
+    assert vllm["resources"]["requests"] == {
+        "cpu": "16",
+        "memory": "200Gi",
+        TPU_RESOURCE: "8",
+        "ephemeral-storage": "20Gi",
+    }
 
 
 def test_on_spot_the_trainer_checkpoints_on_gkes_notice_and_keeps_its_long_grace_for_other_stops() -> None:

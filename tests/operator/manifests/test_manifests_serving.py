@@ -15,6 +15,9 @@ from tpuforge.api.catalog import model_shape, tpu_slice
 from tpuforge.api.constants import DEFAULT_VLLM_IMAGE
 from tpuforge.manifests import serving, serving_inputs, vllm_server
 
+# The model copied to a disk of the ServingDeployment (the default before streaming; still an option).
+DISK = {"modelStorage": {"medium": "Disk"}}
+
 
 def flag(args: list[str], name: str) -> str:
     return args[args.index(name) + 1]
@@ -29,10 +32,11 @@ def test_vllm_args_follow_the_spec_with_extra_args_last() -> None:
             "maxNumSeqs": 256,
             "servedModelName": "gemma-verilog",
             "extraArgs": ["--max-num-batched-tokens", "4096", "--data-parallel-size", "2"],
-        }
+        },
+        **DISK,
     )
     args = vllm_server.vllm_args(inp)
-    assert args[0] == "/models/model"
+    assert args[0] == "/models/model" and "--load-format" not in args
     assert flag(args, "--tensor-parallel-size") == "4"
     assert flag(args, "--max-model-len") == "8192"
     assert flag(args, "--kv-cache-dtype") == "fp8"
@@ -70,7 +74,7 @@ def test_defaults_serve_under_the_objects_name_with_tp8_and_no_max_num_seqs() ->
 
 
 def test_model_path_is_configurable_for_both_containers() -> None:
-    inp = inputs(vllm={"modelPath": "/data/gemma"})
+    inp = inputs(vllm={"modelPath": "/data/gemma"}, **DISK)
     pod = serving.pod_template(inp)["spec"]
     fetch, vllm = pod["initContainers"][0], pod["containers"][0]
     assert vllm["args"][0] == "/data/gemma"
@@ -116,7 +120,7 @@ def test_spot_adds_the_spot_selector_and_toleration() -> None:
 
 
 def test_volumes_shm_in_memory_cache_and_model_on_their_own_disks() -> None:
-    pod = serving.pod_template(inputs(name="chat"))["spec"]
+    pod = serving.pod_template(inputs(name="chat", **DISK))["spec"]
     vols = {v["name"]: v for v in pod["volumes"]}
     assert vols["dshm"]["emptyDir"] == {"medium": "Memory"}
     assert vols["xla-cache"]["persistentVolumeClaim"]["claimName"] == "chat-xla-cache"
@@ -128,8 +132,9 @@ def test_volumes_shm_in_memory_cache_and_model_on_their_own_disks() -> None:
 
 def test_the_model_lives_off_the_boot_disk_on_a_claim_sized_from_its_bytes() -> None:
     """GKE: a TPU VM's boot disk (100 GiB by default) also holds the images, and a pod that fills it without an
-    ephemeral-storage request is evicted first. A 62 GB bf16 Gemma 4 31B goes on its own disk by default."""
-    inp = inputs(name="chat")
+    ephemeral-storage request is evicted first. A 62 GB bf16 Gemma 4 31B copied into the pod goes on its own
+    disk (medium Disk)."""
+    inp = inputs(name="chat", **DISK)
     claim = serving.model_pvc(inp)
     assert claim is not None
     assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
@@ -146,13 +151,13 @@ def test_the_model_lives_off_the_boot_disk_on_a_claim_sized_from_its_bytes() -> 
 def test_claims_use_the_operators_hyperdisk_class_unless_the_spec_names_one() -> None:
     """GKE (TPU v6e): v6e VMs attach Hyperdisk (Balanced, ML) only, not the pd-balanced of GKE's default
     StorageClass; the chart's class (TPUFORGE_STORAGE_CLASS) is used wherever the spec names none."""
-    base = inputs(name="chat")
+    base = inputs(name="chat", **DISK)
     inp = serving_inputs.ServingInputs(**{**base.__dict__, "storage_class": "tpuforge-hyperdisk-balanced"})
     model = serving.model_pvc(inp)
     assert model is not None and model["spec"]["storageClassName"] == "tpuforge-hyperdisk-balanced"
     assert serving.xla_cache_pvc(inp)["spec"]["storageClassName"] == "tpuforge-hyperdisk-balanced"
     assert "storageClassName" not in serving.xla_cache_pvc(base)["spec"]
-    own = inputs(name="chat", xlaCache={"storageClassName": "mine"})
+    own = inputs(name="chat", xlaCache={"storageClassName": "mine"}, **DISK)
     own = serving_inputs.ServingInputs(**{**own.__dict__, "storage_class": "tpuforge-hyperdisk-balanced"})
     assert serving.xla_cache_pvc(own)["spec"]["storageClassName"] == "mine"
 
@@ -160,8 +165,9 @@ def test_claims_use_the_operators_hyperdisk_class_unless_the_spec_names_one() ->
 def test_a_rollout_replaces_the_pod_while_it_holds_a_read_write_once_disk() -> None:
     """Kubernetes/GKE: a ReadWriteOnce disk attaches to one node at a time. The old pod holds all 8 chips of
     its VM, so a surge pod lands on another node and waits for the disk (Multi-Attach error) while the old pod
-    is never removed: the rollout stalls. With the default disks the Deployment recreates instead."""
-    assert serving.deployment(inputs())["spec"]["strategy"] == {"type": "Recreate"}
+    is never removed: the rollout stalls. With the model on a ReadWriteOnce disk the Deployment recreates
+    instead."""
+    assert serving.deployment(inputs(**DISK))["spec"]["strategy"] == {"type": "Recreate"}
     shared = inputs(
         replicas=2,
         xlaCache={"accessMode": "ReadWriteMany", "storageClassName": "standard-rwx"},
@@ -211,7 +217,7 @@ def test_children_are_owned_and_the_cache_is_kept_unless_asked() -> None:
     assert dep["spec"]["replicas"] == 2
     assert "ownerReferences" not in serving.xla_cache_pvc(inp)["metadata"]
     dropped = serving.xla_cache_pvc(
-        inputs(xlaCache={"retainOnDelete": False, "size": "50Gi", "storageClassName": "premium-rwo"})
+        inputs(xlaCache={"retainOnDelete": False, "size": "50Gi", "storageClassName": "premium-rwo"}, **DISK)
     )
     assert dropped["metadata"]["ownerReferences"][0]["uid"] == "0000-1111"
     assert dropped["spec"]["resources"]["requests"]["storage"] == "50Gi"
@@ -347,7 +353,7 @@ def test_without_adapters_the_pod_is_what_it_was() -> None:
 
 
 def test_the_sidecar_shares_the_adapter_volume_at_the_same_path_and_reads_the_base() -> None:
-    inp = adapter_inputs(ADAPTERS, vllm={"modelPath": "/data/gemma"})
+    inp = adapter_inputs(ADAPTERS, vllm={"modelPath": "/data/gemma"}, **DISK)
     pod = serving.pod_template(inp)["spec"]
     vllm, side = pod["containers"]
     assert side["name"] == "adapters" and side["command"] == ["python", "-m", "tpuforge_workloads.serve.adapters"]
@@ -427,3 +433,70 @@ def test_an_hpa_finds_the_pods_by_the_status_selector() -> None:
     selector = serving.selector("chat")
     labels = serving.pod_template(inputs())["metadata"]["labels"]
     assert dict(kv.split("=") for kv in selector.split(",")).items() <= labels.items()
+
+
+def test_by_default_vllm_streams_the_weights_from_gcs_with_no_model_volume() -> None:
+    """vLLM's Run:ai model streamer (`--load-format runai_streamer`) reads a gs:// directory's safetensors
+    itself: the pod has no model volume and the init container only checks the model, copying nothing."""
+    inp = inputs(name="chat")
+    assert inp.spec.model_storage.medium == "Stream"
+    pod = serving.pod_template(inp)["spec"]
+    vllm, (check,) = pod["containers"][0], pod["initContainers"]
+    assert vllm["args"][0] == URI and flag(vllm["args"], "--load-format") == "runai_streamer"
+    assert check["name"] == serving.FETCH_CONTAINER
+    assert check["args"] == ["--model-uri", URI, "--check-only", "--termination-log", "/dev/termination-log"]
+    assert all(m["name"] != "model" for m in check["volumeMounts"])
+    assert "model" not in {v["name"] for v in pod["volumes"]}
+    assert all(m["name"] != "model" for m in vllm["volumeMounts"])
+    assert serving.model_pvc(inp) is None
+    kubernetes_validate.validate(serving.deployment(inp), "1.30.0", strict=True)
+
+
+def test_a_streamed_model_pins_no_zone_and_rolls_with_an_endpoint_up() -> None:
+    """No ReadWriteOnce claim is left in the pod (the cache is the node's), so nothing binds it to a disk's
+    zone, and a new pod may start on another TPU VM while the old one serves: maxSurge 1, maxUnavailable 0."""
+    inp = inputs(name="chat", xlaCache={"size": "30Gi"})
+    pod = serving.pod_template(inp)["spec"]
+    claims = [v for v in pod["volumes"] if "persistentVolumeClaim" in v]
+    assert claims == []
+    assert {v["name"]: v for v in pod["volumes"]}["xla-cache"] == {
+        "name": "xla-cache",
+        "emptyDir": {"sizeLimit": "30Gi"},
+    }
+    assert pod["containers"][0]["resources"]["requests"]["ephemeral-storage"] == "30Gi"
+    assert serving.xla_cache_pvc(inp) is None
+    assert serving.deployment(inp)["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    # A shared cache stays a claim every replica mounts; the rollout still surges.
+    shared = inputs(replicas=2, xlaCache={"accessMode": "ReadWriteMany", "storageClassName": "standard-rwx"})
+    assert {v["name"]: v for v in serving.pod_template(shared)["spec"]["volumes"]}["xla-cache"] == {
+        "name": "xla-cache",
+        "persistentVolumeClaim": {"claimName": "chat-xla-cache"},
+    }
+    assert serving.xla_cache_pvc(shared)["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert serving.deployment(shared)["spec"]["strategy"]["type"] == "RollingUpdate"
+    # Several replicas need no shared storage at all.
+    assert serving.deployment(inputs(replicas=3))["spec"]["replicas"] == 3
+
+
+def test_the_disk_cache_keeps_its_rules_when_chosen() -> None:
+    for medium, strategy in (("Disk", "Recreate"), ("NodeLocal", "Recreate"), ("HyperdiskML", "Recreate")):
+        extra = {"storageClassName": "hdml", "dataSource": "gemma"} if medium == "HyperdiskML" else {}
+        inp = inputs(modelStorage={"medium": medium, **extra})
+        pod = serving.pod_template(inp)["spec"]
+        assert "--load-format" not in pod["containers"][0]["args"]
+        assert "model" in {v["name"] for v in pod["volumes"]}
+        assert serving.xla_cache_pvc(inp) is not None
+        assert serving.deployment(inp)["spec"]["strategy"]["type"] == strategy
+
+
+def test_a_streamed_base_is_checked_uncommitted_and_the_sidecar_reads_its_config_from_gcs() -> None:
+    inp = adapter_inputs(ADAPTERS)
+    pod = serving.pod_template(inp)["spec"]
+    assert pod["initContainers"][0]["args"][-1] == "--uncommitted-base"
+    vllm, side = pod["containers"]
+    assert flag(side["args"], "--model-dir") == URI
+    assert all(m["name"] != "model" for m in side["volumeMounts"])
+    assert "--enable-lora" in vllm["args"] and flag(vllm["args"], "--load-format") == "runai_streamer"

@@ -159,3 +159,29 @@ def test_bad_requests_are_answered_with_the_fix(pod: str) -> None:
     assert code == 400 and "uri" in body["error"]
     assert call("PUT", f"{pod}/adapters", {"uri": "gs://b/a"})[0] == 404
     assert call("GET", f"{pod}/nothing")[0] == 404
+
+
+def test_a_streamed_base_is_read_from_gcs_to_check_adapters(
+    tmp_path: Path, exported: dict[int, Path], tiny_model_dir: Path, tiny_model_gs: str, bucket: str
+) -> None:
+    """modelStorage.medium Stream: the pod has no copy of the base, so the sidecar checks each adapter against
+    the base's config.json in GCS."""
+    store = sidecar.AdapterStore(tiny_model_gs, "gemma4-tiny", tmp_path / "adapters", max_lora_rank=RANK)
+    port = free_port()
+    server = sidecar.serve(store, "127.0.0.1", port)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        uri = publish_adapter(exported[1], f"{bucket}/jobs/a/adapter", adapter_metadata(tiny_model_dir))
+        call("PUT", f"{base}/adapters/capitals", {"uri": uri})
+        assert settled(base, "capitals")["phase"] == sidecar.READY
+        other = json.loads((tiny_model_dir / "config.json").read_text()) | {"note": "another checkpoint"}
+        storage.write_text(f"{bucket}/other/config.json", json.dumps(other))
+        elsewhere = sidecar.AdapterStore(f"{bucket}/other", "gemma4-tiny", tmp_path / "b", max_lora_rank=RANK)
+        with pytest.raises(sidecar.AdapterRefused, match="another base checkpoint"):
+            elsewhere.check(uri, sidecar.read_adapter_manifest(uri)[1])
+        missing = sidecar.AdapterStore(f"{bucket}/nothing", "gemma4-tiny", tmp_path / "c", max_lora_rank=RANK)
+        with pytest.raises(sidecar.AdapterRefused, match=r"no config\.json"):
+            missing.base_config_sha256()
+    finally:
+        server.shutdown()
+        store.close()

@@ -152,3 +152,34 @@ def test_a_new_model_on_a_kept_disk_first_drops_the_files_it_does_not_list(bucke
     rc, why = run(tmp_path, "--model-uri", f"{bucket}/v2", "--target-dir", str(target))
     assert rc == 1 and "sha256 differs" in why
     assert manifest.files and not list(target.glob("model-0000*"))
+
+
+def test_a_streamed_model_is_checked_and_nothing_is_copied(bucket: str, tmp_path: Path) -> None:
+    """--check-only (modelStorage.medium Stream): vLLM reads the weights from GCS itself; the init container only
+    refuses what vLLM's streamer could not load, with the reason in the termination log."""
+    uri = f"{bucket}/jobs/demo/merged"
+    publish(uri)
+    assert run(tmp_path, "--model-uri", uri, "--check-only") == (0, "")
+    assert [p.name for p in tmp_path.iterdir()] == []  # nothing written, not even a termination log
+    half = f"{bucket}/half-written"
+    publish(half, marker=False)
+    rc, msg = run(tmp_path, "--model-uri", half, "--check-only")
+    assert rc == 1 and COMPLETE_MARKER in msg
+    # An uncommitted base for adapters is checked as the copy would be: HuggingFace layout.
+    assert run(tmp_path, "--model-uri", half, "--check-only", "--uncommitted-base")[0] == 0
+
+
+def test_a_streamed_model_with_a_missing_shard_or_no_safetensors_is_refused_naming_the_fix(
+    bucket: str, tmp_path: Path
+) -> None:
+    uri = f"{bucket}/truncated"
+    publish(uri)
+    storage.write_bytes(storage.join(uri, "model-00002-of-00002.safetensors"), b"b" * 10)
+    rc, msg = run(tmp_path, "--model-uri", uri, "--check-only")
+    assert rc == 1 and "model-00002-of-00002.safetensors" in msg and "5000 bytes" in msg
+    torch_only = f"{bucket}/pytorch-bin"
+    publish(torch_only, {"config.json": b"{}", "pytorch_model.bin": b"w" * 100})
+    rc, msg = run(tmp_path, "--model-uri", torch_only, "--check-only")
+    assert rc == 1 and ".safetensors" in msg and "spec.modelStorage.medium: Disk" in msg
+    rc, msg = run(tmp_path, "--model-uri", torch_only, "--check-only", "--target-dir", str(tmp_path / "m"))
+    assert rc == EXIT_BAD_CONFIG and "--check-only takes --model-uri only" in msg

@@ -78,19 +78,12 @@ class AdapterState:
     busy: bool = False  # a fetch is running for it
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 class AdapterStore:
     """The adapters of one pod: what was asked, what is on disk, and the fetches in flight."""
 
-    def __init__(self, model_dir: Path, model_name: str, adapters_dir: Path, max_lora_rank: int) -> None:
-        self.model_dir = model_dir
+    def __init__(self, model_dir: Path | str, model_name: str, adapters_dir: Path, max_lora_rank: int) -> None:
+        # The base's local copy, or its gs:// directory when vLLM streams it (no copy in the pod).
+        self.model_dir = str(model_dir)
         self.model_name = model_name
         self.adapters_dir = adapters_dir
         self.max_lora_rank = max_lora_rank
@@ -169,11 +162,17 @@ class AdapterStore:
 
     def base_config_sha256(self) -> str:
         if self._base_sha is None:
-            config = self.model_dir / "config.json"
-            if not config.is_file():
-                raise AdapterRefused(f"the base model has no config.json at {config}; the model fetch did not finish")
-            self._base_sha = _sha256_file(config)
+            self._base_sha = hashlib.sha256(self._base_config()).hexdigest()
         return self._base_sha
+
+    def _base_config(self) -> bytes:
+        config = storage.join(self.model_dir, "config.json")
+        try:
+            return storage.read_bytes(config)
+        except storage.StorageError as e:
+            raise AdapterRefused(
+                f"the base model has no config.json at {config}; the model fetch did not finish"
+            ) from e
 
     def check(self, uri: str, info: AdapterInfo) -> int:
         """Refuse an adapter this server cannot serve; returns its step."""
@@ -222,7 +221,7 @@ class AdapterStore:
             names = [t.name for t in read_header(str(copy / WEIGHTS_FILE))]
         except MergeInputError as e:
             raise AdapterRefused(str(e)) from e
-        base = json.loads((self.model_dir / "config.json").read_text())
+        base = json.loads(self._base_config())
         if layers := values_without_lora(names, base):
             raise AdapterRefused(
                 f"{uri} changes k_proj but not v_proj on layers {layers}, whose values are their keys: vLLM would "
@@ -301,7 +300,11 @@ def serve(store: AdapterStore, host: str, port: int) -> ThreadingHTTPServer:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tpuforge_workloads.serve.adapters", description=__doc__.split("\n")[0])
-    p.add_argument("--model-dir", required=True, help="the base model's local copy (its config.json is checked)")
+    p.add_argument(
+        "--model-dir",
+        required=True,
+        help="the base model's local copy, or its gs:// directory when streamed (its config.json is checked)",
+    )
     p.add_argument("--model-name", required=True, help="the base model's catalog id (adapters name theirs)")
     p.add_argument("--adapters-dir", required=True, help="the volume the adapters are copied into")
     p.add_argument("--max-lora-rank", type=int, required=True, help="vLLM's --max-lora-rank")
@@ -314,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     adapters_dir = Path(a.adapters_dir)
     adapters_dir.mkdir(parents=True, exist_ok=True)
-    store = AdapterStore(Path(a.model_dir), a.model_name, adapters_dir, a.max_lora_rank)
+    store = AdapterStore(a.model_dir, a.model_name, adapters_dir, a.max_lora_rank)
     server = serve(store, a.host, a.port)
     print(f"adapters sidecar on {a.host}:{a.port}, copies in {adapters_dir}")
     try:

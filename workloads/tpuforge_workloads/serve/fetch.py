@@ -2,6 +2,7 @@
 
     python -m tpuforge_workloads.serve.fetch --config /etc/tpuforge/config.json   # a ServeConfig
     python -m tpuforge_workloads.serve.fetch --model-uri gs://b/merged --target-dir /models/model
+    python -m tpuforge_workloads.serve.fetch --model-uri gs://b/merged --check-only   # a streamed model
 
 It refuses a model directory without the `_COMPLETE` marker (the merge has not finished, or failed), copies
 every file the marker's manifest lists, checking each file's size and sha256 as it streams, and leaves the
@@ -11,6 +12,10 @@ checked against the listing. A restarted init container, or a new pod on the sam
 done and exits at once; a new model on that disk replaces the old one file by file. Exit codes: 0 done, 1
 cannot fetch (missing marker, storage error, mismatch), EXIT_BAD_CONFIG for a bad config; the reason goes to
 the termination log, where the operator reads it.
+
+With --check-only (a model vLLM streams from GCS itself, modelStorage.medium Stream) nothing is copied: the
+directory must be committed (unless --uncommitted-base), every file it lists must be there at its listed size,
+and its weights must be safetensors, the only format the streamer reads.
 """
 
 from __future__ import annotations
@@ -121,6 +126,43 @@ def _listing_digest(files: list[_File]) -> str:
     return hashlib.sha256(json.dumps([[f.name, f.size] for f in files]).encode()).hexdigest()
 
 
+SAFETENSORS = ".safetensors"
+
+
+def check(uri: str, require_marker: bool = True) -> dict[str, float]:
+    """What a streamed model needs before vLLM reads it: committed (or, for an uncommitted base, in
+    HuggingFace layout), every listed file present at its size, and safetensors weights. Reads listings only."""
+    uri = uri.rstrip("/")
+    manifest = commit.read_manifest(uri)
+    if manifest is None and require_marker:
+        raise FetchError(
+            f"{uri} has no {COMPLETE_MARKER} marker: the merge has not finished or failed, so there is no model "
+            "to serve yet; check the FineTuneJob (or spec.model.uri) and this pod retries on its own"
+        )
+    if manifest is not None:
+        files = [_File(f.name, f.size, f.sha256) for f in manifest.files]
+        for f in files:
+            src = storage.join(uri, _safe_name(f.name))
+            try:
+                got: int | None = storage.size(src)
+            except storage.StorageError:
+                got = None
+            if got != f.size:
+                raise FetchError(
+                    f"{src} is missing or not the {f.size} bytes {COMPLETE_MARKER} lists; "
+                    "the model changed or is corrupt: write it again"
+                )
+    else:
+        files = _listing(uri)
+    if not any(f.name.endswith(SAFETENSORS) for f in files):
+        raise FetchError(
+            f"{uri} has no {SAFETENSORS} weights, and vLLM streams safetensors only (spec.modelStorage.medium "
+            "Stream, the default): convert the checkpoint to safetensors, or set spec.modelStorage.medium: Disk "
+            "to copy it into the pod"
+        )
+    return {"files": len(files), "bytes": sum(f.size for f in files)}
+
+
 def fetch(cfg: ServeConfig) -> dict[str, float]:
     """Copy the model at cfg.model_uri (committed, or a base model when cfg.require_marker is false) into
     cfg.target_dir; returns what it did."""
@@ -171,6 +213,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the URI is a base model without _COMPLETE (HuggingFace layout): copy every file under it",
     )
+    p.add_argument(
+        "--check-only",
+        action="store_true",
+        help="copy nothing: check that the model can be streamed by vLLM (committed, complete, safetensors)",
+    )
     p.add_argument("--termination-log", default=TERMINATION_LOG, help="where the failure reason goes")
     return p
 
@@ -194,8 +241,23 @@ def _terminate(path: str, message: str) -> None:
     termination.write(path, message)
 
 
+def _check_main(args: argparse.Namespace) -> int:
+    if args.config or args.target_dir or not args.model_uri:
+        _terminate(args.termination_log, "bad serve config: --check-only takes --model-uri only")
+        return EXIT_BAD_CONFIG
+    try:
+        done = check(args.model_uri, require_marker=not args.uncommitted_base)
+    except (FetchError, commit.CommitError, storage.StorageError, OSError) as e:
+        _terminate(args.termination_log, str(e))
+        return 1
+    print(f"{args.model_uri}: {int(done['files'])} files, {done['bytes'] / 1e6:.1f} MB, ready to stream")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.check_only:
+        return _check_main(args)
     try:
         cfg = _config(args)
     except (ValueError, ValidationError) as e:

@@ -167,8 +167,7 @@ def plan_children(o: Observed) -> Plan:
             vllm_server.vllm_lora_rank(explicit_rank) if explicit_rank else None,
         ),
         objects=[
-            manifests.xla_cache_pvc(inp),
-            *([claim] if (claim := manifests.model_pvc(inp)) is not None else []),
+            *(claim for claim in (manifests.xla_cache_pvc(inp), manifests.model_pvc(inp)) if claim is not None),
             manifests.service(inp),
             manifests.disruption_budget(inp),
             manifests.deployment(inp),

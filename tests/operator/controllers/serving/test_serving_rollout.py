@@ -1,7 +1,8 @@
 """A model change rolling out on the sandbox, with GKE's storage semantics: the serving Deployment and its
 claims as the operator builds them, on two v6e-8 nodes, whose node agent refuses to attach a ReadWriteOnce
 claim to a second node (Multi-Attach). Only the containers are stand-ins: a fetch that records which model it
-put on the model disk, and a server that answers /health, so that each pod starts in a second.
+put on the model disk, and a server that answers /health, so that each pod starts in a second. A streamed
+model (the default) has no such disk, and its rollout keeps a pod serving throughout.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def built(ns: str, uri: str, port: int) -> list[dict[str, Any]]:
+def built(ns: str, uri: str, port: int, medium: str = "Disk") -> list[dict[str, Any]]:
     """The operator's claims and Deployment for a v6e-8 ServingDeployment of `uri`, with stand-in containers
     (and no owner reference: no ServingDeployment owns them here)."""
     spec = api.validate_serving(
@@ -46,6 +47,7 @@ def built(ns: str, uri: str, port: int) -> list[dict[str, Any]]:
             "model": {"uri": uri, "name": "gemma4-tiny"},
             "serviceAccountName": "default",
             "vllm": {"tensorParallelSize": 1},
+            "modelStorage": {"medium": medium},
         }
     )
     inp = serving_inputs.ServingInputs(
@@ -55,15 +57,17 @@ def built(ns: str, uri: str, port: int) -> list[dict[str, Any]]:
         model=model_shape("gemma4-tiny"),
         slice=tpu_slice("v6e-8"),
     )
-    claim = serving.model_pvc(inp)
-    assert claim is not None
-    objs = [claim, serving.xla_cache_pvc(inp), serving.deployment(inp)]
+    claims = [c for c in (serving.model_pvc(inp), serving.xla_cache_pvc(inp)) if c is not None]
+    objs = [*claims, serving.deployment(inp)]
     for obj in objs:
         obj["metadata"].pop("ownerReferences", None)
     pod = objs[-1]["spec"]["template"]["spec"]
     fetch, vllm = pod["initContainers"][0], pod["containers"][0]
-    fetch.update(command=["python", "-c", FETCH, uri], args=[])
-    fetch["env"] = [*fetch.get("env", []), {"name": "MODEL_DIR", "value": spec.vllm.model_path}]
+    if medium == "Stream":
+        fetch.update(command=["python", "-c", "pass"], args=[])  # the check of a model vLLM streams
+    else:
+        fetch.update(command=["python", "-c", FETCH, uri], args=[])
+        fetch["env"] = [*fetch.get("env", []), {"name": "MODEL_DIR", "value": spec.vllm.model_path}]
     vllm.update(command=["python", "-c", SERVE], args=[], image="tpuforge/stand-in")
     vllm["env"] = [*vllm["env"], {"name": "PORT", "value": str(port)}]
     for probe in ("startupProbe", "livenessProbe"):
@@ -87,13 +91,15 @@ def serving_only(core: client.CoreV1Api, ns: str, uri: str) -> client.V1Pod | No
     return live[0] if ready else None
 
 
-def start(api_client: client.ApiClient, ns: str, strategy: dict[str, Any] | None) -> tuple[list[dict[str, Any]], int]:
+def start(
+    api_client: client.ApiClient, ns: str, strategy: dict[str, Any] | None, medium: str = "Disk"
+) -> tuple[list[dict[str, Any]], int]:
     core, apps = client.CoreV1Api(api_client), client.AppsV1Api(api_client)
     port = free_port()
-    objs = built(ns, V1, port)
+    objs = built(ns, V1, port, medium)
     if strategy is not None:
         objs[-1]["spec"]["strategy"] = strategy
-    for claim in objs[:2]:
+    for claim in objs[:-1]:
         core.create_namespaced_persistent_volume_claim(ns, claim)
     apps.create_namespaced_deployment(ns, objs[-1])
     wait_for(lambda: serving_only(core, ns, V1), WAIT, "the first model's pod to be ready")
@@ -148,3 +154,34 @@ def test_a_surge_rollout_on_read_write_once_disks_stalls_as_on_gke(
 
     assert f"Volume is already used by pod(s) {old.metadata.name}" in wait_for(refused, WAIT, "Multi-Attach")
     assert [p.metadata.name for p in pods(core, ns) if p.status.phase == "Running"] == [old.metadata.name]
+
+
+def test_a_streamed_model_rolls_out_on_another_node_while_the_old_pod_serves(
+    api_client: client.ApiClient, namespace: str
+) -> None:
+    """modelStorage.medium Stream: no claim at all, so the surge pod starts on the other v6e-8 node at once,
+    and the old pod goes only once the new one is ready: at every moment one pod is ready."""
+    core, apps, ns = client.CoreV1Api(api_client), client.AppsV1Api(api_client), namespace
+    objs, _ = start(api_client, ns, None, medium="Stream")
+    assert len(objs) == 1  # the Deployment only: no model claim, and the XLA cache is the node's
+    assert objs[0]["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    old = pods(core, ns)[0]
+    # The stand-in servers share this machine's loopback: the new one listens on a port of its own.
+    new = built(ns, V2, free_port(), medium="Stream")[-1]
+    apps.replace_namespaced_deployment(new["metadata"]["name"], ns, new)
+    seen_ready: list[int] = []
+
+    def rolled() -> client.V1Pod | None:
+        live = pods(core, ns)
+        seen_ready.append(
+            sum(any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or []) for p in live)
+        )
+        return serving_only(core, ns, V2)
+
+    pod = wait_for(rolled, WAIT, "the new model's pod to be ready", interval=0.2)
+    assert pod.spec.node_name != old.spec.node_name  # started beside the old one, on the other TPU VM
+    assert min(seen_ready) >= 1, seen_ready  # the endpoint had a ready pod throughout
+    assert core.list_namespaced_persistent_volume_claim(ns).items == []

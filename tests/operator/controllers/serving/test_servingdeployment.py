@@ -148,13 +148,14 @@ def test_serves_a_uri_and_goes_ready_with_its_pods(
 
     dep = client.AppsV1Api(api).read_namespaced_deployment("chat-vllm", ns)
     svc = client.CoreV1Api(api).read_namespaced_service("chat", ns)
-    pvc = client.CoreV1Api(api).read_namespaced_persistent_volume_claim("chat-xla-cache", ns)
     for obj in (dep, svc):
         (ref,) = obj.metadata.owner_references
         assert (ref.kind, ref.uid, ref.controller) == ("ServingDeployment", created["metadata"]["uid"], True)
-    assert pvc.metadata.owner_references is None  # kept by default (xlaCache.retainOnDelete)
+    # The default streams the model from GCS: no claim (the XLA cache is the node's), a rolling update.
+    assert client.CoreV1Api(api).list_namespaced_persistent_volume_claim(ns).items == []
+    assert dep.spec.strategy.type == "RollingUpdate"
     vllm = dep.spec.template.spec.containers[0]
-    assert vllm.command == ["vllm", "serve"] and vllm.args[0] == "/models/model"
+    assert vllm.command == ["vllm", "serve"] and vllm.args[:3] == [MODEL_V1, "--load-format", "runai_streamer"]
     assert svc.spec.ports[0].port == 8000
 
     # The unschedulable pod's reason reaches the status.
@@ -404,8 +405,10 @@ def test_deletion_collects_the_children_and_keeps_the_cache_unless_asked(
 ) -> None:
     api, ns = api_client, namespace
     core, apps, custom = client.CoreV1Api(api), client.AppsV1Api(api), client.CustomObjectsApi(api)
-    sdep(api, ns, "keep", **tiny_spec())
-    sdep(api, ns, "drop", **tiny_spec(xlaCache={"retainOnDelete": False}))
+    # The cache is a claim where the model is copied to a disk (a streamed model's is the node's).
+    disk = {"modelStorage": {"medium": "Disk"}}
+    sdep(api, ns, "keep", **tiny_spec(**disk))
+    sdep(api, ns, "drop", **tiny_spec(xlaCache={"retainOnDelete": False}, **disk))
     for name in ("keep", "drop"):
         wait_for(lambda n=name: not gone(lambda: apps.read_namespaced_deployment(f"{n}-vllm", ns)), WAIT, "children")
         custom.delete_namespaced_custom_object(GROUP, VERSION, ns, SERVING_PLURAL, name)
@@ -427,7 +430,8 @@ def test_a_recreated_serving_deployment_says_it_waits_for_its_predecessors_claim
     api, ns = api_client, namespace
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     claim = serving_inputs.names("again").model
-    sdep(api, ns, "again", **tiny_spec())
+    disk = {"modelStorage": {"medium": "Disk"}}
+    sdep(api, ns, "again", **tiny_spec(**disk))
     wait_for(lambda: not gone(lambda: core.read_namespaced_persistent_volume_claim(claim, ns)), WAIT, "the claim")
     core.patch_namespaced_persistent_volume_claim(claim, ns, {"metadata": {"finalizers": ["example.com/in-use"]}})
     custom.delete_namespaced_custom_object(GROUP, VERSION, ns, SERVING_PLURAL, "again")
@@ -436,7 +440,7 @@ def test_a_recreated_serving_deployment_says_it_waits_for_its_predecessors_claim
     )
     wait_for(lambda: gone(lambda: get_sdep(api, ns, "again")), WAIT, "the first ServingDeployment to go")
 
-    sdep(api, ns, "again", **tiny_spec())
+    sdep(api, ns, "again", **tiny_spec(**disk))
     s = status_when(api, ns, "again", lambda s: "WaitingForDeletion" in str(s.get("conditions")), "the wait said")
     assert s["phase"] == "Pending"
     ready = condition(s, "Ready")
