@@ -192,7 +192,7 @@ def preempted(ctx: Ctx, n: int, job: JobView, end: AttemptEnd) -> None:
     if preemptions > limit:
         to_failed(
             ctx,
-            c.TOO_MANY_PREEMPTIONS,
+            "too-many-preemptions",
             c.preemptions_exhausted(n, end.message, preemptions, limit),
             ev.preemptions_exhausted(n, preemptions),
         )
@@ -218,11 +218,11 @@ def failed(ctx: Ctx, n: int, job: JobView, end: AttemptEnd) -> None:
     st.restarts = (st.restarts or Restarts()).model_copy(update={"failures": failures})
     limit = ctx.spec.run_policy.max_restarts
     if end.permanent:
-        to_failed(ctx, end.reason, c.rejected(n, end.message), ev.rejected_config(n))
+        to_failed(ctx, "attempt-rejected", c.rejected(n, end.message), ev.rejected_config(n), end.reason)
         return
     if failures > limit:
         to_failed(
-            ctx, c.TRAINING_FAILED, c.gave_up(n, end.message, failures, limit), ev.gave_up(n, end.reason, failures)
+            ctx, "training-failed", c.gave_up(n, end.message, failures, limit), ev.gave_up(n, end.reason, failures)
         )
         return
     ctx.event("Warning", ev.RETRYING, ev.retrying(n, end.reason, failures, limit))

@@ -88,7 +88,7 @@ def step(ctx: Ctx) -> None:
             if job.component == COMPONENT_EVALUATOR and ctx.live(job):
                 ctx.delete_job(job)
         ctx.condition(c.EVALUATED, "False", c.NOT_EVALUATED, c.EVALUATION_REMOVED)
-        to_exported(ctx, c.NOT_EVALUATED_SUFFIX)
+        to_exported(ctx, "evaluated", c.NOT_EVALUATED_SUFFIX)
         return
     at = onepod.follow(ctx, current_job(ctx), max_disruptions=EVAL_MAX_DISRUPTIONS)
     name = at.job.name if at.job is not None else ""
@@ -150,7 +150,7 @@ def evaluated(ctx: Ctx, job: JobView, pod: PodView) -> None:
         ctx.condition(c.EVALUATION_PASSED, "False", c.BELOW_THRESHOLD, verdict)
         ctx.event("Warning", ev.EVALUATED, ev.eval_below(next((x for x in found if not x.passed), None)))
     outcome = "evaluation passed" if passed else "evaluation below threshold"
-    to_exported(ctx, f"; {outcome}: {verdict}")
+    to_exported(ctx, "evaluated", f"; {outcome}: {verdict}")
 
 
 def current_job(ctx: Ctx) -> str:
@@ -175,7 +175,7 @@ def failed(ctx: Ctx, reason: str, message: str, detail: str, short: str | None =
     for job in ctx.o.jobs:
         if job.component == COMPONENT_EVALUATOR and ctx.live(job):
             ctx.delete_job(job)
-    to_exported(ctx, c.evaluation_failed_note(reason))
+    to_exported(ctx, "evaluated", c.evaluation_failed_note(reason))
 
 
 def under_way(b: Base) -> bool:

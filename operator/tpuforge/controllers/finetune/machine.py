@@ -1,5 +1,6 @@
-"""The FineTuneJob's state machine: which phase follows which. Each phase's step returns an outcome (or None:
-it stays); this table alone says what begins next, in the same reconcile. No phase module starts another.
+"""The FineTuneJob's state machine: which step follows which. Each phase's step returns an outcome (or None:
+it stays); this table alone says what begins next, in the same reconcile. No phase module starts another. The
+phase changes themselves are edges of the one table in finetune/edges.py.
 
     phase       outcome               next (what begins)
     Preflight   fits                  Pending: the first attempt (attempts.step)
@@ -11,7 +12,8 @@ it stays); this table alone says what begins next, in the same reconcile. No pha
 
 Within a phase: Pending <-> Training and a new attempt after a preemption or a retried failure (attempts);
 any phase -> Failed (transitions.to_failed, where the phase finds it); Preflight, Pending, Merging and
-Evaluating <-> Queued (queue); Pending or Training -> Suspended (suspend.stop) when spec.runPolicy.suspend.
+Evaluating <-> Queued (queue); Pending or Training -> Suspended (suspend.stop) when spec.runPolicy.suspend. Each
+of these is an edge of finetune/edges.py, taken through edges.move.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def _merge(ctx: Ctx, outcome: Outcome) -> Outcome | None:
 
 
 def _trained_only(ctx: Ctx, _: Outcome) -> Outcome | None:
-    to_succeeded(ctx, c.trained_only(ctx.spec.checkpoint.uri), ev.trained_only())
+    to_succeeded(ctx, "trained-only", c.trained_only(ctx.spec.checkpoint.uri), ev.trained_only())
     return None
 
 
@@ -86,7 +88,7 @@ def _after_export(ctx: Ctx, _: Outcome) -> Outcome | None:
     if ctx.spec.evaluation is not None:
         evaluation.begin(ctx)
     else:
-        to_exported(ctx)
+        to_exported(ctx, "exported")
     return None
 
 

@@ -84,7 +84,7 @@ def step(ctx: Ctx) -> Outcome | None:
         assert at.job is not None
         ctx.condition(c.MERGED, "False", c.MERGE_FAILED, at.detail)
         message = c.merge_failed(at.job.name, m.MERGE_BACKOFF_LIMIT + 1, at.detail)
-        to_failed(ctx, c.MERGE_FAILED, message, ev.merge_failed())
+        to_failed(ctx, "merge-failed", message, ev.merge_failed())
     return None
 
 

@@ -10,7 +10,8 @@ Where each decision lives (one module per phase, each a handful of functions ove
 
     context      Observed, Plan, and the context the decisions share (Base; Ctx adds the spec)
     spec         the spec a job runs with: invalid specs, frozen fields after the start
-    machine      which phase follows which: the one table from a phase's outcome to what begins next
+    machine      which step follows which: the table from a phase's outcome to what begins next
+    edges        every phase change: the one table (phase, edge) -> transition, and `move`, which alone sets it
     outcomes     what a phase's step can end in
     preflight    Preflight: the step compiled for the slice on a CPU node before the first attempt
     attempts     Pending and Training: create, follow and end attempts; a preemption becomes a resume in
@@ -23,7 +24,7 @@ Where each decision lives (one module per phase, each a handful of functions ove
     merge        Merging
     evaluation   Evaluating
     policies     the deadline, the TTL after finishing, and the derived status (percent, ETA, cost)
-    transitions  every phase change, with its condition and Event
+    transitions  each phase change named, with its texts and what else it records (through edges.move)
     conditions   condition types, reasons and messages; events, the Event texts
 """
 

@@ -48,7 +48,7 @@ def deadline_passed(ctx: Ctx) -> bool:
         return True  # training is over: only the evaluation ends, the outputs stay
     message = c.deadline(ran, limit)
     ctx.close_attempt(ctx.st.attempt, "Failed", c.DEADLINE_EXCEEDED, message, None)
-    to_failed(ctx, c.DEADLINE_EXCEEDED, message, ev.deadline(display.duration(ran)))
+    to_failed(ctx, "deadline-exceeded", message, ev.deadline(display.duration(ran)))
     return True
 
 

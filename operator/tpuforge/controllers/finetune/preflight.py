@@ -132,11 +132,11 @@ def finished(ctx: Ctx, job: JobView, pod: PodView) -> Outcome | None:
         return FITS  # the first attempt starts in this same reconcile
     message = c.does_not_fit(headline, found.fixes)
     ctx.condition(c.PREFLIGHT, "False", c.DOES_NOT_FIT, message)
-    to_failed(ctx, c.DOES_NOT_FIT, message, short)
+    to_failed(ctx, "does-not-fit", message, short)
     return None
 
 
 def failed(ctx: Ctx, reason: str, message: str) -> None:
     """No verdict from the preflight: the Preflight condition and the job fail with `reason`."""
     ctx.condition(c.PREFLIGHT, "False", c.PREFLIGHT_FAILED, message)
-    to_failed(ctx, reason, message, ev.preflight_failed())
+    to_failed(ctx, "preflight-failed", message, ev.preflight_failed(), reason)

@@ -104,7 +104,7 @@ def _effective(b: Base) -> FineTuneJobSpec | None:
     if started is None:
         if current is None:
             assert error is not None
-            to_failed(b, c.INVALID_SPEC, c.invalid_spec(error), ev.invalid_spec(error.fields))
+            to_failed(b, "invalid-spec", c.invalid_spec(error), ev.invalid_spec(error.fields))
         return current
     if current is None:
         assert error is not None
