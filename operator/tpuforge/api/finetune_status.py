@@ -212,6 +212,11 @@ class AttemptStatus(StatusModel):
 
 class FineTuneJobStatus(StatusModel):
     phase: FineTunePhase | None = None
+    queued_stage: FineTunePhase | None = Field(
+        default=None,
+        description="While Queued: the stage whose Job waits for Kueue (Preflight, Pending, Merging or "
+        "Evaluating); the job is back in it once admitted.",
+    )
     conditions: list[Condition] = Field(default_factory=list)
     observed_generation: int | None = None
     progress: Progress | None = None

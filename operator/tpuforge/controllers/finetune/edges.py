@@ -216,6 +216,8 @@ def move(b: Base, edge: Edge, message: str = "", short: str = "", reason: str | 
     leaves it to the cause) and its Event (`short`, one describe line)."""
     t = lookup(b.st.phase, edge)
     b.st.phase = t.phase
+    if t.phase != P.QUEUED:
+        b.st.queued_stage = None  # kept only while Queued (transitions.to_queued stores it)
     if t.condition is not None:
         said = t.condition.reason or reason
         assert said is not None, f"edge {edge!r} needs the cause's reason"

@@ -104,6 +104,7 @@ def run(b: Base) -> None:
 # Status fields the operator writes. `progress` belongs to the trainer except the derived keys.
 OWNED_FIELDS = (
     "phase",
+    "queuedStage",
     "conditions",
     "observedGeneration",
     "restarts",

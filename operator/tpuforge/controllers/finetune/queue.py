@@ -3,7 +3,8 @@ creates it suspended, and Kueue admits it (clears `suspend`) once the ClusterQue
 operator never touches `suspend`: Kueue owns it. While a Job waits, the job is Queued, with Kueue's reason and
 message in the Queued condition; once admitted, it is back in the stage it waited in.
 
-A Queued job's stage is told by that stage's own condition, which queueing leaves as it was.
+A Queued job's stage is stored in status.queuedStage while it waits; for one queued by an operator that did
+not store it, it is told by that stage's own condition, which queueing leaves as it was.
 """
 
 from __future__ import annotations
@@ -29,6 +30,15 @@ ROLES = {
 }
 
 
+# The stage whose step runs each Job (a training Job is created, and waits, while the job is Pending).
+STAGES = {
+    COMPONENT_PREFLIGHT: FineTunePhase.PREFLIGHT,
+    COMPONENT_TRAINER: FineTunePhase.PENDING,
+    COMPONENT_MERGER: FineTunePhase.MERGING,
+    COMPONENT_EVALUATOR: FineTunePhase.EVALUATING,
+}
+
+
 def role(job: JobView) -> str:
     return ROLES.get(job.component, job.component)
 
@@ -44,7 +54,10 @@ def stage(b: Base) -> FineTunePhase | None:
 
 
 def queued_stage(b: Base) -> FineTunePhase:
-    """The stage a Queued job's Job waits in: the one whose condition says it is under way."""
+    """The stage a Queued job's Job waits in: the one stored when it was queued, else (queued by an operator
+    that did not store it) the one whose condition says it is under way."""
+    if b.st.queued_stage is not None:
+        return b.st.queued_stage
     if b.has_condition(c.EVALUATED, "False", c.EVALUATING):
         return FineTunePhase.EVALUATING
     if b.has_condition(c.MERGED, "False", c.MERGING) or b.has_condition(c.MERGED, "False", c.EXPORTING):
@@ -59,7 +72,7 @@ def waiting(ctx: Ctx, job: JobView) -> bool:
     workload = ctx.workload_of(job)
     held = job.suspended and workload is not None and not workload.admitted
     if held and workload is not None and (workload.reason or ctx.st.phase == FineTunePhase.QUEUED):
-        to_queued(ctx, role(job), described(job), workload)
+        to_queued(ctx, role(job), described(job), workload, STAGES.get(job.component) or queued_stage(ctx))
         return True
     if ctx.st.phase == FineTunePhase.QUEUED and not held:
         queue = workload.queue if workload is not None else ctx.spec.queue_name or ""

@@ -72,9 +72,11 @@ def to_evaluating(ctx: Ctx, message: str, slice_id: str, short: str | None = Non
     move(ctx, "evaluating", message, short or ev.evaluating(slice_id))
 
 
-def to_queued(ctx: Ctx, role: str, job: str, workload: WorkloadView) -> None:
-    """`job` (the `role` Job or JobSet) waits for Kueue: the Queued condition carries Kueue's reason and
-    message, kept current while it waits; the phase and the Event change once."""
+def to_queued(ctx: Ctx, role: str, job: str, workload: WorkloadView, stage: FineTunePhase) -> None:
+    """`job` (the `role` Job or JobSet of `stage`) waits for Kueue: the Queued condition carries Kueue's reason
+    and message, kept current while it waits; the phase and the Event change once. The stage is stored
+    (status.queuedStage): the job goes back to it once admitted."""
+    ctx.st.queued_stage = stage
     reason = workload.reason or c.WAITING_FOR_ADMISSION
     message = c.queued(job, workload.queue, workload.message)
     if ctx.st.phase == FineTunePhase.QUEUED:

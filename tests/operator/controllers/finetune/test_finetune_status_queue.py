@@ -183,6 +183,32 @@ def test_the_merge_and_the_evaluation_wait_in_the_queue_too() -> None:
     assert ("Normal", "Admitted", "Kueue admitted the evaluation") in w.events
 
 
+def test_the_stage_a_job_waits_in_is_stored_and_one_queued_before_it_was_goes_back_by_its_conditions() -> None:
+    w = Kueue(dict(evaluation.eval_spec(merged=True), queueName=QUEUE))
+    w.step()
+    w.pending(train(0))
+    w.step()
+    assert (w.phase(), w.status.queued_stage) == (api.FineTunePhase.QUEUED, api.FineTunePhase.PENDING)
+    w.admit(train(0))
+    w.step()
+    assert (w.phase(), w.status.queued_stage) == (api.FineTunePhase.PENDING, None)
+    w.pod(train(0), "Succeeded", exit_code=0)
+    w.step()
+    w.pending(merge_job_name(NAME))
+    p = w.step()
+    assert w.status.queued_stage == api.FineTunePhase.MERGING
+    assert status_patch(api.FineTuneJobStatus(), p.status)["queuedStage"] == "Merging"
+    # Queued by an operator that did not store the stage: the Merged condition still tells it.
+    w.status = w.status.model_copy(update={"queued_stage": None})
+    w.admit(merge_job_name(NAME))
+    w.step()
+    assert (w.phase(), w.status.queued_stage) == (api.FineTunePhase.MERGING, None)
+    assert w.events[-1] == ("Normal", "Admitted", "Kueue admitted the merge")
+    # Leaving the queue clears the field (a merge patch sets it to null).
+    before = w.status.model_copy(update={"queued_stage": api.FineTunePhase.MERGING})
+    assert status_patch(before, w.status) == {"queuedStage": None}
+
+
 def test_the_preflight_waits_in_the_queue_and_its_estimates_show_while_training_waits() -> None:
     w = Kueue(raw_spec(preflight={"enabled": True}, queueName=QUEUE))
     w.step()
