@@ -61,7 +61,7 @@ def step(ctx: Ctx) -> Outcome | None:
     record_start(ctx, n, pods)
     end = attempt_end(job, pods, ctx.hosts, ctx.entry(n))
     if end is None:
-        if queue.waiting(ctx, job):
+        if queue.queue_or_admit(ctx, job):
             return None
         running = [p for p in pods if p.phase == "Running" and not p.deleting]
         if running and len(running) >= ctx.hosts:

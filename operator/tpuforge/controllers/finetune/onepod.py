@@ -90,7 +90,7 @@ def follow(
         return Standing("failed", job, detail=failures[-1].message if failures else job.failure)
     if job.complete and not any(not p.terminal for p in pods):
         return Standing("missing", job)
-    if queue.waiting(ctx, job):
+    if queue.queue_or_admit(ctx, job):
         return Standing("queued", job)
     running = next((p for p in pods if p.phase == "Running" and not p.deleting), None)
     return Standing("running", job, running) if running is not None else Standing("starting", job)

@@ -91,7 +91,7 @@ def run(b: Base) -> None:
         ctx = spec_changes.resolve(b)  # None: the spec is invalid and the job has failed
         if ctx is not None and rerun:
             evaluation.again(ctx)
-        elif ctx is not None and not policies.deadline_passed(ctx):
+        elif ctx is not None and not policies.end_past_deadline(ctx):
             machine.step(ctx)
             policies.wake_at_deadline(ctx)
     queue.settle(b)

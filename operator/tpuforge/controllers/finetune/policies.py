@@ -35,9 +35,10 @@ TPU_HOURS_DIGITS = 3
 # --- Deadline ---------------------------------------------------------------------------------------------------
 
 
-def deadline_passed(ctx: Ctx) -> bool:
-    """Past spec.runPolicy.activeDeadlineSeconds (counted from the start or the last resume): the job fails, or
-    while it evaluates, the evaluation does (the job keeps its outputs)."""
+def end_past_deadline(ctx: Ctx) -> bool:
+    """Past spec.runPolicy.activeDeadlineSeconds (counted from the start or the last resume), end the job
+    (edge deadline-exceeded), or while it evaluates, the evaluation (the job keeps its outputs): True when it
+    did."""
     limit = ctx.spec.run_policy.active_deadline_seconds
     if limit is None or ctx.st.start_time is None or not _deadline_applies(ctx):
         return False

@@ -65,10 +65,10 @@ def queued_stage(b: Base) -> FineTunePhase:
     return FineTunePhase.PREFLIGHT if b.st.attempt is None else FineTunePhase.PENDING
 
 
-def waiting(ctx: Ctx, job: JobView) -> bool:
-    """Whether Kueue holds `job` (suspended, with a Workload it has not admitted and has said why): then the
-    job is Queued. Until Kueue has looked at a new Workload (it admits one that fits within moments) the job
-    stays in its stage. A Queued job whose Job Kueue has let go is back in its stage."""
+def queue_or_admit(ctx: Ctx, job: JobView) -> bool:
+    """Move the job into Queued while Kueue holds `job` (suspended, with a Workload it has not admitted and has
+    said why), and back to its stage once Kueue lets it go; True while it is held. Until Kueue has looked at a
+    new Workload (it admits one that fits within moments) the job stays in its stage."""
     workload = ctx.workload_of(job)
     held = job.suspended and workload is not None and not workload.admitted
     if held and workload is not None and (workload.reason or ctx.st.phase == FineTunePhase.QUEUED):

@@ -161,3 +161,9 @@ def test_an_unlisted_edge_is_taken_as_its_transition_says(monkeypatch: pytest.Mo
     monkeypatch.setattr(edges, "unlisted", lambda phase, edge: seen.append((phase, edge)))
     assert edges.lookup(FineTunePhase.SUCCEEDED, "training") is edges.BY_EDGE["training"]
     assert seen == [(FineTunePhase.SUCCEEDED, "training")]
+
+
+def test_the_modules_table_of_edges_names_every_edge() -> None:
+    doc = edges.__doc__ or ""
+    assert [e for e in get_args(edges.Edge) if e not in doc and not e.startswith("admitted-to-")] == []
+    assert "admitted-to-<stage>" in doc
