@@ -425,6 +425,26 @@ class RunProgress:
             self.events.scalar("eval/loss", loss, step)
             self.events.sync()
 
+    def preference_done(self, step: int, figures: dict[str, float], mode: str) -> None:
+        """A preference step's (`mode` train) or evaluation's (eval) figures, means over its pairs: loss,
+        accuracy (pairs whose chosen answer has the higher reward), reward margin, chosen and rejected
+        rewards (train/preference.py). In the run summary (per attempt, by step) and TensorBoard
+        (<mode>/preference/<figure>)."""
+        rounded = {k: round(v, 6) for k, v in figures.items()}
+        self.summary.attempt.setdefault(f"{mode}_preference", {})[str(step)] = rounded
+        if self.events is not None:
+            for name, value in figures.items():
+                self.events.scalar(f"{mode}/preference/{name}", value, step)
+        log.info(
+            "%s preference at step %d: accuracy %.3f margin %s chosen %s rejected %s",
+            mode,
+            step,
+            figures["accuracy"],
+            display.significant(figures["margin"]),
+            display.significant(figures["chosen_reward"]),
+            display.significant(figures["rejected_reward"]),
+        )
+
     def samples_done(self, step: int, samples: list[dict[str, str]]) -> None:
         """Greedy answers to held-out prompts at the evaluation of step `step`, each {"prompt", "answer",
         "reference"}: in the run summary (per attempt, by step) and as one TensorBoard text summary each."""
