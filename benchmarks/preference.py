@@ -10,7 +10,8 @@ on the tiny Gemma 4 by the trainer CLI. On the held-out pairs it scores
   step 0 and at its last step (DPO's reward is beta x the log-probability change from the base, so its
   step-0 margin is 0; ORPO's is the mean per-token log-probability).
 
-    .venv/bin/python benchmarks/preference.py [--methods dpo orpo] [--steps 60] [--seed 0] [--json out.jsonl]
+    .venv/bin/python benchmarks/preference.py [--methods dpo orpo] [--steps 60] [--seed 0]
+        [--set preference.beta=0.5 ...] [--json out.jsonl]
 
 One JSON line for the starting model, then one per method.
 """
@@ -35,7 +36,7 @@ PAIRS = ROOT / "examples" / "data" / "demo-preferences.jsonl"
 EVAL_FRACTION = 0.25
 
 
-def job_spec(method: str, steps: int, seed: int) -> dict[str, Any]:
+def job_spec(method: str, steps: int, seed: int, overrides: list[str]) -> dict[str, Any]:
     """The demo job's spec as a preference job: `method`, pairs held out, two pairs a micro-batch."""
     spec: dict[str, Any] = copy.deepcopy(yaml.safe_load(DEMO_JOB.read_text())["spec"])
     spec["method"] = method
@@ -48,6 +49,11 @@ def job_spec(method: str, steps: int, seed: int) -> dict[str, Any]:
         ("checkpoint.everySteps", max(1, steps // 4)),
     ):
         set_field(spec, path, value)
+    for item in overrides:
+        path, sep, raw = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set {item!r}: expected field.path=value")
+        set_field(spec, path, yaml.safe_load(raw))
     return spec
 
 
@@ -65,7 +71,7 @@ def held_out_ranking(model_dir: Path, ckpt: Path | None, config: Any) -> dict[st
     plan = make_plan(config, write_manifest=False)
     mesh = make_mesh(1, 1, jax.local_devices()[:1])
     model = lora_model(model_dir, Path(config.checkpoint.uri), mesh)
-    logps = []
+    logps, counts = [], []
     with jax.set_mesh(mesh):
         for batch in eval_batches(plan.eval_examples, 8, config.training.max_seq_len, plan.batch.pad_id):
             inputs = model_inputs(batch)
@@ -74,19 +80,27 @@ def held_out_ranking(model_dir: Path, ckpt: Path | None, config: Any) -> dict[st
                     logp, count = preference.answer_logps(model, **inputs)
             else:
                 logp, count = preference.answer_logps(model, **inputs)
-            logps += [float(x) for x, n in zip(np.asarray(logp), np.asarray(count), strict=True) if n > 0]
-    margins = np.array(logps[0::2]) - np.array(logps[1::2])
+            real = np.asarray(count) > 0
+            logps += np.asarray(logp)[real].tolist()
+            counts += np.asarray(count)[real].tolist()
+    summed = np.array(logps[0::2]) - np.array(logps[1::2])
+    per_token = np.array(logps[0::2]) / np.array(counts[0::2]) - np.array(logps[1::2]) / np.array(counts[1::2])
     return {
-        "pairs": len(margins),
-        "accuracy": round(float((margins > 0).mean()), 4),
-        "margin": round(float(margins.mean()), 4),
+        "pairs": len(summed),
+        "accuracy": round(float((summed > 0).mean()), 4),
+        "margin": round(float(summed.mean()), 4),
+        "perTokenAccuracy": round(float((per_token > 0).mean()), 4),
+        "perTokenMargin": round(float(per_token.mean()), 4),
     }
 
 
-def run_method(method: str, steps: int, seed: int, model_dir: Path, work: Path) -> tuple[dict[str, Any], Any]:
+def run_method(
+    method: str, steps: int, seed: int, overrides: list[str], pairs: Path, model_dir: Path, work: Path
+) -> tuple[dict[str, Any], Any]:
     ckpt = work / method / "checkpoints"
-    config = train_config(job_spec(method, steps, seed), model_dir, PAIRS, ckpt, (1, 1))
-    row: dict[str, Any] = {"method": method, "seed": seed, "beta": config.preference.beta}
+    config = train_config(job_spec(method, steps, seed, overrides), model_dir, pairs, ckpt, (1, 1))
+    row: dict[str, Any] = {"method": method, "pairs": pairs.name, "seed": seed, "steps": steps}
+    row |= {"set": overrides} if overrides else {}
     row |= train(config, work / method, 1)
     from tpuforge_workloads.runtime.progress import SUMMARY_FILE
 
@@ -94,6 +108,7 @@ def run_method(method: str, steps: int, seed: int, model_dir: Path, work: Path) 
     evals = attempt["eval_preference"]
     last = str(max(int(s) for s in evals))
     row["trainerHeldOut"] = {"step0": evals["0"], f"step{last}": evals[last]}
+    row["heldOutAccuracyByStep"] = {s: e["accuracy"] for s, e in evals.items()}
     row["heldOut"] = held_out_ranking(model_dir, ckpt, config)
     return row, config
 
@@ -103,6 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--methods", nargs="+", default=["dpo", "orpo"], choices=["dpo", "orpo"])
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--rejected",
+        default="mistaken",
+        choices=["mistaken", "swapped"],
+        help="mistaken: the repo's set; swapped: each wrong answer is another country's capital",
+    )
+    p.add_argument("--set", action="append", default=[], help="field.path=value in the job's spec")
     p.add_argument("--json", default=None, help="append each row to this JSON-lines file")
     args = p.parse_args(argv)
 
@@ -112,13 +134,20 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         model_dir = work / "gemma4-tiny"
         tiny_model.write(str(model_dir))
+        pairs = PAIRS
+        if args.rejected != "mistaken":
+            from tpuforge_workloads.data import demo
+
+            pairs = work / f"demo-preferences-{args.rejected}.jsonl"
+            pairs.write_text(demo.jsonl(demo.preference_records(rejected=args.rejected)))
         start: dict[str, Any] | None = None
         for method in args.methods:
-            row, config = run_method(method, args.steps, args.seed, model_dir, work)
+            row, config = run_method(method, args.steps, args.seed, args.set, pairs, model_dir, work)
             if start is None:
-                start = {"method": "start (the base)", "heldOut": held_out_ranking(model_dir, None, config)}
+                start = {"method": "start", "pairs": pairs.name, "heldOut": held_out_ranking(model_dir, None, config)}
                 emit(start, args.json)
-            row["accuracyGain"] = round(row["heldOut"]["accuracy"] - start["heldOut"]["accuracy"], 4)
+            for key in ("accuracy", "perTokenAccuracy"):
+                row[f"{key}Gain"] = round(row["heldOut"][key] - start["heldOut"][key], 4)
             emit(row, args.json)
     return 0
 

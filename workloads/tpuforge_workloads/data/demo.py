@@ -145,17 +145,43 @@ def held_out_records(task: Task = CAPITALS_TASK) -> list[dict[str, Any]]:
     return [{"messages": chat(task, country, q)} for q in task.held_out for country in task.facts]
 
 
-def preference_records(task: Task = CAPITALS_TASK, phrasings: int = 4, seed: int = 0) -> list[dict[str, Any]]:
+# The city each country's capital is often mistaken for: its best-known other city.
+MISTAKEN_CAPITALS = {
+    "France": "Marseille",
+    "Japan": "Osaka",
+    "Kenya": "Mombasa",
+    "Peru": "Cusco",
+    "Norway": "Bergen",
+    "Egypt": "Alexandria",
+    "Canada": "Toronto",
+    "Chile": "Valparaiso",
+    "Italy": "Milan",
+    "India": "Mumbai",
+    "Spain": "Barcelona",
+    "Ghana": "Kumasi",
+    "Poland": "Krakow",
+    "Cuba": "Holguin",
+    "Greece": "Thessaloniki",
+    "Nepal": "Pokhara",
+}
+
+
+def preference_records(
+    task: Task = CAPITALS_TASK, phrasings: int = 4, seed: int = 0, rejected: str = "mistaken"
+) -> list[dict[str, Any]]:
     """Preference pairs (spec.method dpo/orpo; examples/data/demo-preferences.jsonl): each country in the
-    task's first `phrasings` phrasings, the chosen answer right and the rejected one naming another country's
-    fact in the same sentence. Every other prompt is a chat (a system message and the question) rather than
+    task's first `phrasings` phrasings, the chosen answer right and the rejected one, in the same sentence,
+    wrong: the city the capital is often mistaken for (`rejected` mistaken, the capitals task only), or the
+    next country's fact (swapped: every wrong answer is another pair's right one, so only a model that reads
+    the country can rank them). Every other prompt is a chat (a system message and the question) rather than
     plain text, so both record shapes are in the set; shuffled."""
     rng = random.Random(seed)
     countries = list(task.facts)
     out: list[dict[str, Any]] = []
-    for country in countries:
+    for n, country in enumerate(countries):
+        swapped = task.facts[countries[(n + 1) % len(countries)]]
+        wrong = MISTAKEN_CAPITALS[country] if rejected == "mistaken" else swapped
         for q in task.questions[:phrasings]:
-            wrong = rng.choice([c for c in countries if task.facts[c] != task.facts[country]])
             question = q.format(country=country)
             prompt: Any = question
             if len(out) % 2:
@@ -164,7 +190,7 @@ def preference_records(task: Task = CAPITALS_TASK, phrasings: int = 4, seed: int
                 {
                     "prompt": prompt,
                     "chosen": task.answer.format(country=country, fact=task.facts[country]),
-                    "rejected": task.answer.format(country=country, fact=task.facts[wrong]),
+                    "rejected": task.answer.format(country=country, fact=wrong),
                 }
             )
     rng.shuffle(out)
