@@ -161,3 +161,21 @@ def test_dpo_learns_the_preferences_and_a_killed_run_resumes_with_the_same_losse
     steps = range(resumed_at + 1, 11)
     np.testing.assert_allclose([resumed[s] for s in steps], [losses[s] for s in steps], rtol=1e-5)
     assert json.loads(second.termination_message())["step"] == 10
+
+
+@pytest.mark.slow
+def test_the_preflight_compiles_the_dpo_step_with_its_pairs_and_reference_forward(
+    tiny_model_dir: Path, jax_devices: Any
+) -> None:
+    """The preflight compiles the trainer's own step: for DPO, two rows a pair and the reference forward, so
+    more FLOPs a micro-batch than the SFT step of as many rows (each row's forward runs twice)."""
+    from tpuforge_workloads.model import gemma4
+    from tpuforge_workloads.preflight.step import compile_train_step
+
+    text = gemma4.parse_config(gemma4.read_config(str(tiny_model_dir)))
+    mesh = make_mesh(1, 4, jax_devices[:4])
+    sft = tiny_train_config(str(tiny_model_dir), "unused.jsonl", "unused", packing=False, micro_batch_size=2)
+    dpo = _config(tiny_model_dir, PAIRS, "unused", micro_batch_size=1)
+    sft_step = compile_train_step(text, sft, mesh, total_steps=4)
+    dpo_step = compile_train_step(text, dpo, mesh, total_steps=4)
+    assert dpo_step.flops > 1.2 * sft_step.flops, (dpo_step, sft_step)
