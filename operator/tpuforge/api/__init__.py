@@ -51,6 +51,7 @@ from tpuforge.api.finetune_status import (
     FineTuneJobStatus,
     FineTunePhase,
     Outputs,
+    PreferenceProgress,
     Progress,
     Restarts,
 )
@@ -123,6 +124,7 @@ __all__ = [
     "OutputSpec",
     "Outputs",
     "PodResources",
+    "PreferenceProgress",
     "PreferenceSpec",
     "PreflightSpec",
     "PreflightStatus",

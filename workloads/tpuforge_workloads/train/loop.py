@@ -170,12 +170,12 @@ class ProgressHooks(hooks.TrainingHooks):  # type: ignore[misc]
             self.after_first_step()
             self.after_first_step = None
         rate = self.rates[train_step - 1] if 0 < train_step <= len(self.rates) else None
+        figures = train_ctx.take_step_preference(train_step)
+        if figures is not None:  # before the step's report, which publishes them with it
+            self.progress.preference_done(train_step, figures, "train")
         self.progress.step_done(
             train_step, loss, self.feed.step_tokens.pop(train_step, 0), self.feed.tokens_total, learning_rate=rate
         )
-        figures = train_ctx.take_step_preference(train_step)
-        if figures is not None:
-            self.progress.preference_done(train_step, figures, "train")
 
     def on_eval_step_start(self, train_ctx: Any) -> None:
         pass
