@@ -10,7 +10,7 @@ on the tiny Gemma 4 by the trainer CLI. On the held-out pairs it scores
   step 0 and at its last step (DPO's reward is beta x the log-probability change from the base, so its
   step-0 margin is 0; ORPO's is the mean per-token log-probability).
 
-    .venv/bin/python benchmarks/preference.py [--methods dpo orpo] [--steps 60] [--seed 0]
+    .venv/bin/python benchmarks/preference.py [--methods dpo orpo] [--steps 120] [--seed 0]
         [--set preference.beta=0.5 ...] [--json out.jsonl]
 
 One JSON line for the starting model, then one per method.
@@ -116,7 +116,7 @@ def run_method(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--methods", nargs="+", default=["dpo", "orpo"], choices=["dpo", "orpo"])
-    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--steps", type=int, default=120)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--rejected",
