@@ -65,7 +65,7 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
         self._eval_aux: list[dict[str, Any]] = []
         self._train_aux: list[dict[str, Any]] = []  # the current step's micro-batches' (preference losses)
         self.preference = False
-        self._step_preference: dict[int, dict[str, float]] = {}
+        self._step_preference: dict[int, list[dict[str, Any]]] = {}  # step -> its micro-batches' aux
         self._eval_preference: dict[str, float] | None = None
         self._eval_ds: Any = None
         self._evaluated_step: int | None = None
@@ -155,12 +155,12 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
         self._train_aux.append(aux)
         accumulation = self.config.get_with_default("gradient_accumulation_steps", 1) or 1
         if len(self._train_aux) == accumulation:
-            self._step_preference[self._train_steps + 1] = self._train_aux  # type: ignore[assignment]
+            self._step_preference[self._train_steps + 1] = self._train_aux
             self._train_aux = []
 
     def take_step_preference(self, step: int) -> dict[str, float] | None:
         """Step `step`'s preference figures over all its pairs (train/preference.py, `summary`)."""
-        auxes: Any = self._step_preference.pop(step, None)
+        auxes = self._step_preference.pop(step, None)
         return preference.summary(_sums(auxes)) if auxes else None
 
     def take_eval_preference(self) -> dict[str, float] | None:
