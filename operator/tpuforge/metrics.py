@@ -111,6 +111,8 @@ class FineTuneJobSample:
     eval_scores: tuple[tuple[str, str, float], ...] = ()
     eval_passed: bool | None = None
     eval_failed: bool | None = None
+    # DPO and ORPO: (set, accuracy, reward margin) for the last step (train) and the held-out pairs (eval).
+    preference: tuple[tuple[str, float | None, float | None], ...] = ()
 
 
 def _eval_failed(status: FineTuneJobStatus) -> bool | None:
@@ -149,6 +151,12 @@ def finetunejob_sample(
         else (),
         eval_passed=status.evaluation.passed if status.evaluation else None,
         eval_failed=_eval_failed(status),
+        preference=(
+            ("train", pref.accuracy, pref.reward_margin),
+            ("eval", pref.eval_accuracy, pref.eval_reward_margin),
+        )
+        if prog is not None and (pref := prog.preference) is not None
+        else (),
     )
 
 
@@ -188,9 +196,24 @@ class FineTuneJobCollector(PerObjectCollector[FineTuneJobSample]):
             "1 when the evaluation Job failed or its result was unreadable (no verdict), 0 once it started.",
             labels=_KEYS,
         )
+        accuracy = GaugeMetricFamily(
+            f"{_FTJ}_preference_accuracy",
+            "DPO and ORPO: preference pairs ranked right (chosen reward above rejected), in the last step "
+            "(set=train) and on the held-out pairs at the last evaluation (set=eval).",
+            labels=[*_KEYS, "set"],
+        )
+        margin = GaugeMetricFamily(
+            f"{_FTJ}_reward_margin",
+            "DPO and ORPO: mean chosen minus rejected reward, last step (set=train) and held out (set=eval).",
+            labels=[*_KEYS, "set"],
+        )
         for s in samples:
             key = [s.namespace, s.name]
             info.add_metric([*key, s.model, s.slice], 1)
+            for which, acc, mar in s.preference:
+                for family, value in ((accuracy, acc), (margin, mar)):
+                    if value is not None:
+                        family.add_metric([*key, which], value)
             for metric, model, points in s.eval_scores:
                 eval_metric.add_metric([*key, metric, model], points)
             if s.eval_passed is not None:
@@ -210,7 +233,21 @@ class FineTuneJobCollector(PerObjectCollector[FineTuneJobSample]):
             ):
                 if value is not None:
                     family.add_metric(key, value)
-        return [info, phase, ratio, step, loss, tps, restarts, cost, eval_metric, eval_passed, eval_failed]
+        return [
+            info,
+            phase,
+            ratio,
+            step,
+            loss,
+            tps,
+            restarts,
+            cost,
+            eval_metric,
+            eval_passed,
+            eval_failed,
+            accuracy,
+            margin,
+        ]
 
 
 FINETUNEJOBS = FineTuneJobCollector()

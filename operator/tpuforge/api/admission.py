@@ -162,6 +162,35 @@ ADMISSION_RULES: dict[type[BaseModel], tuple[AdmissionRule, ...]] = {
             "the best step, and select: last would export the step it stopped at instead",
             ".checkpoint.select",
         ),
+        AdmissionRule(
+            "self.method != 'sft' || !has(self.preference)",
+            "configures the dpo and orpo losses, and spec.method is sft: set spec.method: dpo or orpo (with "
+            "preference records), or remove spec.preference",
+            ".preference",
+        ),
+        AdmissionRule(
+            "self.method == 'sft' || !self.training.packing",
+            "dpo and orpo compare each pair's chosen and rejected answers row by row: set packing: false",
+            ".training.packing",
+        ),
+        AdmissionRule(
+            "self.method == 'sft' || self.training.lossOn == 'assistant'",
+            "dpo and orpo score the answers only (the prompt is the same in both rows of a pair): set lossOn: "
+            "assistant",
+            ".training.lossOn",
+        ),
+        AdmissionRule(
+            "self.method != 'orpo' || !has(self.preference) || self.preference.labelSmoothing == 0.0",
+            "applies to dpo only (orpo has no reference model to smooth against): remove it or set 0",
+            ".preference.labelSmoothing",
+        ),
+        AdmissionRule(
+            "self.method == 'sft' || !has(self.evaluation) || has(self.evaluation.datasetUri)",
+            "the evaluation scores chat or prompt/completion records, and with method dpo or orpo the job's dataset "
+            "holds preference records: give spec.evaluation.datasetUri, a file of records to score",
+            ".evaluation.datasetUri",
+            "FieldValueRequired",
+        ),
     ),
     TpuSpec: (
         AdmissionRule(

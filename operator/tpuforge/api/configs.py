@@ -10,6 +10,7 @@ from tpuforge.api.catalog import Dtype, tpu_slice
 from tpuforge.api.code_eval import CodeEvalSpec
 from tpuforge.api.constants import ADAPTER_SUBDIR, COMPILE_CACHE_SUBDIR, CPU_SLICE, EVALUATION_SUBDIR
 from tpuforge.api.finetune import (
+    PREFERENCE_METHODS,
     CheckpointSelect,
     CheckpointSpec,
     DataOptions,
@@ -17,6 +18,8 @@ from tpuforge.api.finetune import (
     FineTuneJobSpec,
     LoraSpec,
     MeshSpec,
+    Method,
+    PreferenceSpec,
     TrainingSpec,
 )
 from tpuforge.api.validation import resolved_mesh
@@ -40,6 +43,9 @@ class TrainConfig(ApiModel):
         default_factory=DataOptions, description="spec.dataset's format, held-out split, thinking and skip settings."
     )
     lora: LoraSpec = Field(default_factory=LoraSpec)
+    # Left out when sft / unset, so that an SFT job's config is written as before.
+    method: Method = Field(default="sft", exclude_if=lambda v: v == "sft")
+    preference: PreferenceSpec | None = Field(default=None, exclude_if=lambda v: v is None)
     training: TrainingSpec
     mesh: MeshSpec
     checkpoint: CheckpointSpec
@@ -160,6 +166,8 @@ def train_config(namespace: str, name: str, spec: FineTuneJobSpec, attempt: int 
         eval_uri=spec.dataset.eval_uri,
         data=spec.dataset.options(),
         lora=spec.lora,
+        method=spec.method,
+        preference=(spec.preference or PreferenceSpec()) if spec.method in PREFERENCE_METHODS else None,
         training=spec.training,
         mesh=resolved_mesh(spec),
         checkpoint=spec.checkpoint,

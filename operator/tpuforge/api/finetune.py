@@ -117,6 +117,38 @@ class LoraSpec(ApiModel):
     )
 
 
+Method = Literal["sft", "dpo", "orpo"]
+METHODS: tuple[str, ...] = get_args(Method)
+PREFERENCE_METHODS = ("dpo", "orpo")
+
+
+class PreferenceSpec(ApiModel):
+    """The preference losses' settings (spec.method dpo or orpo). Their records are
+    {"prompt": ..., "chosen": ..., "rejected": ...} (docs/training.md, Preference tuning)."""
+
+    beta: float = Field(
+        default=0.1,
+        gt=0,
+        description="DPO's beta: how far the tuned model may move from the reference, which is the base itself "
+        "with the LoRA adapters off (no second copy of the weights is held). Each answer's reward is beta x "
+        "(its log-probability under the tuned model - under the reference); larger keeps closer to the base.",
+    )
+    label_smoothing: float = Field(
+        default=0.0,
+        ge=0,
+        le=0.4,
+        description="DPO only: the assumed fraction of pairs whose labels are flipped (conservative DPO), at most "
+        "0.4 (at 0.5 the loss no longer prefers either answer); 0 is plain DPO's sigmoid loss.",
+    )
+    orpo_lambda: float = Field(
+        default=0.1,
+        gt=0,
+        alias="lambda",
+        description="ORPO only: the weight of the odds-ratio term beside the chosen answer's NLL (the paper's "
+        "lambda). ORPO uses no reference model.",
+    )
+
+
 class EarlyStoppingSpec(ApiModel):
     patience: int = Field(
         ge=1,
@@ -418,6 +450,17 @@ class FineTuneJobSpec(ApiModel):
     model: ModelRef = Field(description="The base model.")
     dataset: DatasetRef = Field(description="The training data.")
     lora: LoraSpec = Field(default_factory=LoraSpec, description="The LoRA adapter.")
+    method: Method = Field(
+        default="sft",
+        exclude_if=lambda v: v == "sft",
+        description="sft (the default): supervised fine-tuning on chat or prompt/completion records. dpo: Direct "
+        "Preference Optimization, orpo: Odds Ratio Preference Optimization, both on preference records "
+        '{"prompt": ..., "chosen": ..., "rejected": ...} in spec.dataset.uri (training.microBatchSize counts '
+        "pairs). DPO's reference model is the base with the adapters off; ORPO needs none.",
+    )
+    preference: PreferenceSpec | None = Field(
+        default=None, description="Settings of the dpo and orpo losses (unset: their defaults)."
+    )
     training: TrainingSpec = Field(description="Sequence length, batch, schedule and loss.")
     tpu: TpuSpec = Field(default_factory=TpuSpec, description="Where training runs.")
     preflight: PreflightSpec = Field(

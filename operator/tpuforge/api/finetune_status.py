@@ -35,6 +35,21 @@ class CheckpointSave(StatusModel):
     bytes: int = Field(description="Size of the step's files (adapters, optimizer state, data position).")
 
 
+class PreferenceProgress(StatusModel):
+    """Preference tuning's figures (spec.method dpo or orpo), means over pairs: a pair is ranked right when its
+    chosen answer's reward is above its rejected one's; DPO's reward is beta x (the answer's log-probability
+    under the model - under the base), ORPO's its mean per-token log-probability."""
+
+    accuracy: float | None = Field(default=None, description="Pairs ranked right in the last step (0 to 1).")
+    reward_margin: float | None = Field(default=None, description="Chosen minus rejected reward, last step.")
+    chosen_reward: float | None = Field(default=None, description="The chosen answers' reward, last step.")
+    rejected_reward: float | None = Field(default=None, description="The rejected answers' reward, last step.")
+    eval_step: int | None = Field(default=None, description="The step of the last held-out evaluation.")
+    eval_accuracy: float | None = Field(default=None, description="Held-out pairs ranked right, last evaluation.")
+    eval_reward_margin: float | None = Field(default=None, description="Held-out reward margin, last evaluation.")
+    eval_loss: float | None = Field(default=None, description="Held-out preference loss, last evaluation.")
+
+
 class Progress(StatusModel):
     """Training progress. The trainer writes it; the operator derives percent and the ETA when the trainer is
     silent (between attempts, after training). Each `...Display` field is its number formatted for
@@ -66,6 +81,9 @@ class Progress(StatusModel):
         default=None,
         description="Malformed records left out of the training and eval files (spec.dataset.skipInvalid); the "
         "trainer's log names the first ones.",
+    )
+    preference: PreferenceProgress | None = Field(
+        default=None, description="DPO and ORPO: preference accuracy and reward margin, last step and held out."
     )
     updated_at: str | None = None
 

@@ -13,7 +13,7 @@ from tpuforge.api.base import PodResources
 from tpuforge.api.catalog import MODELS, TPU_SLICES, ModelShape, Stage, TpuSlice, model_shape, tpu_slice
 from tpuforge.api.code_eval import CHECK_RUNNER_MEMORY, MIN_SAMPLE_MEMORY, PASS_AT_K
 from tpuforge.api.constants import CPU_SLICE
-from tpuforge.api.finetune import EvaluationSpec, FineTuneJobSpec, MeshSpec
+from tpuforge.api.finetune import PREFERENCE_METHODS, EvaluationSpec, FineTuneJobSpec, MeshSpec
 from tpuforge.api.labels import label_errors, label_value_problem
 from tpuforge.api.quantization import contracted_sizes, tile_size
 from tpuforge.api.resources import quantity, resource_errors, tpu_server_requests, trainer_requests
@@ -247,6 +247,7 @@ def check_finetune(spec: FineTuneJobSpec, local_paths: bool = False) -> list[Fie
             )
         )
     _check_checkpoint_choice(errors, spec)
+    _check_method(errors, spec)
     default = trainer_requests(PodResources(), shape, slc.hosts) if shape and slc else None
     check_resources(errors, "spec.tpu.resources", spec.tpu.resources, slc, default)
     check_scheduling(errors, "spec.tpu.scheduling", spec.tpu.scheduling, slc, spec.tpu.spot, "spec.tpu.slice")
@@ -274,6 +275,54 @@ def _check_base_quantization(errors: list[FieldError], quantization: str, shape:
         tile_size(quantization, sizes)
     except ValueError as e:
         errors.append(FieldError("spec.lora.baseQuantization", f"{e} ({shape.id}); use int8 or none"))
+
+
+def _check_method(errors: list[FieldError], spec: FineTuneJobSpec) -> None:
+    """dpo and orpo train on pairs of rows (a prompt with its chosen answer, the same prompt with its rejected
+    one), scored on the answers alone; spec.preference is theirs. (Whether the records are preference records
+    the trainer checks, naming the file and line.)"""
+    method, pref = spec.method, spec.preference
+    if method not in PREFERENCE_METHODS:
+        if pref is not None:
+            errors.append(
+                FieldError(
+                    "spec.preference",
+                    "configures the dpo and orpo losses, and spec.method is sft: set spec.method: dpo or orpo "
+                    "(with preference records), or remove spec.preference",
+                )
+            )
+        return
+    if spec.training.packing:
+        errors.append(
+            FieldError(
+                "spec.training.packing",
+                f"{method} compares each pair's chosen and rejected answers row by row; set packing: false",
+            )
+        )
+    if spec.training.loss_on != "assistant":
+        errors.append(
+            FieldError(
+                "spec.training.lossOn",
+                f"{method} scores the answers only (the prompt is the same in both rows of a pair); set lossOn: "
+                "assistant",
+            )
+        )
+    if method == "orpo" and pref is not None and pref.label_smoothing:
+        errors.append(
+            FieldError(
+                "spec.preference.labelSmoothing",
+                "applies to dpo only (orpo has no reference model to smooth against); remove it or set 0",
+            )
+        )
+    ev = spec.evaluation
+    if ev is not None and ev.dataset_uri is None:
+        errors.append(
+            FieldError(
+                "spec.evaluation.datasetUri",
+                f"the evaluation scores chat or prompt/completion records, and with method {method} the job's "
+                "dataset holds preference records: give spec.evaluation.datasetUri, a file of records to score",
+            )
+        )
 
 
 def _check_labels(errors: list[FieldError], spec: FineTuneJobSpec) -> None:

@@ -231,3 +231,32 @@ def test_a_restart_under_the_same_attempt_number_keeps_the_losses_before_it(tmp_
     attempts = json.loads((tmp_path / "run_summary.json").read_text())["attempts"]
     assert [(a["attempt"], a.get("restart")) for a in attempts] == [(0, None), (0, 1), (1, None)]
     assert len(attempts[0]["losses"]) == 100 and attempts[1]["losses"] == {"101": 0.5}
+
+
+def test_preference_figures_reach_status_metrics_and_the_summary(tmp_path: Path) -> None:
+    from prometheus_client import generate_latest
+
+    progress = _progress(tmp_path, None)
+    text = generate_latest(progress.metrics.registry).decode()
+    assert "tpuforge_trainer_preference_accuracy{" not in text  # an SFT run has no preference series
+    assert progress.progress().preference is None
+    figures = {"loss": 0.4, "accuracy": 0.75, "margin": 1.5, "chosen_reward": 0.5, "rejected_reward": -1.0}
+    progress.preference_done(11, figures, "train")
+    progress.step_done(11, loss=0.4, tokens=512, tokens_total=512)
+    progress.preference_done(12, {**figures, "accuracy": 0.5, "margin": 0.25, "loss": 0.6}, "eval")
+    p = progress.progress().preference
+    assert p is not None
+    assert (p.accuracy, p.reward_margin, p.chosen_reward, p.rejected_reward) == (0.75, 1.5, 0.5, -1.0)
+    assert (p.eval_step, p.eval_accuracy, p.eval_reward_margin, p.eval_loss) == (12, 0.5, 0.25, 0.6)
+    wire = progress.progress().model_dump(by_alias=True, exclude_none=True)["preference"]
+    assert wire["rewardMargin"] == 1.5 and wire["evalAccuracy"] == 0.5
+    text = generate_latest(progress.metrics.registry).decode()
+    for line in (
+        'tpuforge_trainer_preference_accuracy{set="train"} 0.75',
+        'tpuforge_trainer_preference_accuracy{set="eval"} 0.5',
+        'tpuforge_trainer_reward_margin{set="eval"} 0.25',
+        'tpuforge_trainer_reward{answer="rejected",set="train"} -1.0',
+    ):
+        assert line in text, line
+    attempt = progress.summary.to_json()["attempts"][-1]
+    assert attempt["train_preference"]["11"]["accuracy"] == 0.75 and attempt["eval_preference"]["12"]["loss"] == 0.6

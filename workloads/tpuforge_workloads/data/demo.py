@@ -5,7 +5,8 @@ Small enough for the tiny Gemma 4 model to learn visibly in a few dozen LoRA ste
 frame within a few steps, the facts soon after), and plain English, so the tiny model's tokenizer is
 trained on the same text (the capitals task's; its byte-level BPE encodes any other text too).
 examples/data/demo-chat.jsonl is `records()` written out, examples/data/demo-languages.jsonl
-`records(LANGUAGES_TASK)`, and each task's *-eval.jsonl is `eval_records(task)` (a test keeps them equal).
+`records(LANGUAGES_TASK)`, each task's *-eval.jsonl is `eval_records(task)`, and
+examples/data/demo-preferences.jsonl is `preference_records()` (tests keep them equal).
 """
 
 from __future__ import annotations
@@ -142,6 +143,58 @@ def seen_records(task: Task = CAPITALS_TASK) -> list[dict[str, Any]]:
 def held_out_records(task: Task = CAPITALS_TASK) -> list[dict[str, Any]]:
     """Every country in each held-out phrasing: questions no training record asks."""
     return [{"messages": chat(task, country, q)} for q in task.held_out for country in task.facts]
+
+
+# The city each country's capital is often mistaken for: its best-known other city.
+MISTAKEN_CAPITALS = {
+    "France": "Marseille",
+    "Japan": "Osaka",
+    "Kenya": "Mombasa",
+    "Peru": "Cusco",
+    "Norway": "Bergen",
+    "Egypt": "Alexandria",
+    "Canada": "Toronto",
+    "Chile": "Valparaiso",
+    "Italy": "Milan",
+    "India": "Mumbai",
+    "Spain": "Barcelona",
+    "Ghana": "Kumasi",
+    "Poland": "Krakow",
+    "Cuba": "Holguin",
+    "Greece": "Thessaloniki",
+    "Nepal": "Pokhara",
+}
+
+
+def preference_records(
+    task: Task = CAPITALS_TASK, phrasings: int = 4, seed: int = 0, rejected: str = "mistaken"
+) -> list[dict[str, Any]]:
+    """Preference pairs (spec.method dpo/orpo; examples/data/demo-preferences.jsonl): each country in the
+    task's first `phrasings` phrasings, the chosen answer right and the rejected one, in the same sentence,
+    wrong: the city the capital is often mistaken for (`rejected` mistaken, the capitals task only), or the
+    next country's fact (swapped: every wrong answer is another pair's right one, so only a model that reads
+    the country can rank them). Every other prompt is a chat (a system message and the question) rather than
+    plain text, so both record shapes are in the set; shuffled."""
+    rng = random.Random(seed)
+    countries = list(task.facts)
+    out: list[dict[str, Any]] = []
+    for n, country in enumerate(countries):
+        swapped = task.facts[countries[(n + 1) % len(countries)]]
+        wrong = MISTAKEN_CAPITALS[country] if rejected == "mistaken" else swapped
+        for q in task.questions[:phrasings]:
+            question = q.format(country=country)
+            prompt: Any = question
+            if len(out) % 2:
+                prompt = [{"role": "system", "content": task.system}, {"role": "user", "content": question}]
+            out.append(
+                {
+                    "prompt": prompt,
+                    "chosen": task.answer.format(country=country, fact=task.facts[country]),
+                    "rejected": task.answer.format(country=country, fact=wrong),
+                }
+            )
+    rng.shuffle(out)
+    return out
 
 
 def jsonl(rows: list[dict[str, Any]]) -> str:

@@ -71,14 +71,14 @@ def prepare_examples(
     stats = DataStats(records=len(records))
     examples: list[Example] = []
     lengths = []
-    for tokens, mask in encoder.encode_many([r.messages for r in records]):
-        lengths.append(len(tokens))
-        if len(tokens) > max_seq_len:
-            if over_length == "drop":
-                stats.dropped_over_length += 1
-                continue
-            tokens, mask = tokens[:max_seq_len], mask[:max_seq_len]
-            stats.truncated += 1
+    for encoded in encoder.encode_many([r.messages for r in records]):
+        lengths.append(len(encoded[0]))
+        fitted = fit_length(*encoded, max_seq_len, over_length)
+        if fitted is None:
+            stats.dropped_over_length += 1
+            continue
+        tokens, mask, cut = fitted
+        stats.truncated += int(cut)
         # The first token is never a target: a mask that is True only there teaches nothing.
         if not mask[1:].any():
             stats.dropped_no_loss += 1
@@ -100,6 +100,17 @@ def prepare_examples(
             "raise training.maxSeqLen"
         )
     return examples, stats
+
+
+def fit_length(
+    tokens: np.ndarray, mask: np.ndarray, max_seq_len: int, over_length: Literal["drop", "truncate"]
+) -> tuple[np.ndarray, np.ndarray, bool] | None:
+    """(tokens, mask, whether they were cut) within `max_seq_len` per the over-length policy; None: dropped."""
+    if len(tokens) <= max_seq_len:
+        return tokens, mask, False
+    if over_length == "drop":
+        return None
+    return tokens[:max_seq_len], mask[:max_seq_len], True
 
 
 def empty_batch(rows: int, length: int, pad_id: int) -> dict[str, np.ndarray]:
@@ -158,16 +169,21 @@ def first_fit(lengths: Sequence[int], capacity: int, bins: int) -> list[list[int
 
 
 class EpochOrder:
-    """Each epoch's order of the examples, drawn from (seed, epoch); the same in every run."""
+    """Each epoch's order of the examples, drawn from (seed, epoch); the same in every run. With `group` > 1
+    the examples come in groups of that many consecutive ones (a preference pair's two rows), shuffled as
+    groups and kept in their order within each."""
 
-    def __init__(self, count: int, seed: int):
+    def __init__(self, count: int, seed: int, group: int = 1):
         self.count = count
         self.seed = seed
+        self.group = group
         self._cached: tuple[int, np.ndarray] | None = None
 
     def __call__(self, epoch: int) -> np.ndarray:
         if self._cached is None or self._cached[0] != epoch:  # iteration moves forward: keep one epoch
-            self._cached = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.count))
+            groups = np.random.default_rng([self.seed, epoch]).permutation(self.count // self.group)
+            order = (groups[:, None] * self.group + np.arange(self.group)).reshape(-1) if self.group > 1 else groups
+            self._cached = (epoch, order)
         return self._cached[1]
 
 
@@ -177,7 +193,7 @@ class PaddedRows:
     def __init__(self, examples: Sequence[Example], spec: BatchSpec):
         self._examples = list(examples)
         self._spec = spec
-        self._order = EpochOrder(len(self._examples), spec.seed)
+        self._order = EpochOrder(len(self._examples), spec.seed, spec.group)
 
     def __len__(self) -> int:
         n = len(self._examples)
@@ -239,6 +255,9 @@ class BatchSpec:
     # default: JAX dispatches each step asynchronously, so the next batch is already made while the device
     # computes, and a thread would only contend for the GIL with the loop.
     prefetch: int = 0
+    # Consecutive examples that stay together and in order, in rows of their own (2: a preference pair's
+    # chosen and rejected rows; `rows` is then a multiple of it). Unpacked rows only.
+    group: int = 1
 
     def bins(self) -> int:
         return self.packing_bins or max(16, 4 * self.rows)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,11 +53,15 @@ class Record:
     where: str = field(default="", compare=False, hash=False)  # file:line or file row N, for messages
 
 
+# One record (a JSON object or a Parquet row, the place it is named by, its line or row) -> a parsed record.
+Parser = Callable[[Any, str, int], Any]
+
+
 @dataclass
 class Records:
     """A file's usable records and the malformed ones left out (with skip_invalid)."""
 
-    records: list[Record]
+    records: list[Any]  # Record, or what the parser given to read_dataset makes
     skipped: list[str] = field(default_factory=list)  # one error message per record left out
 
 
@@ -76,7 +80,7 @@ def split_thinking(text: str) -> tuple[str, str]:
     return "\n\n".join(t for t in thoughts if t), "".join(rest)
 
 
-def _message(m: Any, where: str, name: str) -> Message:
+def parse_message(m: Any, where: str, name: str) -> Message:
     if not isinstance(m, dict):
         raise DatasetError(f'{where}: {name}: must be an object with string "role" and "content"')
     for key in ("role", "content"):
@@ -86,10 +90,10 @@ def _message(m: Any, where: str, name: str) -> Message:
     role, content = m["role"], m["content"]
     if role not in ROLES:
         raise DatasetError(f"{where}: {name}.role: {role!r} is not a role; roles are {', '.join(ROLES)}")
-    return Message(role, content, _thinking(m, where, name, role, content))
+    return Message(role, content, parse_thinking(m, where, name, role, content))
 
 
-def _thinking(m: dict[str, Any], where: str, name: str, role: str, content: str) -> str:
+def parse_thinking(m: dict[str, Any], where: str, name: str, role: str, content: str) -> str:
     given = [(key, m[key]) for key in THINKING_FIELDS if m.get(key) is not None]
     for key, value in given:
         if not isinstance(value, str):
@@ -105,10 +109,10 @@ def _thinking(m: dict[str, Any], where: str, name: str, role: str, content: str)
     return given[0][1].strip() if given else marked
 
 
-def _messages(value: Any, where: str, name: str) -> list[Message]:
+def parse_messages(value: Any, where: str, name: str) -> list[Message]:
     if not isinstance(value, list):
         raise DatasetError(f"{where}: {name}: must be a list of messages (a {type(value).__name__})")
-    return [_message(m, where, f"{name}[{i}]") for i, m in enumerate(value)]
+    return [parse_message(m, where, f"{name}[{i}]") for i, m in enumerate(value)]
 
 
 def _pair(obj: dict[str, Any], where: str) -> list[Message]:
@@ -123,7 +127,7 @@ def _pair(obj: dict[str, Any], where: str) -> list[Message]:
     if isinstance(prompt, str):
         asked = [Message("user", prompt)]
     elif isinstance(prompt, list):
-        asked = _messages(prompt, where, "prompt")
+        asked = parse_messages(prompt, where, "prompt")
     else:
         raise DatasetError(f"{where}: prompt: must be a string or a list of messages (a {type(prompt).__name__})")
     if not isinstance(completion, str | list):
@@ -131,10 +135,10 @@ def _pair(obj: dict[str, Any], where: str) -> list[Message]:
             f"{where}: completion: must be a string or a list of messages (a {type(completion).__name__})"
         )
     if isinstance(completion, str):
-        thinking = _thinking(obj, where, "completion", "assistant", completion)
+        thinking = parse_thinking(obj, where, "completion", "assistant", completion)
         answer = [Message("assistant", completion, thinking)]
     else:
-        answer = _messages(completion, where, "completion")
+        answer = parse_messages(completion, where, "completion")
         bad = next((i for i, m in enumerate(answer) if m.role != "assistant"), None)
         if bad is not None:
             raise DatasetError(f"{where}: completion[{bad}].role: the completion holds assistant messages only")
@@ -155,7 +159,7 @@ def parse_object(obj: Any, where: str, position: int) -> Record:
         extra = [k for k in ("prompt", "completion") if k in obj]
         if extra:
             raise DatasetError(f'{where}: {extra[0]}: a record has "messages" or "prompt" and "completion", not both')
-        messages = _messages(obj["messages"], where, "messages")
+        messages = parse_messages(obj["messages"], where, "messages")
         name = "messages"
     else:
         messages = _pair(obj, where)
@@ -170,8 +174,8 @@ def parse_object(obj: Any, where: str, position: int) -> Record:
     return Record(position, tuple(messages), obj.get("test"), where)
 
 
-def parse_line(text: str, uri: str, line: int) -> Record | None:
-    """One JSONL line -> a Record (None for a blank line)."""
+def parse_line(text: str, uri: str, line: int, parse: Parser = parse_object) -> Any:
+    """One JSONL line -> a Record (or what `parse` makes of it; None for a blank line)."""
     if not text.strip():
         return None
     where = f"{uri}:{line}"
@@ -179,7 +183,7 @@ def parse_line(text: str, uri: str, line: int) -> Record | None:
         obj = json.loads(text)
     except json.JSONDecodeError as e:
         raise DatasetError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
-    return parse_object(obj, where, line)
+    return parse(obj, where, line)
 
 
 def file_format(uri: str, given: str | None = None) -> str:
@@ -194,7 +198,7 @@ def local_or_gcs(uri: str) -> str:
     return uri[len(LOCAL_PREFIX) :] if uri.startswith(LOCAL_PREFIX) else uri
 
 
-def _jsonl(data: bytes, uri: str) -> Iterator[tuple[str, Any]]:
+def _jsonl(data: bytes, uri: str, parse: Parser) -> Iterator[tuple[str, Any]]:
     """(where, a Record or the DatasetError of its line) per non-blank line."""
     for n, raw in enumerate(data.split(b"\n"), start=1):
         where = f"{uri}:{n}"
@@ -204,7 +208,7 @@ def _jsonl(data: bytes, uri: str) -> Iterator[tuple[str, Any]]:
             yield where, DatasetError(f"{where}: not UTF-8 text")
             continue
         try:
-            record = parse_line(text.rstrip("\r"), uri, n)
+            record = parse_line(text.rstrip("\r"), uri, n, parse)
         except DatasetError as e:
             yield where, e
             continue
@@ -212,7 +216,7 @@ def _jsonl(data: bytes, uri: str) -> Iterator[tuple[str, Any]]:
             yield where, record
 
 
-def _parquet(data: bytes, uri: str, field_name: str) -> Iterator[tuple[str, Any]]:
+def _parquet(data: bytes, uri: str, field_name: str, parse: Parser) -> Iterator[tuple[str, Any]]:
     """(where, a Record or the DatasetError of its row) per row."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -232,14 +236,21 @@ def _parquet(data: bytes, uri: str, field_name: str) -> Iterator[tuple[str, Any]
         for row in batch.to_pylist():
             where = f"{uri} row {n}"
             try:
-                yield where, parse_object(row, where, n)
+                yield where, parse(row, where, n)
             except DatasetError as e:
                 yield where, e
             n += 1
 
 
-def read_dataset(uri: str, field: str = "dataset.uri", fmt: str | None = None, skip_invalid: bool = False) -> Records:
-    """Every record of the file at `uri` (JSONL or Parquet, by `fmt` or the extension). Raises DatasetError
+def read_dataset(
+    uri: str,
+    field: str = "dataset.uri",
+    fmt: str | None = None,
+    skip_invalid: bool = False,
+    parse: Parser = parse_object,
+) -> Records:
+    """Every record of the file at `uri` (JSONL or Parquet, by `fmt` or the extension), each made by `parse`
+    (default: a chat or prompt/completion Record; data/preference.py's for preference pairs). Raises DatasetError
     naming `field` when the file cannot be read or has no usable record, and naming the file, line or row and
     the record's field for a malformed record unless `skip_invalid` (then it is counted in `skipped`)."""
     path = local_or_gcs(uri)
@@ -250,7 +261,7 @@ def read_dataset(uri: str, field: str = "dataset.uri", fmt: str | None = None, s
     kind = file_format(uri, fmt)
     if kind not in FORMATS:
         raise DatasetError(f"{field}: unknown format {kind!r}; use one of {', '.join(FORMATS)}")
-    items = _jsonl(data, uri) if kind == "jsonl" else _parquet(data, uri, field)
+    items = _jsonl(data, uri, parse) if kind == "jsonl" else _parquet(data, uri, field, parse)
     out = Records([])
     for _, item in items:
         if isinstance(item, DatasetError):

@@ -359,7 +359,8 @@ def adapters_in_compute_dtype(model: Any) -> Iterator[None]:
     import jax
     from flax import nnx
 
-    stored = nnx.state(model, nnx.LoRAParam)
+    # A copy: nnx.state's variables are the model's own, so without it the cast values would be "put back".
+    stored = nnx.clone(nnx.state(model, nnx.LoRAParam))
     dtype = model.config.dtype
     nnx.update(model, jax.tree.map(lambda x: x.astype(dtype), stored))
     try:

@@ -9,6 +9,7 @@ from typing import Any
 from tpuforge.api import TrainConfig
 from tpuforge.api.catalog import TpuSlice
 from tpuforge.api.display import hbm_gib
+from tpuforge_workloads.data.preference import rows_per_example
 from tpuforge_workloads.model.decoder import Decoder
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.preflight import estimate as est
@@ -141,7 +142,7 @@ def preflight(
         text, config, mesh, steps_for_schedule, whole, slc.hbm_gib_per_chip * GIB
     )
     t = config.training
-    rows = t.micro_batch_size * config.mesh.fsdp
+    rows = t.micro_batch_size * config.mesh.fsdp * rows_per_example(config.method)
     e = est.estimate(figures, slc, rows * t.max_seq_len, t.gradient_accumulation_steps, total_steps, mfu)
     fixes = (
         []

@@ -20,6 +20,7 @@ from typing import Any
 
 from tpuforge.api import TrainConfig
 from tpuforge_workloads.data.pipeline import BATCH_ARRAYS
+from tpuforge_workloads.data.preference import rows_per_example
 from tpuforge_workloads.model import family, lora
 from tpuforge_workloads.model.decoder import Decoder, check_sharding
 from tpuforge_workloads.runtime import compile_cache
@@ -149,7 +150,7 @@ def lower_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_steps:
     graph_o, state_o = nnx.split(optimizer)
     model = nnx.merge(graph_m, placed_shapes(state_m, mesh))
     optimizer = nnx.merge(graph_o, placed_shapes(state_o, mesh))
-    rows = t.micro_batch_size * mesh.shape["fsdp"]
+    rows = t.micro_batch_size * mesh.shape["fsdp"] * rows_per_example(config.method)
     batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))  # type: ignore[no-untyped-call]
     dtypes = {"input_mask": jnp.bool_}
     batch = {

@@ -21,7 +21,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
 
-from tpuforge.api import CheckpointSave, JobRef, Progress, display, now_rfc3339
+from tpuforge.api import CheckpointSave, JobRef, PreferenceProgress, Progress, display, now_rfc3339
 from tpuforge.api.constants import FINETUNEJOB_PLURAL, GROUP, VERSION
 from tpuforge_workloads import storage
 from tpuforge_workloads.runtime.tensorboard import EventLog
@@ -66,6 +66,22 @@ class TrainMetrics:
         )
         self.last_checkpoint_step = Gauge(
             "tpuforge_trainer_last_checkpoint_step", "Step of the last committed checkpoint.", registry=r
+        )
+        # DPO and ORPO only (an SFT run has none of these series): set=train is the last step, eval held out.
+        self.preference_accuracy = Gauge(
+            "tpuforge_trainer_preference_accuracy",
+            "Preference pairs whose chosen answer has the higher reward (0 to 1).",
+            ["set"],
+            registry=r,
+        )
+        self.reward_margin = Gauge(
+            "tpuforge_trainer_reward_margin", "Mean chosen minus rejected reward over the pairs.", ["set"], registry=r
+        )
+        self.reward = Gauge(
+            "tpuforge_trainer_reward",
+            "Mean reward of the chosen and the rejected answers (answer=chosen|rejected).",
+            ["set", "answer"],
+            registry=r,
         )
         self.port = 0
         if port:
@@ -323,6 +339,7 @@ class RunProgress:
         self._step_times: list[float] = []
         self._write_at_loss: int | None = None  # a saved checkpoint's step whose loss is not reported yet
         self.events = events
+        self.preference: PreferenceProgress | None = None
         metrics.total_steps.set(total_steps)
         metrics.step.set(start_step)
         if last_checkpoint_step is not None:
@@ -425,6 +442,48 @@ class RunProgress:
             self.events.scalar("eval/loss", loss, step)
             self.events.sync()
 
+    def preference_done(self, step: int, figures: dict[str, float], mode: str) -> None:
+        """A preference step's (`mode` train) or evaluation's (eval) figures, means over its pairs: loss,
+        accuracy (pairs whose chosen answer has the higher reward), reward margin, chosen and rejected
+        rewards (train/preference.py). In the run summary (per attempt, by step) and TensorBoard
+        (<mode>/preference/<figure>)."""
+        rounded = {k: round(v, 6) for k, v in figures.items()}
+        self.summary.attempt.setdefault(f"{mode}_preference", {})[str(step)] = rounded
+        label = "eval" if mode == "eval" else "train"
+        self.metrics.preference_accuracy.labels(label).set(figures["accuracy"])
+        self.metrics.reward_margin.labels(label).set(figures["margin"])
+        self.metrics.reward.labels(label, "chosen").set(figures["chosen_reward"])
+        self.metrics.reward.labels(label, "rejected").set(figures["rejected_reward"])
+        held_out = {
+            "eval_step": step,
+            "eval_accuracy": rounded["accuracy"],
+            "eval_reward_margin": rounded["margin"],
+            "eval_loss": rounded["loss"],
+        }
+        last_step = {
+            "accuracy": rounded["accuracy"],
+            "reward_margin": rounded["margin"],
+            "chosen_reward": rounded["chosen_reward"],
+            "rejected_reward": rounded["rejected_reward"],
+        }
+        with self._lock:
+            before = self.preference or PreferenceProgress()
+            self.preference = before.model_copy(update=held_out if mode == "eval" else last_step)
+        if self.events is not None:
+            for name, value in figures.items():
+                self.events.scalar(f"{mode}/preference/{name}", value, step)
+        log.info(
+            "%s preference at step %d: accuracy %.3f margin %s chosen %s rejected %s",
+            mode,
+            step,
+            figures["accuracy"],
+            display.significant(figures["margin"]),
+            display.significant(figures["chosen_reward"]),
+            display.significant(figures["rejected_reward"]),
+        )
+        if mode == "eval":
+            self._publish()  # a step's figures go with the step's own report
+
     def samples_done(self, step: int, samples: list[dict[str, str]]) -> None:
         """Greedy answers to held-out prompts at the evaluation of step `step`, each {"prompt", "answer",
         "reference"}: in the run summary (per attempt, by step) and as one TensorBoard text summary each."""
@@ -438,13 +497,14 @@ class RunProgress:
 
     def progress(self) -> Progress:
         with self._lock:
-            step, loss, tps, eta, ckpt, save = (
+            step, loss, tps, eta, ckpt, save, pref = (
                 self.step,
                 self.loss,
                 self.tokens_per_second,
                 self.eta_seconds,
                 self.last_checkpoint_step,
                 self.last_checkpoint,
+                self.preference,
             )
         return Progress(
             step=step,
@@ -457,6 +517,7 @@ class RunProgress:
             last_checkpoint=save,
             examples_per_step=self.examples_per_step,
             skipped_records=self.skipped_records,
+            preference=pref,
             updated_at=now_rfc3339(),
         ).displayed()
 

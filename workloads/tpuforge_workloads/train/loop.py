@@ -170,6 +170,9 @@ class ProgressHooks(hooks.TrainingHooks):  # type: ignore[misc]
             self.after_first_step()
             self.after_first_step = None
         rate = self.rates[train_step - 1] if 0 < train_step <= len(self.rates) else None
+        figures = train_ctx.take_step_preference(train_step)
+        if figures is not None:  # before the step's report, which publishes them with it
+            self.progress.preference_done(train_step, figures, "train")
         self.progress.step_done(
             train_step, loss, self.feed.step_tokens.pop(train_step, 0), self.feed.tokens_total, learning_rate=rate
         )
@@ -181,6 +184,9 @@ class ProgressHooks(hooks.TrainingHooks):  # type: ignore[misc]
         step = train_ctx.train_steps
         loss = train_ctx.take_eval_loss()
         self.progress.eval_done(step, loss)
+        figures = train_ctx.take_eval_preference()
+        if figures is not None:
+            self.progress.preference_done(step, figures, "eval")
         if self.evals is not None:
             self.evals.evaluated(step, loss)
         if self.sampler is not None:

@@ -24,13 +24,17 @@ import jax.numpy as jnp
 from tpuforge_workloads.model import attention, lora
 
 
-def token_nll(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(sum of -log p(target), number of targets) over the positions where `mask` is set, in float32."""
+def token_logps(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """log p(target) at each position, in float32."""
     logits = logits.astype(jnp.float32)
     picked = jnp.take_along_axis(logits, targets[..., None].astype(jnp.int32), axis=-1)[..., 0]
-    nll = jax.nn.logsumexp(logits, axis=-1) - picked
+    return picked - jax.nn.logsumexp(logits, axis=-1)
+
+
+def token_nll(logits: jax.Array, targets: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(sum of -log p(target), number of targets) over the positions where `mask` is set, in float32."""
     weight = mask.astype(jnp.float32)
-    return jnp.sum(nll * weight), jnp.sum(weight)
+    return -jnp.sum(token_logps(logits, targets) * weight), jnp.sum(weight)
 
 
 def nll_sum_and_count(

@@ -11,6 +11,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -19,7 +20,8 @@ from tpuforge.api.catalog import MODELS, ModelShape
 from tpuforge_workloads import storage
 from tpuforge_workloads.data.chat import ChatEncoder, TokenizerError, read_tokenizer
 from tpuforge_workloads.data.pipeline import BatchSpec, DataStats, Example, count_batches, prepare_examples
-from tpuforge_workloads.data.records import DatasetError, Record, read_dataset
+from tpuforge_workloads.data.preference import parse_preference, prepare_pairs, rows_per_example
+from tpuforge_workloads.data.records import DatasetError, parse_object, read_dataset
 from tpuforge_workloads.data.split import split
 from tpuforge_workloads.model import family, lora
 from tpuforge_workloads.model.decoder import Decoder, ModelError, mesh_errors
@@ -42,7 +44,7 @@ class Plan:
     eval_examples: list[Example]
     eval_stats: DataStats | None
     batch: BatchSpec
-    rows: int  # rows per micro-batch: micro_batch_size per data-parallel (fsdp) replica
+    rows: int  # rows per micro-batch: micro_batch_size (pairs for dpo/orpo: 2 rows each) per fsdp replica
     total_steps: int
     manifest: lora.LoraManifest
     skipped: list[str]  # malformed records left out (dataset.skipInvalid), one message each
@@ -113,27 +115,33 @@ def _make_plan(config: TrainConfig, write_manifest: bool) -> Plan:
         )
     d = config.data
     encoder = ChatEncoder(tokenizer, t.loss_on, d.keep_thinking)
-    train = read_dataset(config.dataset_uri, "dataset.uri", d.format, d.skip_invalid)
-    records, held = train.records, list[Record]()
+    group = rows_per_example(config.method)  # a preference pair's chosen and rejected rows
+    pairs = group > 1
+    if pairs and t.packing:
+        raise BadInput(f"training.packing: {config.method} compares each pair's rows; set packing: false")
+    parse, prepare = (parse_preference, prepare_pairs) if pairs else (parse_object, prepare_examples)
+    train = read_dataset(config.dataset_uri, "dataset.uri", d.format, d.skip_invalid, parse)
+    records, held = train.records, list[Any]()  # Records, or PreferenceRecords for dpo/orpo
     if not config.eval_uri:
         records, held = split(train.records, d.eval_fraction, d.split_seed, config.dataset_uri)
-    examples, stats = prepare_examples(records, encoder, t.max_seq_len, t.over_length, config.dataset_uri)
+    examples, stats = prepare(records, encoder, t.max_seq_len, t.over_length, config.dataset_uri)
     stats.skipped_invalid, stats.held_out = len(train.skipped), len(held)
     skipped = list(train.skipped)
     eval_examples: list[Example] = []
     eval_stats = None
     samples: list[SamplePrompt] = []
     if config.eval_uri:
-        evals = read_dataset(config.eval_uri, "dataset.evalUri", d.format, d.skip_invalid)
+        evals = read_dataset(config.eval_uri, "dataset.evalUri", d.format, d.skip_invalid, parse)
         skipped += evals.skipped
         held = evals.records
     if held:
         where = config.eval_uri or f"{config.dataset_uri} (held out)"
-        eval_examples, eval_stats = prepare_examples(held, encoder, t.max_seq_len, t.over_length, where)
+        eval_examples, eval_stats = prepare(held, encoder, t.max_seq_len, t.over_length, where)
         eval_stats.skipped_invalid = len(skipped) - len(train.skipped)
-        samples = pick_prompts(held, encoder, t.eval_samples, t.max_seq_len)
+        asked = [r.rows()[0] for r in held] if pairs else held  # a pair's prompt with its chosen answer
+        samples = pick_prompts(asked, encoder, t.eval_samples, t.max_seq_len)
 
-    rows = t.micro_batch_size * config.mesh.fsdp
+    rows = t.micro_batch_size * config.mesh.fsdp * group
     batch = BatchSpec(
         max_seq_len=t.max_seq_len,
         rows=rows,
@@ -141,6 +149,7 @@ def _make_plan(config: TrainConfig, write_manifest: bool) -> Plan:
         seed=t.seed,
         pad_id=encoder.tokens.pad,
         epochs=None if t.max_steps is not None else t.epochs,
+        group=group,
     )
     micro_batches = None if t.max_steps is not None else count_batches(examples, batch)
     steps = total_steps(config, micro_batches)

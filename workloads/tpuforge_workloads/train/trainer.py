@@ -17,10 +17,11 @@ import optax
 from flax import nnx
 from tunix.sft import metrics_logger, peft_trainer
 
-from tpuforge.api import TrainConfig, TrainingSpec
+from tpuforge.api import PreferenceSpec, TrainConfig, TrainingSpec
+from tpuforge.api.finetune import PREFERENCE_METHODS
 from tpuforge_workloads.data.pipeline import model_inputs
 from tpuforge_workloads.model.lora_provider import without_dropout
-from tpuforge_workloads.train import loss
+from tpuforge_workloads.train import loss, preference
 from tpuforge_workloads.train.checkpoints import TrainCheckpoints
 
 # What the jitted train step takes over from its caller. PeftTrainer donates the optimizer only; the step's
@@ -40,7 +41,11 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
     __init__; given no checkpoint directory that is a no-op, so the restore is redone here with ours. The
     evaluation's loss is the token-weighted mean of its batches (`take_eval_loss`), computed without LoRA
     dropout (`create_eval_step_fn`). When the run ends on a step not evaluated yet, that step is evaluated
-    before its final save (while `final_eval()` says so), so every run's last step has an eval loss."""
+    before its final save (while `final_eval()` says so), so every run's last step has an eval loss.
+
+    With a preference loss (train/preference.py, `make_trainer` sets it) the evaluation's loss is the mean
+    preference loss over its pairs, and each step's and each evaluation's preference figures (accuracy,
+    reward margin, rewards) are kept for `take_step_preference` / `take_eval_preference`."""
 
     def __init__(
         self,
@@ -57,7 +62,11 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
         )
         self._iter_steps = self._train_steps * config.get_with_default("gradient_accumulation_steps", 1)
         self.with_loss_fn(loss.loss_fn, has_aux=True)
-        self._eval_sums: list[tuple[Any, Any]] = []
+        self._eval_aux: list[dict[str, Any]] = []
+        self._train_aux: list[dict[str, Any]] = []  # the current step's micro-batches' (preference losses)
+        self.preference = False
+        self._step_preference: dict[int, list[dict[str, Any]]] = {}  # step -> its micro-batches' aux
+        self._eval_preference: dict[str, float] | None = None
         self._eval_ds: Any = None
         self._evaluated_step: int | None = None
         self.final_eval: Any = lambda: True
@@ -136,14 +145,43 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
         return eval_step
 
     def _post_process_eval_step(self, aux: dict[str, Any]) -> None:
-        self._eval_sums.append((aux["nll_sum"], aux["tokens"]))
+        self._eval_aux.append(aux)
+
+    def _post_process_train_step(self, aux: dict[str, Any]) -> None:
+        """Keeps a preference step's aux (device arrays: nothing waits) until its last micro-batch; the
+        step's figures are read on the host when it is reported, as its loss is."""
+        if not self.preference:
+            return
+        self._train_aux.append(aux)
+        accumulation = self.config.get_with_default("gradient_accumulation_steps", 1) or 1
+        if len(self._train_aux) == accumulation:
+            self._step_preference[self._train_steps + 1] = self._train_aux
+            self._train_aux = []
+
+    def take_step_preference(self, step: int) -> dict[str, float] | None:
+        """Step `step`'s preference figures over all its pairs (train/preference.py, `summary`)."""
+        auxes = self._step_preference.pop(step, None)
+        return preference.summary(_sums(auxes)) if auxes else None
+
+    def take_eval_preference(self) -> dict[str, float] | None:
+        """The last evaluation's preference figures (None for SFT); read after `take_eval_loss`."""
+        out, self._eval_preference = self._eval_preference, None
+        return out
 
     def take_eval_loss(self) -> float:
-        """The last evaluation's loss: summed NLL over summed loss targets of all its batches."""
-        total = sum(float(s) for s, _ in self._eval_sums)
-        count = sum(float(n) for _, n in self._eval_sums)
-        self._eval_sums.clear()
-        return total / max(count, 1.0)
+        """The last evaluation's loss: summed NLL over summed loss targets of all its batches (SFT), or the
+        mean preference loss over all its pairs."""
+        sums = _sums(self._eval_aux)
+        self._eval_aux.clear()
+        if self.preference and sums:
+            self._eval_preference = preference.summary(sums)
+            return self._eval_preference["loss"]
+        return sums.get("nll_sum", 0.0) / max(sums.get("tokens", 0.0), 1.0)
+
+
+def _sums(auxes: list[dict[str, Any]]) -> dict[str, float]:
+    """Each aux value summed over the batches, as host floats."""
+    return {k: sum(float(a[k]) for a in auxes) for k in auxes[0]} if auxes else {}
 
 
 def step_grad_norm(opt_state: Any, grads: Any, accumulation: int = 1) -> Any:
@@ -240,4 +278,7 @@ def make_trainer(
     )
     trainer = SftTrainer(model, optimizer(c.training, total_steps), config, checkpoints, step_metrics)
     trainer.with_gen_model_input_fn(model_inputs)
+    if c.method in PREFERENCE_METHODS:
+        trainer.with_loss_fn(preference.make_loss_fn(c.method, c.preference or PreferenceSpec()), has_aux=True)
+        trainer.preference = True
     return trainer

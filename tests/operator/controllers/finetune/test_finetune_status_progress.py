@@ -151,6 +151,27 @@ def test_metrics_one_series_per_object_gone_with_the_object() -> None:
     assert not any(lab.get("name") == "a" for _, lab, _ in series())
 
 
+def test_preference_progress_is_exported_per_set_and_absent_for_sft() -> None:
+    collector = FineTuneJobCollector()
+    registry = CollectorRegistry()
+    registry.register(collector)
+    pref = {"accuracy": 0.75, "rewardMargin": 1.5, "evalStep": 10, "evalAccuracy": 0.5}
+    collector.set("ns", "dpo", finetunejob_sample("ns", "dpo", SPEC, status(progress={"step": 11, "preference": pref})))
+    collector.set("ns", "sft", finetunejob_sample("ns", "sft", SPEC, status(progress={"step": 11, "loss": 1.0})))
+    text = generate_latest(registry).decode()
+    found = {
+        (s.name, s.labels["name"], s.labels.get("set")): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name.startswith(("tpuforge_finetunejob_preference", "tpuforge_finetunejob_reward"))
+    }
+    assert found == {
+        ("tpuforge_finetunejob_preference_accuracy", "dpo", "train"): 0.75,
+        ("tpuforge_finetunejob_preference_accuracy", "dpo", "eval"): 0.5,
+        ("tpuforge_finetunejob_reward_margin", "dpo", "train"): 1.5,
+    }
+
+
 def test_a_checkpoint_slower_than_the_spot_grace_period_says_so_in_a_condition() -> None:
     spot = {**SPEC, "tpu": {"slice": "v5p-8", "spot": True}, "checkpoint": {"uri": "gs://b/ck", "everySteps": 50}}
     job = JobView("j-train-0", "trainer", 0, False, False, "", False)

@@ -1,0 +1,24 @@
+"""The preference benchmark (benchmarks/preference.py) run small: the starting model's row and one method's, with
+the held-out figures the docs quote (docs/performance.md has the full run's)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_short_dpo_run_reports_the_start_and_the_tuned_model_on_the_held_out_pairs(tmp_path: Path) -> None:
+    from benchmarks.preference import main
+
+    out = tmp_path / "rows.jsonl"
+    assert main(["--methods", "dpo", "--steps", "8", "--json", str(out)]) == 0
+    start, dpo = (json.loads(line) for line in out.read_text().splitlines())
+    assert start["method"] == "start" and start["heldOut"]["pairs"] == 16
+    assert dpo["method"] == "dpo" and dpo["steps"] == 8 and dpo["heldOut"]["pairs"] == 16
+    assert set(dpo["trainerHeldOut"]) == {"step0", "step8"}
+    assert dpo["trainerHeldOut"]["step0"]["margin"] == 0  # the reference is the model itself at step 0
+    assert 0 <= dpo["heldOut"]["perTokenAccuracy"] <= 1 and "perTokenAccuracyGain" in dpo
