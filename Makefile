@@ -80,7 +80,7 @@ pytest: tools
 test: tools lint types contracts pytest
 
 demo: setup
-	$(BIN)/tpuforge demo $(if $(MODEL),--model $(MODEL),) $(if $(PREEMPT),--preempt,) $(if $(HOSTS),--hosts $(HOSTS),) $(if $(ADAPTERS),--adapters,) $(if $(EVAL),--eval $(EVAL),) $(if $(QUEUE),--queue,)
+	$(BIN)/tpuforge demo $(if $(MODEL),--model $(MODEL),) $(if $(PREEMPT),--preempt,) $(if $(HOSTS),--hosts $(HOSTS),) $(if $(ADAPTERS),--adapters,) $(if $(EVAL),--eval $(EVAL),) $(if $(QUEUE),--queue,) $(if $(METHOD),--method $(METHOD),)
 
 # Every image in images/, named as the operator names its defaults: IMAGE_REGISTRY/NAME:IMAGE_TAG (the same
 # values go to the chart's images.registry and images.tag). PUSH=1 pushes them; DRY_RUN=1 only prints the

@@ -13,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
 from tpuforge_sandbox.demo.job import DemoError
-from tpuforge_sandbox.demo.scenarios import ADAPTERS, CAPITALS_BY_MODEL, CODE, QUEUE
+from tpuforge_sandbox.demo.scenarios import ADAPTERS, CAPITALS_BY_MODEL, CODE, PREFERENCE, QUEUE
 from tpuforge_sandbox.demo.session import DemoSession, run
 from tpuforge_sandbox.sandbox import Sandbox, SandboxError
 
@@ -60,6 +60,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="two fine-tunes through one Kueue quota (the chart's queue objects on the sandbox's Kueue): the "
         "second waits Queued, then runs",
     )
+    p.add_argument(
+        "--method",
+        choices=("sft", "dpo", "orpo"),
+        default="sft",
+        help="dpo or orpo: preference tuning on the demo's preference pairs, then the held-out pairs scored by "
+        "the starting model and the tuned one, per token; fails unless the tuned one prefers the chosen answers "
+        "more (sft: the capitals fine-tune)",
+    )
     p.add_argument("--dir", type=Path, help="sandbox state directory (default: as `tpuforge sandbox`)")
     return p.parse_args(list(argv))
 
@@ -68,13 +76,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     console = Console()
     sb = Sandbox(args.dir, log=lambda msg: console.print(msg, highlight=False, markup=False))
-    alone = [flag for flag, on in (("--adapters", args.adapters), ("--eval", args.eval), ("--queue", args.queue)) if on]
+    alone = [
+        flag
+        for flag, on in (
+            ("--adapters", args.adapters),
+            ("--eval", args.eval),
+            ("--queue", args.queue),
+            (f"--method {args.method}", args.method != "sft"),
+        )
+        if on
+    ]
     if alone:
         if args.hosts != 1 or args.preempt or args.model != "gemma4-tiny" or len(alone) > 1:
             console.print(f"tpuforge demo: {alone[0]} runs on its own (without other options)", style="bold red")
             return 2
-        scenario = ADAPTERS if args.adapters else CODE if args.eval else QUEUE
-        demo = DemoSession(sb, console, scenario, serve=True)
+        if args.method != "sft" and len(alone) == 1:
+            demo = DemoSession(sb, console, PREFERENCE, serve=False, method=args.method)
+        else:
+            scenario = ADAPTERS if args.adapters else CODE if args.eval else QUEUE
+            demo = DemoSession(sb, console, scenario, serve=True)
     else:
         scenario = CAPITALS_BY_MODEL[args.model]
         demo = DemoSession(sb, console, scenario, preempt=args.preempt, serve=args.serve, hosts=args.hosts)

@@ -8,6 +8,8 @@ is a step under a numbered heading). `tpuforge demo` picks one by its options (`
 - `ADAPTERS` (`--adapters`): two fine-tunes ending in evaluated adapters, both served on one base.
 - `CODE` (`--eval code`): two fine-tunes on Verilog judged by running their code; the broken one held back.
 - `QUEUE` (`--queue`): two fine-tunes through one Kueue quota; the second waits Queued, then runs.
+- `PREFERENCE` (`--method dpo|orpo`): DPO (or ORPO) on the demo's preference pairs, merged, then the held-out
+  pairs scored by the start and the tuned model; the demo fails unless the tuned one prefers the chosen more.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from tpuforge_sandbox.demo import evaluation, follow, kueue, results, setup, verilog
+from tpuforge_sandbox.demo import evaluation, follow, kueue, preference, results, setup, verilog
 from tpuforge_sandbox.demo.job import FINETUNE_YAML
 from tpuforge_sandbox.demo.session import Scenario, Section
 
@@ -109,4 +111,26 @@ QUEUE = Scenario(
     ),
 )
 
-SCENARIOS = {s.name: s for s in (CAPITALS, ADAPTERS, CODE, QUEUE)}
+PREFERENCE = Scenario(
+    name="preference",
+    jobs_yaml=Path("examples/finetune-dpo-demo.yaml"),
+    steps=(
+        preference.read_job,
+        Section(setup.sandbox_title, setup.start_sandbox),
+        setup.check_nodes,
+        Section("Base model and preference pairs in GCS", preference.write_inputs),
+        Section(setup.apply_title, setup.apply_job),
+        preference.describe_method,
+        Section("Training and merge, live", follow.follow),
+        follow.halt_unless_succeeded,
+        RECORD,
+        Section("The merged model in GCS", results.show_output),
+        Section(
+            "Held-out pairs: the start (the base) vs the tuned model, per token (transformers on CPU)",
+            preference.compare,
+        ),
+        results.explore,
+    ),
+)
+
+SCENARIOS = {s.name: s for s in (CAPITALS, ADAPTERS, CODE, QUEUE, PREFERENCE)}

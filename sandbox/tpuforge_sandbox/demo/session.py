@@ -77,6 +77,7 @@ class DemoSession:
     preempt: bool = False
     serve: bool | None = None
     hosts: int = 1
+    method: str = "sft"  # the training method of a preference demo's job (dpo, orpo)
     root: Path = field(default_factory=repo_root)
     started: float = field(default_factory=time.monotonic)
     jobs: list[DemoJob] = field(default_factory=list)
