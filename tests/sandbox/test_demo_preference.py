@@ -49,7 +49,12 @@ def test_orpo_is_the_same_job_with_its_own_name_and_directories() -> None:
 def session_of(argv: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> DemoSession | int:
     """The session `tpuforge demo ARGV` would run (or its exit status when it refuses the options)."""
     seen: list[DemoSession] = []
-    monkeypatch.setattr(cli, "run", lambda demo: seen.append(demo) or 0)
+
+    def run(demo: DemoSession) -> int:
+        seen.append(demo)
+        return 0
+
+    monkeypatch.setattr(cli, "run", run)
     rc = cli.main([*argv, "--dir", str(tmp_path)])
     return seen[0] if seen else rc
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tpuforge.api import FineTuneJobSpec
-from tpuforge.api.finetune import PREFERENCE_METHODS
+from tpuforge.api.finetune import PREFERENCE_METHODS, PreferenceSpec
 from tpuforge_sandbox import gcs_objects
 from tpuforge_sandbox.demo.job import DemoError, DemoJob, checked, load_job, parse_spec
 from tpuforge_sandbox.demo.session import DemoSession
@@ -73,7 +73,7 @@ def describe_method(s: DemoSession) -> None:
     """One line on what the method optimises, under the applied job."""
     job = s.job
     assert job is not None
-    p = job.spec.preference
+    p = job.spec.preference or PreferenceSpec()  # unset: the defaults
     if job.spec.method == "dpo":
         s.say(
             f"  method dpo (beta {p.beta:g}): raise the chosen answer's log-probability against the rejected one's, "

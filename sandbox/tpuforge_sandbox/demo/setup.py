@@ -26,6 +26,7 @@ from tpuforge.api.constants import (
     SERVING_KIND,
     TPU_RESOURCE,
 )
+from tpuforge.api.finetune import PREFERENCE_METHODS
 from tpuforge.kube import objects as kube_objects
 from tpuforge_sandbox import gcs_objects
 from tpuforge_sandbox.config import K8S_VERSION, cache_dir
@@ -199,10 +200,11 @@ def apply_job(s: DemoSession) -> None:
     fsdp = spec.tpu.mesh.fsdp if spec.tpu.mesh else tpu_slice.default_fsdp
     t = spec.training
     examples = t.micro_batch_size * fsdp * t.gradient_accumulation_steps
+    unit = "pairs" if spec.method in PREFERENCE_METHODS else "examples"
     s.say(
         f"  {spec.model.name} + LoRA rank {spec.lora.rank} (alpha {spec.lora.alpha:g}) on {spec.tpu.slice}"
         f"{' (spot)' if spec.tpu.spot else ''}: {t.max_steps} steps of "
-        f"{examples} examples, lr {t.learning_rate:g}, checkpoints every "
+        f"{examples} {unit}, lr {t.learning_rate:g}, checkpoints every "
         f"{spec.checkpoint.every_steps} steps to {spec.checkpoint.uri}, then a merge into {spec.output.uri}"
         f"{' verified against transformers' if spec.merge.verify else ''}"
     )

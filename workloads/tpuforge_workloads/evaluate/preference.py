@@ -72,7 +72,7 @@ def held_out_pairs(
     from tpuforge_workloads.data.split import split
 
     records = read_dataset(pairs_uri, "--pairs", None, False, parse_preference).records
-    held = split(records, eval_fraction, split_seed, pairs_uri)[1] if eval_fraction > 0 else records
+    held: list[Any] = split(records, eval_fraction, split_seed, pairs_uri)[1] if eval_fraction > 0 else records
     examples, _ = prepare_pairs(held, encoder, max_seq_len, "drop", pairs_uri)
     return examples
 
@@ -124,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, uri in args.model:
             with tempfile.TemporaryDirectory(prefix="preference-") as tmp:
-                row = score(local_dir(uri, Path(tmp)), args.pairs, args.eval_fraction, args.split_seed, args.max_seq_len)
+                row = score(
+                    local_dir(uri, Path(tmp)), args.pairs, args.eval_fraction, args.split_seed, args.max_seq_len
+                )
             print(json.dumps({"model": name, **row}), flush=True)
     except (GenerateError, DatasetError, storage.StorageError) as e:
         print(f"preference: {e}", file=sys.stderr)
