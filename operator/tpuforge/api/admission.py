@@ -191,6 +191,19 @@ ADMISSION_RULES: dict[type[BaseModel], tuple[AdmissionRule, ...]] = {
             ".evaluation.datasetUri",
             "FieldValueRequired",
         ),
+        AdmissionRule(
+            "self.method != 'sft' || !has(self.evaluation) || !('preferenceAccuracy' in self.evaluation.metrics)",
+            "preferenceAccuracy ranks the answers of preference pairs, which spec.method sft does not train on: "
+            "set spec.method: dpo or orpo, or remove preferenceAccuracy from spec.evaluation.metrics",
+            ".evaluation.metrics",
+        ),
+        AdmissionRule(
+            "!has(self.evaluation) || !('preferenceAccuracy' in self.evaluation.metrics) || has(self.dataset.evalUri) "
+            "|| (has(self.dataset.evalFraction) && self.dataset.evalFraction > 0.0)",
+            "preferenceAccuracy is scored on held-out preference pairs: set spec.dataset.evalUri (a file of pairs) "
+            "or spec.dataset.evalFraction, or remove preferenceAccuracy from spec.evaluation.metrics",
+            ".evaluation.metrics",
+        ),
     ),
     TpuSpec: (
         AdmissionRule(
@@ -234,6 +247,12 @@ ADMISSION_RULES: dict[type[BaseModel], tuple[AdmissionRule, ...]] = {
             "!has(self.thresholds.minExactMatch) || 'exactMatch' in self.metrics",
             "needs the exactMatch metric: add exactMatch to spec.evaluation.metrics or remove the threshold",
             ".thresholds.minExactMatch",
+        ),
+        AdmissionRule(
+            "!has(self.thresholds.minPreferenceAccuracy) || 'preferenceAccuracy' in self.metrics",
+            "needs the preferenceAccuracy metric: add preferenceAccuracy to spec.evaluation.metrics or remove the "
+            "threshold",
+            ".thresholds.minPreferenceAccuracy",
         ),
         AdmissionRule(
             f"!('{PASS_AT_K}' in self.metrics) || has(self.code)",

@@ -10,6 +10,7 @@ from tpuforge.api.catalog import Dtype, tpu_slice
 from tpuforge.api.code_eval import CodeEvalSpec
 from tpuforge.api.constants import ADAPTER_SUBDIR, COMPILE_CACHE_SUBDIR, CPU_SLICE, EVALUATION_SUBDIR
 from tpuforge.api.finetune import (
+    PREFERENCE_ACCURACY,
     PREFERENCE_METHODS,
     CheckpointSelect,
     CheckpointSpec,
@@ -122,6 +123,18 @@ class EvalConfig(ApiModel):
     max_examples: int = Field(ge=1)
     max_new_tokens: int = Field(ge=1)
     code: CodeEvalSpec | None = Field(default=None, description="Sampling and the checker, for passAtK.")
+    # Both left out unless preferenceAccuracy is asked for, so that other configs are written as before.
+    pairs_uri: str | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="For preferenceAccuracy: the job's file of preference pairs (spec.dataset.evalUri, all of it, "
+        "else spec.dataset.uri, the pairs data.evalFraction holds out of it).",
+    )
+    pairs_held_out: bool = Field(
+        default=False,
+        exclude_if=lambda v: not v,
+        description="pairs_uri is the training file: score the pairs data.evalFraction holds out of it.",
+    )
     lora: LoraSpec
     training: TrainingSpec = Field(description="maxSeqLen, lossOn and overLength shape the records as in training.")
     mesh: MeshSpec = Field(description="Device mesh for the loss.")
@@ -242,6 +255,8 @@ def eval_config(namespace: str, name: str, spec: FineTuneJobSpec) -> EvalConfig:
         max_examples=ev.max_examples,
         max_new_tokens=ev.max_new_tokens,
         code=ev.code,
+        pairs_uri=(spec.dataset.eval_uri or spec.dataset.uri) if PREFERENCE_ACCURACY in ev.metrics else None,
+        pairs_held_out=PREFERENCE_ACCURACY in ev.metrics and spec.dataset.eval_uri is None,
         lora=spec.lora,
         training=spec.training,
         mesh=evaluation_mesh(ev.slice),

@@ -11,12 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tpuforge.api.code_eval import CONFIDENCE_LEVEL, PASS_AT_PREFIX, ConfidenceInterval, pass_at_metric
-from tpuforge.api.finetune import EvaluationSpec
+from tpuforge.api.finetune import PREFERENCE_ACCURACY, EvaluationSpec
 
 
 def score(metric: str, value: float) -> str:
     """A score as reports show it: a fraction (exact match, pass@k) with two decimals, a loss to four digits."""
-    return f"{value:.2f}" if metric == "exactMatch" or metric.startswith(PASS_AT_PREFIX) else f"{value:.4g}"
+    fraction = metric in ("exactMatch", PREFERENCE_ACCURACY) or metric.startswith(PASS_AT_PREFIX)
+    return f"{value:.2f}" if fraction else f"{value:.4g}"
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,10 @@ def checks(
         out.append(
             Check("exactMatch", "minExactMatch", t.min_exact_match, em, em is not None and em >= t.min_exact_match)
         )
+    if t.min_preference_accuracy is not None:
+        least, got = t.min_preference_accuracy, metrics.get(PREFERENCE_ACCURACY)
+        passed = got is not None and got >= least
+        out.append(Check(PREFERENCE_ACCURACY, "minPreferenceAccuracy", least, got, passed))
     for k, least in sorted(t.min_pass_at.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0):
         name = pass_at_metric(int(k)) if k.isdigit() else f"{PASS_AT_PREFIX}{k}"
         got = metrics.get(name)

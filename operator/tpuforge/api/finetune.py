@@ -306,7 +306,9 @@ class MergeSpec(ApiModel):
     )
 
 
-EvalMetric = Literal["loss", "exactMatch", "passAtK"]
+EvalMetric = Literal["loss", "exactMatch", "passAtK", "preferenceAccuracy"]
+# The held-out preference pairs' metric (spec.method dpo and orpo).
+PREFERENCE_ACCURACY: EvalMetric = "preferenceAccuracy"
 # The default metrics; passAtK is asked for by name, with spec.evaluation.code.
 EVAL_METRICS: tuple[EvalMetric, ...] = ("loss", "exactMatch")
 
@@ -320,6 +322,13 @@ class EvalThresholds(ApiModel):
         ge=0,
         le=1,
         description="The adapter passes only if this fraction of greedy answers equals the reference answer.",
+    )
+    min_preference_accuracy: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="The adapter passes only if this fraction of the held-out preference pairs has the chosen "
+        "answer's mean log-probability per token above the rejected one's (metric preferenceAccuracy).",
     )
     min_pass_at: dict[str, float] = Field(
         default_factory=dict,
@@ -354,7 +363,9 @@ class EvaluationSpec(ApiModel):
         max_length=len(get_args(EvalMetric)),
         description="loss: teacher-forced loss on the assistant tokens; exactMatch: greedy answers equal to the "
         "records' last assistant turn; passAtK: sampled answers run by a checker against each record's test "
-        "(spec.evaluation.code).",
+        "(spec.evaluation.code); preferenceAccuracy (spec.method dpo or orpo): the share of the job's held-out "
+        "preference pairs (spec.dataset.evalUri, else those spec.dataset.evalFraction holds out) whose chosen "
+        "answer has the higher mean log-probability per token, with preferenceMargin beside it.",
     )
     max_examples: int = Field(default=200, ge=1, description="Evaluate at most this many records (the first ones).")
     max_new_tokens: int = Field(default=256, ge=1, description="Longest greedy answer generated for exactMatch.")

@@ -13,7 +13,7 @@ from tpuforge.api.base import PodResources
 from tpuforge.api.catalog import MODELS, TPU_SLICES, ModelShape, Stage, TpuSlice, model_shape, tpu_slice
 from tpuforge.api.code_eval import CHECK_RUNNER_MEMORY, MIN_SAMPLE_MEMORY, PASS_AT_K
 from tpuforge.api.constants import CPU_SLICE
-from tpuforge.api.finetune import PREFERENCE_METHODS, EvaluationSpec, FineTuneJobSpec, MeshSpec
+from tpuforge.api.finetune import PREFERENCE_ACCURACY, PREFERENCE_METHODS, EvaluationSpec, FineTuneJobSpec, MeshSpec
 from tpuforge.api.labels import label_errors, label_value_problem
 from tpuforge.api.quantization import contracted_sizes, tile_size
 from tpuforge.api.resources import quantity, resource_errors, tpu_server_requests, trainer_requests
@@ -248,6 +248,7 @@ def check_finetune(spec: FineTuneJobSpec, local_paths: bool = False) -> list[Fie
         )
     _check_checkpoint_choice(errors, spec)
     _check_method(errors, spec)
+    _check_preference_metric(errors, spec)
     default = trainer_requests(PodResources(), shape, slc.hosts) if shape and slc else None
     check_resources(errors, "spec.tpu.resources", spec.tpu.resources, slc, default)
     check_scheduling(errors, "spec.tpu.scheduling", spec.tpu.scheduling, slc, spec.tpu.spot, "spec.tpu.slice")
@@ -321,6 +322,29 @@ def _check_method(errors: list[FieldError], spec: FineTuneJobSpec) -> None:
                 "spec.evaluation.datasetUri",
                 f"the evaluation scores chat or prompt/completion records, and with method {method} the job's "
                 "dataset holds preference records: give spec.evaluation.datasetUri, a file of records to score",
+            )
+        )
+
+
+def _check_preference_metric(errors: list[FieldError], spec: FineTuneJobSpec) -> None:
+    """preferenceAccuracy: a preference job's metric, scored on its held-out pairs."""
+    ev = spec.evaluation
+    if ev is None or PREFERENCE_ACCURACY not in ev.metrics:
+        return
+    if spec.method not in PREFERENCE_METHODS:
+        errors.append(
+            FieldError(
+                "spec.evaluation.metrics",
+                "preferenceAccuracy ranks the answers of preference pairs, which spec.method sft does not train on: "
+                "set spec.method: dpo or orpo, or remove preferenceAccuracy from spec.evaluation.metrics",
+            )
+        )
+    if spec.dataset.eval_uri is None and spec.dataset.eval_fraction == 0:
+        errors.append(
+            FieldError(
+                "spec.evaluation.metrics",
+                "preferenceAccuracy is scored on held-out preference pairs: set spec.dataset.evalUri (a file of "
+                "pairs) or spec.dataset.evalFraction, or remove preferenceAccuracy from spec.evaluation.metrics",
             )
         )
 
@@ -412,6 +436,7 @@ def _check_evaluation(
     for threshold, metric, value in (
         ("maxLoss", "loss", t.max_loss),
         ("minExactMatch", "exactMatch", t.min_exact_match),
+        ("minPreferenceAccuracy", PREFERENCE_ACCURACY, t.min_preference_accuracy),
     ):
         if value is not None and metric not in ev.metrics:
             errors.append(
@@ -427,7 +452,7 @@ def _check_evaluation(
     if ev.slice != CPU_SLICE and (slc is None or slc.hosts > 1):
         why = f"{ev.slice} spans {slc.hosts} hosts and the evaluation runs one vLLM server" if slc else "unknown slice"
         errors.append(FieldError("spec.evaluation.slice", f"{why}; use cpu or one of {single}"))
-    elif slc is not None and shape is not None and "loss" in ev.metrics:
+    elif slc is not None and shape is not None and ("loss" in ev.metrics or PREFERENCE_ACCURACY in ev.metrics):
         # The loss runs the trainer's sharded forward pass on the slice's default mesh.
         _divides_heads(errors, "spec.evaluation.slice", slc.default_tp, shape)
     default = tpu_server_requests(PodResources(), shape) if shape and slc else None

@@ -14,7 +14,7 @@ from tpuforge.api.catalog import model_shape, tpu_slice
 from tpuforge.api.code_eval import PASS_AT_K, CheckerSpec
 from tpuforge.api.configs import eval_config
 from tpuforge.api.constants import CONFIG_FILE, CPU_SLICE, EVAL_WORK_DIR_ENV, EXIT_BAD_CONFIG, TERMINATION_LOG
-from tpuforge.api.finetune import FineTuneJobSpec
+from tpuforge.api.finetune import PREFERENCE_ACCURACY, FineTuneJobSpec
 from tpuforge.api.images import PUBLIC_IMAGES
 from tpuforge.manifests.common import (
     Obj,
@@ -109,7 +109,9 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
         {"name": MODEL_VOLUME, "mountPath": MODEL_DIR},
     ]
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}, MODEL_DIR_ENV]
-    score_args = ["--loss", LOSS_FILE] if "loss" in ev.metrics else []
+    # The loss and preferenceAccuracy both run the trainer's own forward pass (JAX), in the loss container.
+    forward = "loss" in ev.metrics or PREFERENCE_ACCURACY in ev.metrics
+    score_args = ["--loss", LOSS_FILE] if forward else []
     score: Obj = {
         "name": EVAL_SCORE_CONTAINER,
         "image": spec.images.evaluator or PUBLIC_IMAGES.evaluator,
@@ -130,7 +132,7 @@ def eval_job(o: Owner, spec: FineTuneJobSpec) -> Obj:
             model_volume(o, spec),
         ],
     }
-    if "loss" in ev.metrics:
+    if forward:
         pod_spec["initContainers"] = [
             {
                 "name": EVAL_LOSS_CONTAINER,

@@ -12,6 +12,11 @@ the mean over its loss tokens, and the set's the mean over all of them (summed N
 evaluation during training computes it). A record training would drop (too
 long, or nothing to learn within maxSeqLen) is listed as skipped with the reason.
 
+With preferenceAccuracy among the metrics it also scores the job's held-out preference pairs (pairsUri, split
+as the trainer splits them, rendered as it renders them) with the base and with base + adapter, per token as
+evaluate/preference.py does (train/preference.answer_logps: each answer's summed log-probability and token
+count), and adds {"preference": {"pairs", "accuracy", "margin", "baseAccuracy", "baseMargin"}}.
+
 Writes {"step", "loss", "baseLoss", "tokens", "examples", "skipped", "perExample": [...], "seconds"} to
 --out. Exit 0; EXIT_BAD_CONFIG (2) for a config or input rejected before any model was loaded; 1 otherwise
 (an adapter not committed yet included). The reason goes to the termination log.
@@ -29,6 +34,7 @@ from typing import Any
 
 from tpuforge.api.configs import EvalConfig
 from tpuforge.api.constants import EXIT_BAD_CONFIG, TERMINATION_LOG
+from tpuforge.api.finetune import PREFERENCE_ACCURACY
 from tpuforge_workloads import storage
 from tpuforge_workloads.data.chat import ChatEncoder, TokenizerError, read_tokenizer
 from tpuforge_workloads.data.pipeline import Example, eval_batches, model_inputs, prepare_examples, to_global
@@ -38,6 +44,7 @@ from tpuforge_workloads.evaluate.config import (
     check_adapter,
     load_config,
 )
+from tpuforge_workloads.evaluate.preference import ranking
 from tpuforge_workloads.evaluate.records import EvalExample, config_examples
 from tpuforge_workloads.model import family, lora
 from tpuforge_workloads.model.adapters import AdapterError
@@ -115,6 +122,54 @@ class Scorer:
         return float(total), float(count)
 
 
+def held_out_pairs(cfg: EvalConfig) -> tuple[list[Example], int]:
+    """For preferenceAccuracy: the job's held-out preference pairs as the trainer renders them (chosen row, then
+    rejected row, the loss mask on the answer alone), and the pad id."""
+    from tpuforge_workloads.data.preference import parse_preference, prepare_pairs
+    from tpuforge_workloads.data.records import read_dataset
+    from tpuforge_workloads.data.split import split
+
+    if cfg.pairs_uri is None:
+        raise EvalInputError("metrics asks for preferenceAccuracy but the config names no pairsUri")
+    encoder = ChatEncoder(read_tokenizer(cfg.base_model_uri, "baseModelUri"), "assistant", cfg.data.keep_thinking)
+    d = cfg.data
+    records: list[Any] = read_dataset(cfg.pairs_uri, "pairsUri", d.format, d.skip_invalid, parse_preference).records
+    if cfg.pairs_held_out:
+        records = split(records, d.eval_fraction, d.split_seed, cfg.pairs_uri)[1]
+    t = cfg.training
+    rows, _ = prepare_pairs(records, encoder, t.max_seq_len, t.over_length, cfg.pairs_uri)
+    return rows, encoder.tokens.pad
+
+
+class PairScorer:
+    """Each row's (summed log-probability of its answer, its token count), with the trainer's own
+    train/preference.answer_logps, jitted once for a batch of one pair per data-parallel replica."""
+
+    def __init__(self, cfg: EvalConfig, mesh: Any, pad_id: int):
+        import jax
+        from flax import nnx
+
+        from tpuforge_workloads.train.preference import answer_logps
+
+        self.rows = 2 * cfg.mesh.fsdp
+        self.length = cfg.training.max_seq_len
+        self.pad_id = pad_id
+        self.sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))  # type: ignore[no-untyped-call]
+        self._logps = nnx.jit(lambda model, batch: answer_logps(model, **model_inputs(batch)))
+
+    def __call__(self, model: Any, rows: list[Example]) -> tuple[list[float], list[float]]:
+        import numpy as np
+
+        logps: list[float] = []
+        counts: list[float] = []
+        for batch in eval_batches(rows, self.rows, self.length, self.pad_id):
+            logp, count = self._logps(model, to_global(batch, self.sharding, self.rows))
+            real = np.asarray(count) > 0
+            logps += np.asarray(logp)[real].tolist()
+            counts += np.asarray(count)[real].tolist()
+        return logps, counts
+
+
 def mean_loss(scores: list[tuple[float, float]]) -> float:
     """The set's loss: summed NLL over summed loss targets (each example weighted by its loss tokens)."""
     return sum(s for s, _ in scores) / sum(n for _, n in scores)
@@ -133,13 +188,21 @@ def run_loss(cfg: EvalConfig) -> dict[str, Any]:
     model = lora.untrained_lora_model(cfg.base_model_uri, cfg.checkpoint_uri, mesh=mesh)
     seconds["load"] = time.monotonic() - started
     scorer = Scorer(cfg, mesh, pad_id)
+    pairs, pair_scorer = None, None
+    if PREFERENCE_ACCURACY in cfg.metrics:
+        pair_rows, pair_pad = held_out_pairs(cfg)
+        pairs, pair_scorer = pair_rows, PairScorer(cfg, mesh, pair_pad)
     losses: dict[str, list[tuple[float, float]]] = {}
+    ranked: dict[str, dict[str, float]] = {}
     for which in ("base", "adapter"):
         t0 = time.monotonic()
         if which == "adapter":
             restore_lora_params(cfg.checkpoint_uri, model, step)
         with jax.set_mesh(mesh):
             losses[which] = [scorer(model, p.tokens) for p in scored if p.tokens is not None]
+            if pairs is not None and pair_scorer is not None:
+                logps, counts = pair_scorer(model, pairs)
+                ranked[which] = ranking(logps[0::2], counts[0::2], logps[1::2], counts[1::2])
         seconds[which] = time.monotonic() - t0
         log.info("%s loss over %d examples in %.1f s", which, len(scored), seconds[which])
     tokens = [p.loss_tokens for p in scored]
@@ -154,7 +217,20 @@ def run_loss(cfg: EvalConfig) -> dict[str, Any]:
             {"index": p.example.index, "loss": adapter_sum / n, "baseLoss": base_sum / n, "tokens": p.loss_tokens}
         )
     seconds["total"] = time.monotonic() - started
+    preference = {}
+    if ranked:  # the base: the untrained LoRA model (B is zero), where DPO and ORPO start
+        base, adapter = ranked["base"], ranked["adapter"]
+        preference = {
+            "preference": {
+                "pairs": adapter["pairs"],
+                "accuracy": adapter["accuracy"],
+                "margin": adapter["margin"],
+                "baseAccuracy": base["accuracy"],
+                "baseMargin": base["margin"],
+            }
+        }
     return {
+        **preference,
         "step": step,
         "loss": mean_loss(losses["adapter"]),
         "baseLoss": mean_loss(losses["base"]),

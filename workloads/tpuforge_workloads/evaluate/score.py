@@ -38,6 +38,7 @@ from typing import Any
 from tpuforge.api.code_eval import CONFIDENCE_LEVEL, INTERVAL_METHOD, PASS_AT_K
 from tpuforge.api.configs import EvalConfig
 from tpuforge.api.constants import EXIT_BAD_CONFIG, TENSORBOARD_EVAL_RUN, TENSORBOARD_SUBDIR, TERMINATION_LOG
+from tpuforge.api.finetune import PREFERENCE_ACCURACY
 from tpuforge_workloads import storage
 from tpuforge_workloads.data.records import DatasetError
 from tpuforge_workloads.evaluate.answers import AnswerError, Answers, generate
@@ -61,6 +62,8 @@ from tpuforge_workloads.serve.fetch import FetchError
 from tpuforge_workloads.storage import commit
 
 log = logging.getLogger("tpuforge_workloads.evaluate.score")
+# Beside preferenceAccuracy: the held-out pairs' mean (chosen - rejected) log-probability per token, nats.
+PREFERENCE_MARGIN = "preferenceMargin"
 REPORT_FILE = "report.jsonl"
 SUMMARY_FILE = "summary.json"
 
@@ -77,14 +80,20 @@ def _overlaps(a: str, b: str) -> bool:
 def read_losses(path: str | None, cfg: EvalConfig, examples: list[EvalExample]) -> dict[str, Any] | None:
     """evaluate.loss's output, checked to be about these records; None when not given."""
     if path is None:
-        if "loss" in cfg.metrics:
-            raise EvalInputError("metrics asks for loss but no --loss file was given (evaluate.loss writes it)")
+        for metric in ("loss", PREFERENCE_ACCURACY):
+            if metric in cfg.metrics:
+                raise EvalInputError(
+                    f"metrics asks for {metric} but no --loss file was given (evaluate.loss writes it)"
+                )
         return None
     try:
         losses = json.loads(storage.read_text(path))
         per = losses["perExample"]
         indices = [p["index"] for p in per]
         float(losses["loss"]), float(losses["baseLoss"])
+        if PREFERENCE_ACCURACY in cfg.metrics:
+            p = losses["preference"]
+            float(p["accuracy"]), float(p["margin"]), float(p["baseAccuracy"]), float(p["baseMargin"])
     except (storage.StorageError, ValueError, KeyError, TypeError) as e:
         raise EvalInputError(f"--loss {path}: not what evaluate.loss writes ({type(e).__name__}: {e})") from e
     if indices != [ex.index for ex in examples]:
@@ -156,6 +165,10 @@ def metrics_of(
         }
     if "loss" in cfg.metrics and losses is not None:
         metrics["loss"], base["loss"] = float(losses["loss"]), float(losses["baseLoss"])
+    if PREFERENCE_ACCURACY in cfg.metrics and losses is not None:
+        p = losses["preference"]
+        metrics[PREFERENCE_ACCURACY], base[PREFERENCE_ACCURACY] = float(p["accuracy"]), float(p["baseAccuracy"])
+        metrics[PREFERENCE_MARGIN], base[PREFERENCE_MARGIN] = float(p["margin"]), float(p["baseMargin"])
     if "exactMatch" in cfg.metrics:
         metrics["exactMatch"] = sum(line["exactMatch"] for line in lines) / len(lines)
         base["exactMatch"] = sum(line["baseExactMatch"] for line in lines) / len(lines)
