@@ -25,6 +25,7 @@ from tpuforge_workloads.evaluate.score import (
     metrics_of,
     read_answers,
     read_checked,
+    read_losses,
     report_lines,
 )
 
@@ -107,6 +108,32 @@ def test_result_has_only_the_metrics_asked_for(tmp_path: Path) -> None:
         "examples": 4,
         "reportUri": "gs://b/r",
     }
+
+
+def test_preference_accuracy_and_margin_come_from_the_loss_containers_file(tmp_path: Path) -> None:
+    uri = _jsonl(tmp_path / "e.jsonl", [[("user", "q0"), ("assistant", "a0")]])
+    examples = read_examples(uri, 1)
+    cfg = _config(metrics=["preferenceAccuracy"], pairs_uri="gs://b/pairs.jsonl", pairs_held_out=True)
+    written = {
+        "loss": 0.5,
+        "baseLoss": 2.0,
+        "perExample": [{"index": 0, "loss": 0.5, "baseLoss": 2.0, "tokens": 3}],
+        "preference": {"pairs": 16, "accuracy": 1.0, "margin": 4.53, "baseAccuracy": 0.5625, "baseMargin": 0.046},
+    }
+    path = tmp_path / "loss.json"
+    path.write_text(json.dumps(written))
+    losses = read_losses(str(path), cfg, examples)
+    result = metrics_of(cfg, examples, report_lines(examples, None, losses, None), losses, None)
+    # Only what was asked for: preferenceAccuracy with its margin, not the loss computed beside it.
+    assert (result["metrics"], result["baseMetrics"]) == (
+        {"preferenceAccuracy": 1.0, "preferenceMargin": 4.53},
+        {"preferenceAccuracy": 0.5625, "preferenceMargin": 0.046},
+    )
+    with pytest.raises(EvalInputError, match="metrics asks for preferenceAccuracy but no --loss file"):
+        read_losses(None, cfg, examples)
+    path.write_text(json.dumps({k: v for k, v in written.items() if k != "preference"}))
+    with pytest.raises(EvalInputError, match=r"not what evaluate\.loss writes"):
+        read_losses(str(path), cfg, examples)
 
 
 def test_greedy_answers_drawn_beside_the_samples_are_read_back_one_per_record(tmp_path: Path) -> None:
