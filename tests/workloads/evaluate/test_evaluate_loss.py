@@ -76,6 +76,34 @@ def test_trained_adapter_has_lower_loss_on_its_training_data(
     assert lower >= 20, result["perExample"]
 
 
+def test_preference_accuracy_ranks_the_held_out_pairs_as_the_transformers_tool_does(
+    tiny_training_run: TrainingRun, exported_adapter: str, chat_dataset_gs: str, tmp_path: Path
+) -> None:
+    """preferenceAccuracy: the demo's held-out pairs (evalFraction 0.25: 16) scored by the base (the untrained
+    LoRA model) as evaluate/preference.py scores the base with transformers (9 of 16 per token, margin 0.046),
+    and by the adapter (here the reference run's SFT adapter: the scoring does not care how it was trained)."""
+    from tpuforge.api import DataOptions
+
+    pairs = str(ROOT / "examples" / "data" / "demo-preferences.jsonl")
+    training = tiny_training_run.config.training.model_copy(update={"max_seq_len": 128})
+    cfg = eval_config(
+        tiny_training_run.config,
+        exported_adapter,
+        chat_dataset_gs,
+        tmp_path,
+        max_examples=4,
+        training=training,
+        metrics=["preferenceAccuracy"],
+        pairs_uri=pairs,
+        pairs_held_out=True,
+        data=DataOptions(eval_fraction=0.25),
+    )
+    p = loss.run_loss(cfg)["preference"]
+    assert (p["pairs"], p["baseAccuracy"]) == (16, 0.5625)
+    assert p["baseMargin"] == pytest.approx(0.046, abs=0.001)
+    assert 0 <= p["accuracy"] <= 1 and p["margin"] != p["baseMargin"]
+
+
 def test_too_long_records_are_skipped_as_training_would_drop_them(
     tiny_training_run: TrainingRun, exported_adapter: str, chat_dataset_gs: str, tmp_path: Path
 ) -> None:
