@@ -257,7 +257,8 @@ def test_a_finetunejob_reference_waits_then_serves_then_rolls_to_a_new_model(
     operator: KopfRunner, api_client: client.ApiClient, namespace: str
 ) -> None:
     api, ns = api_client, namespace
-    spec = tiny_spec(model={"fineTuneJobRef": {"name": "ft"}})
+    # A model disk: its rollout recreates the pod (a streamed model surges instead: test_serving_rollout.py).
+    spec = tiny_spec(model={"fineTuneJobRef": {"name": "ft"}}, modelStorage={"medium": "Disk"})
     sdep(api, ns, "chat", **spec)
     s = status_when(api, ns, "chat", phase_is("WaitingForModel"), "WaitingForModel (no job yet)")
     assert "does not exist" in str(s["conditions"])
