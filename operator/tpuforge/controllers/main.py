@@ -1,10 +1,12 @@
-"""The operator: kopf settings, login with the credentials `tpuforge.kube.client` loaded, and `main(argv)` for
-`tpuforge operator`. Importing this package registers every kind's handlers (one module per kind)."""
+"""The operator: kopf settings, login with the credentials `tpuforge.kube.client` loaded, the startup and
+cleanup of both kinds' controllers, and `main(argv)` for `tpuforge operator`. Importing this module registers
+those handlers."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -54,6 +56,36 @@ def configure_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
     )
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
     settings.posting.reporting_component = EVENT_COMPONENT
+
+
+@kopf.on.startup()
+async def start_finetunejob_controller(memo: kopf.Memo, **_: Any) -> None:
+    # Startup handlers finish before kopf would watch anything; each returns once its kind's objects and
+    # children are in memory (the children first), so the first decisions see the whole cluster.
+    memo.finetunejobs = finetunejob.FineTuneJobController(getattr(memo, "namespaces", None))
+    await memo.finetunejobs.start()
+
+
+@kopf.on.startup()
+async def start_servingdeployment_controller(memo: kopf.Memo, **_: Any) -> None:
+    # Registered after the FineTuneJob controller's: when that one runs, its informer of FineTuneJobs serves
+    # both controllers (one watch of the kind for the operator).
+    finetunejobs = getattr(memo, "finetunejobs", None)
+    memo.servingdeployments = servingdeployment.ServingDeploymentController(
+        finetunejobs.finetunejobs if finetunejobs else None, getattr(memo, "namespaces", None)
+    )
+    await memo.servingdeployments.start()
+    # What exists now (modules, kopf, the schemas, the objects just listed) mostly lives as long as the
+    # process: keep it out of the collector's full passes, which otherwise walk it again and again.
+    gc.freeze()
+
+
+@kopf.on.cleanup()
+async def stop_controllers(memo: kopf.Memo, **_: Any) -> None:
+    for name in ("servingdeployments", "finetunejobs"):
+        controller = getattr(memo, name, None)
+        if controller is not None:
+            await controller.close()
 
 
 @kopf.on.login()
