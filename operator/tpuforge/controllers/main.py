@@ -63,7 +63,7 @@ async def start_finetunejob_controller(memo: kopf.Memo, **_: Any) -> None:
     # Startup handlers finish before kopf would watch anything; each returns once its kind's objects and
     # children are in memory (the children first), so the first decisions see the whole cluster.
     memo.finetunejobs = finetunejob.FineTuneJobController(getattr(memo, "namespaces", None))
-    await memo.finetunejobs.start()
+    await memo.finetunejobs.harness.start()
 
 
 @kopf.on.startup()
@@ -74,7 +74,7 @@ async def start_servingdeployment_controller(memo: kopf.Memo, **_: Any) -> None:
     memo.servingdeployments = servingdeployment.ServingDeploymentController(
         finetunejobs.finetunejobs if finetunejobs else None, getattr(memo, "namespaces", None)
     )
-    await memo.servingdeployments.start()
+    await memo.servingdeployments.harness.start()
     # What exists now (modules, kopf, the schemas, the objects just listed) mostly lives as long as the
     # process: keep it out of the collector's full passes, which otherwise walk it again and again.
     gc.freeze()
@@ -85,7 +85,7 @@ async def stop_controllers(memo: kopf.Memo, **_: Any) -> None:
     for name in ("servingdeployments", "finetunejobs"):
         controller = getattr(memo, name, None)
         if controller is not None:
-            await controller.close()
+            await controller.harness.close()
 
 
 @kopf.on.login()

@@ -189,13 +189,6 @@ class FineTuneJobController:
         """The informer of FineTuneJobs (the ServingDeployment controller listens to it too)."""
         return self.harness.objects
 
-    async def start(self) -> None:
-        """Start the informers; return once each has its first LIST in memory, the children's first."""
-        await self.harness.start()
-
-    async def close(self) -> None:
-        await self.harness.close()
-
     def child_changed(self, owner: Key, before: Any, after: Any) -> None:
         if before is None and after is not None and fresh(after):
             return

@@ -99,14 +99,8 @@ class ServingDeploymentController:
 
     @property
     def servingdeployments(self) -> Informer[Key, Snapshot]:
+        """The informer of ServingDeployments."""
         return self.harness.objects
-
-    async def start(self) -> None:
-        """Start the informers; return once each has its first LIST in memory, the objects' last."""
-        await self.harness.start()
-
-    async def close(self) -> None:
-        await self.harness.close()
 
     # --- What asks for a reconcile (event loop thread) ------------------------------------------------
 

@@ -257,7 +257,7 @@ def test_the_finetunejob_informer_wakes_the_deployments_that_reference_a_job_by_
         done = job(adapter=NEW)
         done["metadata"]["namespace"] = "ns"
         informer._put("u1", ("ns", "u1"), snapshot(done), "ns")  # an adapter to serve: wakes "sd"
-        await controller.close()
+        await controller.harness.close()
         return requested
 
     assert asyncio.run(scenario()) == [("ns", "sd"), ("ns", "sd")]
