@@ -21,7 +21,7 @@ import kopf
 
 from tpuforge import crds, metrics
 from tpuforge.api.autopilot import AUTOPILOT, AUTOPILOT_SPOT_GRACE_SECONDS, CLUSTER_PROFILES, STANDARD
-from tpuforge.api.constants import EVENT_COMPONENT, GKE_SPOT_GRACE_SECONDS, PROJECT_VERSION
+from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS, PROJECT_VERSION
 from tpuforge.api.images import ImageDefaults, unique
 from tpuforge.controllers.finetune import controller as finetunejob
 from tpuforge.controllers.runtime import defaults, leader
@@ -33,7 +33,6 @@ __all__ = ["finetunejob", "main", "servingdeployment"]
 
 log = logging.getLogger(__name__)
 
-PREFIX = "tpuforge.dev"
 # The image flags' defaults, for setting them in the operator's environment instead.
 ENV_IMAGE_REGISTRY = "TPUFORGE_IMAGE_REGISTRY"
 ENV_IMAGE_TAG = "TPUFORGE_IMAGE_TAG"
@@ -49,13 +48,9 @@ EXIT_LEADERSHIP_LOST = 4
 
 @kopf.on.startup()
 def configure_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
-    # Handler state (used by kinds with change handlers) lives in our own annotations and finalizer.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=PREFIX, key="last-handled-configuration"
-    )
-    settings.persistence.finalizer = f"{PREFIX}/finalizer"
-    settings.posting.reporting_component = EVENT_COMPONENT
+    # kopf runs the process and handles no resource (the controllers' informers watch the kinds): it follows no
+    # CRD and no namespace, so it needs no RBAC to list or watch them.
+    settings.scanning.disabled = True
 
 
 @kopf.on.startup()
