@@ -247,9 +247,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     )
     kopf.configure(verbose=args.verbose)
-    if not args.verbose:
-        # kopf logs every handled watch event at INFO: thousands a minute on a busy cluster.
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     try:
         kube_client.configure(args.kubeconfig, args.context)
     except Exception as exc:
