@@ -82,7 +82,7 @@ class ServingDeploymentController:
             forget=self.forget,
             # The one annotation the reconcile reads: a new value asks for a rollout to the current images.
             annotations=(api.REFRESH_IMAGES_ANNOTATION,),
-            on_object=self.object_changed,
+            on_object=self.references_changed,
             skip_deleting=True,
         )
         self.children = Children(namespaces, self.child_changed, self.request_all)
@@ -104,7 +104,7 @@ class ServingDeploymentController:
 
     # --- What asks for a reconcile (event loop thread) ------------------------------------------------
 
-    def object_changed(self, key: Key, before: Snapshot | None, after: Snapshot | None) -> None:
+    def references_changed(self, key: Key, before: Snapshot | None, after: Snapshot | None) -> None:
         """Which FineTuneJobs each deployment serves (the harness asks for its reconcile)."""
         refs = referenced_jobs(after.spec) if after is not None else set()
         for job in self._refs.pop(key, set()) - refs:
