@@ -1,6 +1,6 @@
 """What every model family's decoder shares: the error a bad base model raises, reading its config.json, and
 the mesh checks that hold for any Tunix decoder (heads, MLP width and vocabulary over tp, the embedding axis
-over fsdp). The families themselves are in family.py."""
+over fsdp). Each family has its folder beside this module; the registry is families/__init__.py."""
 
 from __future__ import annotations
 
