@@ -17,7 +17,7 @@ from typing import Any
 
 from tpuforge.api.catalog import ModelShape
 from tpuforge_workloads import storage
-from tpuforge_workloads.families.decoder import Decoder, ModelError, read_config
+from tpuforge_workloads.families.decoder import CombinedQkv, Decoder, ModelError, read_config
 from tpuforge_workloads.families.gemma4 import config as gemma4_config
 from tpuforge_workloads.families.gemma4 import merge as gemma4_merge
 from tpuforge_workloads.families.gemma4 import model as gemma4_model
@@ -52,6 +52,7 @@ class Family:
     lora_modules: Mapping[str, tuple[str, tuple[str, ...]]]  # Tunix LoRA module -> (HF block, HF projections)
     hf_prefixes: tuple[str, ...]  # where the decoder's tensors may be in an HF checkpoint
     segment_attention: Callable[[], tuple[type, type]]  # (Tunix's attention module, ours taking segment ids)
+    combined_qkv: CombinedQkv | None = None  # a key mapping that leaves each layer's q, k(, v) to combine
 
     def build(self, text: Decoder, seed: int = 0) -> Any:
         """The model with fresh weights (call under nnx.eval_shape for shapes alone)."""
@@ -76,6 +77,7 @@ FAMILIES: dict[str, Family] = {
             gemma4_merge.LORA_MODULES,
             gemma4_config.HF_PREFIXES,
             _gemma4_attention,
+            gemma4_model.COMBINED_QKV,
         ),
         Family(
             "qwen3",

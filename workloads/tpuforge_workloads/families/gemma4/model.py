@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tpuforge_workloads.families import remat
-from tpuforge_workloads.families.decoder import ModelError
+from tpuforge_workloads.families.decoder import CombinedQkv, ModelError
 from tpuforge_workloads.families.gemma4.config import HF_PREFIXES, Gemma4Text
 
 if TYPE_CHECKING:
@@ -97,6 +97,12 @@ def key_mapping(cfg: gemma4_model.ModelConfig) -> dict[str, Any]:
 _TMP_QKV = re.compile(r"tmp\.layers\.(\d+)\.attn\.([qkv])$")
 
 
+def layer_qkv(key: str) -> tuple[int, str] | None:
+    """(layer, "q" | "k" | "v") of a tensor the key mapping leaves to combine per layer; None for any other."""
+    m = _TMP_QKV.match(key)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
 def combine_layer_qkv(qkv: Mapping[str, Any], keys_are_values: bool, xp: Any) -> dict[str, Any]:
     """One layer's attention tensors as Tunix's einsum weights. The key mapping has already laid each out
     as (D, heads, head_dim); q -> q_einsum (N, D, h), k and v -> kv_einsum (2, K, D, h), or k alone ->
@@ -114,6 +120,9 @@ def combine_layer_qkv(qkv: Mapping[str, Any], keys_are_values: bool, xp: Any) ->
 
 def keys_are_values(text: Gemma4Text, layer: int) -> bool:
     return text.layer_types[layer] == "full_attention" and text.k_eq_v
+
+
+COMBINED_QKV = CombinedQkv(layer_qkv, keys_are_values, combine_layer_qkv)
 
 
 def expected_hf_tensors(text: Gemma4Text) -> list[str]:
