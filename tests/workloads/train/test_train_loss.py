@@ -33,12 +33,12 @@ from tpuforge_workloads.data.pipeline import (
     eval_batches,
     fill_row,
     first_fit,
-    model_inputs,
     pad_example,
     prepare_examples,
 )
 from tpuforge_workloads.data.records import parse_line
 from tpuforge_workloads.families import attention, decoder
+from tpuforge_workloads.families.attention import model_inputs
 from tpuforge_workloads.families.gemma4 import config as gemma4_config
 from tpuforge_workloads.families.gemma4 import model as gemma4_model
 from tpuforge_workloads.model import checkpoint_read, lora
