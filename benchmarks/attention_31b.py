@@ -26,11 +26,12 @@ os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
 
 from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
 from tpuforge.api.catalog import TPU_SLICES, model_shape
-from tpuforge_workloads.model import attention, gemma4
+from tpuforge_workloads.families import attention
+from tpuforge_workloads.families.gemma4 import config as gemma4_config
+from tpuforge_workloads.families.gemma4 import tiny as tiny_model
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.preflight.step import GIB, compile_train_step, with_layers
 from tpuforge_workloads.preflight.topology import slice_devices
-from tpuforge_workloads.tiny import gemma4 as tiny_model
 
 KINDS = {"sliding": "sliding_attention", "full": "full_attention"}
 
@@ -50,7 +51,7 @@ def config(seq: int) -> TrainConfig:
 
 
 def measure(kind: str, seq: int, path: str) -> dict[str, Any]:
-    text = gemma4.parse_config(tiny_model.hf_config(model_shape("gemma4-31b")))
+    text = gemma4_config.parse_config(tiny_model.hf_config(model_shape("gemma4-31b")))
     mesh = make_mesh(1, 4, slice_devices(TPU_SLICES["v5p-8"]))
     choice = mock.patch.object(attention, "use_splash", lambda seq_len: False) if path == "masked" else nullcontext()
     with choice:

@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     fsdp, tp = (int(x) for x in args.mesh.split("x"))
     spec = job_spec(args.overrides, args.steps)
 
-    from tpuforge_workloads.tiny import gemma4 as tiny_model
+    from tpuforge_workloads.families.gemma4 import tiny as tiny_model
 
     with tempfile.TemporaryDirectory() as tmp:
         work = args.workdir or Path(tmp)

@@ -63,7 +63,8 @@ def held_out_ranking(model_dir: Path, ckpt: Path | None, config: Any) -> dict[st
     import jax
     import numpy as np
 
-    from tpuforge_workloads.data.pipeline import eval_batches, model_inputs
+    from tpuforge_workloads.data.pipeline import eval_batches
+    from tpuforge_workloads.families.attention import model_inputs
     from tpuforge_workloads.model.mesh import make_mesh
     from tpuforge_workloads.train import preference
     from tpuforge_workloads.train.plan import make_plan
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", default=None, help="append each row to this JSON-lines file")
     args = p.parse_args(argv)
 
-    from tpuforge_workloads.tiny import gemma4 as tiny_model
+    from tpuforge_workloads.families.gemma4 import tiny as tiny_model
 
     with tempfile.TemporaryDirectory(prefix="preference-bench-") as tmp:
         work = Path(tmp)

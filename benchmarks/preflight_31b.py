@@ -31,13 +31,13 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
 from tpuforge.api.catalog import TPU_SLICES, model_shape
-from tpuforge_workloads.model import gemma4
+from tpuforge_workloads.families.gemma4 import config as gemma4_config
+from tpuforge_workloads.families.gemma4 import tiny as tiny_model
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.preflight import estimate as est
 from tpuforge_workloads.preflight.run import PROBES, preflight
 from tpuforge_workloads.preflight.step import GIB, compile_train_step, with_layers
 from tpuforge_workloads.preflight.topology import slice_devices
-from tpuforge_workloads.tiny import gemma4 as tiny_model
 
 REPORT_TOKENS_PER_SECOND = 763.0  # the report's Gemma 4 31B LoRA SFT on a v5p-8
 REPORT_SEQ = 3072  # its maxSeqLen (1 x 8 micro-batches of 3072 tokens)
@@ -62,8 +62,8 @@ def config_31b(
     )
 
 
-def text_31b() -> gemma4.Gemma4Text:
-    return gemma4.parse_config(tiny_model.hf_config(model_shape("gemma4-31b")))
+def text_31b() -> gemma4_config.Gemma4Text:
+    return gemma4_config.parse_config(tiny_model.hf_config(model_shape("gemma4-31b")))
 
 
 def table(

@@ -23,10 +23,10 @@ from benchmarks.rows import emit
 
 from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
 from tpuforge.api.catalog import TPU_SLICES, holds_for_training, model_shape
-from tpuforge_workloads.model import family
+from tpuforge_workloads import families
+from tpuforge_workloads.families.gemma4 import tiny as tiny_gemma4
+from tpuforge_workloads.families.qwen3 import tiny as tiny_qwen3
 from tpuforge_workloads.preflight.run import preflight
-from tpuforge_workloads.tiny import gemma4 as tiny_gemma4
-from tpuforge_workloads.tiny import qwen3 as tiny_qwen3
 
 V5E = [s for s in TPU_SLICES.values() if s.accelerator == "tpu-v5-lite-podslice"]
 STEPS = 1244  # the report's run: one epoch of 10k rows
@@ -35,7 +35,7 @@ STEPS = 1244  # the report's run: one epoch of 10k rows
 def decoder(model_name: str) -> Any:
     shape = model_shape(model_name)
     writer = tiny_gemma4 if shape.family == "gemma4" else tiny_qwen3
-    return family.parse_config(writer.hf_config(shape))
+    return families.parse_config(writer.hf_config(shape))
 
 
 def slices_for(model_name: str) -> list[str]:

@@ -38,8 +38,8 @@ from benchmarks.training.tiny_config import train_config
 
 from tpuforge.api import MeshSpec, TrainConfig
 from tpuforge_workloads.data import demo
+from tpuforge_workloads.families.gemma4 import tiny as tiny_model
 from tpuforge_workloads.runtime.progress import SUMMARY_FILE
-from tpuforge_workloads.tiny import gemma4 as tiny_model
 from tpuforge_workloads.train.hosts import ENV_COORDINATOR_ADDRESS, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -43,11 +43,12 @@ from tunix.sft import hooks, peft_trainer
 
 from tpuforge.api import MeshSpec, TrainConfig
 from tpuforge_workloads.data import demo
-from tpuforge_workloads.data.pipeline import BatchSpec, batches, model_inputs, prepare_examples, real_tokens
+from tpuforge_workloads.data.pipeline import BatchSpec, batches, prepare_examples, real_tokens
 from tpuforge_workloads.data.records import read_records
+from tpuforge_workloads.families.attention import model_inputs
+from tpuforge_workloads.families.gemma4 import tiny as tiny_model
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.runtime.progress import RunProgress, RunSummary, TrainMetrics
-from tpuforge_workloads.tiny import gemma4 as tiny_model
 from tpuforge_workloads.train import loop, plan
 from tpuforge_workloads.train.preemption import PreemptionWatch
 from tpuforge_workloads.train.trainer import optimizer as run_optimizer

@@ -58,9 +58,12 @@ from benchmarks import model_flops
 from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
 from tpuforge.api.catalog import model_shape
 from tpuforge.api.finetune import REMAT_POLICIES
+from tpuforge_workloads import families
 from tpuforge_workloads.data.pipeline import BATCH_ARRAYS
-from tpuforge_workloads.model import attention, family
-from tpuforge_workloads.model.decoder import Decoder
+from tpuforge_workloads.families import attention
+from tpuforge_workloads.families.decoder import Decoder
+from tpuforge_workloads.families.gemma4 import tiny as tiny_gemma4
+from tpuforge_workloads.families.qwen3 import tiny as tiny_qwen3
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.preflight.step import (
     NoCheckpoints,
@@ -70,8 +73,6 @@ from tpuforge_workloads.preflight.step import (
     with_layers,
 )
 from tpuforge_workloads.runtime import compile_cache
-from tpuforge_workloads.tiny import gemma4 as tiny_gemma4
-from tpuforge_workloads.tiny import qwen3 as tiny_qwen3
 from tpuforge_workloads.train.loop import adapt_for_training
 from tpuforge_workloads.train.trainer import make_trainer
 
@@ -140,7 +141,7 @@ def spread(seed: Any, shape: tuple[int, ...], dtype: Any) -> Any:
 def random_model(text: Decoder, config: TrainConfig, mesh: Any) -> Any:
     """The trainer's model (train/loop.py: adapt_for_training) on random base weights made on the devices,
     each array created where its partition spec puts it (nothing is built on the host or moved)."""
-    fam = family.of(text)
+    fam = families.of(text)
     with jax.set_mesh(mesh):
         abstract = nnx.eval_shape(lambda: fam.build(text))
     graph_def, abs_state = nnx.split(abstract)
@@ -203,7 +204,7 @@ def decoder(model_name: str, layers: int) -> Decoder:
     the model's first layer of each missing kind last."""
     shape = model_shape(model_name)
     writer = tiny_gemma4 if shape.family == "gemma4" else tiny_qwen3
-    text = family.parse_config(writer.hf_config(shape))
+    text = families.parse_config(writer.hf_config(shape))
     if not layers:
         return text
     kinds = list(dict.fromkeys(text.layer_types))

@@ -21,7 +21,9 @@ from benchmarks.rows import emit
 from benchmarks.train_throughput import GIB, decoder, layer_kinds, random_model, train_config
 from flax import nnx
 
-from tpuforge_workloads.model import attention, family, lora
+from tpuforge_workloads import families
+from tpuforge_workloads.families import attention
+from tpuforge_workloads.model import lora
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.preflight.step import peak_bytes, placed_shapes
 
@@ -35,7 +37,7 @@ def measure(model_name: str, layers: int) -> dict[str, Any]:
     devices = jax.local_devices()
     config = train_config(model_name, 2048, 1, True, fsdp=len(devices))
     mesh = make_mesh(len(devices), 1, devices)
-    fam = family.of(text)
+    fam = families.of(text)
     with jax.set_mesh(mesh):
         base = nnx.eval_shape(lambda: attention.install(fam.build(text)))
     build = lora.AdapterBuild(base, config.lora, mesh, config.training.seed, lora.ADAPTER_DTYPE)

@@ -1,4 +1,4 @@
-"""Splash attention with segment ids (model/attention.py), forward and backward, against the masked reference
+"""Splash attention with segment ids (families/attention.py), forward and backward, against the masked reference
 (softmax over the keys each query may see, in float32): Gemma 4's sliding and global layers at the 31B's head
 shapes, and packed rows (several examples and padding in one row). On TPU the kernels are compiled; on CPU
 they run in Pallas interpret mode (`--tiny` shapes).
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from benchmarks.rows import emit
 
-from tpuforge_workloads.model.attention import splash_attention
+from tpuforge_workloads.families.attention import splash_attention
 
 # (heads, kv heads, head dim, window) of the 31B's layers, and a tiny stand-in for CPU.
 CASES = {

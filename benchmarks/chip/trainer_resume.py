@@ -28,9 +28,9 @@ from benchmarks.rows import emit
 from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
 from tpuforge.api.catalog import model_shape
 from tpuforge_workloads.data import demo
+from tpuforge_workloads.families.gemma4 import tiny as tiny_gemma4
+from tpuforge_workloads.families.qwen3 import tiny as tiny_qwen3
 from tpuforge_workloads.runtime.progress import SUMMARY_FILE
-from tpuforge_workloads.tiny import gemma4 as tiny_gemma4
-from tpuforge_workloads.tiny import qwen3 as tiny_qwen3
 
 
 def config(model: str, model_dir: Path, data: Path, checkpoints: Path, steps: int, every: int) -> TrainConfig:

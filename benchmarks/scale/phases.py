@@ -27,7 +27,7 @@ from benchmarks.scale.workload import FINETUNEJOB, Kind, create_all, namespace, 
 from kubernetes import client
 
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
-from tpuforge.controllers.finetune.controller import API_CONCURRENCY
+from tpuforge.controllers.runtime.controller import API_CONCURRENCY
 from tpuforge.kube import objects as kube_objects
 from tpuforge_sandbox import Sandbox
 

@@ -18,8 +18,9 @@ from kubernetes.client.exceptions import ApiException
 
 from tpuforge.api import FineTuneJobStatus
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND, LABEL_FINETUNEJOB
-from tpuforge.controllers.finetune.controller import API_CONCURRENCY, creation_groups
+from tpuforge.controllers.finetune.controller import creation_groups
 from tpuforge.controllers.finetune.plan import Observed, plan, status_patch
+from tpuforge.controllers.runtime.controller import API_CONCURRENCY
 from tpuforge.kube import client as kube_client
 from tpuforge.kube import events as kube_events
 from tpuforge.kube import objects as kube_objects

@@ -52,11 +52,11 @@ def adapter_inputs(root: Path, max_positions: int) -> tuple[Path, Path, Path, in
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     from tpuforge.api import LoraSpec
     from tpuforge.api.configs import MergeConfig
+    from tpuforge_workloads.families.gemma4 import tiny as tiny_model
     from tpuforge_workloads.merge import synthetic
     from tpuforge_workloads.merge.merge import run_merge
     from tpuforge_workloads.merge.plan import read_base_config
     from tpuforge_workloads.model import lora
-    from tpuforge_workloads.tiny import gemma4 as tiny_model
 
     base, ckpt, merged = root / "base", root / "ckpt", root / "merged"
     vocab_size = tiny_gemma4(base, max_positions)

@@ -24,7 +24,7 @@ def vllm_venv() -> Path:
 def tiny_gemma4(out: Path, max_positions: int) -> int:
     """The project's tiny random Gemma 4, with room for the longest prompt; returns its vocabulary size."""
     from tpuforge.api.catalog import model_shape
-    from tpuforge_workloads.tiny import gemma4 as tiny_model
+    from tpuforge_workloads.families.gemma4 import tiny as tiny_model
 
     tiny_model.write(str(out))
     # RoPE works at any position: a longer window only lets the sweep's 4096-token prompts in.

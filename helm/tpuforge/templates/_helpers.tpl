@@ -125,7 +125,7 @@ matchExpressions:
 {{/* The operator's rules on namespaced resources: in the ClusterRole when it watches every namespace, in a Role
 per namespace otherwise (the table in operator/tpuforge/controllers/permissions.py). */}}
 {{- define "tpuforge.namespacedRules" -}}
-# kopf and the controllers post Events on the objects they handle.
+# The controllers post Events on the objects they handle.
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]

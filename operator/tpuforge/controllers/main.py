@@ -1,10 +1,12 @@
-"""The operator: kopf settings, login with the credentials `tpuforge.kube.client` loaded, and `main(argv)` for
-`tpuforge operator`. Importing this package registers every kind's handlers (one module per kind)."""
+"""The operator: kopf settings, login with the credentials `tpuforge.kube.client` loaded, the startup and
+cleanup of both kinds' controllers, and `main(argv)` for `tpuforge operator`. Importing this module registers
+those handlers."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -19,7 +21,7 @@ import kopf
 
 from tpuforge import crds, metrics
 from tpuforge.api.autopilot import AUTOPILOT, AUTOPILOT_SPOT_GRACE_SECONDS, CLUSTER_PROFILES, STANDARD
-from tpuforge.api.constants import EVENT_COMPONENT, GKE_SPOT_GRACE_SECONDS, PROJECT_VERSION
+from tpuforge.api.constants import GKE_SPOT_GRACE_SECONDS, PROJECT_VERSION
 from tpuforge.api.images import ImageDefaults, unique
 from tpuforge.controllers.finetune import controller as finetunejob
 from tpuforge.controllers.runtime import defaults, leader
@@ -31,7 +33,6 @@ __all__ = ["finetunejob", "main", "servingdeployment"]
 
 log = logging.getLogger(__name__)
 
-PREFIX = "tpuforge.dev"
 # The image flags' defaults, for setting them in the operator's environment instead.
 ENV_IMAGE_REGISTRY = "TPUFORGE_IMAGE_REGISTRY"
 ENV_IMAGE_TAG = "TPUFORGE_IMAGE_TAG"
@@ -47,13 +48,39 @@ EXIT_LEADERSHIP_LOST = 4
 
 @kopf.on.startup()
 def configure_operator(settings: kopf.OperatorSettings, **_: Any) -> None:
-    # Handler state (used by kinds with change handlers) lives in our own annotations and finalizer.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=PREFIX, key="last-handled-configuration"
+    # kopf runs the process and handles no resource (the controllers' informers watch the kinds): it follows no
+    # CRD and no namespace, so it needs no RBAC to list or watch them.
+    settings.scanning.disabled = True
+
+
+@kopf.on.startup()
+async def start_finetunejob_controller(memo: kopf.Memo, **_: Any) -> None:
+    # Startup handlers finish before kopf would watch anything; each returns once its kind's objects and
+    # children are in memory (the children first), so the first decisions see the whole cluster.
+    memo.finetunejobs = finetunejob.FineTuneJobController(getattr(memo, "namespaces", None))
+    await memo.finetunejobs.harness.start()
+
+
+@kopf.on.startup()
+async def start_servingdeployment_controller(memo: kopf.Memo, **_: Any) -> None:
+    # Registered after the FineTuneJob controller's: when that one runs, its informer of FineTuneJobs serves
+    # both controllers (one watch of the kind for the operator).
+    finetunejobs = getattr(memo, "finetunejobs", None)
+    memo.servingdeployments = servingdeployment.ServingDeploymentController(
+        finetunejobs.finetunejobs if finetunejobs else None, getattr(memo, "namespaces", None)
     )
-    settings.persistence.finalizer = f"{PREFIX}/finalizer"
-    settings.posting.reporting_component = EVENT_COMPONENT
+    await memo.servingdeployments.harness.start()
+    # What exists now (modules, kopf, the schemas, the objects just listed) mostly lives as long as the
+    # process: keep it out of the collector's full passes, which otherwise walk it again and again.
+    gc.freeze()
+
+
+@kopf.on.cleanup()
+async def stop_controllers(memo: kopf.Memo, **_: Any) -> None:
+    for name in ("servingdeployments", "finetunejobs"):
+        controller = getattr(memo, name, None)
+        if controller is not None:
+            await controller.harness.close()
 
 
 @kopf.on.login()
@@ -220,9 +247,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     )
     kopf.configure(verbose=args.verbose)
-    if not args.verbose:
-        # kopf logs every handled watch event at INFO: thousands a minute on a busy cluster.
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     try:
         kube_client.configure(args.kubeconfig, args.context)
     except Exception as exc:

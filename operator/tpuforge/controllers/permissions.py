@@ -6,8 +6,9 @@ pods as kube-system's ServiceAccounts). Leader election's Lease is the operator'
 there holds it (`own_namespace_role_rules()`). helm/tpuforge/templates/clusterrole.yaml, roles.yaml and
 leader-election-rbac.yaml must equal them.
 tests/helm/test_helm_chart.py checks both ways: every API call the controllers make is covered here, and nothing
-here goes unused (by the controllers, by kopf itself, or by the trainer's Role, which the operator can only grant
-what it holds)."""
+here goes unused (by the controllers, by the operator's check of the served CRDs at start, or by the trainer's
+Role, which the operator can only grant what it holds). kopf handles no resource here and follows neither CRDs nor
+namespaces (tpuforge.controllers.main disables its scanning), so it needs nothing of its own."""
 
 from __future__ import annotations
 
@@ -23,8 +24,6 @@ class Rule:
     resources: tuple[str, ...]
     verbs: tuple[str, ...]
     why: str
-    # Only when the operator watches some namespaces, not the whole cluster.
-    namespaced_only: bool = False
     # The resources are cluster-scoped (no namespace): a Role cannot grant them.
     cluster_scoped: bool = False
     # Only in the operator's own namespace (a Role there), whichever namespaces it watches.
@@ -32,23 +31,15 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
-    # kopf itself (kopf/_core/reactor/observation.py): it follows the CRDs it serves and posts Events.
+    # tpuforge.controllers.main.served_crd_drift: the served CRDs are the ones the operator was built with.
     Rule(
         "apiextensions.k8s.io",
         ("customresourcedefinitions",),
-        ("list", "watch"),
-        "kopf: the CRDs it serves",
+        ("list",),
+        "the served CRDs' schemas, checked at start",
         cluster_scoped=True,
     ),
-    Rule("", ("events",), ("create",), "kopf and the controllers: Events"),
-    Rule(
-        "",
-        ("namespaces",),
-        ("list", "watch"),
-        "kopf, limited to some namespaces",
-        namespaced_only=True,
-        cluster_scoped=True,
-    ),
+    Rule("", ("events",), ("create",), "the controllers: Events"),
     Rule(
         GROUP,
         ("finetunejobs",),
@@ -110,7 +101,7 @@ def cluster_role_rules(namespaced: bool) -> list[dict[str, Any]]:
     keeps what a Role cannot grant."""
     if namespaced:
         return _wire([r for r in RULES if r.cluster_scoped])
-    return _wire([r for r in RULES if not r.namespaced_only and not r.own_namespace])
+    return _wire([r for r in RULES if not r.own_namespace])
 
 
 def namespace_role_rules() -> list[dict[str, Any]]:

@@ -143,8 +143,8 @@ def upload_data(s: DemoSession) -> None:
 # The catalog's tiny models the demos write, by name: the module that writes one, what it is, and whether
 # it trains its tokenizer on a chosen text (--tokenizer).
 TINY_MODELS = {
-    "gemma4-tiny": ("tpuforge_workloads.tiny.gemma4", "the tiny Gemma 4", True),
-    "qwen3-tiny": ("tpuforge_workloads.tiny.qwen3", "the tiny Qwen3", False),
+    "gemma4-tiny": ("tpuforge_workloads.families.gemma4.tiny", "the tiny Gemma 4", True),
+    "qwen3-tiny": ("tpuforge_workloads.families.qwen3.tiny", "the tiny Qwen3", False),
 }
 
 

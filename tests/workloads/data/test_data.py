@@ -14,7 +14,6 @@ from tpuforge_workloads.data.chat import ChatEncoder, ChatTokens, TokenizerError
 from tpuforge_workloads.data.pipeline import (
     BATCH_ARRAYS,
     BatchSpec,
-    attention_mask,
     batches,
     count_batches,
     eval_batches,
@@ -211,15 +210,6 @@ def test_packed_rows_have_per_example_segments_positions_and_masks(examples: lis
         assert not input_mask[segment_ids == 0].any() and (input_tokens[segment_ids == 0] == 0).all()
     assert seen > len(rows)  # several examples per row
     assert seen >= len(examples) - 4 * spec.rows  # all but the last (dropped) partial batch
-
-
-def test_the_attention_mask_is_block_diagonal_and_causal() -> None:
-    segment_ids = np.array([[1, 1, 1, 2, 2, 0]])
-    got = np.asarray(attention_mask(segment_ids))[0]
-    want = np.zeros((6, 6), bool)
-    want[np.tril_indices(3)] = True
-    want[3, 3] = want[4, 3] = want[4, 4] = True
-    assert np.array_equal(got, want)
 
 
 def test_eval_batches_fill_the_last_batch_with_empty_rows(examples: list[dict[str, np.ndarray]]) -> None:

@@ -16,7 +16,7 @@ import yaml
 from tpuforge_workloads.data import demo
 from tpuforge_workloads.data.verilog_tasks import PROBLEMS, SHORT, VERILOG_CHECK_COMMAND, corpus, records
 from tpuforge_workloads.evaluate.passk import extract_code
-from tpuforge_workloads.tiny import gemma4 as tiny_model
+from tpuforge_workloads.families.gemma4 import tiny as tiny_model
 
 
 @pytest.mark.skipif(shutil.which("iverilog") is None, reason="needs iverilog (make iverilog)")

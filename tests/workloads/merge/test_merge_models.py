@@ -18,16 +18,17 @@ from tpuforge.api import LoraSpec
 from tpuforge.api.catalog import model_shape
 from tpuforge.api.configs import MergeConfig
 from tpuforge.api.constants import ADAPTER_SUBDIR
+from tpuforge_workloads import families
+from tpuforge_workloads.families.decoder import Decoder, read_config
+from tpuforge_workloads.families.gemma4 import tiny as tiny_model
+from tpuforge_workloads.families.qwen3 import tiny as tiny_qwen3
 from tpuforge_workloads.merge import synthetic, verify
 from tpuforge_workloads.merge.lora_checkpoint import LoraCheckpoint
 from tpuforge_workloads.merge.merge import run_merge
-from tpuforge_workloads.model import checkpoint_read, family, lora
+from tpuforge_workloads.model import checkpoint_read, lora
 from tpuforge_workloads.model.adapters import read_adapter_manifest
-from tpuforge_workloads.model.decoder import Decoder, read_config
 from tpuforge_workloads.model.mesh import MESH_AXES
 from tpuforge_workloads.storage import commit
-from tpuforge_workloads.tiny import gemma4 as tiny_model
-from tpuforge_workloads.tiny import qwen3 as tiny_qwen3
 
 # Tunix reads parameters with `.value`, which flax deprecates: one warning per access.
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -74,7 +75,7 @@ def trained(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         tiny_qwen3.write(str(root / "base"), model_name=name)
     else:
         tiny_model.write(str(root / "base"), model_name=name)
-    text = family.read_decoder(str(root / "base"))
+    text = families.read_decoder(str(root / "base"))
     model = save_lora_checkpoint(root / "base", root / "ckpt", name, spec, STEP)
     tokens = verify.fixed_tokens(read_config(str(root / "base")))
     return Trained(name, root / "base", root / "ckpt", text, spec, model, tokens, lora.logits(model, tokens))
@@ -116,7 +117,7 @@ def test_transformers_on_the_merged_output_matches_the_jax_lora_model(trained: T
 
 def test_tunix_loader_reads_the_output_back_exactly(trained: Trained, merged: Path) -> None:
     mesh = jax.make_mesh((1, 1), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
-    cfg = family.of(trained.text).tunix_config(trained.text)
+    cfg = families.of(trained.text).tunix_config(trained.text)
     einsums = QWEN3_DELTA_EINSUM if trained.text.family == "qwen3" else DELTA_EINSUM
     with jax.set_mesh(mesh):
         loaded = _flat(nnx.state(checkpoint_read.load_model(merged, trained.text, cfg, mesh)))

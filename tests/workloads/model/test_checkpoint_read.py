@@ -11,11 +11,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from tpuforge_workloads.model import checkpoint_read, gemma4
+from tpuforge_workloads.families import decoder
+from tpuforge_workloads.families.gemma4 import config as gemma4_config
+from tpuforge_workloads.families.gemma4 import model as gemma4_model
+from tpuforge_workloads.model import checkpoint_read
 from tpuforge_workloads.model.mesh import make_mesh
 
 
-def tunix_preprocess(text: gemma4.Gemma4Text) -> Any:
+def tunix_preprocess(text: gemma4_config.Gemma4Text) -> Any:
     """Tunix's loader's preprocess_fn: its per-projection attention tensors (tmp.layers.N.attn.q etc.) ->
     Tunix's einsum weights, by the same combination the reader applies on the devices."""
 
@@ -23,13 +26,13 @@ def tunix_preprocess(text: gemma4.Gemma4Text) -> Any:
         out: dict[str, Any] = {}
         per_layer: dict[int, dict[str, Any]] = {}
         for key, value in tensors.items():
-            m = gemma4._TMP_QKV.match(key)
+            m = gemma4_model._TMP_QKV.match(key)
             if m:
                 per_layer.setdefault(int(m.group(1)), {})[m.group(2)] = value
             else:
                 out[key] = value
         for i, qkv in per_layer.items():
-            for name, w in gemma4.combine_layer_qkv(qkv, gemma4.keys_are_values(text, i), np).items():
+            for name, w in gemma4_model.combine_layer_qkv(qkv, gemma4_model.keys_are_values(text, i), np).items():
                 out[f"layers.{i}.attn.{name}"] = w
         return out
 
@@ -44,8 +47,8 @@ def test_the_reader_loads_what_tunix_loads_bit_for_bit(
     from tunix.models.gemma4 import model as gm
 
     model_dir = tiny_mm_model_dir if layout == "multimodal" else tiny_model_dir
-    text = gemma4.parse_config(gemma4.read_config(str(model_dir)))
-    cfg = gemma4.tunix_config(text)
+    text = gemma4_config.parse_config(decoder.read_config(str(model_dir)))
+    cfg = gemma4_model.tunix_config(text)
     mesh = make_mesh(2, 2)
     stats: dict[str, float] = {}
     with jax.set_mesh(mesh):
@@ -55,7 +58,7 @@ def test_the_reader_loads_what_tunix_loads_bit_for_bit(
                 file_dir=str(model_dir),
                 model_class=gm.Gemma4,
                 config=cfg,
-                key_mapping=gemma4.key_mapping,
+                key_mapping=gemma4_model.key_mapping,
                 mesh=mesh,
                 preprocess_fn=tunix_preprocess(text),
             )

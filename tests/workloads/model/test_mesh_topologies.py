@@ -7,7 +7,7 @@ import jax
 import pytest
 
 from tpuforge.api.catalog import TPU_SLICES
-from tpuforge_workloads.model.gemma4 import ModelError
+from tpuforge_workloads.families.decoder import ModelError
 from tpuforge_workloads.model.mesh import MESH_AXES, device_grid, make_mesh
 from tpuforge_workloads.preflight.topology import slice_devices
 

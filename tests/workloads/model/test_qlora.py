@@ -17,8 +17,10 @@ from flax import nnx
 from tests.fixtures.models import TrainerProcess, read_summary, tiny_train_config
 from tpuforge.api import LoraSpec
 from tpuforge.api.catalog import model_shape
-from tpuforge_workloads import storage
-from tpuforge_workloads.model import checkpoint_read, family, gemma4, lora
+from tpuforge_workloads import families, storage
+from tpuforge_workloads.families import decoder
+from tpuforge_workloads.families.gemma4 import config as gemma4_config
+from tpuforge_workloads.model import checkpoint_read, lora
 from tpuforge_workloads.model.mesh import make_mesh
 
 pytestmark = pytest.mark.slow
@@ -27,9 +29,9 @@ TOKENS = np.arange(1, 33).reshape(2, 16) % 300
 
 
 def _base(model_dir: Path, mesh: jax.sharding.Mesh) -> Any:
-    text = family.read_decoder(str(model_dir))
+    text = families.read_decoder(str(model_dir))
     with jax.set_mesh(mesh):
-        return checkpoint_read.load_model(model_dir, text, family.of(text).tunix_config(text), mesh)
+        return checkpoint_read.load_model(model_dir, text, families.of(text).tunix_config(text), mesh)
 
 
 def _bytes(state: Any) -> int:
@@ -154,7 +156,7 @@ def test_the_preflight_compiles_the_step_on_the_quantized_base(tiny_model_dir: P
     step on the model's own dtype (float32 here, bfloat16 on the 31B: the ratio on a chip is larger)."""
     from tpuforge_workloads.preflight.step import compile_train_step
 
-    text = gemma4.parse_config(gemma4.read_config(str(tiny_model_dir)))
+    text = gemma4_config.parse_config(decoder.read_config(str(tiny_model_dir)))
     mesh = make_mesh(1, 4, jax_devices[:4])
     config = tiny_train_config(str(tiny_model_dir), "unused.jsonl", "unused")
     full = compile_train_step(text, config, mesh, total_steps=4)

@@ -18,11 +18,11 @@ import yaml
 
 from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
 from tpuforge.api.catalog import TPU_SLICES, model_shape
-from tpuforge_workloads.model import gemma4
+from tpuforge_workloads.families.gemma4 import config as gemma4_config
+from tpuforge_workloads.families.gemma4 import tiny as tiny_model
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.preflight.step import GIB, compile_train_step, with_layers
 from tpuforge_workloads.preflight.topology import slice_devices
-from tpuforge_workloads.tiny import gemma4 as tiny_model
 
 pytestmark = pytest.mark.slow
 
@@ -98,7 +98,7 @@ def test_a_bad_job_is_refused_before_any_compile(tmp_path: Path) -> None:
 def test_31b_layer_compiles_for_the_slice_with_its_weights_sharded_over_the_chips(slice_id: str) -> None:
     """v5p-8: one host, fsdp=1 x tp=4; v5p-16: two hosts' chips in one compile (v5p:2x2x2), fsdp=2 x tp=4."""
     slc = TPU_SLICES[slice_id]
-    text = gemma4.parse_config(tiny_model.hf_config(model_shape("gemma4-31b")))
+    text = gemma4_config.parse_config(tiny_model.hf_config(model_shape("gemma4-31b")))
     one = with_layers(text, ("sliding_attention",))
     config = TrainConfig(
         model_name="gemma4-31b",

@@ -13,7 +13,8 @@ import pytest
 
 from tests.fixtures.models import TrainerProcess, read_summary, tiny_train_config
 from tpuforge_workloads import storage
-from tpuforge_workloads.model import gemma4
+from tpuforge_workloads.families import decoder
+from tpuforge_workloads.families.gemma4 import config as gemma4_config
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.preflight.step import compile_train_step
 from tpuforge_workloads.runtime import compile_cache
@@ -38,7 +39,7 @@ def test_the_trainer_loads_the_step_the_preflight_stored(
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "")
     config = tiny_train_config(tiny_model_gs, chat_dataset_gs, f"{bucket}/checkpoints", max_steps=4)
     root = config.compile_cache_uri = f"{bucket}/checkpoints/compile-cache"
-    text = gemma4.parse_config(gemma4.read_config(tiny_model_gs), tiny_model_gs)
+    text = gemma4_config.parse_config(decoder.read_config(tiny_model_gs), tiny_model_gs)
     mesh = make_mesh(1, 4, jax.devices())
 
     preflight = compile_train_step(text, config, mesh, total_steps=4)

@@ -19,7 +19,7 @@ from tests.fixtures.adapters import RANK, export_adapter
 from tests.fixtures.conversations import CONVERSATIONS
 from tpuforge_sandbox.agent.runtimes import VLLM_CPU_ENV, vllm_venv
 from tpuforge_workloads.data.chat import ChatEncoder
-from tpuforge_workloads.tiny import gemma4 as tiny_model
+from tpuforge_workloads.families.gemma4 import tiny as tiny_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 SCRIPT = Path(__file__).with_name("vllm_prompt_logprobs.py")
@@ -197,8 +197,8 @@ def test_vllm_serves_the_merged_qwen3_as_transformers_computes_it(tiny_qwen3_mod
     from tpuforge.api import LoraSpec
     from tpuforge.api.catalog import model_shape
     from tpuforge.api.configs import MergeConfig
+    from tpuforge_workloads.families.qwen3 import tiny as tiny_qwen3
     from tpuforge_workloads.merge.merge import run_merge
-    from tpuforge_workloads.tiny import qwen3 as tiny_qwen3
 
     spec = LoraSpec(rank=RANK, alpha=16.0, dropout=0.0, target_modules=list(model_shape("qwen3-tiny").lora_targets))
     save_lora_checkpoint(tiny_qwen3_model_dir, tmp_path / "ckpt", "qwen3-tiny", spec, step=4, b_scale=0.5)

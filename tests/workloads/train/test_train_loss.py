@@ -33,12 +33,15 @@ from tpuforge_workloads.data.pipeline import (
     eval_batches,
     fill_row,
     first_fit,
-    model_inputs,
     pad_example,
     prepare_examples,
 )
 from tpuforge_workloads.data.records import parse_line
-from tpuforge_workloads.model import attention, checkpoint_read, gemma4, lora
+from tpuforge_workloads.families import attention, decoder
+from tpuforge_workloads.families.attention import model_inputs
+from tpuforge_workloads.families.gemma4 import config as gemma4_config
+from tpuforge_workloads.families.gemma4 import model as gemma4_model
+from tpuforge_workloads.model import checkpoint_read, lora
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.train import loss
 from tpuforge_workloads.train.loop import BatchFeed
@@ -51,10 +54,10 @@ SEQ = 64
 @pytest.fixture(scope="module")
 def lora_model(tiny_model_dir: Path, jax_devices: Any) -> tuple[Any, jax.sharding.Mesh]:
     """The tiny model with adapters whose B is random, so that they take part in the loss."""
-    text = gemma4.parse_config(gemma4.read_config(str(tiny_model_dir)))
+    text = gemma4_config.parse_config(decoder.read_config(str(tiny_model_dir)))
     mesh = make_mesh(1, 4)
     with jax.set_mesh(mesh):
-        base = checkpoint_read.load_model(tiny_model_dir, text, gemma4.tunix_config(text), mesh)
+        base = checkpoint_read.load_model(tiny_model_dir, text, gemma4_model.tunix_config(text), mesh)
     model = lora.apply_lora(base, LoraSpec(rank=4, alpha=8.0, dropout=0.0), mesh, seed=0)
     state = nnx.state(model, nnx.LoRAParam)
     rng = np.random.default_rng(0)
@@ -195,9 +198,9 @@ def dropout_model(lora_model: tuple[Any, jax.sharding.Mesh], tiny_model_dir: Pat
     """The same adapted model with LoRA dropout 0.5, holding copies of `lora_model`'s adapter weights (the
     evaluation step donates them)."""
     reference, mesh = lora_model
-    text = gemma4.parse_config(gemma4.read_config(str(tiny_model_dir)))
+    text = gemma4_config.parse_config(decoder.read_config(str(tiny_model_dir)))
     with jax.set_mesh(mesh):
-        base = checkpoint_read.load_model(tiny_model_dir, text, gemma4.tunix_config(text), mesh)
+        base = checkpoint_read.load_model(tiny_model_dir, text, gemma4_model.tunix_config(text), mesh)
     model = lora.apply_lora(base, LoraSpec(rank=4, alpha=8.0, dropout=0.5), mesh, seed=0)
     nnx.update(model, jax.tree.map(lambda x: x.copy(), nnx.state(reference, nnx.LoRAParam)))
     return model

@@ -18,8 +18,10 @@ from flax import nnx
 
 from tests.fixtures.models import ROOT, TrainerProcess, read_summary, tiny_train_config
 from tpuforge.api import LoraSpec, PreferenceSpec, TrainConfig
-from tpuforge_workloads.data.pipeline import MicroBatches, model_inputs
-from tpuforge_workloads.model import checkpoint_read, family, lora
+from tpuforge_workloads import families
+from tpuforge_workloads.data.pipeline import MicroBatches
+from tpuforge_workloads.families.attention import model_inputs
+from tpuforge_workloads.model import checkpoint_read, lora
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.train import preference
 from tpuforge_workloads.train.plan import BadInput, make_plan
@@ -57,9 +59,9 @@ def test_an_sft_dataset_for_dpo_is_refused_naming_the_line_and_the_record_it_nee
 @pytest.fixture(scope="module")
 def adapted(tiny_model_dir: Path, jax_devices: Any) -> Any:
     mesh = make_mesh(1, 1, jax_devices[:1])
-    text = family.read_decoder(str(tiny_model_dir))
+    text = families.read_decoder(str(tiny_model_dir))
     with jax.set_mesh(mesh):
-        base = checkpoint_read.load_model(tiny_model_dir, text, family.of(text).tunix_config(text), mesh)
+        base = checkpoint_read.load_model(tiny_model_dir, text, families.of(text).tunix_config(text), mesh)
     return lora.apply_lora(base, LoraSpec(rank=4, alpha=8.0, dropout=0.0), mesh, seed=0)
 
 
@@ -169,10 +171,11 @@ def test_the_preflight_compiles_the_dpo_step_with_its_pairs_and_reference_forwar
 ) -> None:
     """The preflight compiles the trainer's own step: for DPO, two rows a pair and the reference forward, so
     more FLOPs a micro-batch than the SFT step of as many rows (each row's forward runs twice)."""
-    from tpuforge_workloads.model import gemma4
+    from tpuforge_workloads.families import decoder
+    from tpuforge_workloads.families.gemma4 import config as gemma4_config
     from tpuforge_workloads.preflight.step import compile_train_step
 
-    text = gemma4.parse_config(gemma4.read_config(str(tiny_model_dir)))
+    text = gemma4_config.parse_config(decoder.read_config(str(tiny_model_dir)))
     mesh = make_mesh(1, 4, jax_devices[:4])
     sft = tiny_train_config(str(tiny_model_dir), "unused.jsonl", "unused", packing=False, micro_batch_size=2)
     dpo = _config(tiny_model_dir, PAIRS, "unused", micro_batch_size=1)

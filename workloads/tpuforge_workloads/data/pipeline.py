@@ -15,8 +15,8 @@ A batch is a dict of numpy arrays [rows, max_seq_len]:
 plus `global_tokens` and `global_loss_tokens`, int64 scalars: the real tokens and the loss targets of the
 whole global batch. The trainer adds `loss_denominator` (float32 [rows], see train/loss.py) before a batch
 goes to the device.
-`attention_mask` turns segment ids into the block-diagonal causal mask the model needs (on TPU the model
-takes the segment ids themselves: attention.py).
+The model's attention mask is made from the segment ids when the step is traced (`model_inputs`,
+families/attention.py: the block-diagonal causal mask, or on TPU the segment ids themselves).
 
 On a multi-host slice every process builds only its own rows of each global batch (the rows its devices
 hold on the batch axis, `process_rows`), from the same random-access source, so the global batch is the
@@ -320,36 +320,6 @@ def eval_batches(examples: Sequence[Example], rows: int, max_seq_len: int, pad_i
     while len(padded) % rows:
         padded.append(empty)
     return [{k: np.stack([p[k] for p in padded[i : i + rows]]) for k in padded[0]} for i in range(0, len(padded), rows)]
-
-
-def attention_mask(segment_ids: Any) -> Any:
-    """[B, T, T] bool: position t sees position s when s <= t and both are in the same example (padding,
-    segment 0, sees and is seen by nothing). Pure jnp, so it runs inside the jitted train step."""
-    from tpuforge_workloads.model import attention
-
-    return attention.dense_mask(segment_ids)
-
-
-def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
-    """A batch -> the keyword arguments of the loss functions (train/loss.py). The model's attention mask
-    is the segment ids themselves where the step is traced for TPU (splash attention, attention.py), else
-    the dense mask."""
-    from tpuforge_workloads.model import attention
-
-    segment_ids = batch["segment_ids"]
-    inputs = {
-        "input_tokens": batch["input_tokens"],
-        "input_mask": batch["input_mask"],
-        "positions": batch["positions"],
-        "attention_mask": (
-            attention.Segments(segment_ids)
-            if attention.use_splash(segment_ids.shape[-1])
-            else attention_mask(segment_ids)
-        ),
-    }
-    if "loss_denominator" in batch:
-        inputs["loss_denominator"] = batch["loss_denominator"]
-    return inputs
 
 
 def real_tokens(batch: dict[str, np.ndarray]) -> int:

@@ -35,9 +35,9 @@ from typing import Any
 from tpuforge.api.configs import EvalConfig
 from tpuforge.api.constants import EXIT_BAD_CONFIG, TERMINATION_LOG
 from tpuforge.api.finetune import PREFERENCE_ACCURACY
-from tpuforge_workloads import storage
+from tpuforge_workloads import families, storage
 from tpuforge_workloads.data.chat import ChatEncoder, TokenizerError, read_tokenizer
-from tpuforge_workloads.data.pipeline import Example, eval_batches, model_inputs, prepare_examples, to_global
+from tpuforge_workloads.data.pipeline import Example, eval_batches, prepare_examples, to_global
 from tpuforge_workloads.data.records import DatasetError
 from tpuforge_workloads.evaluate.config import (
     EvalInputError,
@@ -46,9 +46,10 @@ from tpuforge_workloads.evaluate.config import (
 )
 from tpuforge_workloads.evaluate.preference import ranking
 from tpuforge_workloads.evaluate.records import EvalExample, config_examples
-from tpuforge_workloads.model import family, lora
+from tpuforge_workloads.families.attention import model_inputs
+from tpuforge_workloads.families.decoder import ModelError, mesh_errors
+from tpuforge_workloads.model import lora
 from tpuforge_workloads.model.adapters import AdapterError
-from tpuforge_workloads.model.decoder import ModelError, mesh_errors
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.runtime import termination
 
@@ -90,7 +91,7 @@ def prepare(cfg: EvalConfig, examples: list[EvalExample], encoder: ChatEncoder) 
 def check_inputs(cfg: EvalConfig) -> tuple[int, list[Prepared], int]:
     """Everything checked before JAX loads a model: (the adapter's step, the prepared records, the pad id)."""
     info = check_adapter(cfg)
-    text = family.read_decoder(cfg.base_model_uri)
+    text = families.read_decoder(cfg.base_model_uri)
     problems = mesh_errors(text, cfg.mesh.fsdp, cfg.mesh.tp)
     if problems:
         raise EvalInputError("; ".join(problems))

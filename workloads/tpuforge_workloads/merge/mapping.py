@@ -1,6 +1,7 @@
 """Which HuggingFace tensor each Qwix LoRA adapter of a Tunix model changes, and how (the table of each
-family's modules is its `lora_modules`, model/family.py; Gemma 4's below, Qwen3's are HF's own names with the
-same factor layouts as q_einsum, attn_vec_einsum and the MLP's).
+family's modules is its `lora_modules` in the registry, tpuforge_workloads/families: Gemma 4's in
+families/gemma4/merge.py with their factor layouts, Qwen3's HF's own names with the same layouts as Gemma 4's
+q_einsum, attn_vec_einsum and MLP projections).
 
 Qwix gives every adapted weight two factors, A and B, whose layouts follow the weight's einsum
 ('BTD,NDH->BTNH' becomes 'BTD,Dr,rNH->BTNH'): A holds the contracted input axes then the rank, B the
@@ -9,15 +10,6 @@ input axes are Tunix's contracted axes and whose output axes are B's (flattened 
 each adapter reduces to the PEFT form: lora_A = A as (in, r) transposed, lora_B = B as (r, out)
 transposed, and the merged weight is W + (alpha / rank) * lora_B @ lora_A. That form serves both the
 merge and the PEFT adapter.
-
-| Tunix module     | A         | B           | HF tensor(s)                         |
-|------------------|-----------|-------------|--------------------------------------|
-| q_einsum         | (D, r)    | (r, N, h)   | self_attn.q_proj                     |
-| kv_einsum        | (D, r)    | (r, 2, K, h)| self_attn.k_proj (B[:, 0]), v_proj (B[:, 1]): one shared A |
-| k_einsum         | (D, r)    | (r, K, h)   | self_attn.k_proj; global layers with keys = values: no v_proj |
-| attn_vec_einsum  | (N, h, r) | (r, D)      | self_attn.o_proj                     |
-| gate/up_proj     | (D, r)    | (r, F)      | mlp.gate_proj / mlp.up_proj          |
-| down_proj        | (F, r)    | (r, D)      | mlp.down_proj                        |
 """
 
 from __future__ import annotations
@@ -30,16 +22,15 @@ from typing import Any
 
 import numpy as np
 
+from tpuforge_workloads import families
+from tpuforge_workloads.families.decoder import Decoder, ModelError
 from tpuforge_workloads.merge.errors import MergeInputError
-from tpuforge_workloads.model import family
-from tpuforge_workloads.model.decoder import Decoder, ModelError
-from tpuforge_workloads.model.gemma4 import HF_PREFIXES
 
 
 def parse_base_config(config: Mapping[str, Any], config_uri: str) -> Decoder:
     """The base's decoder shape; a checkpoint of no supported family (or an unsupported variant) is rejected."""
     try:
-        return family.parse_config(config, config_uri)  # type: ignore[no-any-return]
+        return families.parse_config(config, config_uri)  # type: ignore[no-any-return]
     except ModelError as e:
         archs = config.get("architectures")
         named = ", ".join(str(a) for a in archs) if isinstance(archs, list) and archs else "no architectures"
@@ -56,7 +47,7 @@ class HfLayout:
 
     @classmethod
     def detect(cls, names: Collection[str], uri: str, modules: Mapping[str, tuple[str, tuple[str, ...]]]) -> HfLayout:
-        for prefix in HF_PREFIXES:
+        for prefix in families.HF_PREFIXES:
             pattern = re.compile(re.escape(prefix) + r"layers\.(\d+)\.")
             layers = {int(m.group(1)) for n in names if (m := pattern.match(n))}
             if layers:

@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from tpuforge.api.catalog import model_shape
 from tpuforge.api.configs import MergeConfig
 from tpuforge.api.constants import COMPLETE_MARKER
-from tpuforge_workloads import storage
+from tpuforge_workloads import families, storage
+from tpuforge_workloads.families.decoder import Decoder
 from tpuforge_workloads.merge.errors import MergeInputError
 from tpuforge_workloads.merge.lora_checkpoint import LoraCheckpoint
 from tpuforge_workloads.merge.mapping import HfLayout, LoraTarget, parse_base_config, targets_of
@@ -27,8 +28,7 @@ from tpuforge_workloads.merge.safetensors_io import (
     TensorInfo,
     plan_shards,
 )
-from tpuforge_workloads.model import adapters, family
-from tpuforge_workloads.model.decoder import Decoder
+from tpuforge_workloads.model import adapters
 from tpuforge_workloads.model.lora import MANIFEST_FILE
 from tpuforge_workloads.model.lora import read_manifest as read_lora_manifest
 
@@ -199,14 +199,14 @@ def make_plan(cfg: MergeConfig) -> MergePlan:
         shape = model_shape(cfg.model_name)
     except KeyError as e:
         raise MergeInputError(f"modelName: {e.args[0]}") from e
-    if shape.family not in family.FAMILIES:
+    if shape.family not in families.FAMILIES:
         raise MergeInputError(
-            f"modelName {cfg.model_name}: the merge supports the families {', '.join(family.FAMILIES)} only"
+            f"modelName {cfg.model_name}: the merge supports the families {', '.join(families.FAMILIES)} only"
         )
     text = read_base_config(cfg.base_model_uri)
     base = SafetensorsCheckpoint.open(cfg.base_model_uri)
     infos = base.by_name()
-    layout = HfLayout.detect(infos, cfg.base_model_uri, family.of(text).lora_modules)
+    layout = HfLayout.detect(infos, cfg.base_model_uri, families.of(text).lora_modules)
     if layout.num_layers != text.num_layers or layout.prefix != text.hf_prefix:
         raise MergeInputError(
             f"baseModelUri {cfg.base_model_uri}: {CONFIG_FILE} describes {text.num_layers} layers under "

@@ -17,6 +17,8 @@ import numpy as np
 
 from tpuforge.api.catalog import ModelShape
 from tpuforge_workloads import storage
+from tpuforge_workloads.families.gemma4.config import Gemma4Text
+from tpuforge_workloads.families.gemma4.merge import LORA_MODULES as TUNIX_MODULES
 from tpuforge_workloads.merge.safetensors_io import (
     FLOAT_DTYPES,
     INDEX_FILE,
@@ -27,8 +29,6 @@ from tpuforge_workloads.merge.safetensors_io import (
     plan_shards,
 )
 from tpuforge_workloads.model.adapter_checkpoint import PARAMS_ITEM
-from tpuforge_workloads.model.gemma4 import LORA_MODULES as TUNIX_MODULES
-from tpuforge_workloads.model.gemma4 import Gemma4Text
 from tpuforge_workloads.model.lora import LoraManifest, write_manifest
 from tpuforge_workloads.storage import staged as staged_write
 
@@ -93,7 +93,7 @@ def decoder_tensors(shape: ModelShape, prefix: str) -> list[TensorSpec]:
 
 def hf_config(shape: ModelShape) -> dict[str, Any]:
     """config.json for the shape: Gemma4ForCausalLM, or Gemma4ForConditionalGeneration when multimodal."""
-    from tpuforge_workloads.tiny import gemma4 as tiny_model
+    from tpuforge_workloads.families.gemma4 import tiny as tiny_model
 
     text = tiny_model.hf_config(shape)
     text["layer_types"] = layer_types(shape.num_layers, shape.sliding_per_global)

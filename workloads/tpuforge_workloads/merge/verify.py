@@ -23,12 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from tpuforge_workloads import storage
+from tpuforge_workloads import families, storage
+from tpuforge_workloads.families.decoder import read_config
 from tpuforge_workloads.merge.mapping import LoraTarget, peft_factors
 from tpuforge_workloads.merge.plan import MergePlan
 from tpuforge_workloads.merge.safetensors_io import FLOAT_DTYPES, ITEM_SIZES
-from tpuforge_workloads.model import family
-from tpuforge_workloads.model.decoder import read_config
 
 log = logging.getLogger(__name__)
 LOGIT_TOLERANCE = 1e-4  # float32: absolute, every logit; and the same argmax everywhere
@@ -127,7 +126,7 @@ def special_ids(config: Mapping[str, Any]) -> set[int]:
 
 def fixed_tokens(config: Mapping[str, Any], batch: int = 4, length: int = 64) -> np.ndarray:
     """The same rows of ordinary tokens for every check of a model (none of its special_ids)."""
-    text = family.parse_config(config)
+    text = families.parse_config(config)
     ordinary = np.setdiff1d(np.arange(text.vocab_size), sorted(special_ids(config)))
     return np.random.default_rng(1234).choice(ordinary, size=(batch, length)).astype(np.int64)
 

@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tpuforge_workloads import storage
-from tpuforge_workloads.model import family, gemma4
-from tpuforge_workloads.model.decoder import Decoder, ModelError
+from tpuforge_workloads import families, storage
+from tpuforge_workloads.families.decoder import CombinedQkv, Decoder, ModelError
 
 if TYPE_CHECKING:
     import jax
@@ -110,15 +109,17 @@ def _transform(permute: tuple[int, ...] | None, reshape: tuple[int, ...] | None,
 
 
 @functools.cache
-def _qkv(transforms: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...], shared: bool, out: Any) -> Any:
-    """A jit laying out one layer's q, k(, v) and combining them (gemma4.combine_layer_qkv); `out` holds
-    the output shardings as (name, sharding) pairs."""
+def _qkv(
+    combine: CombinedQkv, transforms: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...], shared: bool, out: Any
+) -> Any:
+    """A jit laying out one layer's q, k(, v) and combining them (the family's `combine`); `out` holds the
+    output shardings as (name, sharding) pairs."""
     import jax
     import jax.numpy as jnp
 
     def f(*xs: Any) -> Any:
         laid = {n: x.transpose(p).reshape(r) for n, x, (p, r) in zip("qkv", xs, transforms, strict=False)}
-        return gemma4.combine_layer_qkv(laid, shared, jnp)
+        return combine.combine(laid, shared, jnp)
 
     return jax.jit(f, out_shardings=dict(out))
 
@@ -139,7 +140,7 @@ def load_model(
     from jax.sharding import NamedSharding, PartitionSpec
     from tunix.utils.torch_utils import torch_key_to_jax_key
 
-    fam = family.of(text)
+    fam = families.of(text)
     uri = str(model_uri)
     stored = list_tensors(uri)
     fam.check_tensors([t.name for t in stored], text, uri)
@@ -179,20 +180,22 @@ def load_model(
 
     params: dict[str, Any] = {}
     layers: dict[int, dict[str, Any]] = {}
+    qkv_of = fam.combined_qkv
     for key, (array, _) in raw.items():
-        m = gemma4._TMP_QKV.match(key)  # Gemma 4's mapping leaves q, k, v to combine per layer
-        if m:
-            layers.setdefault(int(m.group(1)), {})[m.group(2)] = (array, mapped[key][1])
+        part = qkv_of.part(key) if qkv_of else None  # Gemma 4's mapping leaves q, k, v to combine per layer
+        if part:
+            layers.setdefault(part[0], {})[part[1]] = (array, mapped[key][1])
             continue
         permute, reshape = mapped[key][1] or (None, None)
         params[key] = _transform(_tuple(permute), _tuple(reshape), targets[key])(array)
     for i, qkv in sorted(layers.items()):
-        shared = gemma4.keys_are_values(text, i)  # type: ignore[arg-type]
+        assert qkv_of is not None
+        shared = qkv_of.keys_are_values(text, i)
         names = ("q_einsum.w", "k_einsum.w") if shared else ("q_einsum.w", "kv_einsum.w")
         out = tuple((n, targets[f"layers.{i}.attn.{n}"]) for n in names)
         parts = [qkv[n] for n in "qkv" if n in qkv]
         transforms = tuple((tuple(p), tuple(r)) for _, (p, r) in parts)
-        combined = _qkv(transforms, shared, out)(*(a for a, _ in parts))
+        combined = _qkv(qkv_of, transforms, shared, out)(*(a for a, _ in parts))
         params.update({f"layers.{i}.attn.{n}": w for n, w in combined.items()})
     missing = sorted(set(targets) - set(params))
     if missing:
@@ -204,7 +207,7 @@ def load_model(
     if stats is not None:
         stats.update(model_bytes_read=float(read), model_bytes=float(total))
     state = jax.tree_util.tree_map_with_path(lambda p, _: params[_dotted(p)], shardings)
-    from tpuforge_workloads.model import attention
+    from tpuforge_workloads.families import attention
 
     return attention.install(nnx.merge(graph_def, state))
 

@@ -1,4 +1,4 @@
-"""LoRA on a Tunix model (any family of family.py) with Qwix, the adapter manifest written beside the
+"""LoRA on a Tunix model (any family of the registry, families/) with Qwix, the adapter manifest written beside the
 checkpoints, and the JAX LoRA model rebuilt from a base model + a training checkpoint (for checks against a
 merged model).
 
@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from tpuforge.api import LoraSpec
 from tpuforge.api.quantization import contracted_sizes, tile_size
 from tpuforge_workloads import storage
+from tpuforge_workloads.families.decoder import ModelError
 from tpuforge_workloads.model.adapter_checkpoint import PARAMS_ITEM, restore_lora_params
-from tpuforge_workloads.model.decoder import ModelError
 
 if TYPE_CHECKING:
     import jax
@@ -422,13 +422,14 @@ def untrained_lora_model(
 
     import jax
 
-    from tpuforge_workloads.model import checkpoint_read, family
+    from tpuforge_workloads import families
+    from tpuforge_workloads.model import checkpoint_read
     from tpuforge_workloads.model.mesh import make_mesh
 
     m = read_manifest(checkpoint_uri)
     if m is None:
         raise ModelError(f"{checkpoint_uri}: no {MANIFEST_FILE}; not a tpuforge training checkpoint directory")
-    text = family.read_decoder(base_model_uri)
+    text = families.read_decoder(base_model_uri)
     mesh = mesh or make_mesh(1, 1, jax.local_devices()[:1])
     lora = LoraSpec(
         rank=m.rank,
@@ -438,5 +439,5 @@ def untrained_lora_model(
         base_quantization=base_quantization,
     )
     with jax.set_mesh(mesh):
-        base = checkpoint_read.load_model(base_model_uri, text, family.of(text).tunix_config(text), mesh)
+        base = checkpoint_read.load_model(base_model_uri, text, families.of(text).tunix_config(text), mesh)
     return apply_lora(base, lora, mesh, seed=0)

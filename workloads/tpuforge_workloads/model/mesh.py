@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from tpuforge_workloads.model.gemma4 import ModelError
+from tpuforge_workloads.families.decoder import ModelError
 
 if TYPE_CHECKING:
     import jax

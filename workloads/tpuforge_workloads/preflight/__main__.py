@@ -23,8 +23,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # the TPU is only a compile targe
 
 from tpuforge.api.catalog import TPU_SLICES, model_shape
 from tpuforge.api.constants import EXIT_BAD_CONFIG, EXIT_DOES_NOT_FIT
-from tpuforge_workloads.model import family
-from tpuforge_workloads.model.decoder import ModelError
+from tpuforge_workloads import families
+from tpuforge_workloads.families.decoder import ModelError
 from tpuforge_workloads.preflight.run import preflight
 from tpuforge_workloads.preflight.topology import TopologyError
 from tpuforge_workloads.runtime import termination
@@ -57,8 +57,8 @@ def main(argv: list[str] | None = None) -> int:
             config.compile_cache_uri = args.compile_cache
         if args.model_config:
             raw = json.loads(Path(args.model_config).read_text())
-            text = family.parse_config(raw, args.model_config)
-            family.check_against_catalog(text, model_shape(config.model_name), args.model_config)
+            text = families.parse_config(raw, args.model_config)
+            families.check_against_catalog(text, model_shape(config.model_name), args.model_config)
             steps = args.steps or config.training.max_steps
         else:
             steps = args.steps or config.training.max_steps
@@ -66,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                 plan = make_plan(config, write_manifest=False)
                 text, steps = plan.text, plan.total_steps
             else:
-                text = family.read_decoder(config.model_uri)
-                family.check_against_catalog(text, model_shape(config.model_name), config.model_uri)
+                text = families.read_decoder(config.model_uri)
+                families.check_against_catalog(text, model_shape(config.model_name), config.model_uri)
         if steps is None:
             raise BadInput("--steps: the run's step count is unknown; give --steps or training.maxSteps")
         report = preflight(text, config, TPU_SLICES[args.slice], steps, args.mfu, args.whole)

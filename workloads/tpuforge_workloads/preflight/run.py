@@ -10,7 +10,7 @@ from tpuforge.api import TrainConfig
 from tpuforge.api.catalog import TpuSlice
 from tpuforge.api.display import hbm_gib
 from tpuforge_workloads.data.preference import rows_per_example
-from tpuforge_workloads.model.decoder import Decoder
+from tpuforge_workloads.families.decoder import Decoder
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.preflight import estimate as est
 from tpuforge_workloads.preflight.step import GIB, CompiledStep, compile_train_step, with_layers

@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpuforge.api import TrainConfig
+from tpuforge_workloads import families
 from tpuforge_workloads.data.pipeline import BATCH_ARRAYS
 from tpuforge_workloads.data.preference import rows_per_example
-from tpuforge_workloads.model import family, lora
-from tpuforge_workloads.model.decoder import Decoder, check_sharding
+from tpuforge_workloads.families.decoder import Decoder, check_sharding
+from tpuforge_workloads.model import lora
 from tpuforge_workloads.runtime import compile_cache
 
 GIB = 1024**3
@@ -128,10 +129,10 @@ def lower_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_steps:
 
     from tpuforge_workloads.train.trainer import jit_train_step, make_trainer
 
-    fam = family.of(text)
+    fam = families.of(text)
     t = config.training
     trainers: list[Any] = []
-    from tpuforge_workloads.model import attention
+    from tpuforge_workloads.families import attention
 
     base = nnx.eval_shape(lambda: attention.install(fam.build(text)))
     build = lora.AdapterBuild(base, config.lora, mesh, t.seed, lora.ADAPTER_DTYPE)

@@ -44,7 +44,7 @@ from typing import Any
 
 from tpuforge.api import TrainConfig
 from tpuforge_workloads import storage
-from tpuforge_workloads.model.decoder import Decoder
+from tpuforge_workloads.families.decoder import Decoder
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ from tpuforge.api.constants import (
     TERMINATION_PREEMPTED,
 )
 from tpuforge_workloads import storage
-from tpuforge_workloads.model.decoder import ModelError
+from tpuforge_workloads.families.decoder import ModelError
 from tpuforge_workloads.runtime import tensorboard as tensorboard_log
 from tpuforge_workloads.runtime import termination, tpu_access
 from tpuforge_workloads.runtime.progress import METRICS_ADDR_ENV, RunProgress, RunSummary, StatusReporter, TrainMetrics

@@ -27,6 +27,7 @@ from flax import nnx
 from tunix.sft import hooks
 
 from tpuforge.api import EarlyStop, StepLoss, TrainConfig
+from tpuforge_workloads import families
 from tpuforge_workloads.data.pipeline import (
     batches,
     eval_batches,
@@ -34,8 +35,8 @@ from tpuforge_workloads.data.pipeline import (
     real_tokens,
     to_global,
 )
-from tpuforge_workloads.model import checkpoint_read, family, lora
-from tpuforge_workloads.model.decoder import check_sharding
+from tpuforge_workloads.families.decoder import check_sharding
+from tpuforge_workloads.model import checkpoint_read, lora
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.runtime import compile_cache
 from tpuforge_workloads.runtime.progress import RunProgress
@@ -219,7 +220,7 @@ def build_model(
 ) -> Any:
     """Base model from model.uri on the mesh, with LoRA adapters stored in `adapter_dtype`. Each process
     reads only its share of the checkpoint (checkpoint_read.py); `timings` gets the bytes it read."""
-    fam = family.of(plan.text)
+    fam = families.of(plan.text)
     cfg = fam.tunix_config(plan.text)
     abstract = nnx.eval_shape(lambda: fam.build(plan.text))
     check_sharding(nnx.state(abstract), mesh)
@@ -240,7 +241,7 @@ def adapt_for_training(
     remat as configured, every array laid out by its partition spec."""
     model = lora.apply_lora(base, config.lora, mesh, seed=config.training.seed, adapter_dtype=adapter_dtype)
     check_sharding(nnx.state(model, nnx.LoRAParam), mesh)
-    family.of_model(base).set_remat(model, config.training.remat, config.training.remat_policy)
+    families.of_model(base).set_remat(model, config.training.remat, config.training.remat_policy)
     place_by_specs(model, mesh)
     return model
 

@@ -21,7 +21,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from tpuforge_workloads.model import attention, lora
+from tpuforge_workloads.families import attention
+from tpuforge_workloads.model import lora
 
 
 def token_logps(logits: jax.Array, targets: jax.Array) -> jax.Array:

@@ -17,14 +17,14 @@ from tokenizers import Tokenizer
 
 from tpuforge.api import SpecError, TrainConfig, parse
 from tpuforge.api.catalog import MODELS, ModelShape
-from tpuforge_workloads import storage
+from tpuforge_workloads import families, storage
 from tpuforge_workloads.data.chat import ChatEncoder, TokenizerError, read_tokenizer
 from tpuforge_workloads.data.pipeline import BatchSpec, DataStats, Example, count_batches, prepare_examples
 from tpuforge_workloads.data.preference import parse_preference, prepare_pairs, rows_per_example
 from tpuforge_workloads.data.records import DatasetError, parse_object, read_dataset
 from tpuforge_workloads.data.split import split
-from tpuforge_workloads.model import family, lora
-from tpuforge_workloads.model.decoder import Decoder, ModelError, mesh_errors
+from tpuforge_workloads.families.decoder import Decoder, ModelError, mesh_errors
+from tpuforge_workloads.model import lora
 from tpuforge_workloads.train.samples import SamplePrompt, pick_prompts
 
 
@@ -102,8 +102,8 @@ def _make_plan(config: TrainConfig, write_manifest: bool) -> Plan:
         raise BadInput(f"lora.targetModules: {unknown} are not {shape.family} modules; use {list(shape.lora_targets)}")
 
     config_uri = storage.join(config.model_uri, "config.json")
-    text = family.read_decoder(config.model_uri)
-    family.check_against_catalog(text, shape, config_uri)
+    text = families.read_decoder(config.model_uri)
+    families.check_against_catalog(text, shape, config_uri)
     mesh_problems = mesh_errors(text, config.mesh.fsdp, config.mesh.tp)
     if mesh_problems:
         raise BadInput("; ".join(mesh_problems))

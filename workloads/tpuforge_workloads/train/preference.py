@@ -28,7 +28,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from tpuforge.api import PreferenceSpec
-from tpuforge_workloads.model import attention, lora
+from tpuforge_workloads.families import attention
+from tpuforge_workloads.model import lora
 from tpuforge_workloads.train.loss import token_logps
 
 SUMS = ("loss_sum", "pairs", "correct", "margin_sum", "chosen_sum", "rejected_sum")

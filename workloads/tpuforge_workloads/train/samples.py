@@ -143,8 +143,8 @@ def _decode(
     import jax.numpy as jnp
     from flax import nnx
 
-    from tpuforge_workloads.data.pipeline import model_inputs
-    from tpuforge_workloads.model import attention
+    from tpuforge_workloads.families import attention
+    from tpuforge_workloads.families.attention import model_inputs
     from tpuforge_workloads.model.lora_provider import without_dropout
 
     adapters = jax.tree.map(lambda x: x.astype(dtype), adapters)

@@ -19,7 +19,7 @@ from tunix.sft import metrics_logger, peft_trainer
 
 from tpuforge.api import PreferenceSpec, TrainConfig, TrainingSpec
 from tpuforge.api.finetune import PREFERENCE_METHODS
-from tpuforge_workloads.data.pipeline import model_inputs
+from tpuforge_workloads.families.attention import model_inputs
 from tpuforge_workloads.model.lora_provider import without_dropout
 from tpuforge_workloads.train import loss, preference
 from tpuforge_workloads.train.checkpoints import TrainCheckpoints

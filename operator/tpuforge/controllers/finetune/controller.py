@@ -1,4 +1,6 @@
-"""FineTuneJob controller: observe -> desired -> apply -> status.
+"""FineTuneJob controller: observe -> desired -> apply -> status, in the harness both kinds share
+(runtime/controller.py: the objects' informer, the work queue, the reconcile's metrics, the 409, the echo of
+its own status writes, start and close).
 
 Informers (LIST + WATCH, selected by label on the server for the children) keep the FineTuneJobs and their
 children (Jobs, JobSets, pods, training ConfigMaps) in memory, the children grouped by the owner's uid, and
@@ -9,23 +11,20 @@ per object) cost more CPU than the reconciles themselves.
 
 The reconcile reads memory (no API reads), lets the pure `plan.plan` (finetune/plan.py) decide, and applies the plan:
 create missing children, delete the ones to stop, patch the status on the resourceVersion it was computed
-from (a 409 means a newer object is on its way: reconcile that one), then post the Events. The children's
-informers finish their first LIST before the FineTuneJobs' informer starts, so an operator that restarts
-sees every child before it decides anything.
+from (a 409 means a newer object is on its way: the harness reconciles that one), then post the Events. The
+children's informers finish their first LIST before the FineTuneJobs' informer starts, so an operator that
+restarts sees every child before it decides anything.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import gc
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-import kopf
 from pydantic import ValidationError
 
 from tpuforge import metrics
@@ -58,10 +57,9 @@ from tpuforge.controllers.finetune.children import (
 )
 from tpuforge.controllers.finetune.plan import ChildRef, Event, Observed, Plan, plan, status_patch
 from tpuforge.controllers.runtime import defaults
+from tpuforge.controllers.runtime.controller import Controller
 from tpuforge.controllers.runtime.informer import Informer
-from tpuforge.controllers.runtime.snapshot import Snapshot, finetunejob_informer
-from tpuforge.controllers.runtime.status_writes import StatusWrites
-from tpuforge.controllers.runtime.workqueue import KeyedQueue
+from tpuforge.controllers.runtime.snapshot import Snapshot, object_key
 from tpuforge.kube import async_client as kube_async
 from tpuforge.kube import client as kube_client
 from tpuforge.manifests.common import LABEL_OWNER_UID
@@ -71,13 +69,10 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # namespace, owner uid
 Obj = dict[str, Any]
-WORKERS = 64  # reconciles at once
-API_CONCURRENCY = 128  # API calls at once, one connection each (a reconcile makes up to three at a time)
 # What a pod needs to exist when it is created (else the Job controller backs off for seconds), and the Role
 # its RoleBinding names: the apiserver reads that Role to check that the operator holds what it grants (the
 # escalation check; only cluster admins skip it), and refuses a binding created beside its Role with 404.
 POD_PREREQUISITES = ("ServiceAccount", "ConfigMap", "Role")
-CONFLICT_RETRY_SECONDS = 1.0  # if the newer object's watch event is lost, look again anyway
 # A webhook that did not answer (a firewall, its controller restarting): try the create again this often.
 WEBHOOK_RETRY_SECONDS = 30.0
 # A child created moments ago may not be in its informer yet: skip creating it again for this long.
@@ -132,9 +127,9 @@ def workload_key(obj: Mapping[str, Any]) -> Key | None:
 
 class FineTuneJobController:
     def __init__(self, namespaces: Sequence[str] | None = None):
-        self.objects: dict[Key, Snapshot] = {}
-        self.queue: KeyedQueue[Key] = KeyedQueue(self.reconcile, WORKERS, name="finetunejob")
-        self.finetunejobs: Informer[Key, Snapshot] = finetunejob_informer(namespaces, self.object_changed)
+        self.harness: Controller[Key] = Controller(
+            FINETUNEJOB_KIND, self.reconcile, namespaces=namespaces, key=object_key, forget=self.forget
+        )
 
         # Each informer lists and watches one kind of child (RBAC: list and watch on it).
         trainer_configs = f"{CHILD_SELECTOR},{LABEL_COMPONENT}={COMPONENT_TRAINER}"
@@ -186,21 +181,18 @@ class FineTuneJobController:
             owner=workload_key,
             on_change=self.workload_changed,
         )
-        self._api: kube_async.AsyncApi | None = None  # made on the event loop, in start()
+        self.harness.informers += [self.jobs, self.jobsets, self.pods, self.configs, self.workloads]
         self._created: dict[tuple[str, str, str], float] = {}  # (owner uid, kind, name) -> when
-        self.written: StatusWrites[Key] = StatusWrites()
 
-    async def start(self) -> None:
-        """Start the informers; return once each has its first LIST in memory, the children's first."""
-        self._api = kube_async.AsyncApi(API_CONCURRENCY)
-        children = (self.jobs, self.jobsets, self.pods, self.configs, self.workloads)
-        await asyncio.gather(*(informer.start() for informer in children))
-        await self.finetunejobs.start()
+    @property
+    def finetunejobs(self) -> Informer[Key, Snapshot]:
+        """The informer of FineTuneJobs (the ServingDeployment controller listens to it too)."""
+        return self.harness.objects
 
     def child_changed(self, owner: Key, before: Any, after: Any) -> None:
         if before is None and after is not None and fresh(after):
             return
-        self.queue.request(owner)
+        self.harness.queue.request(owner)
 
     def workload_changed(self, job: Key, before: WorkloadView | None, after: WorkloadView | None) -> None:
         """A Workload belongs to the FineTuneJob that owns its Job or JobSet, once that is in memory (if it is
@@ -208,34 +200,17 @@ class FineTuneJobController:
         job_uid = job[1]
         owner = self.jobs.owner_of(job_uid) or self.jobsets.owner_of(job_uid)
         if owner is not None:
-            self.queue.request(owner)
+            self.harness.queue.request(owner)
 
-    def object_changed(self, key: Key, before: Snapshot | None, snap: Snapshot | None) -> None:
-        if snap is None:
-            if before is not None:
-                self.objects.pop(key, None)
-                self.forget(key)
-                metrics.forget_finetunejob(before.namespace, before.name)
-            return
-        self.objects[key] = snap
-        if self.written.is_echo(key, snap.resource_version):
-            return  # the echo of our own status write: the reconcile that made it already saw this state
-        self.queue.request(key)
-
-    def observe(self, key: Key) -> tuple[Snapshot, Observed] | None:
-        snap = self.objects.get(key)
-        if snap is None:
-            return None
-        written = self.written.current(key, snap.resource_version)
-        if written is not None:
-            snap = dataclasses.replace(snap, resource_version=written.resource_version, status=written.status)
+    def observe(self, key: Key, snap: Snapshot) -> Observed:
+        """The object (`snap`, as the harness has it) and its children, from memory."""
         try:
             status = FineTuneJobStatus.model_validate(snap.status)
         except ValidationError as exc:
             log.warning("%s/%s: unreadable status, treated as empty: %s", snap.namespace, snap.name, exc)
             status = FineTuneJobStatus()
         jobs = self.jobs.get(key) + self.jobsets.get(key)
-        observed = Observed(
+        return Observed(
             namespace=snap.namespace,
             name=snap.name,
             uid=snap.uid,
@@ -249,50 +224,30 @@ class FineTuneJobController:
             deleting=snap.deleting,
             jobset_served=self.jobsets.served,
         )
-        return snap, observed
 
-    async def reconcile(self, key: Key) -> float | None:
-        seen = self.observe(key)
-        if seen is None:
-            return None
-        snap, observed = seen
-        metrics.RECONCILES.labels(FINETUNEJOB_KIND).inc()
-        started = time.perf_counter()
-        try:
-            return await self.apply(snap, observed, plan(observed, _now()))
-        except Exception:
-            metrics.RECONCILE_ERRORS.labels(FINETUNEJOB_KIND).inc()
-            raise
-        finally:
-            metrics.RECONCILE_DURATION.labels(FINETUNEJOB_KIND).observe(time.perf_counter() - started)
+    async def reconcile(self, key: Key, snap: Snapshot) -> float | None:
+        observed = self.observe(key, snap)
+        return await self.apply(key, snap, observed, plan(observed, _now()))
 
-    async def apply(self, snap: Snapshot, observed: Observed, p: Plan) -> float | None:
+    async def apply(self, key: Key, snap: Snapshot, observed: Observed, p: Plan) -> float | None:
         """The plan's API calls, on the event loop, in an order that is safe to interrupt anywhere:
         children (what a pod needs at creation first, then the rest, each group at once), deletions, the
-        status, and last the Events."""
-        kube_api = self.api
+        status (a 409 ends the reconcile: the harness looks at the newer object), and last the Events."""
+        kube_api = self.harness.api
         try:
             for group in creation_groups([defaults.current().workload(obj) for obj in p.create]):
                 await asyncio.gather(*(self.create_child(kube_api, snap.uid, obj) for obj in group))
         except WebhookUnreachable as exc:
-            await self.webhook_unreachable(snap, observed, exc)
+            await self.webhook_unreachable(key, snap, observed, exc)
             return WEBHOOK_RETRY_SECONDS
         if p.create:
             webhooks_answer(observed.status, p.status)
         await asyncio.gather(*(self.delete_child(kube_api, snap.namespace, ref) for ref in p.delete))
         patch = status_patch(observed.status, p.status)
         if patch:
-            try:
-                new = await kube_api.patch_status(snap.ref, patch, snap.resource_version)
-            except kube_client.ApiException as exc:
-                if not kube_client.is_conflict(exc):
-                    raise
-                metrics.RECONCILE_CONFLICTS.labels(FINETUNEJOB_KIND).inc()
-                log.debug("%s/%s: status changed meanwhile; reconciling the newer one", snap.namespace, snap.name)
-                return CONFLICT_RETRY_SECONDS
+            await self.harness.patch_status(key, snap, patch)
             if observed.status.phase != p.status.phase:
                 log.info("%s/%s: %s -> %s", snap.namespace, snap.name, observed.status.phase, p.status.phase)
-            self.written.record((snap.namespace, snap.uid), snap.resource_version, new)
         # After the status: an Event is only said once the transition it reports is recorded.
         await asyncio.gather(*(self.post_event(kube_api, snap, e) for e in p.events))
         if p.delete_self:
@@ -302,12 +257,6 @@ class FineTuneJobController:
         else:
             metrics.observe_finetunejob(snap.namespace, snap.name, snap.spec, p.status)
         return p.requeue_after
-
-    @property
-    def api(self) -> kube_async.AsyncApi:
-        if self._api is None:
-            raise RuntimeError("FineTuneJobController.start() has not been called")
-        return self._api
 
     async def create_child(self, kube_api: kube_async.AsyncApi, owner_uid: str, obj: Mapping[str, Any]) -> None:
         key = (owner_uid, obj["kind"], obj["metadata"]["name"])
@@ -328,7 +277,7 @@ class FineTuneJobController:
         if len(self._created) > 10_000:
             self._created = {k: t for k, t in self._created.items() if now - t < CREATED_MEMORY_SECONDS}
 
-    async def webhook_unreachable(self, snap: Snapshot, observed: Observed, exc: WebhookUnreachable) -> None:
+    async def webhook_unreachable(self, key: Key, snap: Snapshot, observed: Observed, exc: WebhookUnreachable) -> None:
         """Only this is written (the plan assumed its children exist): the WebhooksReachable condition naming the
         webhook and the fix, and a Warning when that is news."""
         log.warning("%s/%s: %s", snap.namespace, snap.name, exc)
@@ -340,14 +289,13 @@ class FineTuneJobController:
         )
         patch = {"conditions": [x.model_dump(mode="json", by_alias=True, exclude_none=True) for x in conditions]}
         try:
-            new = await self.api.patch_status(snap.ref, patch, snap.resource_version)
+            await self.harness.patch_status(key, snap, patch)
         except kube_client.ApiException as write:
             if not kube_client.is_conflict(write):
                 raise
             return  # a newer object is on its way; its reconcile says it again
-        self.written.record((snap.namespace, snap.uid), snap.resource_version, new)
         if before is None or before.status != "False" or before.message != message:
-            await self.api.post_event(snap.ref, "Warning", ev.WEBHOOK_DOWN, ev.webhook_down(exc.webhook))
+            await self.harness.api.post_event(snap.ref, "Warning", ev.WEBHOOK_DOWN, ev.webhook_down(exc.webhook))
 
     async def delete_child(self, kube_api: kube_async.AsyncApi, namespace: str, child: ChildRef) -> None:
         await kube_api.delete(child.api_version, child.kind, namespace, child.name)
@@ -355,17 +303,10 @@ class FineTuneJobController:
     async def post_event(self, kube_api: kube_async.AsyncApi, snap: Snapshot, event: Event) -> None:
         await kube_api.post_event(snap.ref, event.type, event.reason, event.message)
 
-    def forget(self, key: Key) -> None:
-        self.queue.forget(key)
-        self.written.forget(key)
+    def forget(self, key: Key, snap: Snapshot) -> None:
+        """A deleted FineTuneJob: its metric series, and the children this controller remembers creating."""
+        metrics.forget_finetunejob(snap.namespace, snap.name)
         self._created = {k: t for k, t in self._created.items() if k[0] != key[1]}
-
-    async def close(self) -> None:
-        for informer in (self.finetunejobs, self.jobs, self.jobsets, self.pods, self.configs, self.workloads):
-            informer.stop()
-        await self.queue.close()
-        if self._api is not None:
-            await self._api.close()
 
 
 def webhooks_answer(before: FineTuneJobStatus, status: FineTuneJobStatus) -> None:
@@ -379,25 +320,3 @@ def webhooks_answer(before: FineTuneJobStatus, status: FineTuneJobStatus) -> Non
             c.WEBHOOKS_ANSWER_MESSAGE,
             status.observed_generation,
         )
-
-
-# --- Wiring -------------------------------------------------------------------------------------------------
-
-
-@kopf.on.startup()
-async def start_finetunejob_controller(memo: kopf.Memo, **_: Any) -> None:
-    # Startup handlers finish before kopf watches anything; this one returns once every FineTuneJob and
-    # child is in memory (the children first), so the first decisions see the whole cluster.
-    controller = FineTuneJobController(getattr(memo, "namespaces", None))
-    memo.finetunejobs = controller
-    await controller.start()
-    # What exists now (modules, kopf, the schemas, the objects just listed) mostly lives as long as the
-    # process: keep it out of the collector's full passes, which otherwise walk it again and again.
-    gc.freeze()
-
-
-@kopf.on.cleanup()
-async def stop_finetunejob_controller(memo: kopf.Memo, **_: Any) -> None:
-    controller: FineTuneJobController | None = getattr(memo, "finetunejobs", None)
-    if controller is not None:
-        await controller.close()

@@ -1,1 +1,2 @@
-"""What the controllers share: informers, the keyed work queue, operator-wide defaults."""
+"""What the controllers share: the harness both kinds run in (controller.py) and the snapshot of an object it
+keeps (snapshot.py), informers, the keyed work queue, status writes, leader election, operator-wide defaults."""

@@ -1,10 +1,11 @@
-"""What the controllers read of a FineTuneJob, out of its watch event: the FineTuneJob controller's
-reconcile and, from the same informer, the ServingDeployment controller's look at the models jobs make."""
+"""What a controller reads of one of its objects (a FineTuneJob or a ServingDeployment), out of its watch event:
+one type for both kinds. The FineTuneJob controller's reconcile reads it, and from the same informer the
+ServingDeployment controller's look at the models jobs make."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
@@ -15,9 +16,11 @@ Key = tuple[str, str]
 
 @dataclass(frozen=True)
 class Snapshot:
-    """What the reconcile needs of a FineTuneJob, out of its watch event. `spec` and `status` are the event's
-    parsed JSON, which nothing mutates: each event brings new dicts."""
+    """What the reconcile needs of an object, out of its watch event. `spec` and `status` are the event's
+    parsed JSON, which nothing mutates: each event brings new dicts. `annotations` holds only those the kind's
+    reconcile reads (a change of any other asks for no reconcile)."""
 
+    kind: str
     namespace: str
     name: str
     uid: str
@@ -26,13 +29,14 @@ class Snapshot:
     deleting: bool
     spec: Mapping[str, Any]
     status: Mapping[str, Any]
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def ref(self) -> dict[str, Any]:
         """The object as kube_objects.patch_status and kube_events.post_event address it."""
         return {
             "apiVersion": API_VERSION,
-            "kind": FINETUNEJOB_KIND,
+            "kind": self.kind,
             "metadata": {"namespace": self.namespace, "name": self.name, "uid": self.uid},
         }
 
@@ -43,9 +47,17 @@ def object_key(body: Mapping[str, Any]) -> Key:
     return meta.get("namespace", ""), meta.get("uid", "")
 
 
-def snapshot(body: Mapping[str, Any]) -> Snapshot:
+def name_key(body: Mapping[str, Any]) -> Key:
+    """(namespace, name): how the informer of ServingDeployments keys them."""
+    meta = body.get("metadata") or {}
+    return meta.get("namespace", ""), meta.get("name", "")
+
+
+def snapshot(body: Mapping[str, Any], kind: str = FINETUNEJOB_KIND, annotations: Collection[str] = ()) -> Snapshot:
+    """The Snapshot of `body`, an object of `kind`, keeping only the `annotations` named."""
     meta = body.get("metadata") or {}
     return Snapshot(
+        kind=kind,
         namespace=meta.get("namespace", ""),
         name=meta.get("name", ""),
         uid=meta.get("uid", ""),
@@ -54,13 +66,15 @@ def snapshot(body: Mapping[str, Any]) -> Snapshot:
         deleting=bool(meta.get("deletionTimestamp")),
         spec=body.get("spec") or {},
         status=body.get("status") or {},
+        annotations={k: v for k, v in (meta.get("annotations") or {}).items() if k in annotations},
     )
 
 
 def finetunejob_informer(
     namespaces: Sequence[str] | None, on_change: Callable[[Key, Snapshot | None, Snapshot | None], None]
 ) -> Informer[Key, Snapshot]:
-    """An informer of every FineTuneJob in `namespaces`, as Snapshots keyed by object_key."""
+    """An informer of every FineTuneJob in `namespaces`, as Snapshots keyed by object_key (for a
+    ServingDeployment controller that runs without the FineTuneJob controller, whose informer it is otherwise)."""
     return Informer(
         api_version=API_VERSION,
         kind=FINETUNEJOB_KIND,

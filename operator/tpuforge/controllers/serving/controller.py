@@ -1,17 +1,18 @@
 """ServingDeployment controller: observe -> a pure plan (serving/plan.py) -> apply -> one status write.
 
-It runs on the same runtime as the FineTuneJob controller: informers (LIST + WATCH) keep the
-ServingDeployments, their children (Deployment, pods, Service, claims, scrape configurations; selected by label
-on the server) and the FineTuneJobs in memory, a keyed work queue runs one reconcile per object at a time
-(folding repeated requests, retrying failures with backoff), and the API calls go through the async client on
-the event loop. A change of an object, of one of its children, or of what decides the model a FineTuneJob it
+It runs in the same harness as the FineTuneJob controller (runtime/controller.py): informers (LIST + WATCH)
+keep the ServingDeployments, their children (Deployment, pods, Service, claims, scrape configurations; selected
+by label on the server) and the FineTuneJobs in memory, a keyed work queue runs one reconcile per object at a
+time (folding repeated requests, retrying failures with backoff), and the API calls go through the async client
+on the event loop. A change of an object, of one of its children, or of what decides the model a FineTuneJob it
 names gives (`model_view`) asks for its reconcile. kopf watches nothing of this kind: its indices held every
 handler back until each object had been indexed, which stalled a restart for minutes at about a thousand.
 
 The reconcile reads memory (`observe`), applies the children the pure `plan.plan_children` asks for
 (`apply`, through `children`: an unchanged child costs no call), reads the replicas, lets
 `plan.plan_status` derive the status from the Deployment and its pods (`rollout.py`), and patches
-it once, on the resourceVersion it was computed from (`write`; a 409 means a newer object is on its way).
+it once, on the resourceVersion it was computed from (`write`; a 409 means a newer object is on its way:
+the harness reconciles that one).
 Children carry owner references, so deleting the object lets the garbage collector remove them; the XLA
 cache PVC is owned only when the spec does not retain it. LoRA adapters (spec.adapters) are brought to every
 ready replica over HTTP by `adapters` (in a thread: those calls block), without touching the pod
@@ -23,24 +24,19 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import kopf
-
 from tpuforge import api, metrics
-from tpuforge.api.constants import API_VERSION, SERVING_KIND
+from tpuforge.api.constants import SERVING_KIND
 from tpuforge.controllers.runtime import defaults
+from tpuforge.controllers.runtime.controller import Controller
 from tpuforge.controllers.runtime.informer import Informer
-from tpuforge.controllers.runtime.snapshot import Snapshot, finetunejob_informer
-from tpuforge.controllers.runtime.status_writes import StatusWrites
-from tpuforge.controllers.runtime.workqueue import KeyedQueue
+from tpuforge.controllers.runtime.snapshot import Snapshot, finetunejob_informer, name_key
 from tpuforge.controllers.serving import adapters as adapters
 from tpuforge.controllers.serving import plan as plan
 from tpuforge.controllers.serving.children import Children, ChildTerminating
 from tpuforge.controllers.serving.rollout import observe_rollout, pod_problem, pod_ready, resolve_model
-from tpuforge.kube import async_client as kube_async
 from tpuforge.kube import client as kube_client
 from tpuforge.manifests import serving_inputs, vllm_server
 
@@ -48,10 +44,6 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # namespace, name
-
-WORKERS = 64  # reconciles at once
-API_CONCURRENCY = 128  # API calls at once, one connection each
-CONFLICT_RETRY_SECONDS = 1.0  # if the newer object's watch event is lost, look again anyway
 
 __all__ = [
     "ServingDeploymentController",
@@ -62,34 +54,6 @@ __all__ = [
     "referenced_jobs",
     "resolve_model",
 ]
-
-
-def servingdeployment_view(obj: Mapping[str, Any]) -> Obj:
-    """What the reconcile reads of a ServingDeployment (and addresses its status and Events with)."""
-    meta = obj.get("metadata") or {}
-    return {
-        "apiVersion": API_VERSION,
-        "kind": SERVING_KIND,
-        "metadata": {
-            "namespace": meta.get("namespace", ""),
-            "name": meta.get("name", ""),
-            "uid": meta.get("uid", ""),
-            "generation": meta.get("generation"),
-            "resourceVersion": meta.get("resourceVersion", ""),
-            "deletionTimestamp": meta.get("deletionTimestamp"),
-            # The one annotation the reconcile reads: a new value asks for a rollout to the current images.
-            "annotations": {
-                k: v for k, v in (meta.get("annotations") or {}).items() if k == api.REFRESH_IMAGES_ANNOTATION
-            },
-        },
-        "spec": obj.get("spec") or {},
-        "status": obj.get("status") or {},
-    }
-
-
-def object_key(obj: Mapping[str, Any]) -> Key:
-    meta = obj.get("metadata") or {}
-    return meta.get("namespace", ""), meta.get("name", "")
 
 
 def referenced_jobs(spec: Mapping[str, Any]) -> set[str]:
@@ -110,73 +74,56 @@ def job_object(job: Snapshot | None) -> Obj | None:
 
 class ServingDeploymentController:
     def __init__(self, finetunejobs: Informer[Any, Snapshot] | None = None, namespaces: Sequence[str] | None = None):
-        self.queue: KeyedQueue[Key] = KeyedQueue(self.reconcile, WORKERS, name="servingdeployment")
-        self.servingdeployments: Informer[Key, Obj] = Informer(
-            api_version=API_VERSION,
-            kind=SERVING_KIND,
-            label_selector="",
+        self.harness: Controller[Key] = Controller(
+            SERVING_KIND,
+            self.reconcile,
             namespaces=namespaces,
-            view=servingdeployment_view,
-            owner=object_key,
-            on_change=self.object_changed,
+            key=name_key,
+            forget=self.forget,
+            # The one annotation the reconcile reads: a new value asks for a rollout to the current images.
+            annotations=(api.REFRESH_IMAGES_ANNOTATION,),
+            on_object=self.references_changed,
+            skip_deleting=True,
         )
         self.children = Children(namespaces, self.child_changed, self.request_all)
+        self.harness.informers += self.children.informers
         self.jobs: dict[Key, Snapshot] = {}  # FineTuneJobs by (namespace, name)
         self.by_job: dict[Key, set[str]] = {}  # (namespace, job name) -> the deployments that serve it
         self._refs: dict[Key, set[str]] = {}  # deployment -> the jobs it serves
         # The FineTuneJobs come from the FineTuneJob controller's informer when it runs (one watch of the kind
         # for the operator); without it, from an informer of this controller's own.
-        self._own: Informer[Any, Snapshot] | None = None
         if finetunejobs is None:
-            finetunejobs = self._own = finetunejob_informer(namespaces, self.finetunejob_changed)
+            self.harness.informers.append(finetunejob_informer(namespaces, self.finetunejob_changed))
         else:
             finetunejobs.listen(self.finetunejob_changed)
-        self._api: kube_async.AsyncApi | None = None  # made on the event loop, in start()
-        self.written: StatusWrites[Key] = StatusWrites()
-
-    async def start(self) -> None:
-        """Start the informers; return once each has its first LIST in memory, the objects' last."""
-        self._api = kube_async.AsyncApi(API_CONCURRENCY)
-        own: list[Informer[Any, Any]] = [self._own] if self._own is not None else []
-        await asyncio.gather(*(informer.start() for informer in (*self.children.informers, *own)))
-        await self.servingdeployments.start()
 
     @property
-    def async_api(self) -> kube_async.AsyncApi:
-        if self._api is None:
-            raise RuntimeError("ServingDeploymentController.start() has not been called")
-        return self._api
+    def servingdeployments(self) -> Informer[Key, Snapshot]:
+        """The informer of ServingDeployments."""
+        return self.harness.objects
 
     # --- What asks for a reconcile (event loop thread) ------------------------------------------------
 
-    def object_changed(self, key: Key, before: Obj | None, after: Obj | None) -> None:
-        refs = referenced_jobs(after["spec"]) if after is not None else set()
+    def references_changed(self, key: Key, before: Snapshot | None, after: Snapshot | None) -> None:
+        """Which FineTuneJobs each deployment serves (the harness asks for its reconcile)."""
+        refs = referenced_jobs(after.spec) if after is not None else set()
         for job in self._refs.pop(key, set()) - refs:
             self.by_job.get((key[0], job), set()).discard(key[1])
         for job in refs:
             self.by_job.setdefault((key[0], job), set()).add(key[1])
         if refs:
             self._refs[key] = refs
-        if after is None:
-            metrics.forget_servingdeployment(*key)
-            self.written.forget(key)
-            # Deleted too: that run finds it gone and drops its series, after any run still in flight.
-            self.queue.request(key)
-            return
-        if self.written.is_echo(key, after["metadata"]["resourceVersion"]):
-            return  # the echo of our own status write: the reconcile that made it already saw this state
-        self.queue.request(key)
 
     def child_changed(self, owner: Key, before: Obj | None, after: Obj | None) -> None:
         # A child that just appeared is the one the reconcile created (a pod's arrival does count).
         if before is None and after is not None and after.get("kind"):
             return
-        self.queue.request(owner)
+        self.harness.queue.request(owner)
 
     def request_all(self) -> None:
         """A scrape configuration's CRD was installed: every deployment gets its scrape configuration."""
         for key in self.servingdeployments.owners():
-            self.queue.request(key)
+            self.harness.queue.request(key)
 
     def finetunejob_changed(self, _key: Any, before: Snapshot | None, after: Snapshot | None) -> None:
         job = after or before
@@ -190,72 +137,40 @@ class ServingDeploymentController:
         if before is not None and after is not None and model_view(before) == model_view(after):
             return
         for sdep in self.by_job.get(name, ()):
-            self.queue.request((job.namespace, sdep))
+            self.harness.queue.request((job.namespace, sdep))
+
+    def forget(self, key: Key, _snap: Snapshot) -> None:
+        """A deleted ServingDeployment: its metric series."""
+        metrics.forget_servingdeployment(*key)
 
     # --- Reconcile --------------------------------------------------------------------------------------
 
-    def current(self, key: Key) -> Obj | None:
-        """The object as last seen, with our own status write where its echo has not arrived yet."""
-        body = next(iter(self.servingdeployments.get(key)), None)
-        if body is None:
-            return None
-        written = self.written.current(key, body["metadata"]["resourceVersion"])
-        if written is not None:
-            meta = {**body["metadata"], "resourceVersion": written.resource_version}
-            body = {**body, "metadata": meta, "status": written.status}
-        return body
+    async def reconcile(self, key: Key, snap: Snapshot) -> float | None:
+        return adapter_requeue(await self.run(key, snap))
 
-    async def reconcile(self, key: Key) -> float | None:
-        body = self.current(key)
-        if body is None:
-            # Also after a run that was in flight when the object went: its series must not outlive it.
-            metrics.forget_servingdeployment(*key)
-            self.queue.forget(key)
-            return None
-        if body["metadata"].get("deletionTimestamp"):
-            return None
-        metrics.RECONCILES.labels(SERVING_KIND).inc()
-        started = time.perf_counter()
-        try:
-            status = await self.run(key, body)
-        except kube_client.ApiException as exc:
-            if not kube_client.is_conflict(exc):
-                metrics.RECONCILE_ERRORS.labels(SERVING_KIND).inc()
-                raise
-            metrics.RECONCILE_CONFLICTS.labels(SERVING_KIND).inc()
-            log.debug("%s/%s: changed meanwhile; reconciling the newer one", *key)
-            return CONFLICT_RETRY_SECONDS
-        except Exception:
-            metrics.RECONCILE_ERRORS.labels(SERVING_KIND).inc()
-            raise
-        finally:
-            metrics.RECONCILE_DURATION.labels(SERVING_KIND).observe(time.perf_counter() - started)
-        return adapter_requeue(status)
-
-    async def run(self, key: Key, body: Obj) -> api.ServingDeploymentStatus:
+    async def run(self, key: Key, snap: Snapshot) -> api.ServingDeploymentStatus:
         """Bring one ServingDeployment's children and status to what its spec asks; the status written."""
-        o = self.observe(key, body)
+        o = self.observe(key, snap)
         p = plan.plan_children(o)
         if p.target is not None:
             try:
                 deployment = await self.apply(key, p.target)
             except ChildTerminating as e:
-                return await self.write(key, body, o, plan.waiting_for_deletion(o, p, e.kind, e.name))
+                return await self.write(key, snap, o, plan.waiting_for_deletion(o, p, e.kind, e.name))
             p = plan.plan_status(o, p, p.target, await self.replicas(key, o, p.target, deployment))
-        return await self.write(key, body, o, p)
+        return await self.write(key, snap, o, p)
 
-    def observe(self, key: Key, body: Obj) -> plan.Observed:
+    def observe(self, key: Key, snap: Snapshot) -> plan.Observed:
         """The object, the FineTuneJobs it references and its Deployment, from memory."""
-        meta = body["metadata"]
-        namespace = meta["namespace"]
+        namespace = snap.namespace
         o = plan.Observed(
             namespace=namespace,
-            name=meta["name"],
-            uid=meta["uid"],
-            generation=meta.get("generation"),
-            spec=body.get("spec") or {},
-            status=api.ServingDeploymentStatus.model_validate(body.get("status") or {}),
-            refresh_images=(meta.get("annotations") or {}).get(api.REFRESH_IMAGES_ANNOTATION),
+            name=snap.name,
+            uid=snap.uid,
+            generation=snap.generation,
+            spec=snap.spec,
+            status=api.ServingDeploymentStatus.model_validate(snap.status),
+            refresh_images=snap.annotations.get(api.REFRESH_IMAGES_ANNOTATION),
         )
         try:
             spec = plan.parse_spec(o.spec)
@@ -274,11 +189,12 @@ class ServingDeploymentController:
     async def apply(self, key: Key, t: plan.Target) -> Obj:
         """The plan's objects, in order; monitors where their kind is served. Returns the applied Deployment."""
         profile = defaults.current()
-        applied = [await self.children.apply(self.async_api, key, profile.workload(obj)) for obj in t.objects]
+        kube_api = self.harness.api
+        applied = [await self.children.apply(kube_api, key, profile.workload(obj)) for obj in t.objects]
         for _group_version, _plural, obj in t.monitors:
             if self.children.served(obj["kind"]):
                 try:
-                    await self.children.apply(self.async_api, key, obj)
+                    await self.children.apply(kube_api, key, obj)
                 except kube_client.ApiException as exc:
                     # A scrape config is optional: its CRD being removed (403 while it terminates, then 404)
                     # must not hold up the server. The informer sees the kind go and stops asking.
@@ -311,31 +227,20 @@ class ServingDeploymentController:
                 metrics.observe_adapter_load(o.namespace, o.name, adapter, seconds)
         return plan.Replicas(deployment, pods, results)
 
-    async def write(self, key: Key, body: Obj, o: plan.Observed, p: plan.Plan) -> api.ServingDeploymentStatus:
-        """One status write, on the resourceVersion the decision was computed from; then the Events (an Event
-        is only said once what it reports is recorded); then the metrics."""
-        kube_api = self.async_api
+    async def write(self, key: Key, snap: Snapshot, o: plan.Observed, p: plan.Plan) -> api.ServingDeploymentStatus:
+        """One status write, on the resourceVersion the decision was computed from (a 409 ends the reconcile:
+        the harness looks at the newer object); then the Events (an Event is only said once what it reports is
+        recorded); then the metrics."""
         if p.status != o.status:
-            patch = p.status.model_dump(mode="json", by_alias=True)
-            resource_version = body["metadata"]["resourceVersion"]
-            new = await kube_api.patch_status(body, patch, resource_version)
-            self.written.record(key, resource_version, new)
+            await self.harness.patch_status(key, snap, p.status.model_dump(mode="json", by_alias=True))
         await asyncio.gather(
-            *(kube_api.post_event(body, type_, reason, message) for type_, reason, message in p.events)
+            *(self.harness.api.post_event(snap.ref, type_, reason, message) for type_, reason, message in p.events)
         )
         image = p.status.images.serving if p.status.images else None
         metrics.observe_servingdeployment(
             o.namespace, o.name, o.spec, p.status, image or defaults.current().images.serving
         )
         return p.status
-
-    async def close(self) -> None:
-        own: list[Informer[Any, Any]] = [self._own] if self._own is not None else []
-        for informer in (self.servingdeployments, *self.children.informers, *own):
-            informer.stop()
-        await self.queue.close()
-        if self._api is not None:
-            await self._api.close()
 
 
 DELETION_POLL_SECONDS = 2.0  # while a child's name is held by an object being deleted
@@ -375,25 +280,3 @@ def model_view(job: Snapshot) -> tuple[str, ...]:
         str((spec.get("lora") or {}).get("rank") or ""),
         str(spec.get("evaluation") is not None),
     )
-
-
-# --- Wiring -------------------------------------------------------------------------------------------------
-
-
-@kopf.on.startup()
-async def start_servingdeployment_controller(memo: kopf.Memo, **_: Any) -> None:
-    # The FineTuneJob controller's startup handler is registered first (its module is imported first): when it
-    # runs, its informer of FineTuneJobs serves both controllers.
-    finetunejobs = getattr(memo, "finetunejobs", None)
-    controller = ServingDeploymentController(
-        finetunejobs.finetunejobs if finetunejobs else None, getattr(memo, "namespaces", None)
-    )
-    memo.servingdeployments = controller
-    await controller.start()
-
-
-@kopf.on.cleanup()
-async def stop_servingdeployment_controller(memo: kopf.Memo, **_: Any) -> None:
-    controller: ServingDeploymentController | None = getattr(memo, "servingdeployments", None)
-    if controller is not None:
-        await controller.close()

@@ -114,17 +114,15 @@ def test_a_workload_reaches_the_finetunejob_that_owns_its_job() -> None:
     async def scenario() -> tuple[list[Any], Any]:
         controller = FineTuneJobController(["ns"])
         requested: list[Any] = []
-        controller.queue.request = lambda key, delay=0.0: requested.append(key)  # type: ignore[method-assign]
+        controller.harness.queue.request = lambda key, delay=0.0: requested.append(key)  # type: ignore[method-assign]
         controller.jobs._put("job-uid", owner_key(job), job_view(job), "ns")
         mine = workload(job, "job-uid", [condition("QuotaReserved", "False", "Pending", NO_QUOTA)])
         theirs = workload({**job, "metadata": {**job["metadata"], "name": "other"}}, "other-uid")
         controller.workloads._put("w1", workload_key(mine), workload_view(mine), "ns")
         controller.workloads._put("w2", workload_key(theirs), workload_view(theirs), "ns")
         body = {"metadata": {"namespace": "ns", "name": "sft", "uid": "ftj-uid"}, "spec": {}, "status": {}}
-        controller.objects[("ns", "ftj-uid")] = snapshot(body)
-        seen = controller.observe(("ns", "ftj-uid"))
-        assert seen is not None
-        return requested, seen[1].workloads
+        seen = controller.observe(("ns", "ftj-uid"), snapshot(body))
+        return requested, seen.workloads
 
     requested, workloads = asyncio.run(scenario())
     assert requested == [("ns", "ftj-uid"), ("ns", "ftj-uid")]  # the Job's arrival, then its Workload's

@@ -32,7 +32,8 @@ def test_serving_claims_take_the_operators_storage_class(operator_defaults: Any)
         name="chat",
         uid="u1",
         generation=1,
-        spec={"model": {"uri": "gs://b/merged"}, "serviceAccountName": "vllm"},
+        # A model disk (a streamed model has no claim, and its XLA cache is node-local).
+        spec={"model": {"uri": "gs://b/merged"}, "serviceAccountName": "vllm", "modelStorage": {"medium": "Disk"}},
         status=api.ServingDeploymentStatus(),
     )
     operator_defaults(storage_class="team-hyperdisk")

@@ -229,8 +229,9 @@ def test_jobs_referenced_as_adapters_wake_their_deployments() -> None:
 
 
 def test_the_finetunejob_informer_wakes_the_deployments_that_reference_a_job_by_name() -> None:
+    from tpuforge.api.constants import SERVING_KIND
     from tpuforge.controllers.runtime.informer import Informer
-    from tpuforge.controllers.serving.controller import ServingDeploymentController, servingdeployment_view
+    from tpuforge.controllers.serving.controller import ServingDeploymentController
 
     async def scenario() -> list[tuple[str, str]]:
         informer: Informer[tuple[str, str], Any] = Informer(
@@ -244,9 +245,9 @@ def test_the_finetunejob_informer_wakes_the_deployments_that_reference_a_job_by_
         )
         controller = ServingDeploymentController(informer)
         requested: list[tuple[str, str]] = []
-        controller.queue.request = lambda key, delay=0.0: requested.append(key)  # type: ignore[method-assign]
+        controller.harness.queue.request = lambda key, delay=0.0: requested.append(key)  # type: ignore[method-assign]
         sd = {"metadata": {"namespace": "ns", "name": "sd", "uid": "s1"}, "spec": {"adapters": [REF]}}
-        controller.servingdeployments._put("s1", ("ns", "sd"), servingdeployment_view(sd), "ns")  # wakes "sd"
+        controller.servingdeployments._put("s1", ("ns", "sd"), snapshot(sd, SERVING_KIND), "ns")  # wakes "sd"
         requested.clear()
         running = job(adapter=None, phase="Running")
         running["metadata"]["namespace"] = "ns"
@@ -256,7 +257,7 @@ def test_the_finetunejob_informer_wakes_the_deployments_that_reference_a_job_by_
         done = job(adapter=NEW)
         done["metadata"]["namespace"] = "ns"
         informer._put("u1", ("ns", "u1"), snapshot(done), "ns")  # an adapter to serve: wakes "sd"
-        await controller.close()
+        await controller.harness.close()
         return requested
 
     assert asyncio.run(scenario()) == [("ns", "sd"), ("ns", "sd")]

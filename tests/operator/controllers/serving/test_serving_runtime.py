@@ -8,9 +8,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from tpuforge.api import REFRESH_IMAGES_ANNOTATION
+from tpuforge.api.constants import SERVING_KIND
 from tpuforge.controllers.runtime.informer import Informer
+from tpuforge.controllers.runtime.snapshot import Snapshot, snapshot
 from tpuforge.controllers.serving.children import child_view, deployment_view
-from tpuforge.controllers.serving.controller import ServingDeploymentController, servingdeployment_view
+from tpuforge.controllers.serving.controller import ServingDeploymentController
 
 
 def informer(heard: list[Any], on_served: Any = None) -> Informer[str, int]:
@@ -41,9 +44,10 @@ def test_a_late_listener_hears_the_store_and_a_kind_served_later_is_announced() 
     assert (before, served, late, owners) == ([], [True], [("a", None, 1)], ["a"])
 
 
-def sdep(rv: str, status: dict[str, Any] | None = None) -> dict[str, Any]:
+def sdep(rv: str, status: dict[str, Any] | None = None) -> Snapshot:
     meta = {"namespace": "ns", "name": "chat", "uid": "u1", "generation": 1, "resourceVersion": rv}
-    return servingdeployment_view({"metadata": meta, "spec": {"model": {"uri": "gs://m"}}, "status": status or {}})
+    body = {"metadata": meta, "spec": {"model": {"uri": "gs://m"}}, "status": status or {}}
+    return snapshot(body, SERVING_KIND, (REFRESH_IMAGES_ANNOTATION,))
 
 
 def test_the_echo_of_its_status_write_and_its_own_new_children_ask_for_no_reconcile() -> None:
@@ -59,13 +63,13 @@ def test_the_echo_of_its_status_write_and_its_own_new_children_ask_for_no_reconc
         )
         controller = ServingDeploymentController(ftjs)
         requested: list[Any] = []
-        controller.queue.request = lambda key, delay=0.0: requested.append(key)  # type: ignore[method-assign]
+        controller.harness.queue.request = lambda key, delay=0.0: requested.append(key)  # type: ignore[method-assign]
         store = controller.servingdeployments
         store._put("u1", ("ns", "chat"), sdep("1"), "ns")  # new: reconciled
         written = {"metadata": {"resourceVersion": "2"}, "status": {"phase": "Pending"}}
-        controller.written.record(("ns", "chat"), "1", written)
+        controller.harness.written.record(("ns", "chat"), "1", written)
         # Until the echo arrives, the reconcile reads what it wrote.
-        current = controller.current(("ns", "chat"))
+        current = controller.harness.current(("ns", "chat"))
         store._put("u1", ("ns", "chat"), sdep("2", {"phase": "Pending"}), "ns")  # the echo
         service = child_view({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "chat", "namespace": "ns"}})
         controller.child_changed(("ns", "chat"), None, service)  # created by the reconcile
@@ -76,5 +80,5 @@ def test_the_echo_of_its_status_write_and_its_own_new_children_ask_for_no_reconc
 
     current, requested = asyncio.run(scenario())
     assert current is not None
-    assert (current["status"], current["metadata"]["resourceVersion"]) == ({"phase": "Pending"}, "2")
+    assert (current.status, current.resource_version) == ({"phase": "Pending"}, "2")
     assert requested == [("ns", "chat")] * 3

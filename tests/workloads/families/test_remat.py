@@ -1,4 +1,4 @@
-"""Remat policies (model/remat.py) on the tiny Gemma 4 with LoRA, on the splash path with segment ids (the
+"""Remat policies (families/remat.py) on the tiny Gemma 4 with LoRA, on the splash path with segment ids (the
 kernel in interpret mode): each policy keeps what it says from the forward pass, and the gradients do not
 depend on the policy."""
 
@@ -18,9 +18,11 @@ from flax import nnx
 from tpuforge.api import LoraSpec
 from tpuforge.api.catalog import MODELS
 from tpuforge.api.finetune import REMAT_POLICIES
-from tpuforge_workloads.model import attention, checkpoint_read, family, lora
+from tpuforge_workloads import families
+from tpuforge_workloads.families import attention
+from tpuforge_workloads.families.remat import ATTENTION_SAVES, checkpoint_policy
+from tpuforge_workloads.model import checkpoint_read, lora
 from tpuforge_workloads.model.mesh import MESH_AXES
-from tpuforge_workloads.model.remat import ATTENTION_SAVES, checkpoint_policy
 from tpuforge_workloads.train.loss import nll_sum_and_count
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -35,8 +37,8 @@ def _saved(f: Any, *args: Any) -> list[str]:
 
 
 def test_each_policy_keeps_what_it_names_and_the_gradients_do_not_change(tiny_model_dir: Path) -> None:
-    text = family.read_decoder(str(tiny_model_dir))
-    fam = family.of(text)
+    text = families.read_decoder(str(tiny_model_dir))
+    fam = families.of(text)
     mesh = jax.make_mesh((1, 1), MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
     with jax.set_mesh(mesh):
         base = checkpoint_read.load_model(tiny_model_dir, text, fam.tunix_config(text), mesh)

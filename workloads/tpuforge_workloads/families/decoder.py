@@ -1,10 +1,12 @@
 """What every model family's decoder shares: the error a bad base model raises, reading its config.json, and
 the mesh checks that hold for any Tunix decoder (heads, MLP width and vocabulary over tp, the embedding axis
-over fsdp). The families themselves are in family.py."""
+over fsdp). Each family has its folder beside this module; the registry is families/__init__.py."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tpuforge_workloads import storage
@@ -41,6 +43,16 @@ class Decoder(Protocol):
     @property
     def hf_prefix(self) -> str: ...
     def head_counts(self) -> dict[str, int]: ...
+
+
+@dataclass(frozen=True)
+class CombinedQkv:
+    """How a family whose key mapping leaves each layer's q, k(, v) apart (Gemma 4's) combines them into the
+    layer's attention weights; the checkpoint reader (model/checkpoint_read.py) asks the family for it."""
+
+    part: Callable[[str], tuple[int, str] | None]  # (layer, "q" | "k" | "v") of such a mapped key, else None
+    keys_are_values: Callable[[Any, int], bool]  # (decoder, layer): one projection stands for keys and values
+    combine: Callable[[Mapping[str, Any], bool, Any], dict[str, Any]]  # (laid-out q/k/v, keys = values, xp)
 
 
 def read_config(model_uri: str) -> dict[str, Any]:

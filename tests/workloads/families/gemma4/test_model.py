@@ -14,22 +14,26 @@ from flax import nnx
 
 from tpuforge.api import LoraSpec
 from tpuforge.api.catalog import model_shape
-from tpuforge_workloads.model import checkpoint_read, gemma4, lora
+from tpuforge_workloads.families import decoder
+from tpuforge_workloads.families.gemma4 import config as gemma4_config
+from tpuforge_workloads.families.gemma4 import model as gemma4_model
+from tpuforge_workloads.families.gemma4 import tiny as tiny_model
+from tpuforge_workloads.families.gemma4.config import Gemma4Text
+from tpuforge_workloads.model import checkpoint_read, lora
 from tpuforge_workloads.model.mesh import make_mesh
-from tpuforge_workloads.tiny import gemma4 as tiny_model
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def text(tiny_model_dir: Path) -> gemma4.Gemma4Text:
-    return gemma4.parse_config(gemma4.read_config(str(tiny_model_dir)))
+def text(tiny_model_dir: Path) -> gemma4_config.Gemma4Text:
+    return gemma4_config.parse_config(decoder.read_config(str(tiny_model_dir)))
 
 
 def test_tiny_model_has_the_catalog_shape_and_is_reproducible(
-    tiny_model_dir: Path, text: gemma4.Gemma4Text, tmp_path: Path
+    tiny_model_dir: Path, text: Gemma4Text, tmp_path: Path
 ) -> None:
-    gemma4.check_against_catalog(text, model_shape("gemma4-tiny"), "tiny")  # raises on any difference
+    gemma4_config.check_against_catalog(text, model_shape("gemma4-tiny"), "tiny")  # raises on any difference
     assert text.layer_types == ("sliding_attention", "full_attention") and text.k_eq_v
     tiny_model.write(str(tmp_path))
     for name in ("model.safetensors", "tokenizer.json", "config.json"):
@@ -46,7 +50,7 @@ def test_every_parameter_is_random_norms_included(tiny_model_dir: Path) -> None:
 
 
 def test_transformers_and_tunix_compute_the_same_logits(
-    tiny_model_dir: Path, text: gemma4.Gemma4Text, jax_devices: Any
+    tiny_model_dir: Path, text: Gemma4Text, jax_devices: Any
 ) -> None:
     """The tiny checkpoint is a real Gemma 4 checkpoint: transformers' Gemma4ForCausalLM and our Tunix load
     of it agree, over a sequence longer than the sliding window."""
@@ -59,7 +63,7 @@ def test_transformers_and_tunix_compute_the_same_logits(
         want = hf(torch.tensor(tokens)).logits.numpy()
     mesh = make_mesh(1, 4)
     with jax.set_mesh(mesh):
-        model = checkpoint_read.load_model(tiny_model_dir, text, gemma4.tunix_config(text), mesh)
+        model = checkpoint_read.load_model(tiny_model_dir, text, gemma4_model.tunix_config(text), mesh)
         got = lora.logits(model, tokens)
     np.testing.assert_allclose(got, want, atol=2e-4)
 
@@ -67,13 +71,13 @@ def test_transformers_and_tunix_compute_the_same_logits(
 def test_a_multimodal_config_nests_the_decoder_under_text_config(tiny_model_dir: Path) -> None:
     flat = json.loads((tiny_model_dir / "config.json").read_text())
     nested = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"], "text_config": flat}
-    parsed = gemma4.parse_config(nested)
+    parsed = gemma4_config.parse_config(nested)
     assert parsed.multimodal and parsed.hf_prefix == "model.language_model."
     assert parsed.num_heads == 8 and parsed.global_head_dim == 128
 
 
 @pytest.mark.parametrize("multimodal", [False, True])
-def test_tunix_key_mapping_maps_every_decoder_tensor_of_both_layouts(text: gemma4.Gemma4Text, multimodal: bool) -> None:
+def test_tunix_key_mapping_maps_every_decoder_tensor_of_both_layouts(text: Gemma4Text, multimodal: bool) -> None:
     """The loader widens a private Tunix mapping: if Tunix changes it, this fails instead of the loader
     silently skipping tensors. Each decoder tensor maps to exactly one parameter; vision tensors to none."""
     import dataclasses
@@ -81,8 +85,8 @@ def test_tunix_key_mapping_maps_every_decoder_tensor_of_both_layouts(text: gemma
     from tunix.utils.torch_utils import torch_key_to_jax_key
 
     layout = dataclasses.replace(text, multimodal=multimodal)
-    mapping = gemma4.key_mapping(gemma4.tunix_config(layout))
-    targets = {name: torch_key_to_jax_key(mapping, name)[0] for name in gemma4.expected_hf_tensors(layout)}
+    mapping = gemma4_model.key_mapping(gemma4_model.tunix_config(layout))
+    targets = {name: torch_key_to_jax_key(mapping, name)[0] for name in gemma4_model.expected_hf_tensors(layout)}
     assert targets[f"{layout.hf_prefix}layers.1.mlp.down_proj.weight"] == "layers.1.mlp.down_proj.kernel"
     assert targets[f"{layout.hf_prefix}embed_tokens.weight"] == "embedder.input_embedding"
     assert len(set(targets.values())) == len(targets)
@@ -93,7 +97,7 @@ def test_tunix_key_mapping_maps_every_decoder_tensor_of_both_layouts(text: gemma
 
 def test_mesh_checks_name_what_does_not_divide() -> None:
     shape = model_shape("gemma4-31b")
-    text = gemma4.Gemma4Text(
+    text = gemma4_config.Gemma4Text(
         num_layers=shape.num_layers, embed_dim=shape.embed_dim, hidden_dim=shape.hidden_dim,
         num_heads=shape.num_heads, head_dim=shape.head_dim, num_kv_heads=shape.num_kv_heads,
         global_head_dim=shape.global_head_dim, num_global_kv_heads=shape.num_global_kv_heads, k_eq_v=True,
@@ -101,29 +105,29 @@ def test_mesh_checks_name_what_does_not_divide() -> None:
         vocab_size=shape.vocab_size, final_logit_softcap=30.0, local_rope_theta=1e4, global_rope_theta=1e6,
         global_rope_proportion=0.25, dtype="bfloat16", multimodal=True,
     )  # fmt: skip
-    assert gemma4.mesh_errors(text, fsdp=1, tp=4) == []
-    (error,) = gemma4.mesh_errors(text, fsdp=1, tp=8)
+    assert decoder.mesh_errors(text, fsdp=1, tp=4) == []
+    (error,) = decoder.mesh_errors(text, fsdp=1, tp=8)
     assert error == "mesh.tp=8 does not divide the model's 4 global kv heads; use tp in [1, 2, 4]"
 
 
-def test_a_checkpoint_missing_tensors_is_refused_before_loading(tiny_model_dir: Path, text: gemma4.Gemma4Text) -> None:
-    names = gemma4.expected_hf_tensors(text)
-    gemma4.check_tensors(names, text, "ok")
+def test_a_checkpoint_missing_tensors_is_refused_before_loading(tiny_model_dir: Path, text: Gemma4Text) -> None:
+    names = gemma4_model.expected_hf_tensors(text)
+    gemma4_model.check_tensors(names, text, "ok")
     with pytest.raises(
-        gemma4.ModelError, match=re.escape("1 decoder tensors missing, e.g. model.layers.1.mlp.up_proj.weight")
+        decoder.ModelError, match=re.escape("1 decoder tensors missing, e.g. model.layers.1.mlp.up_proj.weight")
     ):
-        gemma4.check_tensors([n for n in names if n != "model.layers.1.mlp.up_proj.weight"], text, "ckpt")
+        gemma4_model.check_tensors([n for n in names if n != "model.layers.1.mlp.up_proj.weight"], text, "ckpt")
     renamed = [n.replace("model.", "model.language_model.", 1) for n in names]
-    with pytest.raises(gemma4.ModelError, match=re.escape("config.json and the weights disagree on the layout")):
-        gemma4.check_tensors(renamed, text, "ckpt")
+    with pytest.raises(decoder.ModelError, match=re.escape("config.json and the weights disagree on the layout")):
+        gemma4_model.check_tensors(renamed, text, "ckpt")
 
 
 def test_lora_adapters_are_sharded_by_their_weights_and_never_on_the_rank(
-    tiny_model_dir: Path, text: gemma4.Gemma4Text, jax_devices: Any
+    tiny_model_dir: Path, text: Gemma4Text, jax_devices: Any
 ) -> None:
     mesh = make_mesh(1, 4)
     with jax.set_mesh(mesh):
-        base = checkpoint_read.load_model(tiny_model_dir, text, gemma4.tunix_config(text), mesh)
+        base = checkpoint_read.load_model(tiny_model_dir, text, gemma4_model.tunix_config(text), mesh)
     model = lora.apply_lora(base, LoraSpec(rank=8, alpha=16.0, dropout=0.1), mesh, seed=0)
     specs = {
         "/".join(map(str, path)): (v.value.shape, v.value.sharding.spec)
@@ -147,13 +151,13 @@ def test_lora_adapters_are_sharded_by_their_weights_and_never_on_the_rank(
     assert jax.tree.leaves(nnx.state(model, nnx.RngCount))
 
 
-def test_the_lora_build_holds_the_base_once(tiny_model_dir: Path, text: gemma4.Gemma4Text, jax_devices: Any) -> None:
+def test_the_lora_build_holds_the_base_once(tiny_model_dir: Path, text: Gemma4Text, jax_devices: Any) -> None:
     """Adding the adapters (lora.AdapterBuild) reads the base as the program's argument and returns only the
     adapters: XLA's memory analysis of the compiled build says so, and the LoRA model holds the base's own
     arrays (Qwix's insertion alone, jitted, returned a second copy of the base)."""
     mesh = make_mesh(1, 1, jax_devices[:1])
     with jax.set_mesh(mesh):
-        base = checkpoint_read.load_model(tiny_model_dir, text, gemma4.tunix_config(text), mesh)
+        base = checkpoint_read.load_model(tiny_model_dir, text, gemma4_model.tunix_config(text), mesh)
     spec = LoraSpec(rank=8, alpha=16.0, dropout=0.0)
     build = lora.AdapterBuild(base, spec, mesh, seed=0, adapter_dtype=lora.ADAPTER_DTYPE)
     mem = build.lower(nnx.state(base)).compile().memory_analysis()

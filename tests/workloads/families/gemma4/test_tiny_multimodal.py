@@ -12,7 +12,10 @@ import numpy as np
 import pytest
 
 from tpuforge.api.catalog import model_shape
-from tpuforge_workloads.model import checkpoint_read, gemma4, lora
+from tpuforge_workloads.families import decoder
+from tpuforge_workloads.families.gemma4 import config as gemma4_config
+from tpuforge_workloads.families.gemma4 import model as gemma4_model
+from tpuforge_workloads.model import checkpoint_read, lora
 from tpuforge_workloads.model.mesh import make_mesh
 
 pytestmark = pytest.mark.slow
@@ -21,8 +24,8 @@ pytestmark = pytest.mark.slow
 def test_the_layout_is_the_31b_checkpoints(tiny_mm_model_dir: Path) -> None:
     config = json.loads((tiny_mm_model_dir / "config.json").read_text())
     assert config["architectures"] == ["Gemma4ForConditionalGeneration"] and "vision_config" in config
-    text = gemma4.parse_config(config)
-    gemma4.check_against_catalog(text, model_shape("gemma4-tiny-mm"), "tiny-mm")
+    text = gemma4_config.parse_config(config)
+    gemma4_config.check_against_catalog(text, model_shape("gemma4-tiny-mm"), "tiny-mm")
     assert text.multimodal and text.dtype == "bfloat16" and text.hf_prefix == "model.language_model."
     index = json.loads((tiny_mm_model_dir / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
@@ -32,7 +35,7 @@ def test_the_layout_is_the_31b_checkpoints(tiny_mm_model_dir: Path) -> None:
         header = [t.name for t in checkpoint_read.read_header(str(tiny_mm_model_dir / shard))]
         assert all(index["weight_map"][n] == shard for n in header)
         names += header
-    gemma4.check_tensors(names, text, "tiny-mm")
+    gemma4_model.check_tensors(names, text, "tiny-mm")
     assert any(n.startswith("model.vision_tower.") for n in names)
     assert "model.embed_vision.embedding_projection.weight" in names
     for name in ("chat_template.jinja", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
@@ -61,13 +64,13 @@ def test_transformers_multimodal_class_and_the_tunix_load_agree(tiny_mm_model_di
     )
     assert type(hf).__name__ == "Gemma4ForConditionalGeneration"
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    text = gemma4.parse_config(gemma4.read_config(str(tiny_mm_model_dir)))
+    text = gemma4_config.parse_config(decoder.read_config(str(tiny_mm_model_dir)))
     tokens = np.random.default_rng(0).integers(12, text.vocab_size, (2, text.sliding_window + 16))
     with torch.no_grad():
         want = hf.eval()(input_ids=torch.tensor(tokens)).logits.numpy()
     mesh = make_mesh(1, 4)
     with jax.set_mesh(mesh):
-        model = checkpoint_read.load_model(tiny_mm_model_dir, text, gemma4.tunix_config(text), mesh)
+        model = checkpoint_read.load_model(tiny_mm_model_dir, text, gemma4_model.tunix_config(text), mesh)
         got = lora.logits(model, tokens)
     # The trainer computes in bfloat16 (the checkpoint's dtype); transformers here in float32.
     assert np.abs(got - want).max() < 0.15 * np.abs(want).max()

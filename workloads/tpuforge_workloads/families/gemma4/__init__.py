@@ -1,0 +1,1 @@
+"""Gemma 4 (dense decoders, text-only or multimodal layout)."""

@@ -1,1 +1,0 @@
-"""Tiny random-weight checkpoints in the real models' layouts, for tests and the demo."""
