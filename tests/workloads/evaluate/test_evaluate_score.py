@@ -181,7 +181,7 @@ def test_bad_inputs_fail_with_the_reason_and_commit_nothing(
         (
             json.dumps({**raw, "metrics": ["bleu"]}),
             EXIT_BAD_CONFIG,
-            "metrics.0: Input should be 'loss', 'exactMatch' or 'passAtK'",
+            "metrics.0: Input should be 'loss', 'exactMatch', 'passAtK' or 'preferenceAccuracy'",
         ),
         (good, EXIT_BAD_CONFIG, "metrics asks for loss but no --loss file was given"),
         (good.model_copy(update={"report_uri": f"{exported_adapter}/eval"}), EXIT_BAD_CONFIG, "reportUri .* overlaps"),

@@ -48,6 +48,11 @@ API_CONCURRENCY = 128  # API calls at once, per kind, one connection each
 CONFLICT_RETRY_SECONDS = 1.0  # if the newer object's watch event is lost, look again anyway
 
 
+class ObjectGone(Exception):
+    """The object was deleted between the read a reconcile started from and its status write (404): nothing
+    to do; its delete event asks for the run that forgets it."""
+
+
 class Controller(Generic[K]):
     def __init__(
         self,
@@ -134,6 +139,9 @@ class Controller(Generic[K]):
         started = time.perf_counter()
         try:
             return await self._reconcile(key, snap)
+        except ObjectGone:
+            log.debug("%s/%s: deleted meanwhile", snap.namespace, snap.name)
+            return None
         except kube_client.ApiException as exc:
             if not kube_client.is_conflict(exc):
                 metrics.RECONCILE_ERRORS.labels(self.kind).inc()
@@ -151,7 +159,12 @@ class Controller(Generic[K]):
         """Write `patch` on the version `snap` was read at (a 409 if it changed since), and remember the write
         (its echo asks for no reconcile; until then `current` reads it). Returns the object written."""
         kube_api = self.api
-        new = await kube_api.patch_status(snap.ref, patch, snap.resource_version)
+        try:
+            new = await kube_api.patch_status(snap.ref, patch, snap.resource_version)
+        except kube_client.ApiException as exc:
+            if exc.status == 404:
+                raise ObjectGone(f"{snap.namespace}/{snap.name}") from exc
+            raise
         self.written.record(key, snap.resource_version, new)
         return new
 

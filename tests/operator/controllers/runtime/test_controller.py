@@ -115,6 +115,31 @@ def test_any_other_failure_is_an_error_and_raised_for_the_queue_to_back_off() ->
     assert count("tpuforge_reconcile_errors_total") == errors + 1
 
 
+def test_an_object_deleted_before_its_status_write_ends_the_reconcile_quietly() -> None:
+    """The object goes between the read and the write (404): no error, no retry; its delete event follows."""
+
+    class Gone:
+        async def patch_status(self, ref: Any, patch: Any, resource_version: str) -> dict[str, Any]:
+            raise kube_client.ApiException(status=404, reason="Not Found")
+
+    errors = count("tpuforge_reconcile_errors_total")
+
+    async def scenario() -> float | None:
+        kind = Kind()
+
+        async def writes(key: tuple[str, str], snap: Snapshot) -> float | None:
+            await kind.harness.patch_status(key, snap, {"phase": "Ready"})
+            return 5.0
+
+        kind.harness._reconcile = writes
+        kind.harness._api = Gone()  # type: ignore[assignment]
+        kind.put(body("1"))
+        return await kind.harness.reconcile(("ns", "a"))
+
+    assert asyncio.run(scenario()) is None
+    assert count("tpuforge_reconcile_errors_total") == errors
+
+
 def test_a_deleted_object_is_forgotten_by_the_run_after_it_once() -> None:
     async def scenario() -> Kind:
         kind = Kind()
