@@ -27,8 +27,9 @@ A cut keeps at least one layer of each attention kind: where the first N layers 
 31B's first is layer 6), the cut's last layer is the model's first global one (the row's layerTypes says so).
 
     python benchmarks/train_throughput.py [--model gemma4-31b] [--layers 6,12] [--seq 3072] [--batch 1,2]
-        [--steps 8] [--warmup 2] [--remat off|full|saveAttention|saveMatmuls] [--no-flops] [--json out.jsonl]
-        [--timeout 900]
+        [--steps 8] [--warmup 2] [--remat off|full|saveAttention|saveMatmuls] [--splash-layout NAME] [--no-flops]
+        [--base-quantization none|int8|int4]
+        [--json out.jsonl] [--timeout 900]
     python benchmarks/train_throughput.py --flops-only 1 --layers 6,12,0     (the FLOP counts alone)
 
 Without arguments on a CPU-only host it runs the tiny model whole (make bench); --layers 0 is the whole model.
@@ -57,7 +58,7 @@ from flax import nnx
 from benchmarks import model_flops
 from tpuforge.api import CheckpointSpec, LoraSpec, MeshSpec, TrainConfig, TrainingSpec
 from tpuforge.api.catalog import model_shape
-from tpuforge.api.finetune import REMAT_POLICIES
+from tpuforge.api.finetune import BASE_QUANTIZATIONS, REMAT_POLICIES
 from tpuforge_workloads import families
 from tpuforge_workloads.data.pipeline import BATCH_ARRAYS
 from tpuforge_workloads.families import attention
@@ -105,8 +106,9 @@ def matmul_tflops(device: Any, n: int) -> float:
     return 2 * n**3 / statistics.median(times) / 1e12
 
 
-def train_config(model: str, seq: int, batch: int, remat: str, fsdp: int) -> TrainConfig:
-    """`remat`: off, or what remat keeps (spec.training.rematPolicy)."""
+def train_config(model: str, seq: int, batch: int, remat: str, fsdp: int, quantization: str = "none") -> TrainConfig:
+    """`remat`: off, or what remat keeps (spec.training.rematPolicy); `quantization`: the base's for QLoRA
+    (spec.lora.baseQuantization)."""
     on = remat != "off"
     training = TrainingSpec(
         max_seq_len=seq,
@@ -119,7 +121,13 @@ def train_config(model: str, seq: int, batch: int, remat: str, fsdp: int) -> Tra
         model_name=model,
         model_uri=f"gs://benchmark/{model}",
         dataset_uri="gs://benchmark/train.jsonl",
-        lora=LoraSpec(rank=64, alpha=64, dropout=0.0, target_modules=list(model_shape(model).lora_targets)),
+        lora=LoraSpec(
+            rank=64,
+            alpha=64,
+            dropout=0.0,
+            target_modules=list(model_shape(model).lora_targets),
+            base_quantization=quantization,
+        ),
         training=training,
         mesh=MeshSpec(fsdp=fsdp, tp=1),
         checkpoint=CheckpointSpec(uri="gs://benchmark/checkpoints"),
@@ -245,13 +253,21 @@ def _gib(n: float) -> float:
 
 
 def measure(
-    model_name: str, layers: int, seq: int, batch: int, remat: str, steps: int, warmup: int, count_flops: bool = True
+    model_name: str,
+    layers: int,
+    seq: int,
+    batch: int,
+    remat: str,
+    steps: int,
+    warmup: int,
+    count_flops: bool = True,
+    quantization: str = "none",
 ) -> dict[str, Any]:
     """One configuration trained for `warmup` + `steps` steps on every local device (fsdp over them). Run it in
     a process of its own (`run_config`): the device's peak memory is the process's."""
     text = decoder(model_name, layers)
     devices = jax.local_devices()
-    config = train_config(model_name, seq, batch, remat, fsdp=len(devices))
+    config = train_config(model_name, seq, batch, remat, fsdp=len(devices), quantization=quantization)
     mesh = make_mesh(len(devices), 1, devices)
     rows = batch * len(devices)
     row: dict[str, Any] = {
@@ -261,6 +277,7 @@ def measure(
         "maxSeqLen": seq,
         "microBatch": batch,
         "remat": remat,
+        "baseQuantization": quantization,
         "devices": len(devices),
         "device": str(devices[0].device_kind),
         "jax": jax.__version__,
@@ -370,9 +387,19 @@ def child(args: argparse.Namespace) -> int:
     else:
         c = json.loads(args.one)
         try:
-            row = measure(
-                c["model"], c["layers"], c["seq"], c["batch"], c["remat"], args.steps, args.warmup, c["flops"]
-            )
+            with attention.blocks_layout(c["splashLayout"]):  # the step's kernels are built as it is traced
+                row = measure(
+                    c["model"],
+                    c["layers"],
+                    c["seq"],
+                    c["batch"],
+                    c["remat"],
+                    args.steps,
+                    args.warmup,
+                    c["flops"],
+                    c["baseQuantization"],
+                )
+            row["splashLayout"] = c["splashLayout"]
         except CutError as e:
             row = {"error": str(e)}
     print(ROW_MARK + json.dumps(row), flush=True)
@@ -387,6 +414,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", help="comma-separated micro batch (default: 1; on CPU 2)")
     ap.add_argument(
         "--remat", default="full", choices=("off", *REMAT_POLICIES), help="off, or what remat keeps (default full)"
+    )
+    ap.add_argument(
+        "--splash-layout",
+        default=attention.layout,
+        choices=attention.LAYOUTS,
+        help=f"the splash kernels' block layout (default {attention.layout})",
+    )
+    ap.add_argument(
+        "--base-quantization",
+        default="none",
+        choices=BASE_QUANTIZATIONS,
+        help="QLoRA: the frozen base's quantization (default none)",
     )
     ap.add_argument("--no-flops", action="store_true", help="skip XLA's FLOP count (one more trace of the step)")
     ap.add_argument("--flops-only", type=int, metavar="DEVICES", help="only the FLOP counts, for a mesh of fsdp=N")
@@ -422,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
                     emit(flops_row(args.model, layers, seq, batch, remat, args.flops_only), args.json)
                     continue
                 config = {"model": args.model, "layers": layers, "seq": seq, "batch": batch, "remat": remat}
+                config["splashLayout"] = args.splash_layout
+                config["baseQuantization"] = args.base_quantization
                 flags = ["--steps", str(args.steps), "--warmup", str(args.warmup)]
                 row = in_child(["--one", json.dumps({**config, "flops": not args.no_flops}), *flags], args.timeout)
                 if "error" in row:

@@ -11,7 +11,8 @@ remat on, LoRA rank 64.
         [--hlo DIR]
 
 `--hlo DIR`: also write each cut's lowered program (StableHLO text, gzipped) as DIR/<side>-<layers>x<seq>.mlir.gz
-and its sha256 in the row, to tell a difference of program from a difference of compiler between the sides.
+and its sha256 in the row, to tell a difference of program from a difference of compiler between the sides, and
+the compiled program (<side>-<layers>x<seq>.hlo.gz, where the compiler fits it) to diff the two compilers' work.
 """
 
 from __future__ import annotations
@@ -55,14 +56,22 @@ def _row(side: str, cut: Any, seq: int, figures: est.PerChip, refused: bool, sec
 
 
 def lowered_text(cut: Any, seq: int, mesh: Any, side: str, hlo: Path) -> str:
-    """The cut's lowered train step, written gzipped under `hlo`; its sha256."""
+    """The cut's lowered train step, written gzipped under `hlo`, and the program as compiled where the
+    compiler fits it (<side>-<layers>x<seq>.hlo.gz: optimised HLO with its schedule); the lowered one's sha256."""
     import jax
 
-    with jax.set_mesh(mesh), mesh:
-        text = lower_train_step(cut, train_config("gemma4-31b", seq, 1, True, fsdp=1), mesh, STEPS)[0].as_text()
     hlo.mkdir(parents=True, exist_ok=True)
-    with gzip.open(hlo / f"{side}-{cut.num_layers}x{seq}.mlir.gz", "wt") as f:
-        f.write(text)
+    with jax.set_mesh(mesh), mesh:
+        lowered = lower_train_step(cut, train_config("gemma4-31b", seq, 1, True, fsdp=1), mesh, STEPS)[0]
+        text = lowered.as_text()
+        with gzip.open(hlo / f"{side}-{cut.num_layers}x{seq}.mlir.gz", "wt") as f:
+            f.write(text)
+        try:
+            compiled = lowered.compile().as_text()
+        except jax.errors.JaxRuntimeError as e:
+            compiled = f"// not compiled: {str(e)[:2000]}\n"
+    with gzip.open(hlo / f"{side}-{cut.num_layers}x{seq}.hlo.gz", "wt") as f:
+        f.write(compiled)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

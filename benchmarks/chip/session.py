@@ -37,11 +37,18 @@ class Measurement:
     deadline_s: float
 
 
-def _throughput(layers: int, seqs: str, batch: int = 1, remat: str = "full") -> Measurement:
-    """The 31B's first `layers` at each of `seqs` (comma-separated): one process, one baseline, a child each."""
-    name = f"throughput-31b-{layers}x{seqs.replace(',', '-')}-b{batch}" + ("" if remat == "full" else f"-{remat}")
+def _throughput(
+    layers: int, seqs: str, batch: int = 1, remat: str = "full", layout: str = "uniform", quantization: str = "none"
+) -> Measurement:
+    """The 31B's first `layers` at each of `seqs` (comma-separated): one process, one baseline, a child each;
+    `layout`: the splash kernels' blocks, `quantization`: QLoRA's base."""
+    name = f"throughput-31b-{layers}x{seqs.replace(',', '-')}-b{batch}"
+    name += "".join(
+        f"-{x}" for x, default in ((remat, "full"), (layout, "uniform"), (quantization, "none")) if x != default
+    )
     args = ["benchmarks.train_throughput", "--model", "gemma4-31b", "--layers", str(layers), "--seq", seqs]
     args += ["--batch", str(batch), "--steps", "8", "--warmup", "2", "--json", "{out}", "--timeout", "540"]
+    args += ["--splash-layout", layout, "--base-quantization", quantization]
     return Measurement(name, "throughput", (*args, "--remat", remat), 600)
 
 
@@ -66,16 +73,26 @@ def plan(tiny: bool = False) -> list[Measurement]:
         _throughput(6, "2048", remat="saveMatmuls"),
         _throughput(4, "2048"),  # the model-FLOPs column for the shorter cuts
         _throughput(2, "2048,4096"),
+        # The splash kernels' block layouts: their speed at the 31B's shapes, their answers against the masked
+        # reference, then the step with each (the default is the fastest: docs/performance.md).
+        Measurement("splash-speed", "splash", ("benchmarks.chip.splash_speed", "--json", "{out}"), 600),
+        *(_throughput(6, "2048", layout=name) for name in ("fused", "wideForward", "wideFused")),
+        _throughput(6, "2048", quantization="int8"),  # QLoRA's base: the step's memory and time
         Measurement("build-31b-6", "build", ("benchmarks.chip.build_memory", "--layers", "6", "--json", "{out}"), 600),
     ]
     for kind in ("sliding", "global"):  # about 50 s a case on the chip: each kind a measurement of its own
         splash = ("benchmarks.chip.splash_check", "--cases", kind, "--json", "{out}")
         out.append(Measurement(f"splash-31b-{kind}", "splash", splash, 600))
+    layouts = ("benchmarks.chip.splash_check", "--seq", "2048", "--layouts", "fused,wideForward,wideFused")
+    out.append(Measurement("splash-31b-layouts", "splash", (*layouts, "--json", "{out}"), 600))
     # The grid only compiles (nothing runs on the chip): one process opens the chip once for the three cuts.
     for seq in (2048, 4096):
         grid = ("benchmarks.chip.preflight_vs_chip", "--side", "chip", "--layers", "2,4,6", "--seq", str(seq))
-        grid += ("--hlo", "{dir}/hlo") if seq == 4096 else ()  # 2 @ 4096: the chip fits what the host refuses
         out.append(Measurement(f"preflight-chip-{seq}", "preflight", (*grid, "--json", "{out}"), 600))
+    # 2 @ 4096: the chip fits what the host refuses; 2 @ 2048, where both agree, for a control. The programs
+    # as lowered and as compiled, to diff against the host's (`--side cpu --hlo`).
+    hlo = ("benchmarks.chip.preflight_vs_chip", "--side", "chip", "--layers", "2", "--seq", "2048,4096")
+    out.append(Measurement("preflight-chip-hlo", "preflight", (*hlo, "--hlo", "{dir}/hlo", "--json", "{out}"), 600))
     for model in ("gemma4-tiny", "qwen3-tiny"):
         # The runs' files kept under the output directory: the adapters come back to be merged on a CPU.
         resume = ("--model", model, "--steps", "300", "--kill-at", "110", "--json", "{out}")

@@ -3,7 +3,7 @@
 shapes, and packed rows (several examples and padding in one row). On TPU the kernels are compiled; on CPU
 they run in Pallas interpret mode (`--tiny` shapes).
 
-    python -m benchmarks.chip.splash_check [--tiny] [--seq 4096] [--json out.jsonl]
+    python -m benchmarks.chip.splash_check [--tiny] [--seq 4096] [--layouts uniform,fused] [--json out.jsonl]
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from benchmarks.rows import emit
 
+from tpuforge_workloads.families import attention
 from tpuforge_workloads.families.attention import splash_attention
 
 # (heads, kv heads, head dim, window) of the 31B's layers, and a tiny stand-in for CPU.
@@ -52,7 +53,9 @@ def segments(t: int, packed: bool) -> np.ndarray:
     return ids
 
 
-def check(name: str, heads: int, kv: int, dim: int, window: int | None, t: int, packed: bool) -> dict[str, Any]:
+def check(
+    name: str, heads: int, kv: int, dim: int, window: int | None, t: int, packed: bool, layout: str = "uniform"
+) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     q, k, v = (jnp.asarray(rng.normal(0, 1, (1, t, n, dim)), jnp.bfloat16) for n in (heads, kv, kv))
     q = q / jnp.sqrt(jnp.bfloat16(dim))
@@ -64,9 +67,10 @@ def check(name: str, heads: int, kv: int, dim: int, window: int | None, t: int, 
 
     kernel = lambda q, k, v: splash_attention(q, k, v, ids, window, (None, None, None, None))  # noqa: E731
     masked = lambda q, k, v: reference(q, k, v, ids, window)  # noqa: E731
-    out = jax.jit(kernel)(q, k, v).astype(jnp.float32)
+    with attention.blocks_layout(layout):  # the kernels are built as they are traced
+        out = jax.jit(kernel)(q, k, v).astype(jnp.float32)
+        grads = jax.jit(jax.grad(loss(kernel), argnums=(0, 1, 2)))(q, k, v)
     want = jax.jit(masked)(q, k, v)
-    grads = jax.jit(jax.grad(loss(kernel), argnums=(0, 1, 2)))(q, k, v)
     want_grads = jax.jit(jax.grad(loss(masked), argnums=(0, 1, 2)))(q, k, v)
 
     def rel(a: Any, b: Any) -> float:
@@ -75,6 +79,7 @@ def check(name: str, heads: int, kv: int, dim: int, window: int | None, t: int, 
 
     return {
         "case": name + (" packed" if packed else ""),
+        "layout": layout,
         "platform": jax.devices()[0].platform,
         "seq": t,
         "heads": heads,
@@ -91,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU: interpret mode)")
     ap.add_argument("--seq", type=int, help="row length (default 4096; --tiny 256)")
     ap.add_argument("--cases", help="comma-separated layer kinds to check (default: all)")
+    ap.add_argument("--layouts", default="uniform", help="comma-separated block layouts (attention.LAYOUTS)")
     ap.add_argument("--json", help="append each case's row here")
     args = ap.parse_args(argv)
     t = args.seq or (256 if args.tiny else 4096)
@@ -99,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown := set(wanted) - set(cases):
         ap.error(f"--cases: {', '.join(sorted(unknown))} unknown; known: {', '.join(cases)}")
     for name, (heads, kv, dim, window) in ((n, cases[n]) for n in wanted):
-        for packed in (False, True):
-            row = check(name, heads, kv, dim, window, t, packed)
-            emit(row, args.json)
+        for layout in args.layouts.split(","):
+            for packed in (False, True):
+                emit(check(name, heads, kv, dim, window, t, packed, layout), args.json)
     return 0
 
 

@@ -29,6 +29,8 @@ interpret mode, so nothing could check it on a CPU; this module's kernel runs in
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +61,43 @@ def block_size(seq_len: int) -> int | None:
     return next((b for b in _BLOCKS if seq_len % b == 0), None)
 
 
+# The kernels' block layouts, by name; `layout` is the one the trainer's kernels are built with. Each names the
+# forward's query and key/value blocks and the backward's: `uniform` one block everywhere and the two backward
+# kernels (dk/dv, then dq); `fused` one backward kernel computing dq with dk and dv; the `wide...` layouts take
+# 1024-token query and key/value blocks where the row length allows (computing 512 keys at a time), in the
+# forward only or in the fused backward as well. benchmarks/chip/splash_speed.py times each on a chip.
+LAYOUTS = ("uniform", "fused", "wideForward", "wideFused")
+layout = "uniform"
+
+
+@contextlib.contextmanager
+def blocks_layout(name: str) -> Iterator[None]:
+    """Within the block, the kernels traced are built with the block layout `name` (one of LAYOUTS)."""
+    global layout
+    if name not in LAYOUTS:
+        raise ValueError(f"splash block layout {name!r} unknown; known: {', '.join(LAYOUTS)}")
+    before, layout = layout, name
+    try:
+        yield
+    finally:
+        layout = before
+
+
+def block_sizes(seq_len: int, name: str | None = None) -> splash.BlockSizes:
+    """The kernels' blocks for rows of `seq_len` tokens in the layout `name` (default: `layout`)."""
+    b = block_size(seq_len)
+    if b is None:
+        raise ValueError(f"splash attention needs a row length divisible by {_BLOCKS[-1]}; got {seq_len}")
+    name = name or layout
+    wide = 1024 if name.startswith("wide") and seq_len % 1024 == 0 else b
+    forward = {"block_q": wide, "block_kv": wide, "block_kv_compute": b}
+    if name in ("fused", "wideFused"):
+        fused = {"block_q_dkv": wide, "block_kv_dkv": wide, "block_kv_dkv_compute": b}
+        return splash.BlockSizes(**forward, **fused, use_fused_bwd_kernel=True)
+    dkv = {"block_q_dkv": b, "block_kv_dkv": b, "block_kv_dkv_compute": b}
+    return splash.BlockSizes(**forward, **dkv, block_q_dq=b, block_kv_dq=b)
+
+
 def target_platform() -> str:
     """The platform the current trace is for: the mesh's devices under `jax.set_mesh` (a TPU topology's
     compile-only devices in the preflight), else JAX's default backend."""
@@ -77,19 +116,7 @@ def _kernel(seq_len: int, heads: int, window: int | None, interpret: bool) -> An
     work on the mask is cached by splash itself."""
     shape = (seq_len, seq_len)
     mask = mask_lib.CausalMask(shape) if window is None else mask_lib.LocalMask(shape, (window - 1, 0), offset=0)
-    b = block_size(seq_len)
-    if b is None:
-        raise ValueError(f"splash attention needs a row length divisible by {_BLOCKS[-1]}; got {seq_len}")
-    blocks = splash.BlockSizes(
-        block_q=b,
-        block_kv=b,
-        block_kv_compute=b,
-        block_q_dkv=b,
-        block_kv_dkv=b,
-        block_kv_dkv_compute=b,
-        block_q_dq=b,
-        block_kv_dq=b,
-    )
+    blocks = block_sizes(seq_len)
     return splash.make_splash_mha(
         mask_lib.MultiHeadMask([mask] * heads), block_sizes=blocks, head_shards=1, q_seq_shards=1, interpret=interpret
     )
