@@ -62,7 +62,7 @@ def lowered_text(cut: Any, seq: int, mesh: Any, side: str, hlo: Path) -> str:
 
     hlo.mkdir(parents=True, exist_ok=True)
     with jax.set_mesh(mesh), mesh:
-        lowered = lower_train_step(cut, train_config("gemma4-31b", seq, 1, True, fsdp=1), mesh, STEPS)[0]
+        lowered = lower_train_step(cut, train_config("gemma4-31b", seq, 1, "full", fsdp=1), mesh, STEPS)[0]
         text = lowered.as_text()
         with gzip.open(hlo / f"{side}-{cut.num_layers}x{seq}.mlir.gz", "wt") as f:
             f.write(text)
@@ -79,7 +79,7 @@ def cpu_side(layers: list[int], seq: int, hlo: Path | None = None) -> list[dict[
     from tpuforge_workloads.preflight.topology import slice_devices
 
     text = decoder("gemma4-31b", 0)
-    config = train_config("gemma4-31b", seq, 1, True, fsdp=1)
+    config = train_config("gemma4-31b", seq, 1, "full", fsdp=1)
     mesh = make_mesh(1, 1, slice_devices(SLICE))
     probes: list[CompiledStep] = [compile_train_step(with_layers(text, p), config, mesh, STEPS) for p in PROBES]
     seconds = sum(p.compile_seconds for p in probes)
@@ -100,7 +100,7 @@ def chip_side(layers: list[int], seq: int, hlo: Path | None = None) -> list[dict
     for n in layers:
         cut = decoder("gemma4-31b", n)
         mesh = make_mesh(1, 1, jax.local_devices()[:1])
-        c = compile_train_step(cut, train_config("gemma4-31b", seq, 1, True, fsdp=1), mesh, STEPS)
+        c = compile_train_step(cut, train_config("gemma4-31b", seq, 1, "full", fsdp=1), mesh, STEPS)
         row = _row("chip", cut, seq, est.PerChip.of(c), c.out_of_hbm, c.compile_seconds)
         row["device"] = str(mesh.devices.flat[0].device_kind)
         if hlo is not None:
