@@ -35,7 +35,7 @@ def _bytes(tree: Any) -> int:
 def measure(model_name: str, layers: int) -> dict[str, Any]:
     text = decoder(model_name, layers)
     devices = jax.local_devices()
-    config = train_config(model_name, 2048, 1, True, fsdp=len(devices))
+    config = train_config(model_name, 2048, 1, "full", fsdp=len(devices))
     mesh = make_mesh(len(devices), 1, devices)
     fam = families.of(text)
     with jax.set_mesh(mesh):

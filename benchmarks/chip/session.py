@@ -79,7 +79,7 @@ def plan(tiny: bool = False) -> list[Measurement]:
         # The logits over the 262k vocabulary and the loss, against their two matrix products alone.
         Measurement("head-speed", "throughput", ("benchmarks.chip.head_speed", "--json", "{out}"), 300),
         *(_throughput(6, "2048", layout=name) for name in ("uniform", "fused", "wideForward", "wideFused")),
-        _throughput(6, "2048", quantization="int8"),  # QLoRA's base: the step's memory and time
+        *(_throughput(6, "2048", quantization=q) for q in ("int8", "int4")),  # QLoRA's base: memory and time
         Measurement("build-31b-6", "build", ("benchmarks.chip.build_memory", "--layers", "6", "--json", "{out}"), 600),
     ]
     for kind in ("sliding", "global"):  # about 50 s a case on the chip: each kind a measurement of its own
