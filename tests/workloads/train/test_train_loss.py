@@ -242,3 +242,34 @@ def test_in_training_eval_is_dropout_free_and_gives_the_evaluation_job_s_loss(
     assert ours[0] == ours[1]
     assert ours[0] == pytest.approx(job, rel=1e-5)
     assert tunix[0] != tunix[1] and min(abs(t - job) for t in tunix) > 1e-3, (tunix, job)
+
+
+def test_the_heads_own_gradient_equals_autodiff_through_the_models_logits(
+    lora_model: tuple[Any, jax.sharding.Mesh], tiny_model_dir: Path
+) -> None:
+    """Gemma 4's loss from its final hidden states (loss.head_nll, families/head.py) against the model's own
+    soft-capped float32 logits differentiated by JAX: the same loss and LoRA gradient, packed rows and padding."""
+    model, mesh = lora_model
+    spec = BatchSpec(max_seq_len=SEQ, rows=4, packing=True, seed=0, pad_id=0, epochs=1)
+    batch = next(iter(batches(_examples(tiny_model_dir), spec)))
+    inputs = model_inputs({k: jax.numpy.asarray(v) for k, v in batch.items()})
+
+    def ours(model: Any) -> Any:
+        return loss.nll_sum_and_count(model, **inputs)[0]
+
+    def reference(model: Any) -> Any:
+        with lora.adapters_in_compute_dtype(model):
+            mask = attention.for_model(model, inputs["attention_mask"])
+            logits, _ = model(inputs["input_tokens"], inputs["positions"], None, mask)
+        return loss.token_nll(logits[:, :-1], inputs["input_tokens"][:, 1:], inputs["input_mask"][:, 1:])[0]
+
+    lora_only = nnx.DiffState(0, nnx.LoRAParam)
+    with jax.set_mesh(mesh):
+        got, got_grads = nnx.jit(nnx.value_and_grad(ours, argnums=lora_only))(model)
+        want, want_grads = nnx.jit(nnx.value_and_grad(reference, argnums=lora_only))(model)
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+    flat_got, flat_want = jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)
+    assert len(flat_got) == len(flat_want) > 0
+    scale = max(float(np.max(np.abs(np.asarray(w)))) for w in flat_want)
+    for g, w in zip(flat_got, flat_want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=1e-4 * scale)

@@ -17,10 +17,12 @@ from typing import Any
 
 from tpuforge.api.catalog import ModelShape
 from tpuforge_workloads import storage
+from tpuforge_workloads.families import head
 from tpuforge_workloads.families.decoder import CombinedQkv, Decoder, ModelError, read_config
 from tpuforge_workloads.families.gemma4 import config as gemma4_config
 from tpuforge_workloads.families.gemma4 import merge as gemma4_merge
 from tpuforge_workloads.families.gemma4 import model as gemma4_model
+from tpuforge_workloads.families.head import Head
 from tpuforge_workloads.families.qwen3 import config as qwen3_config
 from tpuforge_workloads.families.qwen3 import merge as qwen3_merge
 from tpuforge_workloads.families.qwen3 import model as qwen3_model
@@ -53,6 +55,7 @@ class Family:
     hf_prefixes: tuple[str, ...]  # where the decoder's tensors may be in an HF checkpoint
     segment_attention: Callable[[], tuple[type, type]]  # (Tunix's attention module, ours taking segment ids)
     combined_qkv: CombinedQkv | None = None  # a key mapping that leaves each layer's q, k(, v) to combine
+    output_head: Callable[[Any], Head | None] = lambda model: None  # the loss computes its logits (head.py)
 
     def build(self, text: Decoder, seed: int = 0) -> Any:
         """The model with fresh weights (call under nnx.eval_shape for shapes alone)."""
@@ -78,6 +81,7 @@ FAMILIES: dict[str, Family] = {
             gemma4_config.HF_PREFIXES,
             _gemma4_attention,
             gemma4_model.COMBINED_QKV,
+            head.gemma4,
         ),
         Family(
             "qwen3",

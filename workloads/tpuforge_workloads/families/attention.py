@@ -67,7 +67,7 @@ def block_size(seq_len: int) -> int | None:
 # 1024-token query and key/value blocks where the row length allows (computing 512 keys at a time), in the
 # forward only or in the fused backward as well. benchmarks/chip/splash_speed.py times each on a chip.
 LAYOUTS = ("uniform", "fused", "wideForward", "wideFused")
-layout = "uniform"
+layout = "fused"
 
 
 @contextlib.contextmanager
@@ -90,12 +90,26 @@ def block_sizes(seq_len: int, name: str | None = None) -> splash.BlockSizes:
         raise ValueError(f"splash attention needs a row length divisible by {_BLOCKS[-1]}; got {seq_len}")
     name = name or layout
     wide = 1024 if name.startswith("wide") and seq_len % 1024 == 0 else b
-    forward = {"block_q": wide, "block_kv": wide, "block_kv_compute": b}
     if name in ("fused", "wideFused"):
-        fused = {"block_q_dkv": wide, "block_kv_dkv": wide, "block_kv_dkv_compute": b}
-        return splash.BlockSizes(**forward, **fused, use_fused_bwd_kernel=True)
-    dkv = {"block_q_dkv": b, "block_kv_dkv": b, "block_kv_dkv_compute": b}
-    return splash.BlockSizes(**forward, **dkv, block_q_dq=b, block_kv_dq=b)
+        return splash.BlockSizes(
+            block_q=wide,
+            block_kv=wide,
+            block_kv_compute=b,
+            block_q_dkv=wide,
+            block_kv_dkv=wide,
+            block_kv_dkv_compute=b,
+            use_fused_bwd_kernel=True,
+        )
+    return splash.BlockSizes(
+        block_q=wide,
+        block_kv=wide,
+        block_kv_compute=b,
+        block_q_dkv=b,
+        block_kv_dkv=b,
+        block_kv_dkv_compute=b,
+        block_q_dq=b,
+        block_kv_dq=b,
+    )
 
 
 def target_platform() -> str:
