@@ -12,9 +12,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from tunix.models.gemma4 import model as gm
-from tunix.utils.sharding_utils import shard
 
 from tpuforge_workloads.families import attention as splash
+from tpuforge_workloads.families.activations import shard
 
 # What SegmentAttention reads from Tunix's module besides the einsums (k_einsum or kv_einsum).
 _PARTS = (

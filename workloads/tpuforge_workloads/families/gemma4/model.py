@@ -22,6 +22,9 @@ def model_class() -> Any:
     """Tunix's Gemma 4 model class (imported when asked)."""
     from tunix.models.gemma4 import model as gm
 
+    from tpuforge_workloads.families import activations
+
+    activations.install(gm)  # its activations constrained on a TPU mesh, from any host (activations.py)
     return gm.Gemma4
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import jax
 from tunix.models.qwen3 import model as qm
-from tunix.utils.sharding_utils import shard
 
 from tpuforge_workloads.families import attention as splash
+from tpuforge_workloads.families.activations import shard
 
 # What Qwen3SegmentAttention reads from Tunix's module.
 _PARTS = ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm", "scale", "head_dim", "shd_config")

@@ -19,6 +19,9 @@ def model_class() -> Any:
     """Tunix's Qwen3 model class (imported when asked)."""
     from tunix.models.qwen3 import model as qm
 
+    from tpuforge_workloads.families import activations
+
+    activations.install(qm)  # its activations constrained on a TPU mesh, from any host (activations.py)
     return qm.Qwen3
 
 
