@@ -5,9 +5,11 @@ controllers, and the node agent with no nodes) or, with --sandbox-dir, on one al
 Phases, all in one run against the same apiserver, each printing its figure as it ends:
   baseline  for N objects created beforehand (untimed, no operator), one client makes exactly the writes the
             operator makes for each, computed by the operator's own decision code (a FineTuneJob: the Role,
-            RoleBinding, ConfigMap and training Job, the status, the Event; a ServingDeployment: its claims,
-            Service and Deployment, the status, the Events), with as many threads as the operator makes API
-            calls at once
+            RoleBinding, ConfigMap and training Job, the status, the Event; a ServingDeployment: its Service,
+            PodDisruptionBudget and Deployment (claims too where its spec needs them), the status, the Events),
+            with as many threads as the operator makes API calls at once. Then, untimed, until the controllers'
+            pods for what it wrote are each placed or reported unschedulable, so that the next phase does not
+            carry this one's aftermath (the burst makes its own pods while it runs, as the baseline did)
   burst     the operator runs; one client creates N objects as fast as it can; the time until every one is
             handled (a FineTuneJob has its training Job; a ServingDeployment its status with an endpoint), over
             the baseline's time (target <= 1.5). The burst also holds the N creates themselves, which the
@@ -17,9 +19,13 @@ Phases, all in one run against the same apiserver, each printing its figure as i
             placed or reported unschedulable by the node agent, then the operator handling that until it has
             not reconciled for --quiet seconds; at most --settle-timeout seconds (what did not happen is
             printed and kept in the results). Then the operator's peak RSS with the N live (target <= 250 MB)
-  baseline  again, after the burst (other load on the machine drifts): the ratio is over the mean of both
+  baseline  again, after the burst (other load on the machine drifts): the ratio is over the mean of both;
+            its pods are waited for as the first's were, before the steady phase
   steady    R objects per second for D seconds, with the N live; create -> handled latency p50/p99 (target
-            p99 <= 1 s)
+            p99 <= 1 s), the operator's share of a core, its mean reconcile time and the apiserver's own mean
+            time per write. FineTuneJobs: the operator reports each burst job's pod unschedulable 300 s after the
+            node agent did (no TPU nodes here), a wave of status writes and Events; when the phase would
+            overlap it, it first waits for the wave to pass and the operator to be quiet
   check     every object has exactly the children the operator makes for one (duplicates must be 0, across
             the restart too)
 
@@ -92,7 +98,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "end) instead of starting one",
     )
     p.add_argument("--json", type=Path, help="also write the results here")
-    p.add_argument("--operator-log", type=Path, help="keep the operator's log here")
+    p.add_argument(
+        "--operator-log",
+        type=Path,
+        help="keep the operator's log here (after a restart, the new one's beside it: NAME.1.log)",
+    )
     p.add_argument(
         "--profile",
         type=Path,
@@ -150,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                 for ns in namespaces:
                     client.CoreV1Api(api).delete_collection_namespaced_pod(ns, grace_period_seconds=0)
                     kube_objects.delete(api, "v1", "Namespace", None, ns)
-            if args.operator_log and (tmp / "operator.log").exists():
-                shutil.copyfile(tmp / "operator.log", args.operator_log)
+            if args.operator_log:  # the first process's log, and those after a restart (operator.1.log)
+                for log in sorted(tmp.glob("operator*.log")):
+                    shutil.copyfile(log, args.operator_log.with_name(args.operator_log.stem + log.name[8:]))
     print(json.dumps(results, indent=2))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

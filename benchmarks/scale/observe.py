@@ -96,6 +96,26 @@ def placed_or_refused(pod: Obj) -> bool:
     return any(c.get("type") == "PodScheduled" and c.get("status") == "False" for c in conds)
 
 
+def pods_decided(api: client.ApiClient, label: str, ns: str, names: list[str], deadline: float) -> str | None:
+    """Wait, until the monotonic `deadline`, for a pod of every owner in `names` (made by the Job controller, or
+    the Deployment's ReplicaSet), each placed or reported unschedulable by the node agent (the scheduler here).
+    None when that happened; else what had not."""
+    start, wanted = time.monotonic(), set(names)
+    while True:
+        pods = kube_objects.list_objects(api, "v1", "Pod", ns, label)
+        owners = {(p["metadata"].get("labels") or {}).get(label) for p in pods}
+        pods_missing = len(wanted - owners)
+        undecided = sum(not placed_or_refused(p) for p in pods)
+        if not pods_missing and not undecided:
+            return None
+        if time.monotonic() >= deadline:
+            return (
+                f"after {time.monotonic() - start:.0f} s, {pods_missing} of {len(wanted)} had no pod and "
+                f"{undecided} pods were neither placed nor reported unschedulable"
+            )
+        time.sleep(1.0)
+
+
 def settle(
     api: client.ApiClient,
     label: str,
@@ -114,33 +134,29 @@ def settle(
     the objects that reported it."""
     start = time.monotonic()
     deadline = start + timeout
-    wanted = set(names)
-    pods_missing, undecided = len(wanted), 0
-    while True:
-        pods = kube_objects.list_objects(api, "v1", "Pod", ns, label)
-        owners = {(p["metadata"].get("labels") or {}).get(label) for p in pods}
-        pods_missing = len(wanted - owners)
-        undecided = sum(not placed_or_refused(p) for p in pods)
-        if not pods_missing and not undecided:
-            break
-        if time.monotonic() >= deadline:
-            why = f"after {timeout:.0f} s, {pods_missing} of {len(wanted)} had no pod and {undecided} pods were "
-            why += "neither placed nor reported unschedulable"
-            print(f"  (settling: {why}; going on)", flush=True)
-            return Settled(time.monotonic() - start, why)
-        time.sleep(1.0)
+    why = pods_decided(api, label, ns, names, deadline)
+    if why is not None:
+        print(f"  (settling: {why}; going on)", flush=True)
+        return Settled(time.monotonic() - start, why)
     print(f"  pods: each placed or unschedulable after {time.monotonic() - start:.1f} s", flush=True)
+    if quiet_for(operator, quiet, deadline):
+        return Settled(time.monotonic() - start, None)
+    why = f"the operator still reconciled {timeout:.0f} s after the burst (never {quiet:.0f} s without one)"
+    print(f"  (settling: {why}; going on)", flush=True)
+    return Settled(time.monotonic() - start, why)
+
+
+def quiet_for(operator: OperatorProcess, quiet: float, deadline: float) -> bool:
+    """Wait until the operator has not reconciled for `quiet` seconds (True), or the monotonic `deadline`."""
     last, since = -1.0, time.monotonic()
     while time.monotonic() < deadline:
         now = operator.metric("tpuforge_reconcile_total")
         if now != last:
             last, since = now, time.monotonic()
         elif time.monotonic() - since >= quiet:
-            return Settled(time.monotonic() - start, None)
+            return True
         time.sleep(0.5)
-    why = f"the operator still reconciled {timeout:.0f} s after the burst (never {quiet:.0f} s without one)"
-    print(f"  (settling: {why}; going on)", flush=True)
-    return Settled(time.monotonic() - start, why)
+    return False
 
 
 def duplicates(api: client.ApiClient, label: str, ns: str, names: list[str], each: Counter[tuple[str, str]]) -> int:

@@ -20,13 +20,24 @@ from benchmarks.scale.observe import (
     duplicates,
     forced_watch_closes,
     percentile,
+    pods_decided,
+    quiet_for,
     settle,
 )
 from benchmarks.scale.processes import OperatorProcess, Profiler
-from benchmarks.scale.workload import FINETUNEJOB, Kind, create_all, namespace, run_baseline, run_steady
+from benchmarks.scale.workload import (
+    FINETUNEJOB,
+    Kind,
+    baseline_names,
+    create_all,
+    namespace,
+    run_baseline,
+    run_steady,
+)
 from kubernetes import client
 
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
+from tpuforge.controllers.finetune.attempts import UNSCHEDULABLE_REPORT_SECONDS
 from tpuforge.controllers.runtime.controller import API_CONCURRENCY
 from tpuforge.kube import objects as kube_objects
 from tpuforge_sandbox import Sandbox
@@ -74,9 +85,12 @@ def measure(
     load_start = os.getloadavg()[0]
     print(f"baseline: one client makes the operator's writes for {n} {kind.name}s, {API_CONCURRENCY} threads ...")
     closes0 = forced_watch_closes(sandbox)
-    before, writes, baseline_cpu = run_baseline(api, kind, n, namespace(api, ns_name("baseline-before")))
+    base_ns = namespace(api, ns_name("baseline-before"))
+    before, writes, baseline_cpu = run_baseline(api, kind, n, base_ns)
     closes1 = forced_watch_closes(sandbox)
     print(f"  {writes} writes per object: {before:.1f} s; CPU seconds {baseline_cpu}", flush=True)
+    aftermath = {"before": baseline_aftermath(api, kind, base_ns, n, args.settle_timeout)}
+    closes2 = forced_watch_closes(sandbox)
 
     ns, steady_ns = namespace(api, ns_name("burst")), namespace(api, ns_name("steady"))
     cprofile = args.profile if args.profile and args.profile.suffix == ".prof" else None
@@ -100,7 +114,7 @@ def measure(
                 raise RuntimeError("the operator's restart did not finish (see above)")
         latencies = sorted(arrivals.seen[x] - sent[x] for x in names)
         burst_cpu = {**cpu_spent(others0), "operator": round(operator.cpu_seconds() - cpu0, 1)}
-        closes = {"baseline": dict(closes1 - closes0), "burst": dict(forced_watch_closes(sandbox) - closes1)}
+        closes = {"baseline": dict(closes1 - closes0), "burst": dict(forced_watch_closes(sandbox) - closes2)}
         print(
             f"  created in {created:.1f} s; every one handled after {burst:.1f} s ({burst / before:.2f}x the "
             f"baseline before); latency p50 {percentile(latencies, 50):.2f} s, p99 {percentile(latencies, 99):.2f} s;"
@@ -133,6 +147,7 @@ def measure(
             "created_seconds": round(created, 2),
             "burst_seconds": round(burst, 2),
             "cpu_seconds_baseline_before": baseline_cpu,
+            "baseline_pods_decided_seconds": aftermath,
             "cpu_seconds_burst": burst_cpu,
             "apiserver_forced_watch_closes": closes,
             "burst_latency_p50_seconds": round(percentile(latencies, 50), 3),
@@ -160,6 +175,7 @@ def measure(
             flush=True,
         )
         settled = settle(api, kind.label, ns, names, operator, args.settle_timeout, args.quiet)
+        decided_by = time.monotonic()  # every burst pod placed or refused by now
         settled_cpu = operator.cpu_seconds() - cpu0
         requests = (
             serving.writes(requests0, serving.apiserver_requests(api)) if kind is serving.SERVINGDEPLOYMENT else {}
@@ -171,22 +187,36 @@ def measure(
             flush=True,
         )
         print("baseline again, so that the burst is bracketed by two ...", flush=True)
-        after, _, _ = run_baseline(api, kind, n, namespace(api, ns_name("baseline-after")))
+        base_ns = namespace(api, ns_name("baseline-after"))
+        after, _, _ = run_baseline(api, kind, n, base_ns)
         baseline = (before + after) / 2
         print(f"  {after:.1f} s; burst over the mean of both: {burst / baseline:.2f}x", flush=True)
+        aftermath["after"] = baseline_aftermath(api, kind, base_ns, n, args.settle_timeout)
+
+        reports_wait = wait_for_late_reports(kind, operator, start, decided_by, args)
 
         steady = kind.arrivals(api, steady_ns)
         steady_names = [f"steady-{i:05d}" for i in range(max(2, int(args.rate * args.duration)))]
         print(f"steady: {args.rate:g}/s for {args.duration:g} s with {n} live ...", flush=True)
         steady_cpu0, steady_start = operator.cpu_seconds(), time.monotonic()
+        reconcile0, writes0 = reconcile_seconds(operator), serving.apiserver_write_seconds(api)
         lat = run_steady(api, kind, steady, steady_ns, steady_names, args.rate)
         steady_cpu = (operator.cpu_seconds() - steady_cpu0) / (time.monotonic() - steady_start)
+        reconcile1, writes1 = reconcile_seconds(operator), serving.apiserver_write_seconds(api)
         steady.stop()
         reports = late_reports(api, kind, ns)
+        steady_reconciles = int(reconcile1[1] - reconcile0[1])
+        reconcile_mean = (reconcile1[0] - reconcile0[0]) / max(steady_reconciles, 1)
+        write_mean = (writes1[0] - writes0[0]) / max(writes1[1] - writes0[1], 1)
         print(
             f"  create -> {kind.done_what}: p50 {percentile(lat, 50):.3f} s, p99 {percentile(lat, 99):.3f} s; the "
             f"operator used {steady_cpu:.2f} of a core; load average {os.getloadavg()[0]:.1f}"
             + (f"; {reports} of the burst reported their pods unschedulable by its end" if reports else ""),
+            flush=True,
+        )
+        print(
+            f"  {steady_reconciles} reconciles, {reconcile_mean:.3f} s each on average (the operator's time, its "
+            f"API calls' waits included); the apiserver's own time per write (every client's) {write_mean:.3f} s",
             flush=True,
         )
         peak_rss = operator.peak_rss_mb()
@@ -211,7 +241,11 @@ def measure(
         "steady_p99_seconds": round(percentile(lat, 99), 3),
         "steady_p99_target": TARGET_P99_SECONDS,
         "unschedulable_reports_by_end_of_steady": reports,
+        "steady_waited_for_late_reports_seconds": reports_wait,
         "operator_cores_used_steady": round(steady_cpu, 2),
+        "steady_reconciles": steady_reconciles,
+        "steady_reconcile_mean_seconds": round(reconcile_mean, 3),
+        "steady_apiserver_write_mean_seconds": round(write_mean, 3),
         "operator_system_cpu_seconds_burst": round(live_sys, 1),
         "operator_rss_mb_at_objects_live": round(live_rss, 1),
         "operator_peak_rss_mb": round(peak_rss, 1),
@@ -220,6 +254,61 @@ def measure(
         "status_conflicts": conflicts,
         "duplicates": dup,
     }
+
+
+def baseline_aftermath(api: client.ApiClient, kind: Kind, ns: str, n: int, timeout: float) -> float:
+    """Wait (untimed) until the baseline's objects have their pods, each placed or reported unschedulable: the
+    controllers' work on what the baseline wrote (the Job controller's pods, the Deployments' ReplicaSets') then
+    does not fall into the phase after it. The burst makes its own pods while it runs, as the baseline did;
+    without this wait it would also carry the baseline's. The seconds waited."""
+    start = time.monotonic()
+    why = pods_decided(api, kind.label, ns, baseline_names(n), start + timeout)
+    seconds = time.monotonic() - start
+    if why is None:
+        print(f"  the baseline's pods each placed or reported unschedulable {seconds:.1f} s later", flush=True)
+    else:
+        print(f"  (the baseline's pods: {why}; going on)", flush=True)
+    return round(seconds, 1)
+
+
+def reconcile_seconds(operator: OperatorProcess) -> tuple[float, float]:
+    """The operator's reconcile time and count so far, both kinds (tpuforge_reconcile_duration_seconds; the
+    running process's: take both ends of a phase from one process)."""
+    return (
+        operator.metric("tpuforge_reconcile_duration_seconds_sum"),
+        operator.metric("tpuforge_reconcile_duration_seconds_count"),
+    )
+
+
+REPORTS_MARGIN_SECONDS = 30.0
+
+
+def wait_for_late_reports(
+    kind: Kind, operator: OperatorProcess, burst_start: float, decided_by: float, args: argparse.Namespace
+) -> float:
+    """The operator reports a FineTuneJob's training pod unschedulable UNSCHEDULABLE_REPORT_SECONDS after the
+    pod was refused (a status write and an Event each): on a sandbox with no TPU nodes, every burst job does,
+    a wave that is the burst's aftermath, not the steady state. When the steady phase would overlap it (no pod
+    was refused before the burst began, and every one by `decided_by`), wait until it has passed and the
+    operator is quiet again. The seconds waited (0: the steady phase ends before the first report is due)."""
+    now = time.monotonic()
+    if (
+        kind is not FINETUNEJOB
+        or now + args.duration + REPORTS_MARGIN_SECONDS < burst_start + UNSCHEDULABLE_REPORT_SECONDS
+    ):
+        return 0.0
+    until = decided_by + UNSCHEDULABLE_REPORT_SECONDS
+    print(
+        f"waiting {until - now:.0f} s for the burst's delayed unschedulable reports (due "
+        f"{UNSCHEDULABLE_REPORT_SECONDS:.0f} s after each pod was refused), then for the operator to be quiet ...",
+        flush=True,
+    )
+    time.sleep(max(0.0, until - now))
+    if not quiet_for(operator, args.quiet, time.monotonic() + args.settle_timeout):
+        print(f"  (the operator never went {args.quiet:g} s without a reconcile; going on)", flush=True)
+    waited = time.monotonic() - now
+    print(f"  waited {waited:.1f} s", flush=True)
+    return round(waited, 1)
 
 
 def late_reports(api: client.ApiClient, kind: Kind, ns: str) -> int:

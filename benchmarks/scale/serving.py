@@ -30,7 +30,7 @@ WRITES = {
     "child_updates": ("PUT", "services|persistentvolumeclaims", "", "200"),
     "reads": ("GET", "*", "", "*"),
 }
-CHILD_RESOURCES = {"deployments", "services", "persistentvolumeclaims"}
+CHILD_RESOURCES = {"deployments", "services", "persistentvolumeclaims", "poddisruptionbudgets"}
 READ_RESOURCES = CHILD_RESOURCES | {"servingdeployments", "finetunejobs"}
 
 
@@ -80,21 +80,49 @@ SERVINGDEPLOYMENT = Kind(
 )
 
 
-def apiserver_requests(api: client.ApiClient) -> Counter[tuple[str, str, str, str]]:
-    """The apiserver's apiserver_request_total, by (verb, resource, subresource, code)."""
+def _apiserver_series(api: client.ApiClient, name: str) -> list[tuple[dict[str, str], float]]:
+    """The series of one metric on the apiserver's /metrics: (labels, value) each."""
     cfg = api.configuration
     resp = api.rest_client.pool_manager.request(
         "GET", f"{cfg.host}/metrics", headers=kube_client.request_headers(cfg, None)
     )
-    out: Counter[tuple[str, str, str, str]] = Counter()
+    out = []
     for line in resp.data.decode().splitlines():
-        if not line.startswith("apiserver_request_total{"):
+        if not line.startswith(name + "{"):
             continue
-        labels_text, value = line[len("apiserver_request_total{") :].rsplit("} ", 1)
+        labels_text, value = line[len(name) + 1 :].rsplit("} ", 1)
         labels = dict(part.split("=", 1) for part in labels_text.split('",') if "=" in part)
-        get = {k: v.strip('"') for k, v in labels.items()}.get
-        out[(get("verb", ""), get("resource", ""), get("subresource", ""), get("code", ""))] += int(float(value))
+        out.append(({k: v.strip('"') for k, v in labels.items()}, float(value)))
     return out
+
+
+def apiserver_requests(api: client.ApiClient) -> Counter[tuple[str, str, str, str]]:
+    """The apiserver's apiserver_request_total, by (verb, resource, subresource, code)."""
+    out: Counter[tuple[str, str, str, str]] = Counter()
+    for labels, value in _apiserver_series(api, "apiserver_request_total"):
+        get = labels.get
+        out[(get("verb", ""), get("resource", ""), get("subresource", ""), get("code", ""))] += int(value)
+    return out
+
+
+WRITE_VERBS = ("POST", "PUT", "PATCH")
+
+
+def apiserver_write_seconds(api: client.ApiClient) -> tuple[float, float]:
+    """The apiserver's own time on writes (apiserver_request_duration_seconds, every client's POST, PUT and
+    PATCH): (seconds, requests) so far. Over a phase, their mean is the time a write took inside the
+    apiserver, which a client's wait, when much longer, is not."""
+    seconds = sum(
+        v
+        for labels, v in _apiserver_series(api, "apiserver_request_duration_seconds_sum")
+        if labels.get("verb") in WRITE_VERBS
+    )
+    count = sum(
+        v
+        for labels, v in _apiserver_series(api, "apiserver_request_duration_seconds_count")
+        if labels.get("verb") in WRITE_VERBS
+    )
+    return seconds, count
 
 
 def writes(before: Counter[tuple[str, str, str, str]], after: Counter[tuple[str, str, str, str]]) -> dict[str, int]:

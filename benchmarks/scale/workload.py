@@ -139,12 +139,16 @@ def create(api: client.ApiClient, obj: Obj) -> Obj:
     return found
 
 
+def baseline_names(n: int) -> list[str]:
+    return [f"base-{i:05d}" for i in range(n)]
+
+
 def run_baseline(api: client.ApiClient, kind: Kind, n: int, ns: str) -> tuple[float, int, dict[str, float]]:
     """One client makes the operator's writes for n objects (created beforehand, untimed): per object its
     children, group after group, then the status, then the Events, with as many threads as the operator makes
     API calls at once. Returns the time, the writes per object and the CPU seconds of the writes."""
     with ThreadPoolExecutor(API_CONCURRENCY) as pool:
-        objs = list(pool.map(lambda i: create(api, kind.manifest(ns, f"base-{i:05d}")), range(n)))
+        objs = list(pool.map(lambda name: create(api, kind.manifest(ns, name)), baseline_names(n)))
     work = [(obj, kind.writes(obj)) for obj in objs]
 
     def write(obj: Obj, w: Writes) -> None:

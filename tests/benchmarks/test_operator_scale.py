@@ -18,7 +18,17 @@ from tpuforge_sandbox import Sandbox
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
-PHASES = ("baseline:", "burst:", "operator restarted", "settling:", "baseline again", "steady:", "check:")
+PHASES = (
+    "baseline:",
+    "the baseline's pods",
+    "burst:",
+    "operator restarted",
+    "settling:",
+    "baseline again",
+    "steady:",
+    "reconciles,",
+    "check:",
+)
 FIGURES = (
     "baseline_seconds",
     "burst_seconds",
@@ -28,6 +38,9 @@ FIGURES = (
     "operator_rss_mb_at_objects_live",
     "steady_p50_seconds",
     "steady_p99_seconds",
+    "steady_reconcile_mean_seconds",
+    "steady_apiserver_write_mean_seconds",
+    "steady_waited_for_late_reports_seconds",
     "operator_cpu_seconds_burst",
 )
 
@@ -50,6 +63,8 @@ def test_every_phase_runs_and_reports_on_a_small_burst(kind: str, sandbox: Sandb
     assert results["settle_incomplete"] is None, results["settle_incomplete"]
     missing = [k for k in FIGURES if not isinstance(results.get(k), int | float)]
     assert not missing, f"no figure for {missing}: {results}"
+    # Both baselines' pods were waited for before the phase after each.
+    assert set(results["baseline_pods_decided_seconds"]) == {"before", "after"}, results
     # Its namespaces are gone from the shared sandbox (or going).
     with sandbox.api_client() as api:
         namespaces = kube_objects.list_objects(api, "v1", "Namespace", None)
