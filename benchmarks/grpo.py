@@ -190,14 +190,18 @@ def main(argv: list[str] | None = None) -> int:
     if not (base / "config.json").exists():
         tiny.write(str(base), tokenizer="verilog", seed=args.seed)
     started = time.monotonic()
-    sft = train(config(base, sft_data, work / "sft-ck", args.sft_steps, 5e-3, args.seed), work / "sft", 1)
     merged = work / "sft-merged"
-    merge(base, work / "sft-ck", merged, work)
+    if (merged / "config.json").exists():  # --work of an earlier run: its SFT start, as it was
+        sft = {"reused": str(merged)}
+    else:
+        sft = train(config(base, sft_data, work / "sft-ck", args.sft_steps, 5e-3, args.seed), work / "sft", 1)
+        merge(base, work / "sft-ck", merged, work)
+    rl_ck = work / f"rl-ck-{args.steps}"
     spec = GrpoSpec(group_size=args.group, temperature=args.temperature, max_tokens=MAX_TOKENS, kl_coefficient=args.kl)
-    rl_cfg = config(merged, rl_data, work / "rl-ck", args.steps, args.lr, args.seed, method="grpo", grpo=spec,
+    rl_cfg = config(merged, rl_data, rl_ck, args.steps, args.lr, args.seed, method="grpo", grpo=spec,
                     micro_batch_size=2)  # fmt: skip
     rl_cfg.eval_uri = str(held)
-    rl = train(rl_cfg, work / "rl", 1)
+    rl = train(rl_cfg, work / f"rl-{args.steps}", 1)
     check = grpo.Checker(VERILOG_CHECK_COMMAND, 10.0, 256 << 20, os.cpu_count() or 1, tempfile.gettempdir())
     import jax
 
@@ -206,12 +210,12 @@ def main(argv: list[str] | None = None) -> int:
 
     mesh = make_mesh(1, 1, jax.devices()[:1])
     with jax.set_mesh(mesh):
-        start_model = lora.untrained_lora_model(str(merged), str(work / "rl-ck"), mesh=mesh)
+        start_model = lora.untrained_lora_model(str(merged), str(rl_ck), mesh=mesh)
     before = score(start_model, merged, held, args.samples, check, args.seed, args.temperature)
     with jax.set_mesh(mesh):
-        tuned = lora_model(merged, work / "rl-ck", mesh)
+        tuned = lora_model(merged, rl_ck, mesh)
     after = score(tuned, merged, held, args.samples, check, args.seed, args.temperature)
-    summary = json.loads((work / "rl-ck" / "run_summary.json").read_text())
+    summary = json.loads((rl_ck / "run_summary.json").read_text())
     steps = {int(k): v for a in summary["attempts"] for k, v in a.get("train_rl", {}).items()}
     first, last = steps[min(steps)], steps[max(steps)]
     checker_s = sum(s["checker_seconds"] for s in steps.values())

@@ -430,12 +430,12 @@ def greedy_pass_rate(
     return (sum(j.passed for j in judged) / max(len(judged), 1)), judged
 
 
-def prompt_order(problems: int, prompts: int, seed: int) -> Any:
-    """The problems' indices in batches of `prompts`, shuffled and repeated without end: a Grain iterator whose
-    state (a batch position) the checkpoints save."""
+def prompt_order(problems: int, seed: int) -> Any:
+    """The problems' indices, shuffled each epoch and repeated without end: a Grain iterator whose state (a
+    position) the checkpoints save. (Unbatched: Grain's batch of an endless dataset fails for batches of 1.)"""
     import grain
 
-    ds = grain.MapDataset.range(problems).shuffle(seed=seed).repeat(None).batch(prompts)
+    ds = grain.MapDataset.range(problems).shuffle(seed=seed).repeat(None)
     return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=0)))
 
 

@@ -141,7 +141,7 @@ class BatchFeed(hooks.DataHooks):  # type: ignore[misc]
 
 class RolloutFeed(BatchFeed):
     """GRPO's feed (train/grpo.py): each step's rows are answers the model samples, at the step boundary, to the
-    step's prompts (the iterator yields batches of problem indices, one per micro-batch), judged by the checker,
+    step's prompts (`prompts` problem indices from the iterator per micro-batch), judged by the checker,
     with their group-normalised advantages. Every process samples the whole step (the model spans the slice)
     and feeds its own rows. The step's figures wait in `figures` for its report."""
 
@@ -157,6 +157,7 @@ class RolloutFeed(BatchFeed):
         check: Any,
         pad_id: int,
         local_rows: list[int],
+        prompts: int,
         to_global: Any = lambda batch: batch,
         stop: Agreement | None = None,
     ):
@@ -167,6 +168,7 @@ class RolloutFeed(BatchFeed):
         self.check = check
         self.pad_id = pad_id
         self.local_rows = local_rows
+        self.prompts = prompts
         self.figures: dict[int, dict[str, Any]] = {}
         self.answers: dict[int, list[dict[str, str]]] = {}  # a few of each step's answers, with their verdicts
         self._started: dict[int, float] = {}
@@ -177,7 +179,7 @@ class RolloutFeed(BatchFeed):
         if step - 1 in self._started and step - 1 in self.figures:
             self.figures[step - 1]["step_seconds"] = now - self._started.pop(step - 1)
         self._started[step] = now
-        indices = [int(i) for _ in range(self.accumulation) for i in next(self.iterator)]
+        indices = [int(next(self.iterator)) for _ in range(self.accumulation * self.prompts)]
         problems = [self.problems[i] for i in indices]
         r = grpo.rollout(self.sampler, train_ctx.model, problems, self.spec, step, self.check, self.pad_id)
         self.figures[step] = grpo.step_figures(r)
@@ -324,6 +326,7 @@ def rollout_feed(
         check,
         plan.batch.pad_id,
         local_rows,
+        plan.prompts_per_micro_batch,
         global_batch,
         stop,
     )
@@ -432,7 +435,7 @@ def _train(
 
     rl = c.method == "grpo"
     if rl:
-        iterator = grpo.prompt_order(len(plan.problems), plan.prompts_per_micro_batch, c.training.seed)
+        iterator = grpo.prompt_order(len(plan.problems), c.training.seed)
     else:
         iterator = iter(batches(plan.examples, plan.batch, local_rows))
     whole = eval_batches(plan.eval_examples, plan.rows, c.training.max_seq_len, plan.batch.pad_id)
