@@ -113,6 +113,10 @@ class FineTuneJobSample:
     eval_failed: bool | None = None
     # DPO and ORPO: (set, accuracy, reward margin) for the last step (train) and the held-out pairs (eval).
     preference: tuple[tuple[str, float | None, float | None], ...] = ()
+    # GRPO: the last step's mean reward, pass rate and refused answers over the run (None: not reported).
+    rl_reward: float | None = None
+    rl_pass_rate: float | None = None
+    rl_refused: int | None = None
 
 
 def _eval_failed(status: FineTuneJobStatus) -> bool | None:
@@ -157,6 +161,9 @@ def finetunejob_sample(
         )
         if prog is not None and (pref := prog.preference) is not None
         else (),
+        rl_reward=prog.rl.reward if prog is not None and prog.rl is not None else None,
+        rl_pass_rate=prog.rl.pass_rate if prog is not None and prog.rl is not None else None,
+        rl_refused=prog.rl.refused_total if prog is not None and prog.rl is not None else None,
     )
 
 
@@ -207,9 +214,24 @@ class FineTuneJobCollector(PerObjectCollector[FineTuneJobSample]):
             "DPO and ORPO: mean chosen minus rejected reward, last step (set=train) and held out (set=eval).",
             labels=[*_KEYS, "set"],
         )
+        rl_reward = GaugeMetricFamily(
+            f"{_FTJ}_rl_reward", "GRPO: mean reward of the last step's sampled answers.", labels=_KEYS
+        )
+        rl_pass = GaugeMetricFamily(
+            f"{_FTJ}_rl_pass_rate", "GRPO: share of the last step's sampled answers the checker passed.", labels=_KEYS
+        )
+        rl_refused = GaugeMetricFamily(
+            f"{_FTJ}_rl_refused_answers",
+            "GRPO: sampled answers the checker refused so far (its rules against gaming the test); a rising count "
+            "is a model learning to game the checker.",
+            labels=_KEYS,
+        )
         for s in samples:
             key = [s.namespace, s.name]
             info.add_metric([*key, s.model, s.slice], 1)
+            for family, value in ((rl_reward, s.rl_reward), (rl_pass, s.rl_pass_rate), (rl_refused, s.rl_refused)):
+                if value is not None:
+                    family.add_metric(key, value)
             for which, acc, mar in s.preference:
                 for family, value in ((accuracy, acc), (margin, mar)):
                     if value is not None:
@@ -247,6 +269,9 @@ class FineTuneJobCollector(PerObjectCollector[FineTuneJobSample]):
             eval_failed,
             accuracy,
             margin,
+            rl_reward,
+            rl_pass,
+            rl_refused,
         ]
 
 

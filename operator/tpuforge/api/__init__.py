@@ -31,6 +31,7 @@ from tpuforge.api.finetune import (
     EvalThresholds,
     EvaluationSpec,
     FineTuneJobSpec,
+    GrpoSpec,
     ImagesSpec,
     LoraSpec,
     MergeSpec,
@@ -38,6 +39,8 @@ from tpuforge.api.finetune import (
     ModelRef,
     OutputSpec,
     PreferenceSpec,
+    RewardSpec,
+    RlCheckerSpec,
     RunPolicy,
     TpuSpec,
     TrainingSpec,
@@ -54,6 +57,7 @@ from tpuforge.api.finetune_status import (
     PreferenceProgress,
     Progress,
     Restarts,
+    RlProgress,
 )
 from tpuforge.api.images import REFRESH_IMAGES_ANNOTATION, ResolvedImages
 from tpuforge.api.preflight import PreflightSpec, PreflightStatus
@@ -112,6 +116,7 @@ __all__ = [
     "FineTuneJobSpec",
     "FineTuneJobStatus",
     "FineTunePhase",
+    "GrpoSpec",
     "ImagesSpec",
     "JobRef",
     "LoraServingSpec",
@@ -132,6 +137,9 @@ __all__ = [
     "PromotionSpec",
     "ResolvedImages",
     "Restarts",
+    "RewardSpec",
+    "RlCheckerSpec",
+    "RlProgress",
     "RunPolicy",
     "ServeConfig",
     "ServingDeploymentSpec",

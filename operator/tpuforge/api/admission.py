@@ -163,20 +163,31 @@ ADMISSION_RULES: dict[type[BaseModel], tuple[AdmissionRule, ...]] = {
             ".checkpoint.select",
         ),
         AdmissionRule(
-            "self.method != 'sft' || !has(self.preference)",
-            "configures the dpo and orpo losses, and spec.method is sft: set spec.method: dpo or orpo (with "
+            "self.method == 'grpo' || !has(self.grpo)",
+            "configures reinforcement learning, and spec.method is not grpo: set spec.method: grpo (with records "
+            "that carry a test), or remove spec.grpo",
+            ".grpo",
+        ),
+        AdmissionRule(
+            "self.method != 'grpo' || !has(self.grpo) || self.grpo.maxTokens < self.training.maxSeqLen",
+            "leaves no room for the prompt: each sampled answer and its prompt share a row of "
+            "spec.training.maxSeqLen tokens; lower grpo.maxTokens or raise training.maxSeqLen",
+            ".grpo.maxTokens",
+        ),
+        AdmissionRule(
+            "self.method in ['dpo', 'orpo'] || !has(self.preference)",
+            "configures the dpo and orpo losses, and spec.method is neither: set spec.method: dpo or orpo (with "
             "preference records), or remove spec.preference",
             ".preference",
         ),
         AdmissionRule(
             "self.method == 'sft' || !self.training.packing",
-            "dpo and orpo compare each pair's chosen and rejected answers row by row: set packing: false",
+            "dpo, orpo and grpo score each answer in a row of its own: set packing: false",
             ".training.packing",
         ),
         AdmissionRule(
             "self.method == 'sft' || self.training.lossOn == 'assistant'",
-            "dpo and orpo score the answers only (the prompt is the same in both rows of a pair): set lossOn: "
-            "assistant",
+            "dpo, orpo and grpo score the answers only: set lossOn: assistant",
             ".training.lossOn",
         ),
         AdmissionRule(
@@ -185,16 +196,17 @@ ADMISSION_RULES: dict[type[BaseModel], tuple[AdmissionRule, ...]] = {
             ".preference.labelSmoothing",
         ),
         AdmissionRule(
-            "self.method == 'sft' || !has(self.evaluation) || has(self.evaluation.datasetUri)",
+            "self.method in ['sft', 'grpo'] || !has(self.evaluation) || has(self.evaluation.datasetUri)",
             "the evaluation scores chat or prompt/completion records, and with method dpo or orpo the job's dataset "
             "holds preference records: give spec.evaluation.datasetUri, a file of records to score",
             ".evaluation.datasetUri",
             "FieldValueRequired",
         ),
         AdmissionRule(
-            "self.method != 'sft' || !has(self.evaluation) || !('preferenceAccuracy' in self.evaluation.metrics)",
-            "preferenceAccuracy ranks the answers of preference pairs, which spec.method sft does not train on: "
-            "set spec.method: dpo or orpo, or remove preferenceAccuracy from spec.evaluation.metrics",
+            "self.method in ['dpo', 'orpo'] || !has(self.evaluation) || "
+            "!('preferenceAccuracy' in self.evaluation.metrics)",
+            "preferenceAccuracy ranks the answers of preference pairs, which only spec.method dpo and orpo train "
+            "on: set spec.method: dpo or orpo, or remove preferenceAccuracy from spec.evaluation.metrics",
             ".evaluation.metrics",
         ),
         AdmissionRule(

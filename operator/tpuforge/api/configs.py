@@ -12,11 +12,13 @@ from tpuforge.api.constants import ADAPTER_SUBDIR, COMPILE_CACHE_SUBDIR, CPU_SLI
 from tpuforge.api.finetune import (
     PREFERENCE_ACCURACY,
     PREFERENCE_METHODS,
+    RL_METHODS,
     CheckpointSelect,
     CheckpointSpec,
     DataOptions,
     EvalMetric,
     FineTuneJobSpec,
+    GrpoSpec,
     LoraSpec,
     MeshSpec,
     Method,
@@ -47,6 +49,7 @@ class TrainConfig(ApiModel):
     # Left out when sft / unset, so that an SFT job's config is written as before.
     method: Method = Field(default="sft", exclude_if=lambda v: v == "sft")
     preference: PreferenceSpec | None = Field(default=None, exclude_if=lambda v: v is None)
+    grpo: GrpoSpec | None = Field(default=None, exclude_if=lambda v: v is None)
     training: TrainingSpec
     mesh: MeshSpec
     checkpoint: CheckpointSpec
@@ -181,6 +184,7 @@ def train_config(namespace: str, name: str, spec: FineTuneJobSpec, attempt: int 
         lora=spec.lora,
         method=spec.method,
         preference=(spec.preference or PreferenceSpec()) if spec.method in PREFERENCE_METHODS else None,
+        grpo=(spec.grpo or GrpoSpec()) if spec.method in RL_METHODS else None,
         training=spec.training,
         mesh=resolved_mesh(spec),
         checkpoint=spec.checkpoint,

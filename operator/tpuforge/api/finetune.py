@@ -117,9 +117,12 @@ class LoraSpec(ApiModel):
     )
 
 
-Method = Literal["sft", "dpo", "orpo"]
+Method = Literal["sft", "dpo", "orpo", "grpo"]
 METHODS: tuple[str, ...] = get_args(Method)
 PREFERENCE_METHODS = ("dpo", "orpo")
+# Reinforcement learning from a verifiable reward: the answers are the policy's own, sampled during training.
+RL_METHODS = ("grpo",)
+CheckerScore = Literal["pass", "fraction"]
 
 
 class PreferenceSpec(ApiModel):
@@ -147,6 +150,85 @@ class PreferenceSpec(ApiModel):
         description="ORPO only: the weight of the odds-ratio term beside the chosen answer's NLL (the paper's "
         "lambda). ORPO uses no reference model.",
     )
+
+
+class RewardSpec(ApiModel):
+    """What an answer sampled during spec.method grpo earns: a weighted sum of the checker's verdict on the code
+    taken from it, its exact match with the record's own answer, and a format reward."""
+
+    checker: float = Field(
+        default=1.0,
+        ge=0,
+        description="Weight of the checker's verdict: every answer's code is run against its record's test by the "
+        "same confined checker as the evaluation's (spec.evaluation.code.checker's command, limits and refusal "
+        "rules).",
+    )
+    checker_score: CheckerScore = Field(
+        default="pass",
+        description="pass: 1 when the checker passes the answer, else 0. fraction: the share of the test's samples "
+        "that match, where the checker reports it (the Verilog checker's mismatch counters), else pass.",
+    )
+    exact_match: float = Field(
+        default=0.0,
+        ge=0,
+        description="Weight of an exact match (whitespace trimmed) with the record's own last assistant turn.",
+    )
+    format: float = Field(
+        default=0.0,
+        ge=0,
+        description="Weight of the format reward: 1 when the answer holds a code block of the test's language "
+        "(what the checker is handed), and ended by itself within maxTokens.",
+    )
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> RewardSpec:
+        if self.checker + self.exact_match + self.format <= 0:
+            raise ValueError("every reward weight is 0: set checker, exactMatch or format above 0")
+        return self
+
+
+class RlCheckerSpec(ApiModel):
+    """The checker that judges rollouts, beside the trainer, each answer in a scratch directory of its own
+    under a uid of its own (evaluate.check)."""
+
+    command: list[str] = Field(
+        default_factory=lambda: ["python3", "-m", "tpuforge_workloads.evaluate.verilog"],
+        min_length=1,
+        description="The checker protocol's command (docs/ml-engineer.md); the default is the Verilog checker.",
+    )
+    timeout_seconds: float = Field(default=10.0, gt=0, le=600, description="Per-answer limit; past it it fails.")
+    memory: str = Field(default="256Mi", description="Memory of each answer's processes together.")
+    parallel: int | None = Field(
+        default=None, ge=1, le=256, description="Answers checked at once; unset: one per CPU of the trainer's host."
+    )
+
+
+class GrpoSpec(ApiModel):
+    """Group Relative Policy Optimization (spec.method grpo): each step samples groupSize answers to each of its
+    prompts from the model as trained so far, rewards each (spec.grpo.reward), and raises the probability of
+    the answers that did better than their group's mean. The reference of the KL term is the base (the adapters
+    off); training.microBatchSize counts prompts (groupSize rows each)."""
+
+    group_size: int = Field(
+        default=8, ge=2, le=256, description="Answers sampled per prompt; advantages are relative to the group."
+    )
+    temperature: float = Field(default=1.0, gt=0, le=2, description="Sampling temperature of the rollouts.")
+    max_tokens: int = Field(
+        default=256, ge=1, description="Longest answer sampled; the prompt and answer must fit in training.maxSeqLen."
+    )
+    kl_coefficient: float = Field(
+        default=0.04, ge=0, description="Weight of the KL penalty to the reference (the base: adapters off)."
+    )
+    clip_epsilon: float = Field(
+        default=0.2, gt=0, lt=1, description="PPO's clip of the probability ratio to [1 - eps, 1 + eps]."
+    )
+    scale_rewards: bool = Field(
+        default=True,
+        description="Divide each advantage by its group's reward standard deviation (GRPO); false keeps the "
+        "centred reward alone (Dr. GRPO).",
+    )
+    reward: RewardSpec = Field(default_factory=RewardSpec, description="What an answer earns.")
+    checker: RlCheckerSpec = Field(default_factory=RlCheckerSpec, description="The checker of the rollouts.")
 
 
 class EarlyStoppingSpec(ApiModel):
@@ -467,10 +549,15 @@ class FineTuneJobSpec(ApiModel):
         description="sft (the default): supervised fine-tuning on chat or prompt/completion records. dpo: Direct "
         "Preference Optimization, orpo: Odds Ratio Preference Optimization, both on preference records "
         '{"prompt": ..., "chosen": ..., "rejected": ...} in spec.dataset.uri (training.microBatchSize counts '
-        "pairs). DPO's reference model is the base with the adapters off; ORPO needs none.",
+        "pairs). DPO's reference model is the base with the adapters off; ORPO needs none. grpo: reinforcement "
+        "learning on chat records with a test (as functional evaluation reads them), rewarded by the checker's "
+        "verdict on answers the model samples during training (spec.grpo).",
     )
     preference: PreferenceSpec | None = Field(
         default=None, description="Settings of the dpo and orpo losses (unset: their defaults)."
+    )
+    grpo: GrpoSpec | None = Field(
+        default=None, description="Rollouts, reward and loss of spec.method grpo (unset: their defaults)."
     )
     training: TrainingSpec = Field(description="Sequence length, batch, schedule and loss.")
     tpu: TpuSpec = Field(default_factory=TpuSpec, description="Where training runs.")

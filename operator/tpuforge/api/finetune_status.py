@@ -50,6 +50,24 @@ class PreferenceProgress(StatusModel):
     eval_loss: float | None = Field(default=None, description="Held-out preference loss, last evaluation.")
 
 
+class RlProgress(StatusModel):
+    """Reinforcement learning's figures (spec.method grpo), over the last step's sampled answers."""
+
+    reward: float | None = Field(default=None, description="Mean reward of the last step's answers.")
+    pass_rate: float | None = Field(default=None, description="Share of the last step's answers the checker passed.")
+    kl: float | None = Field(default=None, description="Mean per-token KL of the model to the base, last step.")
+    response_tokens: float | None = Field(default=None, description="Mean answer length in tokens, last step.")
+    refused: int | None = Field(
+        default=None,
+        description="Answers of the last step the checker refused (its rules against gaming the test): a rising "
+        "count is a model learning to game the checker.",
+    )
+    refused_total: int | None = Field(default=None, description="Refused answers over the run so far.")
+    checker_share: float | None = Field(
+        default=None, description="Share of the last step's time spent in the checker (0 to 1)."
+    )
+
+
 class Progress(StatusModel):
     """Training progress. The trainer writes it; the operator derives percent and the ETA when the trainer is
     silent (between attempts, after training). Each `...Display` field is its number formatted for
@@ -84,6 +102,9 @@ class Progress(StatusModel):
     )
     preference: PreferenceProgress | None = Field(
         default=None, description="DPO and ORPO: preference accuracy and reward margin, last step and held out."
+    )
+    rl: RlProgress | None = Field(
+        default=None, description="GRPO: the last step's mean reward, pass rate, KL to the base and refusals."
     )
     updated_at: str | None = None
 

@@ -283,29 +283,44 @@ def _check_method(errors: list[FieldError], spec: FineTuneJobSpec) -> None:
     one), scored on the answers alone; spec.preference is theirs. (Whether the records are preference records
     the trainer checks, naming the file and line.)"""
     method, pref = spec.method, spec.preference
-    if method not in PREFERENCE_METHODS:
-        if pref is not None:
-            errors.append(
-                FieldError(
-                    "spec.preference",
-                    "configures the dpo and orpo losses, and spec.method is sft: set spec.method: dpo or orpo "
-                    "(with preference records), or remove spec.preference",
-                )
+    if method != "grpo" and spec.grpo is not None:
+        errors.append(
+            FieldError(
+                "spec.grpo",
+                "configures reinforcement learning, and spec.method is not grpo: set spec.method: grpo (with records "
+                "that carry a test), or remove spec.grpo",
             )
+        )
+    if method not in PREFERENCE_METHODS and pref is not None:
+        errors.append(
+            FieldError(
+                "spec.preference",
+                "configures the dpo and orpo losses, and spec.method is neither: set spec.method: dpo or orpo "
+                "(with preference records), or remove spec.preference",
+            )
+        )
+    if method == "sft":
         return
+    if method == "grpo" and spec.grpo is not None and spec.grpo.max_tokens >= spec.training.max_seq_len:
+        errors.append(
+            FieldError(
+                "spec.grpo.maxTokens",
+                "leaves no room for the prompt: each sampled answer and its prompt share a row of "
+                "spec.training.maxSeqLen tokens; lower grpo.maxTokens or raise training.maxSeqLen",
+            )
+        )
     if spec.training.packing:
         errors.append(
             FieldError(
                 "spec.training.packing",
-                f"{method} compares each pair's chosen and rejected answers row by row; set packing: false",
+                "dpo, orpo and grpo score each answer in a row of its own: set packing: false",
             )
         )
     if spec.training.loss_on != "assistant":
         errors.append(
             FieldError(
                 "spec.training.lossOn",
-                f"{method} scores the answers only (the prompt is the same in both rows of a pair); set lossOn: "
-                "assistant",
+                "dpo, orpo and grpo score the answers only: set lossOn: assistant",
             )
         )
     if method == "orpo" and pref is not None and pref.label_smoothing:
@@ -316,7 +331,7 @@ def _check_method(errors: list[FieldError], spec: FineTuneJobSpec) -> None:
             )
         )
     ev = spec.evaluation
-    if ev is not None and ev.dataset_uri is None:
+    if method in PREFERENCE_METHODS and ev is not None and ev.dataset_uri is None:
         errors.append(
             FieldError(
                 "spec.evaluation.datasetUri",
@@ -335,8 +350,8 @@ def _check_preference_metric(errors: list[FieldError], spec: FineTuneJobSpec) ->
         errors.append(
             FieldError(
                 "spec.evaluation.metrics",
-                "preferenceAccuracy ranks the answers of preference pairs, which spec.method sft does not train on: "
-                "set spec.method: dpo or orpo, or remove preferenceAccuracy from spec.evaluation.metrics",
+                "preferenceAccuracy ranks the answers of preference pairs, which only spec.method dpo and orpo train "
+                "on: set spec.method: dpo or orpo, or remove preferenceAccuracy from spec.evaluation.metrics",
             )
         )
     if spec.dataset.eval_uri is None and spec.dataset.eval_fraction == 0:

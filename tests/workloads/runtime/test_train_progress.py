@@ -260,3 +260,31 @@ def test_preference_figures_reach_status_metrics_and_the_summary(tmp_path: Path)
         assert line in text, line
     attempt = progress.summary.to_json()["attempts"][-1]
     assert attempt["train_preference"]["11"]["accuracy"] == 0.75 and attempt["eval_preference"]["12"]["loss"] == 0.6
+
+
+def test_rl_figures_reach_status_metrics_tensorboard_and_the_summary(tmp_path: Path) -> None:
+    from prometheus_client import generate_latest
+
+    progress = _progress(tmp_path, None)
+    assert progress.progress().rl is None
+    figures = {
+        "reward": 0.5, "pass_rate": 0.25, "kl": 0.01, "response_tokens": 40.0, "refused": 2, "checker_share": 0.3,
+        "checker_seconds": 3.0, "rollout_seconds": 6.0, "step_seconds": 10.0, "loss": 0.1,
+        "failures": {"refused": 2, "mismatch": 4},
+    }  # fmt: skip
+    progress.rl_done(1, figures)
+    progress.rl_done(2, {**figures, "refused": 1, "pass_rate": 0.5})
+    rl = progress.progress().rl
+    assert rl is not None and (rl.reward, rl.pass_rate, rl.kl, rl.refused, rl.refused_total) == (0.5, 0.5, 0.01, 1, 3)
+    assert progress.progress().model_dump(by_alias=True, exclude_none=True)["rl"]["passRate"] == 0.5
+    text = generate_latest(progress.metrics.registry).decode()
+    for line in (
+        'tpuforge_trainer_reward{answer="sampled",set="train"} 0.5',
+        "tpuforge_trainer_pass_rate 0.5",
+        "tpuforge_trainer_checker_refusals_total 3.0",
+        "tpuforge_trainer_checker_share 0.3",
+    ):
+        assert line in text, line
+    attempt = progress.summary.to_json()["attempts"][-1]
+    assert attempt["train_rl"]["1"]["failures"] == {"refused": 2, "mismatch": 4}
+    assert attempt["train_rl"]["2"]["pass_rate"] == 0.5

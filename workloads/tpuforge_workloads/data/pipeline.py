@@ -348,5 +348,5 @@ def to_global(batch: dict[str, np.ndarray], sharding: Any, rows: int) -> dict[st
     import jax
 
     make = jax.make_array_from_process_local_data
-    keys = [k for k in (*BATCH_ARRAYS, "loss_denominator") if k in batch]
+    keys = [k for k in (*BATCH_ARRAYS, "loss_denominator", "advantages") if k in batch]
     return {k: make(sharding, batch[k], (rows, *batch[k].shape[1:])) for k in keys}  # type: ignore[no-untyped-call]

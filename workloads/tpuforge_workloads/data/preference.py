@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from tpuforge.api.finetune import PREFERENCE_METHODS
+from tpuforge.api.finetune import PREFERENCE_METHODS, GrpoSpec
 from tpuforge_workloads.data.chat import ChatEncoder
 from tpuforge_workloads.data.pipeline import DataStats, Example, fit_length
 from tpuforge_workloads.data.records import (
@@ -112,8 +112,11 @@ def parse_preference(obj: Any, where: str, position: int) -> PreferenceRecord:
     return PreferenceRecord(position, asked, chosen, rejected, where)
 
 
-def rows_per_example(method: str) -> int:
-    """Rows of a batch per example: a preference pair (dpo, orpo) takes two, an SFT record one."""
+def rows_per_example(method: str, grpo: GrpoSpec | None = None) -> int:
+    """Rows of a batch per example: a preference pair (dpo, orpo) takes two, a GRPO prompt groupSize (its
+    sampled answers), an SFT record one."""
+    if method == "grpo":
+        return (grpo or GrpoSpec()).group_size
     return 2 if method in PREFERENCE_METHODS else 1
 
 

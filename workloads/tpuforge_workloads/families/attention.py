@@ -206,8 +206,9 @@ def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
         "positions": batch["positions"],
         "attention_mask": (Segments(segment_ids) if use_splash(segment_ids.shape[-1]) else dense_mask(segment_ids)),
     }
-    if "loss_denominator" in batch:
-        inputs["loss_denominator"] = batch["loss_denominator"]
+    for extra in ("loss_denominator", "advantages"):  # advantages: GRPO's rows (train/grpo.py)
+        if extra in batch:
+            inputs[extra] = batch[extra]
     return inputs
 
 

@@ -142,7 +142,7 @@ def preflight(
         text, config, mesh, steps_for_schedule, whole, slc.hbm_gib_per_chip * GIB
     )
     t = config.training
-    rows = t.micro_batch_size * config.mesh.fsdp * rows_per_example(config.method)
+    rows = t.micro_batch_size * config.mesh.fsdp * rows_per_example(config.method, config.grpo)
     e = est.estimate(figures, slc, rows * t.max_seq_len, t.gradient_accumulation_steps, total_steps, mfu)
     fixes = (
         []

@@ -151,7 +151,7 @@ def lower_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_steps:
     graph_o, state_o = nnx.split(optimizer)
     model = nnx.merge(graph_m, placed_shapes(state_m, mesh))
     optimizer = nnx.merge(graph_o, placed_shapes(state_o, mesh))
-    rows = t.micro_batch_size * mesh.shape["fsdp"] * rows_per_example(config.method)
+    rows = t.micro_batch_size * mesh.shape["fsdp"] * rows_per_example(config.method, config.grpo)
     batch_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))  # type: ignore[no-untyped-call]
     dtypes = {"input_mask": jnp.bool_}
     batch = {
@@ -160,6 +160,8 @@ def lower_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_steps:
     }
     # The data feed adds each row's loss denominator (train/loss.py) before a batch reaches the step.
     batch["loss_denominator"] = jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=batch_sharding)  # type: ignore[no-untyped-call]
+    if config.method == "grpo":  # each sampled answer's advantage (train/grpo.py)
+        batch["advantages"] = jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=batch_sharding)  # type: ignore[no-untyped-call]
     step = jit_train_step(trainers[0].create_train_step_fn()).lower(model, optimizer, batch)
     return step, build.lower(placed_shapes(nnx.state(base), mesh))
 

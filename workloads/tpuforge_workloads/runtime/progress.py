@@ -19,9 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from tpuforge.api import CheckpointSave, JobRef, PreferenceProgress, Progress, display, now_rfc3339
+from tpuforge.api import CheckpointSave, JobRef, PreferenceProgress, Progress, RlProgress, display, now_rfc3339
 from tpuforge.api.constants import FINETUNEJOB_PLURAL, GROUP, VERSION
 from tpuforge_workloads import storage
 from tpuforge_workloads.runtime.tensorboard import EventLog
@@ -79,9 +79,23 @@ class TrainMetrics:
         )
         self.reward = Gauge(
             "tpuforge_trainer_reward",
-            "Mean reward of the chosen and the rejected answers (answer=chosen|rejected).",
+            "Mean reward of the chosen and the rejected answers (answer=chosen|rejected), or of the answers GRPO "
+            "sampled (answer=sampled).",
             ["set", "answer"],
             registry=r,
+        )
+        # GRPO only: the last step's sampled answers.
+        self.pass_rate = Gauge(
+            "tpuforge_trainer_pass_rate", "Share of the last step's sampled answers the checker passed.", registry=r
+        )
+        self.kl = Gauge("tpuforge_trainer_kl", "Mean per-token KL of the model to the base, last step.", registry=r)
+        self.checker_refusals = Counter(
+            "tpuforge_trainer_checker_refusals",
+            "Sampled answers the checker refused (its rules against gaming the test).",
+            registry=r,
+        )
+        self.checker_share = Gauge(
+            "tpuforge_trainer_checker_share", "Share of the last step's time spent in the checker.", registry=r
         )
         self.port = 0
         if port:
@@ -340,6 +354,7 @@ class RunProgress:
         self._write_at_loss: int | None = None  # a saved checkpoint's step whose loss is not reported yet
         self.events = events
         self.preference: PreferenceProgress | None = None
+        self.rl: RlProgress | None = None
         metrics.total_steps.set(total_steps)
         metrics.step.set(start_step)
         if last_checkpoint_step is not None:
@@ -484,6 +499,50 @@ class RunProgress:
         if mode == "eval":
             self._publish()  # a step's figures go with the step's own report
 
+    def rl_done(self, step: int, figures: dict[str, Any]) -> None:
+        """A GRPO step's figures (train/grpo.py, step_figures and summary): mean reward, pass rate, KL to the
+        base, answer length, refusals and failures by category, the checker's share of the step. In the run
+        summary (per attempt, by step), TensorBoard (train/rl/<figure>, train/rl/failures/<category>),
+        Prometheus and status.progress.rl."""
+        scalars = {k: v for k, v in figures.items() if isinstance(v, (int, float))}
+        self.summary.attempt.setdefault("train_rl", {})[str(step)] = {
+            **{k: round(float(v), 6) for k, v in scalars.items()},
+            "failures": figures.get("failures", {}),
+        }
+        self.metrics.reward.labels("train", "sampled").set(figures["reward"])
+        self.metrics.pass_rate.set(figures["pass_rate"])
+        self.metrics.kl.set(figures.get("kl", 0.0))
+        self.metrics.checker_refusals.inc(figures.get("refused", 0))
+        self.metrics.checker_share.set(figures.get("checker_share", 0.0))
+        with self._lock:
+            before = self.rl or RlProgress()
+            self.rl = before.model_copy(
+                update={
+                    "reward": round(figures["reward"], 6),
+                    "pass_rate": round(figures["pass_rate"], 6),
+                    "kl": round(figures.get("kl", 0.0), 6),
+                    "response_tokens": round(figures.get("response_tokens", 0.0), 2),
+                    "refused": int(figures.get("refused", 0)),
+                    "refused_total": (before.refused_total or 0) + int(figures.get("refused", 0)),
+                    "checker_share": round(figures.get("checker_share", 0.0), 4),
+                }
+            )
+        if self.events is not None:
+            for name, value in scalars.items():
+                self.events.scalar(f"train/rl/{name}", float(value), step)
+            for category, count in figures.get("failures", {}).items():
+                self.events.scalar(f"train/rl/failures/{category}", float(count), step)
+        log.info(
+            "rl at step %d: reward %.3f pass rate %.3f kl %s answer tokens %.1f refused %d checker %.0f%% of the step",
+            step,
+            figures["reward"],
+            figures["pass_rate"],
+            display.significant(figures.get("kl", 0.0)),
+            figures.get("response_tokens", 0.0),
+            int(figures.get("refused", 0)),
+            100 * figures.get("checker_share", 0.0),
+        )
+
     def samples_done(self, step: int, samples: list[dict[str, str]]) -> None:
         """Greedy answers to held-out prompts at the evaluation of step `step`, each {"prompt", "answer",
         "reference"}: in the run summary (per attempt, by step) and as one TensorBoard text summary each."""
@@ -497,7 +556,7 @@ class RunProgress:
 
     def progress(self) -> Progress:
         with self._lock:
-            step, loss, tps, eta, ckpt, save, pref = (
+            step, loss, tps, eta, ckpt, save, pref, rl = (
                 self.step,
                 self.loss,
                 self.tokens_per_second,
@@ -505,6 +564,7 @@ class RunProgress:
                 self.last_checkpoint_step,
                 self.last_checkpoint,
                 self.preference,
+                self.rl,
             )
         return Progress(
             step=step,
@@ -518,6 +578,7 @@ class RunProgress:
             examples_per_step=self.examples_per_step,
             skipped_records=self.skipped_records,
             preference=pref,
+            rl=rl,
             updated_at=now_rfc3339(),
         ).displayed()
 

@@ -26,7 +26,8 @@ import numpy as np
 from flax import nnx
 from tunix.sft import hooks
 
-from tpuforge.api import EarlyStop, StepLoss, TrainConfig
+from tpuforge.api import EarlyStop, GrpoSpec, StepLoss, TrainConfig
+from tpuforge.api.code_eval import quantity_bytes
 from tpuforge_workloads import families
 from tpuforge_workloads.data.pipeline import (
     batches,
@@ -40,6 +41,7 @@ from tpuforge_workloads.model import checkpoint_read, lora
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.runtime import compile_cache
 from tpuforge_workloads.runtime.progress import RunProgress
+from tpuforge_workloads.train import grpo
 from tpuforge_workloads.train.checkpoints import TrainCheckpoints
 from tpuforge_workloads.train.eval_tracking import EvalTracking
 from tpuforge_workloads.train.hosts import Agreement, Hosts
@@ -112,11 +114,10 @@ class BatchFeed(hooks.DataHooks):  # type: ignore[misc]
                 self.preempted = True
                 return None
             try:
-                self._step_batches = [next(self.iterator) for _ in range(self.accumulation)]
+                self._step_batches = self.next_step(train_ctx)
             except StopIteration:
                 self.exhausted = True
                 return None
-            set_loss_denominator(self._step_batches)
         batch = self._step_batches.pop(0)
         step = train_ctx.iter_steps // self.accumulation + 1
         n = real_tokens(batch)
@@ -124,12 +125,86 @@ class BatchFeed(hooks.DataHooks):  # type: ignore[misc]
         self.tokens_total += n
         return self.to_global(batch)
 
+    def next_step(self, train_ctx: Any) -> list[dict[str, Any]]:
+        """The next optimizer step's micro-batches (this process's rows); StopIteration when the data ends."""
+        step_batches = [next(self.iterator) for _ in range(self.accumulation)]
+        set_loss_denominator(step_batches)
+        return step_batches
+
     def load_next_eval_batch(self, train_ctx: Any) -> Any:
         if self._eval_index >= len(self.evals):
             self._eval_index = 0
             return None
         self._eval_index += 1
         return self.evals[self._eval_index - 1]
+
+
+class RolloutFeed(BatchFeed):
+    """GRPO's feed (train/grpo.py): each step's rows are answers the model samples, at the step boundary, to the
+    step's prompts (`prompts` problem indices from the iterator per micro-batch), judged by the checker,
+    with their group-normalised advantages. Every process samples the whole step (the model spans the slice)
+    and feeds its own rows. The step's figures wait in `figures` for its report."""
+
+    def __init__(
+        self,
+        iterator: Any,
+        accumulation: int,
+        total_steps: int,
+        watch: PreemptionWatch,
+        problems: list[grpo.RlProblem],
+        sampler: grpo.RolloutSampler,
+        spec: GrpoSpec,
+        check: Any,
+        pad_id: int,
+        local_rows: list[int],
+        prompts: int,
+        to_global: Any = lambda batch: batch,
+        stop: Agreement | None = None,
+    ):
+        super().__init__(iterator, accumulation, total_steps, watch, [], to_global, stop)
+        self.problems = problems
+        self.sampler = sampler
+        self.spec = spec
+        self.check = check
+        self.pad_id = pad_id
+        self.local_rows = local_rows
+        self.prompts = prompts
+        self.figures: dict[int, dict[str, Any]] = {}
+        self.answers: dict[int, list[dict[str, str]]] = {}  # a few of each step's answers, with their verdicts
+        self._started: dict[int, float] = {}
+
+    def next_step(self, train_ctx: Any) -> list[dict[str, Any]]:
+        step = train_ctx.train_steps + 1
+        now = time.monotonic()
+        if step - 1 in self._started and step - 1 in self.figures:
+            self.figures[step - 1]["step_seconds"] = now - self._started.pop(step - 1)
+        self._started[step] = now
+        indices = [int(next(self.iterator)) for _ in range(self.accumulation * self.prompts)]
+        problems = [self.problems[i] for i in indices]
+        r = grpo.rollout(self.sampler, train_ctx.model, problems, self.spec, step, self.check, self.pad_id)
+        self.figures[step] = grpo.step_figures(r)
+        self.answers[step] = [
+            {"prompt": p.prompt, "answer": f"{j.answer}\n\n[reward {j.reward:.3g}; {j.verdict or 'not checked'}]",
+             "reference": p.reference}
+            for p, j in list(zip(r.problems, r.judged, strict=True))[:: self.spec.group_size][:2]
+        ]  # fmt: skip
+        rows = len(r.judged) // self.accumulation
+        return [
+            {k: v[m * rows : (m + 1) * rows][self.local_rows] for k, v in r.batch.items()}
+            for m in range(self.accumulation)
+        ]
+
+    def take_figures(self, step: int) -> dict[str, Any] | None:
+        """Step `step`'s rollout figures, with the checker's share of the step's time."""
+        figures = self.figures.pop(step, None)
+        if figures is None:
+            return None
+        seconds = figures.pop("step_seconds", None)
+        if seconds is None:
+            seconds = time.monotonic() - self._started.pop(step, time.monotonic())
+        figures["step_seconds"] = seconds
+        figures["checker_share"] = figures["checker_seconds"] / seconds if seconds > 0 else 0.0
+        return figures
 
 
 class ProgressHooks(hooks.TrainingHooks):  # type: ignore[misc]
@@ -154,6 +229,7 @@ class ProgressHooks(hooks.TrainingHooks):  # type: ignore[misc]
         self.after_first_step = after_first_step  # e.g. store the step just compiled, before a preemption
         self.rates = rates or []
         self.sampler = sampler
+        self.sample_every = 1  # GRPO: a few of every n-th step's answers, with their verdicts
 
     def on_train_start(self, train_ctx: Any) -> None:
         self.progress.restart_step_clock()
@@ -174,6 +250,14 @@ class ProgressHooks(hooks.TrainingHooks):  # type: ignore[misc]
         figures = train_ctx.take_step_preference(train_step)
         if figures is not None:  # before the step's report, which publishes them with it
             self.progress.preference_done(train_step, figures, "train")
+        rl = train_ctx.take_step_rl(train_step)
+        if isinstance(self.feed, RolloutFeed):
+            rollout = self.feed.take_figures(train_step)
+            if rollout is not None:
+                self.progress.rl_done(train_step, {**rollout, **(rl or {})})
+            answers = self.feed.answers.pop(train_step, None)
+            if answers and train_step % self.sample_every == 0:
+                self.progress.samples_done(train_step, answers)
         self.progress.step_done(
             train_step, loss, self.feed.step_tokens.pop(train_step, 0), self.feed.tokens_total, learning_rate=rate
         )
@@ -201,6 +285,51 @@ class ProgressHooks(hooks.TrainingHooks):  # type: ignore[misc]
                 log.info("%d sample answers at step %d in %.1f s", len(samples), step, time.monotonic() - started)
                 self.progress.samples_done(step, samples)
         self.progress.restart_step_clock()
+
+
+def rollout_feed(
+    plan: Plan,
+    mesh: jax.sharding.Mesh,
+    iterator: Any,
+    watch: PreemptionWatch,
+    local_rows: list[int],
+    global_batch: Any,
+    stop: Agreement,
+) -> RolloutFeed:
+    """GRPO's feed: the rollout sampler on the training mesh and the confined checker (train/grpo.py)."""
+    import os
+    import tempfile
+
+    c = plan.config
+    spec = c.grpo or GrpoSpec()
+    sampler = grpo.RolloutSampler(
+        plan.encoder, mesh, c.training.max_seq_len, spec.max_tokens, spec.temperature, c.training.seed
+    )
+    checker = spec.checker
+    check = None
+    if spec.reward.checker > 0:
+        check = grpo.Checker(
+            checker.command,
+            checker.timeout_seconds,
+            quantity_bytes(checker.memory),
+            checker.parallel or os.cpu_count() or 1,
+            tempfile.gettempdir(),
+        )
+    return RolloutFeed(
+        iterator,
+        c.training.gradient_accumulation_steps,
+        plan.total_steps,
+        watch,
+        plan.problems,
+        sampler,
+        spec,
+        check,
+        plan.batch.pad_id,
+        local_rows,
+        plan.prompts_per_micro_batch,
+        global_batch,
+        stop,
+    )
 
 
 def set_loss_denominator(group: list[dict[str, Any]], loss_targets: list[int] | None = None) -> None:
@@ -304,23 +433,31 @@ def _train(
     def global_batch(batch: dict[str, Any]) -> dict[str, Any]:
         return to_global(batch, sharding, plan.rows)
 
-    iterator = iter(batches(plan.examples, plan.batch, local_rows))
+    rl = c.method == "grpo"
+    if rl:
+        iterator = grpo.prompt_order(len(plan.problems), c.training.seed)
+    else:
+        iterator = iter(batches(plan.examples, plan.batch, local_rows))
     whole = eval_batches(plan.eval_examples, plan.rows, c.training.max_seq_len, plan.batch.pad_id)
     local = [{k: v[local_rows] for k, v in b.items()} for b in whole]
     if local:
         set_loss_denominator(local, [int(b["input_mask"][:, 1:].sum()) for b in whole])
     evals = [global_batch(b) for b in local]
     tracking = EvalTracking(c.checkpoint.uri, c.training.early_stopping, write=hosts.primary) if evals else None
-    feed = BatchFeed(
-        iterator,
-        g,
-        plan.total_steps,
-        watch,
-        evals,
-        global_batch,
-        Agreement(hosts, "stop"),
-        early_stop=tracking.should_stop if tracking is not None else lambda: False,
-    )
+    feed: BatchFeed
+    if rl:
+        feed = rollout_feed(plan, mesh, iterator, watch, local_rows, global_batch, Agreement(hosts, "stop"))
+    else:
+        feed = BatchFeed(
+            iterator,
+            g,
+            plan.total_steps,
+            watch,
+            evals,
+            global_batch,
+            Agreement(hosts, "stop"),
+            early_stop=tracking.should_stop if tracking is not None else lambda: False,
+        )
     progress_box: list[RunProgress] = []
 
     checkpoints = TrainCheckpoints(
@@ -349,6 +486,7 @@ def _train(
     sampler = Sampler(plan.samples, plan.encoder, mesh, c.training.max_seq_len) if plan.samples and evals else None
     rates = learning_rates(c.training, plan.total_steps)
     hook = ProgressHooks(progress, feed, cache.push if cache is not None else None, rates, sampler, tracking)
+    hook.sample_every = c.checkpoint.every_steps
     trainer.with_data_hooks(feed)
     trainer.with_training_hooks(hook)
 
@@ -373,6 +511,8 @@ def _train(
             trainer.train([], evals or None)  # batches come from `feed`; train() closes the trainer
     finally:
         iterator.close()  # stops the prefetch thread
+        if isinstance(feed, RolloutFeed) and isinstance(feed.check, grpo.Checker):
+            feed.check.close()
     timings["train_s"] = time.monotonic() - started
     step = trainer.train_steps
     if feed.exhausted and step < plan.total_steps:

@@ -15,7 +15,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from tpuforge.api import SpecError, TrainConfig, parse
+from tpuforge.api import GrpoSpec, SpecError, TrainConfig, parse
 from tpuforge.api.catalog import MODELS, ModelShape
 from tpuforge_workloads import families, storage
 from tpuforge_workloads.data.chat import ChatEncoder, TokenizerError, read_tokenizer
@@ -25,6 +25,8 @@ from tpuforge_workloads.data.records import DatasetError, parse_object, read_dat
 from tpuforge_workloads.data.split import split
 from tpuforge_workloads.families.decoder import Decoder, ModelError, mesh_errors
 from tpuforge_workloads.model import lora
+from tpuforge_workloads.train import grpo
+from tpuforge_workloads.train.grpo import RlProblem
 from tpuforge_workloads.train.samples import SamplePrompt, pick_prompts
 
 
@@ -49,11 +51,19 @@ class Plan:
     manifest: lora.LoraManifest
     skipped: list[str]  # malformed records left out (dataset.skipInvalid), one message each
     samples: list[SamplePrompt] = field(default_factory=list)  # held-out prompts answered at each evaluation
+    # spec.method grpo: the problems rollouts are drawn from, and the held-out ones (train/grpo.py)
+    problems: list[RlProblem] = field(default_factory=list)
+    eval_problems: list[RlProblem] = field(default_factory=list)
 
     @property
     def examples_per_step(self) -> int:
         """The effective batch: rows of one optimizer step, microBatchSize x fsdp x gradientAccumulationSteps."""
         return self.rows * self.config.training.gradient_accumulation_steps
+
+    @property
+    def prompts_per_micro_batch(self) -> int:
+        """GRPO: the prompts of one micro-batch (microBatchSize x fsdp), groupSize rows each."""
+        return self.config.training.micro_batch_size * self.config.mesh.fsdp
 
     @property
     def skipped_records(self) -> int | None:
@@ -115,6 +125,8 @@ def _make_plan(config: TrainConfig, write_manifest: bool) -> Plan:
         )
     d = config.data
     encoder = ChatEncoder(tokenizer, t.loss_on, d.keep_thinking)
+    if config.method == "grpo":
+        return _rl_plan(config, shape, text, tokenizer, encoder, write_manifest)
     group = rows_per_example(config.method)  # a preference pair's chosen and rejected rows
     pairs = group > 1
     if pairs and t.packing:
@@ -185,6 +197,73 @@ def _make_plan(config: TrainConfig, write_manifest: bool) -> Plan:
         manifest=manifest,
         skipped=skipped,
         samples=samples,
+    )
+
+
+def _rl_plan(
+    config: TrainConfig,
+    shape: ModelShape,
+    text: Decoder,
+    tokenizer: Tokenizer,
+    encoder: ChatEncoder,
+    write_manifest: bool,
+) -> Plan:
+    """spec.method grpo: problems (chat records with a test, or a directory in VerilogEval's layout), the
+    held-out ones split off as for every method; a step's rows are its rollouts (microBatchSize prompts x fsdp
+    x groupSize answers each, per micro-batch)."""
+    t, d, spec = config.training, config.data, config.grpo or GrpoSpec()
+    if t.packing:
+        raise BadInput("training.packing: grpo scores each sampled answer in a row of its own; set packing: false")
+    layout = grpo.problem_records(config.dataset_uri)
+    if layout is not None:
+        records = [parse_object(r, f"{config.dataset_uri} problem {i}", i) for i, r in enumerate(layout)]
+        skipped: list[str] = []
+    else:
+        read = read_dataset(config.dataset_uri, "dataset.uri", d.format, d.skip_invalid, parse_object)
+        records, skipped = read.records, list(read.skipped)
+    held: list[Any] = []
+    if config.eval_uri:
+        held = read_dataset(config.eval_uri, "dataset.evalUri", d.format, d.skip_invalid, parse_object).records
+    else:
+        records, held = split(records, d.eval_fraction, d.split_seed, config.dataset_uri)
+    try:
+        problems = grpo.rl_problems(records, encoder, t.max_seq_len, spec)
+        eval_problems = grpo.rl_problems(held, encoder, t.max_seq_len, spec)
+    except grpo.ProblemError as e:
+        raise BadInput(str(e)) from None
+    if not problems:
+        raise BadInput(f"{config.dataset_uri}: no problem to train on")
+    stats = DataStats(records=len(records) + len(held), examples=len(problems), held_out=len(held))
+    stats.skipped_invalid = len(skipped)
+    prompts = t.micro_batch_size * config.mesh.fsdp
+    rows = prompts * spec.group_size
+    batch = BatchSpec(t.max_seq_len, rows, False, t.seed, encoder.tokens.pad, epochs=None)
+    per_step = prompts * t.gradient_accumulation_steps
+    steps = t.max_steps if t.max_steps is not None else t.epochs * grpo.ceil_div(len(problems), per_step)
+    if t.warmup_steps >= steps:
+        raise BadInput(
+            f"training.warmupSteps ({t.warmup_steps}) must be shorter than the run: {steps} steps; lower warmupSteps "
+            f"to at most {max(0, math.ceil(steps / 10))} or train longer"
+        )
+    manifest = lora.manifest(config.model_name, config.model_uri, config.lora)
+    _check_checkpoint_dir(config, manifest, write_manifest)
+    return Plan(
+        config=config,
+        shape=shape,
+        text=text,
+        tokenizer=tokenizer,
+        encoder=encoder,
+        examples=[],
+        stats=stats,
+        eval_examples=[],
+        eval_stats=None,
+        batch=batch,
+        rows=rows,
+        total_steps=steps,
+        manifest=manifest,
+        skipped=skipped,
+        problems=problems,
+        eval_problems=eval_problems,
     )
 
 

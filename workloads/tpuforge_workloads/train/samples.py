@@ -106,7 +106,7 @@ class Sampler:
         if self._decode is None:
             replicated = NamedSharding(self.mesh, PartitionSpec())  # type: ignore[no-untyped-call]
             self._decode = jax.jit(
-                functools.partial(_decode, graphdef, model.config.dtype, self.max_new, self.length),
+                functools.partial(_decode, graphdef, model.config.dtype, self.max_new, self.length, 0.0),
                 out_shardings=replicated,
             )
         rows = NamedSharding(self.mesh, PartitionSpec("fsdp"))  # type: ignore[no-untyped-call]
@@ -133,9 +133,19 @@ def _index(array: np.ndarray, index: Any) -> Any:
 
 
 def _decode(
-    graphdef: Any, dtype: Any, max_new: int, length: int, adapters: Any, rest: Any, tokens: Any, lengths: Any
+    graphdef: Any,
+    dtype: Any,
+    max_new: int,
+    length: int,
+    temperature: float,
+    adapters: Any,
+    rest: Any,
+    tokens: Any,
+    lengths: Any,
+    key: Any = None,
 ) -> Any:
-    """`max_new` greedy tokens after each row's prompt (a row that reaches `length` stops growing). The
+    """`max_new` tokens after each row's prompt (a row that reaches `length` stops growing): greedy at
+    temperature 0, else drawn from softmax(logits / temperature) with `key` folded with the position. The
     adapters are cast to the model's compute dtype up front, as training's forward pass casts them
     (lora.adapters_in_compute_dtype), and the model is rebuilt inside the loop body from the arrays, so no
     variable is written across traces."""
@@ -160,7 +170,11 @@ def _decode(
             logits, _ = model(toks, x["positions"], None, attention.for_model(model, x["attention_mask"]))
         at = lengths + i  # where this iteration's token goes
         last = jnp.clip(at - 1, 0, length - 1)
-        nxt = jnp.argmax(logits[row_index, last].astype(jnp.float32), axis=-1).astype(toks.dtype)
+        scores = logits[row_index, last].astype(jnp.float32)
+        if temperature > 0:
+            nxt = jax.random.categorical(jax.random.fold_in(key, i), scores / temperature, axis=-1).astype(toks.dtype)
+        else:
+            nxt = jnp.argmax(scores, axis=-1).astype(toks.dtype)
         keep = at < length
         return toks.at[row_index, jnp.clip(at, 0, length - 1)].set(jnp.where(keep, nxt, toks[row_index, last]))
 

@@ -17,11 +17,11 @@ import optax
 from flax import nnx
 from tunix.sft import metrics_logger, peft_trainer
 
-from tpuforge.api import PreferenceSpec, TrainConfig, TrainingSpec
+from tpuforge.api import GrpoSpec, PreferenceSpec, TrainConfig, TrainingSpec
 from tpuforge.api.finetune import PREFERENCE_METHODS
 from tpuforge_workloads.families.attention import model_inputs
 from tpuforge_workloads.model.lora_provider import without_dropout
-from tpuforge_workloads.train import loss, preference
+from tpuforge_workloads.train import grpo, loss, preference
 from tpuforge_workloads.train.checkpoints import TrainCheckpoints
 
 # What the jitted train step takes over from its caller. PeftTrainer donates the optimizer only; the step's
@@ -65,6 +65,7 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
         self._eval_aux: list[dict[str, Any]] = []
         self._train_aux: list[dict[str, Any]] = []  # the current step's micro-batches' (preference losses)
         self.preference = False
+        self.rl = False  # GRPO: each step's aux kept for take_step_rl
         self._step_preference: dict[int, list[dict[str, Any]]] = {}  # step -> its micro-batches' aux
         self._eval_preference: dict[str, float] | None = None
         self._eval_ds: Any = None
@@ -150,7 +151,7 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
     def _post_process_train_step(self, aux: dict[str, Any]) -> None:
         """Keeps a preference step's aux (device arrays: nothing waits) until its last micro-batch; the
         step's figures are read on the host when it is reported, as its loss is."""
-        if not self.preference:
+        if not (self.preference or self.rl):
             return
         self._train_aux.append(aux)
         accumulation = self.config.get_with_default("gradient_accumulation_steps", 1) or 1
@@ -160,8 +161,17 @@ class SftTrainer(peft_trainer.PeftTrainer):  # type: ignore[misc]
 
     def take_step_preference(self, step: int) -> dict[str, float] | None:
         """Step `step`'s preference figures over all its pairs (train/preference.py, `summary`)."""
+        if not self.preference:
+            return None
         auxes = self._step_preference.pop(step, None)
         return preference.summary(_sums(auxes)) if auxes else None
+
+    def take_step_rl(self, step: int) -> dict[str, float] | None:
+        """Step `step`'s GRPO loss and KL to the base, means over its answers (train/grpo.py, `summary`)."""
+        if not self.rl:
+            return None
+        auxes = self._step_preference.pop(step, None)
+        return grpo.summary(_sums(auxes)) if auxes else None
 
     def take_eval_preference(self) -> dict[str, float] | None:
         """The last evaluation's preference figures (None for SFT); read after `take_eval_loss`."""
@@ -281,4 +291,7 @@ def make_trainer(
     if c.method in PREFERENCE_METHODS:
         trainer.with_loss_fn(preference.make_loss_fn(c.method, c.preference or PreferenceSpec()), has_aux=True)
         trainer.preference = True
+    elif c.method == "grpo":
+        trainer.with_loss_fn(grpo.make_loss_fn(c.grpo or GrpoSpec()), has_aux=True)
+        trainer.rl = True
     return trainer

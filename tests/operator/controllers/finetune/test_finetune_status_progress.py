@@ -194,3 +194,24 @@ def test_a_checkpoint_slower_than_the_spot_grace_period_says_so_in_a_condition()
     assert (fast.status, fast.reason) == ("True", "SaveFitsGracePeriod")
     # Off Spot the pods get 300 s.
     assert condition(22.5, SPEC).status == "True"
+
+
+def test_rl_progress_is_exported_and_absent_for_other_methods() -> None:
+    collector = FineTuneJobCollector()
+    registry = CollectorRegistry()
+    registry.register(collector)
+    rl = {"reward": 0.5, "passRate": 0.25, "refused": 1, "refusedTotal": 3}
+    collector.set("ns", "rl", finetunejob_sample("ns", "rl", SPEC, status(progress={"step": 4, "rl": rl})))
+    collector.set("ns", "sft", finetunejob_sample("ns", "sft", SPEC, status(progress={"step": 4, "loss": 1.0})))
+    text = generate_latest(registry).decode()
+    found = {
+        (s.name, s.labels["name"]): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name.startswith("tpuforge_finetunejob_rl_")
+    }
+    assert found == {
+        ("tpuforge_finetunejob_rl_reward", "rl"): 0.5,
+        ("tpuforge_finetunejob_rl_pass_rate", "rl"): 0.25,
+        ("tpuforge_finetunejob_rl_refused_answers", "rl"): 3,
+    }
