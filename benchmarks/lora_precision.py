@@ -35,8 +35,9 @@ from tpuforge_workloads.data import demo
 from tpuforge_workloads.data.pipeline import batches, eval_batches
 from tpuforge_workloads.families.attention import model_inputs
 from tpuforge_workloads.families.gemma4 import tiny as tiny_model
+from tpuforge_workloads.model import loss
 from tpuforge_workloads.model.mesh import make_mesh
-from tpuforge_workloads.train import loop, loss, plan
+from tpuforge_workloads.train import loop, plan
 from tpuforge_workloads.train.preemption import PreemptionWatch
 from tpuforge_workloads.train.trainer import optimizer as run_optimizer
 

@@ -65,6 +65,7 @@ def held_out_ranking(model_dir: Path, ckpt: Path | None, config: Any) -> dict[st
 
     from tpuforge_workloads.data.pipeline import eval_batches
     from tpuforge_workloads.families.attention import model_inputs
+    from tpuforge_workloads.model import loss
     from tpuforge_workloads.model.mesh import make_mesh
     from tpuforge_workloads.train import preference
     from tpuforge_workloads.train.plan import make_plan
@@ -78,9 +79,9 @@ def held_out_ranking(model_dir: Path, ckpt: Path | None, config: Any) -> dict[st
             inputs = model_inputs(batch)
             if ckpt is None:
                 with preference.adapters_off(model):
-                    logp, count = preference.answer_logps(model, **inputs)
+                    logp, count = loss.answer_logps(model, **inputs)
             else:
-                logp, count = preference.answer_logps(model, **inputs)
+                logp, count = loss.answer_logps(model, **inputs)
             real = np.asarray(count) > 0
             logps += np.asarray(logp)[real].tolist()
             counts += np.asarray(count)[real].tolist()

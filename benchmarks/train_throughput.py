@@ -182,7 +182,7 @@ def random_batch(config: TrainConfig, vocab: int, mesh: Any) -> dict[str, Any]:
         "input_mask": np.ones((rows, seq), bool),
         "segment_ids": np.ones((rows, seq), np.int32),
         "positions": np.broadcast_to(np.arange(seq, dtype=np.int32), (rows, seq)).copy(),
-        # The micro-batch's loss targets (train/loss.py): the loss is per target whatever the rows.
+        # The micro-batch's loss targets (model/loss.py): the loss is per target whatever the rows.
         "loss_denominator": np.full((rows,), rows * (seq - 1), np.float32),
     }
     assert set(BATCH_ARRAYS) <= set(host)

@@ -2,8 +2,8 @@
 vocabulary, its final soft-capping and the trainer's loss, forward and backward to the hidden states (the
 embedding is frozen: no gradient for it), against the two matrix products alone (the logits and the hidden
 states' gradient) at the same shapes. Two losses: `autodiff` (the model's float32 soft-capped logits and
-train/loss.py's token_logps, differentiated by JAX, as the trainer computed it until the head had a gradient
-of its own) and `headNll` (train/loss.py: head_nll, what the trainer computes now for Gemma 4).
+model/loss.py's token_logps, differentiated by JAX, as the trainer computed it until the head had a gradient
+of its own) and `headNll` (model/loss.py: head_nll, what the trainer computes now for Gemma 4).
 
     python -m benchmarks.chip.head_speed [--seq 2048,4096] [--json out.jsonl] [--tiny] [--topology v5litepod-1]
 
@@ -24,7 +24,7 @@ from benchmarks.chip.splash_speed import timed
 from benchmarks.rows import emit
 
 from tpuforge.api.catalog import TPU_SLICES, model_shape
-from tpuforge_workloads.train.loss import head_nll, token_logps
+from tpuforge_workloads.model.loss import head_nll, token_logps
 
 SOFTCAP = 30.0  # Gemma 4's final_logit_softcap (Tunix's Gemma 4 config)
 

@@ -22,8 +22,8 @@ from tpuforge_workloads import families
 from tpuforge_workloads.families import attention
 from tpuforge_workloads.families.remat import ATTENTION_SAVES, checkpoint_policy
 from tpuforge_workloads.model import checkpoint_read, lora
+from tpuforge_workloads.model.loss import nll_sum_and_count
 from tpuforge_workloads.model.mesh import MESH_AXES
-from tpuforge_workloads.train.loss import nll_sum_and_count
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

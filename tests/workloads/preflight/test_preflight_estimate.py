@@ -152,3 +152,13 @@ def test_the_assumed_mfu_is_the_chip_generation_s_and_says_where_it_comes_from()
     assert v5p.mfu == 0.67 and v5p.mfu_source.startswith("assumed")
     given = est.estimate(figures, TPU_SLICES["v5p-8"], 4096, 1, 10, mfu=0.5)
     assert given.mfu == 0.5 and given.mfu_source == "given (--mfu)"
+
+
+def test_temporaries_are_never_extrapolated_below_the_largest_probe() -> None:
+    # One sliding layer at 4096 tokens on a v5e needed 7.8 GiB more temporaries than two: the differences
+    # would make 6 layers need less than nothing.
+    probes = [step(1, 2.7, 16.1, 1.0), step(2, 3.7, 8.3, 2.0), step(2, 3.7, 8.3, 2.0)]
+    whole = est.extrapolate(probes, ("sliding_attention",) * 5 + ("full_attention",))
+    assert whole.temp_bytes == int(16.1 * GIB)
+    assert whole.argument_bytes == pytest.approx((2.7 + 5 * 1.0) * GIB, rel=1e-6)
+    assert whole.flops == pytest.approx(1.0 + 5 * 1.0)

@@ -1,4 +1,4 @@
-"""The training loss (train/loss.py) on the tiny Gemma 4.
+"""The training loss (model/loss.py) on the tiny Gemma 4.
 
 Packing changes nothing but speed: the loss of packed rows equals the loss of the same examples padded one
 per row, because the block-diagonal mask keeps examples apart and positions restart in each. Gradient
@@ -41,9 +41,8 @@ from tpuforge_workloads.families import attention, decoder
 from tpuforge_workloads.families.attention import model_inputs
 from tpuforge_workloads.families.gemma4 import config as gemma4_config
 from tpuforge_workloads.families.gemma4 import model as gemma4_model
-from tpuforge_workloads.model import checkpoint_read, lora
+from tpuforge_workloads.model import checkpoint_read, lora, loss
 from tpuforge_workloads.model.mesh import make_mesh
-from tpuforge_workloads.train import loss
 from tpuforge_workloads.train.loop import BatchFeed
 from tpuforge_workloads.train.preemption import PreemptionWatch
 

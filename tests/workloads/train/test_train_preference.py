@@ -22,6 +22,7 @@ from tpuforge_workloads import families
 from tpuforge_workloads.data.pipeline import MicroBatches
 from tpuforge_workloads.families.attention import model_inputs
 from tpuforge_workloads.model import checkpoint_read, lora
+from tpuforge_workloads.model.loss import answer_logps
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.train import preference
 from tpuforge_workloads.train.plan import BadInput, make_plan
@@ -73,7 +74,7 @@ def _batch(tiny_model_dir: Path) -> dict[str, Any]:
 def test_dpo_against_its_formula_with_the_reference_the_adapters_off(adapted: Any, tiny_model_dir: Path) -> None:
     inputs = _batch(tiny_model_dir)
     denominator = jnp.ones(4)
-    base_logp, count = preference.answer_logps(adapted, **inputs)
+    base_logp, count = answer_logps(adapted, **inputs)
     loss, aux = preference.make_loss_fn("dpo", PreferenceSpec(beta=0.1))(
         adapted, **inputs, loss_denominator=denominator
     )
@@ -85,9 +86,9 @@ def test_dpo_against_its_formula_with_the_reference_the_adapters_off(adapted: An
     keys = iter(jax.random.split(jax.random.key(1), len(jax.tree.leaves(stored))))
     nnx.update(adapted, jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape), stored))
     try:
-        logp, _ = preference.answer_logps(adapted, **inputs)
+        logp, _ = answer_logps(adapted, **inputs)
         with preference.adapters_off(adapted):
-            np.testing.assert_allclose(preference.answer_logps(adapted, **inputs)[0], base_logp, rtol=1e-6)
+            np.testing.assert_allclose(answer_logps(adapted, **inputs)[0], base_logp, rtol=1e-6)
         assert not np.allclose(logp, base_logp)  # the trained weights are back
         spec = PreferenceSpec(beta=0.5, label_smoothing=0.1)
         loss, aux = preference.make_loss_fn("dpo", spec)(adapted, **inputs, loss_denominator=denominator)

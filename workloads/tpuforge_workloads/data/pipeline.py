@@ -13,7 +13,7 @@ A batch is a dict of numpy arrays [rows, max_seq_len]:
     segment_ids   int32   1, 2, ... per example in the row; 0 on padding
     positions     int32   position within its own example
 plus `global_tokens` and `global_loss_tokens`, int64 scalars: the real tokens and the loss targets of the
-whole global batch. The trainer adds `loss_denominator` (float32 [rows], see train/loss.py) before a batch
+whole global batch. The trainer adds `loss_denominator` (float32 [rows], see model/loss.py) before a batch
 goes to the device.
 The model's attention mask is made from the segment ids when the step is traced (`model_inputs`,
 families/attention.py: the block-diagonal causal mask, or on TPU the segment ids themselves).

@@ -3,7 +3,7 @@
 Held-out loss of the base and of base + adapter: teacher-forced, on the assistant tokens, with the trainer's
 own code: its chat encoding and loss masks (data.chat and data.pipeline, with the job's maxSeqLen, lossOn and
 overLength), its model and LoRA as training builds them (lora.untrained_lora_model), the adapter restored from
-the Orbax checkpoint at the adapter's step, and the loss training minimises (train/loss.py: summed NLL and
+the Orbax checkpoint at the adapter's step, and the loss training minimises (model/loss.py: summed NLL and
 count of loss targets on float32 logits). The base is scored as the untrained LoRA model: B is zero, so it
 computes exactly what the base does, as the trainer's step-0 evaluation sees it.
 
@@ -14,7 +14,7 @@ long, or nothing to learn within maxSeqLen) is listed as skipped with the reason
 
 With preferenceAccuracy among the metrics it also scores the job's held-out preference pairs (pairsUri, split
 as the trainer splits them, rendered as it renders them) with the base and with base + adapter, per token as
-evaluate/preference.py does (train/preference.answer_logps: each answer's summed log-probability and token
+evaluate/preference.py does (model/loss.answer_logps: each answer's summed log-probability and token
 count), and adds {"preference": {"pairs", "accuracy", "margin", "baseAccuracy", "baseMargin"}}.
 
 Writes {"step", "loss", "baseLoss", "tokens", "examples", "skipped", "perExample": [...], "seconds"} to
@@ -109,7 +109,7 @@ class Scorer:
         import jax
         from flax import nnx
 
-        from tpuforge_workloads.train.loss import nll_sum_and_count
+        from tpuforge_workloads.model.loss import nll_sum_and_count
 
         self.rows = cfg.mesh.fsdp  # one row per data-parallel replica, as a micro-batch of one
         self.length = cfg.training.max_seq_len
@@ -144,13 +144,13 @@ def held_out_pairs(cfg: EvalConfig) -> tuple[list[Example], int]:
 
 class PairScorer:
     """Each row's (summed log-probability of its answer, its token count), with the trainer's own
-    train/preference.answer_logps, jitted once for a batch of one pair per data-parallel replica."""
+    model/loss.answer_logps, jitted once for a batch of one pair per data-parallel replica."""
 
     def __init__(self, cfg: EvalConfig, mesh: Any, pad_id: int):
         import jax
         from flax import nnx
 
-        from tpuforge_workloads.train.preference import answer_logps
+        from tpuforge_workloads.model.loss import answer_logps
 
         self.rows = 2 * cfg.mesh.fsdp
         self.length = cfg.training.max_seq_len

@@ -196,7 +196,7 @@ def dense_mask(segment_ids: jax.Array) -> jax.Array:
 
 
 def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
-    """A batch -> the keyword arguments of the loss functions (train/loss.py). The model's attention mask
+    """A batch -> the keyword arguments of the loss functions (model/loss.py). The model's attention mask
     is the segment ids themselves where the step is traced for TPU (splash attention), else
     the dense mask."""
     segment_ids = batch["segment_ids"]

@@ -1,4 +1,4 @@
-"""The output head of a family whose logits the trainer's loss computes itself (train/loss.py: `head_nll`), and
+"""The output head of a family whose logits the trainer's loss computes itself (model/loss.py: `head_nll`), and
 the way the model's call is made to stop at the final hidden states.
 
 Tunix's Gemma 4 ends its call with the logits over the 262,144-token vocabulary, cast to float32 and soft-capped

@@ -8,6 +8,9 @@ and of a global layer from their differences:
 
     whole = one_sliding + (sliding_layers - 1) x (two_sliding - one_sliding) + global_layers x (mixed - one_sliding)
 
+(each difference at least zero, and the temporaries at least the largest probe's: they are a peak, and a
+probe's peak can exceed a longer probe's).
+
 So for the arguments, the temporaries, the outputs not written over donated inputs, and the FLOPs. The
 program's code grows so only up to a point: XLA's code for the 31B's step (v5p-8, per chip) was 29 MB for
 one layer, 173 MB for 6 and 347 MB for 12, each within 2% of the per-layer sum, but 90 MB for 30 layers,
@@ -82,6 +85,10 @@ class PerChip:
     def minus(self, other: PerChip) -> PerChip:
         return self.plus(other, -1.0)
 
+    def at_least_zero(self) -> PerChip:
+        """Each figure, or 0 where it is negative (a layer's marginal cost is never taken as a saving)."""
+        return PerChip(*(max(0.0, getattr(self, f.name)) for f in dataclasses.fields(self)))
+
 
 def extrapolate(probes: list[CompiledStep], layer_types: tuple[str, ...]) -> PerChip:
     """The whole decoder's per-chip figures from the small compiles: [sliding], [sliding, sliding] and
@@ -89,14 +96,19 @@ def extrapolate(probes: list[CompiledStep], layer_types: tuple[str, ...]) -> Per
     [global, global]."""
     if len(probes) == 2:
         base, two = (PerChip.of(p) for p in probes)
-        whole = base.plus(two.minus(base), len(layer_types) - 1)
+        whole = base.plus(two.minus(base).at_least_zero(), len(layer_types) - 1)
     else:
         base, two_sliding, mixed = (PerChip.of(p) for p in probes)
-        per_sliding = two_sliding.minus(base)
-        per_global = mixed.minus(base)
+        per_sliding = two_sliding.minus(base).at_least_zero()
+        per_global = mixed.minus(base).at_least_zero()
         sliding = sum(1 for t in layer_types if t == "sliding_attention")
         whole = base.plus(per_sliding, max(0, sliding - 1)).plus(per_global, len(layer_types) - sliding)
-    return dataclasses.replace(whole, code_bytes=min(whole.code_bytes, CODE_PROBES * max(p.code_bytes for p in probes)))
+    # Temporaries are the program's peak, not a sum: a probe can need more than a longer one (one sliding layer
+    # at 4096 tokens on a v5e needed 7.8 GiB more than two), so no layer's marginal temporaries are negative
+    # and the whole needs at least what its largest probe did.
+    temp = max(whole.temp_bytes, max(p.temp_bytes for p in probes))
+    code = min(whole.code_bytes, CODE_PROBES * max(p.code_bytes for p in probes))
+    return dataclasses.replace(whole, temp_bytes=temp, code_bytes=code)
 
 
 @dataclass(frozen=True)

@@ -158,7 +158,7 @@ def lower_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_steps:
         k: jax.ShapeDtypeStruct((rows, t.max_seq_len), dtypes.get(k, jnp.int32), sharding=batch_sharding)  # type: ignore[no-untyped-call]
         for k in BATCH_ARRAYS
     }
-    # The data feed adds each row's loss denominator (train/loss.py) before a batch reaches the step.
+    # The data feed adds each row's loss denominator (model/loss.py) before a batch reaches the step.
     batch["loss_denominator"] = jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=batch_sharding)  # type: ignore[no-untyped-call]
     if config.method == "grpo":  # each sampled answer's advantage (train/grpo.py)
         batch["advantages"] = jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=batch_sharding)  # type: ignore[no-untyped-call]

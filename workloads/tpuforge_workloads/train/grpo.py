@@ -235,7 +235,7 @@ def make_loss_fn(spec: GrpoSpec) -> Any:
 
     from tpuforge_workloads.families import attention
     from tpuforge_workloads.model import lora
-    from tpuforge_workloads.train.loss import token_logps
+    from tpuforge_workloads.model.loss import token_logps
     from tpuforge_workloads.train.preference import adapters_off
 
     def logps(model: Any, input_tokens: Any, positions: Any, attention_mask: Any) -> Any:

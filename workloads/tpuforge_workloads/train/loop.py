@@ -1,7 +1,7 @@
 """The JAX part of a run: mesh, base model, LoRA, the trainer (train/trainer.py), checkpoints, resume.
 
 Tunix's PeftTrainer runs the loop (jitted step, gradient accumulation with optax.MultiSteps, metrics
-buffering); the trainer (trainer.py) gives it our loss (train/loss.py: float32 logits, weighted by token
+buffering); the trainer (trainer.py) gives it our loss (model/loss.py: float32 logits, weighted by token
 across micro-batches) and our jitting, and this module hands it a checkpoint manager that also saves the
 data iterator and dropout stream, a data hook that feeds Grain batches a whole optimizer step at a time and
 stops at a step boundary when asked (max steps reached, early stopping, or SIGTERM), and a training hook that
@@ -73,7 +73,7 @@ class BatchFeed(hooks.DataHooks):  # type: ignore[misc]
     steps.
 
     At each boundary it reads the step's `accumulation` micro-batches at once, to give each the step's mean
-    loss-target count (`loss_denominator`, train/loss.py); between steps nothing is held back, so the
+    loss-target count (`loss_denominator`, model/loss.py); between steps nothing is held back, so the
     iterator state a checkpoint saves is at the step boundary."""
 
     def __init__(

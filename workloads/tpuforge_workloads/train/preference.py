@@ -28,9 +28,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from tpuforge.api import PreferenceSpec
-from tpuforge_workloads.families import attention
-from tpuforge_workloads.model import lora
-from tpuforge_workloads.train.loss import token_logps
+from tpuforge_workloads.model.loss import answer_logps
 
 SUMS = ("loss_sum", "pairs", "correct", "margin_sum", "chosen_sum", "rejected_sum")
 
@@ -46,16 +44,6 @@ def adapters_off(model: Any) -> Iterator[None]:
         yield
     finally:
         nnx.update(model, stored)
-
-
-def answer_logps(
-    model: Any, input_tokens: jax.Array, input_mask: jax.Array, positions: jax.Array, attention_mask: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    """(summed log-probability of each row's masked targets [B], their count [B]), in float32."""
-    with lora.adapters_in_compute_dtype(model):
-        logits, _ = model(input_tokens, positions, None, attention.for_model(model, attention_mask))
-    mask = input_mask[:, 1:].astype(jnp.float32)
-    return jnp.sum(token_logps(logits[:, :-1], input_tokens[:, 1:]) * mask, axis=-1), jnp.sum(mask, axis=-1)
 
 
 def pairs_of(x: jax.Array) -> tuple[jax.Array, jax.Array]:

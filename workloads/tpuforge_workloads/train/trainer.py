@@ -20,8 +20,9 @@ from tunix.sft import metrics_logger, peft_trainer
 from tpuforge.api import GrpoSpec, PreferenceSpec, TrainConfig, TrainingSpec
 from tpuforge.api.finetune import PREFERENCE_METHODS
 from tpuforge_workloads.families.attention import model_inputs
+from tpuforge_workloads.model import loss
 from tpuforge_workloads.model.lora_provider import without_dropout
-from tpuforge_workloads.train import grpo, loss, preference
+from tpuforge_workloads.train import grpo, preference
 from tpuforge_workloads.train.checkpoints import TrainCheckpoints
 
 # What the jitted train step takes over from its caller. PeftTrainer donates the optimizer only; the step's

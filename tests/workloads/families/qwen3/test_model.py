@@ -21,8 +21,8 @@ from tpuforge_workloads.families.attention import dense_mask as attention_mask
 from tpuforge_workloads.families.decoder import ModelError, mesh_errors, read_config
 from tpuforge_workloads.families.qwen3 import attention as qwen3_attention
 from tpuforge_workloads.model import checkpoint_read, lora
+from tpuforge_workloads.model.loss import nll_sum_and_count
 from tpuforge_workloads.model.mesh import MESH_AXES
-from tpuforge_workloads.train.loss import nll_sum_and_count
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

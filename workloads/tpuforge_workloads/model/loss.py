@@ -1,5 +1,6 @@
 """The loss training minimises and both evaluations report: the mean negative log-likelihood over the loss
-targets (assistant tokens), weighted by token, on float32 logits.
+targets (assistant tokens), weighted by token, on float32 logits. It lives in model/, beside the model it scores:
+the trainer, the evaluation Job and GRPO each import it, and the evaluation imports nothing of training.
 
 Logits are cast to float32 before the log-softmax: over Gemma 4's 262k vocabulary a bfloat16 log-sum-exp
 keeps ~3 significant digits of a value near 12. The cast fuses into the reduction (no float32 [B, T, V] copy
@@ -120,3 +121,13 @@ def loss_fn(
     group's mean loss-target count, and {"nll_sum", "tokens"} as aux."""
     total, count = nll_sum_and_count(model, input_tokens, input_mask, positions, attention_mask)
     return total / jnp.maximum(jnp.mean(loss_denominator), 1.0), {"nll_sum": total, "tokens": count}
+
+
+def answer_logps(
+    model: Any, input_tokens: jax.Array, input_mask: jax.Array, positions: jax.Array, attention_mask: jax.Array
+) -> tuple[jax.Array, jax.Array]:
+    """(summed log-probability of each row's masked targets [B], their count [B]), in float32."""
+    with lora.adapters_in_compute_dtype(model):
+        logits, _ = model(input_tokens, positions, None, attention.for_model(model, attention_mask))
+    mask = input_mask[:, 1:].astype(jnp.float32)
+    return jnp.sum(token_logps(logits[:, :-1], input_tokens[:, 1:]) * mask, axis=-1), jnp.sum(mask, axis=-1)
