@@ -386,6 +386,9 @@ def child(args: argparse.Namespace) -> int:
         row = baseline_row(device, args.baseline or (1024 if device.platform == "cpu" else 8192))
     else:
         c = json.loads(args.one)
+        # The step's compile cache (measure: mkdtemp) goes in a folder of this process's, removed at its end.
+        scratch = tempfile.TemporaryDirectory(prefix="tpuforge-bench-")
+        tempfile.tempdir = scratch.name
         try:
             with attention.blocks_layout(c["splashLayout"]):  # the step's kernels are built as it is traced
                 row = measure(
@@ -402,6 +405,9 @@ def child(args: argparse.Namespace) -> int:
             row["splashLayout"] = c["splashLayout"]
         except CutError as e:
             row = {"error": str(e)}
+        finally:
+            tempfile.tempdir = None
+            scratch.cleanup()
     print(ROW_MARK + json.dumps(row), flush=True)
     return 0
 
