@@ -10,6 +10,7 @@ curves of a running job move. On GKE the same files are in a real bucket that Te
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -97,7 +98,9 @@ def show(
     # TensorBoard's own files (its instance record) go under the state directory too, not the host's /tmp.
     tmp = sb.dir / "tensorboard" / ".tmp"
     tmp.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.Popen(argv, env={**os.environ, "TMPDIR": str(tmp)})
+    # A process group of its own: stopping it stops what TensorBoard starts too (its data server), which would
+    # otherwise outlive it holding this command's output open.
+    proc = subprocess.Popen(argv, env={**os.environ, "TMPDIR": str(tmp)}, start_new_session=True)
     signal.signal(signal.SIGTERM, _interrupt)  # a terminated command stops its TensorBoard too
     say(f"TensorBoard on http://127.0.0.1:{port}/ (Ctrl-C stops it); new event files are copied every {every:.0f} s")
     try:
@@ -113,13 +116,20 @@ def show(
     except KeyboardInterrupt:
         return 0
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _stop(proc)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """TensorBoard's whole process group: asked to end, then killed after 10 s with whatever is left of it."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _interrupt(_signum: int, _frame: FrameType | None) -> None:
