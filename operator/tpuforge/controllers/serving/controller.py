@@ -187,22 +187,30 @@ class ServingDeploymentController:
         return dataclasses.replace(o, job=job, adapter_jobs=adapter_jobs, existing=existing)
 
     async def apply(self, key: Key, t: plan.Target) -> Obj:
-        """The plan's objects, in order; monitors where their kind is served. Returns the applied Deployment."""
+        """The plan's objects in two round trips: its claims, Service and budget together, then (once they all
+        exist) the Deployment together with the monitors where their kind is served. Returns the applied
+        Deployment. A new object's children thus cost two apiserver latencies, not one per child."""
         profile = defaults.current()
         kube_api = self.harness.api
-        applied = [await self.children.apply(kube_api, key, profile.workload(obj)) for obj in t.objects]
-        for _group_version, _plural, obj in t.monitors:
-            if self.children.served(obj["kind"]):
-                try:
-                    await self.children.apply(kube_api, key, obj)
-                except kube_client.ApiException as exc:
-                    # A scrape config is optional: its CRD being removed (403 while it terminates, then 404)
-                    # must not hold up the server. The informer sees the kind go and stops asking.
-                    terminating = exc.status == 403 and "terminating" in str(exc.body)
-                    if not (terminating or exc.status == 404):
-                        raise
-                    log.info("%s/%s: no %s now: %s", key[0], key[1], obj["kind"], exc.reason)
-        return applied[-1]
+        *first, deployment = t.objects
+        await asyncio.gather(*(self.children.apply(kube_api, key, profile.workload(obj)) for obj in first))
+        monitors = [obj for _group_version, _plural, obj in t.monitors if self.children.served(obj["kind"])]
+        applied, _ = await asyncio.gather(
+            self.children.apply(kube_api, key, profile.workload(deployment)),
+            asyncio.gather(*(self._apply_monitor(key, obj) for obj in monitors)),
+        )
+        return applied
+
+    async def _apply_monitor(self, key: Key, obj: Obj) -> None:
+        try:
+            await self.children.apply(self.harness.api, key, obj)
+        except kube_client.ApiException as exc:
+            # A scrape config is optional: its CRD being removed (403 while it terminates, then 404) must not
+            # hold up the server. The informer sees the kind go and stops asking.
+            terminating = exc.status == 403 and "terminating" in str(exc.body)
+            if not (terminating or exc.status == 404):
+                raise
+            log.info("%s/%s: no %s now: %s", key[0], key[1], obj["kind"], exc.reason)
 
     async def replicas(self, key: Key, o: plan.Observed, t: plan.Target, deployment: Obj) -> plan.Replicas:
         """The serving pods, and each ready replica's adapters brought to the plan's (over HTTP to the pod, in
