@@ -8,7 +8,6 @@ without `_COMPLETE` is refused by the check, with the reason in the status.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import urllib.request
 from pathlib import Path
@@ -17,32 +16,18 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.fixtures.pipelines import READY_TIMEOUT, SANDBOX_EXTRA_ARGS, post
+from tests.fixtures.pipelines import READY_TIMEOUT, SANDBOX_EXTRA_ARGS, post, publish
 from tpuforge.api.constants import API_VERSION, COMPLETE_MARKER, GROUP, LABEL_SERVING, SERVING_PLURAL, VERSION
 from tpuforge.manifests.serving import FETCH_CONTAINER, VLLM_CONTAINER
 from tpuforge_sandbox import Sandbox, wait_for
 from tpuforge_sandbox.agent.runtimes import vllm_venv
 from tpuforge_sandbox.gcs import create_bucket
-from tpuforge_workloads import storage
-from tpuforge_workloads.storage import commit
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
 
 VLLM = "http://127.0.0.1:8000"  # the sandbox runs the pod on this machine: its port 8000 is the Service's target
 SERVED = "gemma4-tiny-streamed"
 BUCKET = "tpuforge-test-streamed"
-
-
-def publish(local: Path, uri: str, committed: bool = True) -> str:
-    """The model directory `local` uploaded to `uri`, committed with its manifest as the merger commits."""
-    files = []
-    for p in sorted(local.iterdir()):
-        storage.upload_file(p, storage.join(uri, p.name))
-        data = p.read_bytes()
-        files.append(commit.ManifestFile(name=p.name, size=len(data), sha256=hashlib.sha256(data).hexdigest()))
-    if committed:
-        commit.write_marker(uri, commit.Manifest(files=files))
-    return uri
 
 
 def body(name: str, uri: str) -> dict[str, Any]:
