@@ -36,7 +36,7 @@ from tpuforge_sandbox.gcs import create_bucket, gcs_argv, gcs_env, wait_gcs
 from tpuforge_sandbox.kubeapi import Kube, new_api_client
 from tpuforge_sandbox.nodes import EMULATED_LABEL, PREEMPT_ANNOTATION, node_ready
 from tpuforge_sandbox.pki import Pki
-from tpuforge_sandbox.procs import Daemon, port_free
+from tpuforge_sandbox.procs import Daemon, cmdline, port_free
 
 ETCD = "etcd"
 APISERVER = "kube-apiserver"
@@ -321,6 +321,12 @@ class Sandbox:
                 "no custom metrics: the Prometheus adapter is not built (`bash scripts/build-prometheus-adapter.sh`)"
                 " or `prometheus` is not installed (`make prometheus`)"
             )
+            return
+        apiserver = running.get(APISERVER)
+        if apiserver is not None and "--proxy-client-cert-file" not in cmdline(apiserver):
+            # An apiserver started before the sandbox had custom metrics has no aggregation layer to reach them.
+            kube.delete(f"/apis/apiregistration.k8s.io/v1/apiservices/{docs[1]['metadata']['name']}")
+            self.log("no custom metrics: the apiserver predates them; `tpuforge sandbox down` and `up` to add them")
             return
         prometheus, adapter = binaries
         if PROMETHEUS not in running:
