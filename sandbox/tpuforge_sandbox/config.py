@@ -58,6 +58,9 @@ class Ports:
     jobset_health: int = 8081
     kueue_webhook: int = 9444
     kueue_health: int = 8082
+    # Prometheus (scrapes the pods that ask for it) and the Prometheus adapter (the custom metrics API).
+    prometheus: int = 9090
+    metrics_adapter: int = 9446
 
     @classmethod
     def from_env(cls, **overrides: int | None) -> Ports:
@@ -169,6 +172,18 @@ class Binaries:
                 "`bash scripts/build-control-plane.sh`) once to build them, or set TPUFORGE_K8S_BIN_DIR"
             )
         return cls(bin_dir)
+
+    @staticmethod
+    def prometheus_adapter() -> Path | None:
+        """The Prometheus adapter as scripts/build-prometheus-adapter.sh leaves it in the cache (or in
+        TPUFORGE_PROMETHEUS_ADAPTER), or None when it is not built."""
+        env = os.environ.get("TPUFORGE_PROMETHEUS_ADAPTER")
+        if env:
+            return Path(env) if Path(env).is_file() else None
+        v = control_plane_versions()
+        name = f"prometheus-adapter-{v['PROMETHEUS_ADAPTER_VERSION']}-build-{v['PROMETHEUS_ADAPTER_BUILD']}"
+        path = cache_dir() / name / "prometheus-adapter"
+        return path if path.is_file() else None
 
     def path(self, name: str) -> str:
         return str(self.dir / name)

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 
 from tpuforge_sandbox.config import Binaries, SandboxConfig
-from tpuforge_sandbox.pki import Pki
+from tpuforge_sandbox.pki import FRONT_PROXY_CLIENT, Pki
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 SERVICE_CIDR = "10.96.0.0/16"
@@ -74,6 +74,19 @@ def apiserver_argv(cfg: SandboxConfig, bins: Binaries) -> list[str]:
         f"--client-ca-file={pki.ca_crt}",
         f"--token-auth-file={pki.tokens_csv}",
         "--authorization-mode=RBAC",
+        # The aggregation layer (the custom metrics API that the Prometheus adapter serves): the apiserver proxies
+        # to an extension apiserver with a client certificate of the front-proxy CA and passes the user in
+        # these headers; the extension apiserver reads the CA and the names from the
+        # extension-apiserver-authentication ConfigMap that the apiserver writes. No
+        # --enable-aggregator-routing: the adapter's Service is an ExternalName of 127.0.0.1 (an Endpoints
+        # address may not be loopback), which the aggregator resolves by name.
+        f"--requestheader-client-ca-file={pki.front_proxy_ca_crt}",
+        f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={pki.front_proxy_client_crt}",
+        f"--proxy-client-key-file={pki.front_proxy_client_key}",
         f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
         f"--service-account-key-file={pki.sa_pub}",
         f"--service-account-signing-key-file={pki.sa_key}",
@@ -102,6 +115,9 @@ def controller_manager_argv(cfg: SandboxConfig, bins: Binaries) -> list[str]:
         # root-ca-certificate-publisher puts in each namespace's kube-root-ca.crt ConfigMap.
         f"--service-account-private-key-file={pki.sa_key}",
         f"--root-ca-file={pki.ca_crt}",
+        # The HorizontalPodAutoscaler controller reads metrics every 2 s, not every 15 s: a load a test makes
+        # is seen within seconds (scaling itself keeps its defaults: tolerance, stabilisation windows).
+        "--horizontal-pod-autoscaler-sync-period=2s",
         "--profiling=false",
         "--v=1",
     ]

@@ -254,6 +254,34 @@ class Kube:
             doc = {**doc, "metadata": {**doc["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]}}
             getattr(self.admission, f"replace_{kind}_webhook_configuration")(name, doc, _preload_content=False)
 
+    def server_side_apply(self, obj: Obj, plural: str) -> None:
+        """Apply `obj` (any kind; `plural` its resource) server-side as the sandbox's field manager."""
+        group_version = obj["apiVersion"]
+        base = f"/apis/{group_version}" if "/" in group_version else f"/api/{group_version}"
+        ns = obj["metadata"].get("namespace")
+        path = f"{base}/namespaces/{ns}/{plural}" if ns else f"{base}/{plural}"
+        headers = {"Content-Type": "application/apply-patch+yaml", "Accept": "application/json"}
+        query = [("fieldManager", "tpuforge-sandbox"), ("force", "true")]
+        self._call("PATCH", f"{path}/{obj['metadata']['name']}", query, headers, obj)
+
+    def delete(self, path: str) -> None:
+        """DELETE `path` (an object's API path); gone already is fine."""
+        try:
+            self._call("DELETE", path, [], {"Accept": "application/json"}, None)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def _call(self, method: str, path: str, query: list[tuple[str, str]], headers: dict[str, str], body: Any) -> None:
+        """One request to `path` with the client's credentials; ApiException unless the answer is 2xx."""
+        req = self.api.param_serialize(
+            method, path, query_params=query, header_params=headers, body=body, auth_settings=["BearerToken"]
+        )
+        resp = self.api.call_api(*req)
+        resp.read()  # type: ignore[no-untyped-call]
+        if not 200 <= resp.status <= 299:
+            raise ApiException(http_resp=resp)
+
     # -- CustomResourceDefinitions ---------------------------------------------------------------------------
     def apply_crd(self, crd: Obj) -> None:
         """Create, or replace what is there."""

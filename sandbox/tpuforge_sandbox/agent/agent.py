@@ -19,6 +19,7 @@ from tpuforge_sandbox.agent.podstatus import AgentContext
 from tpuforge_sandbox.agent.runner import PodRunner
 from tpuforge_sandbox.agent.scheduling import TERMINAL, exclusive_nodes, pick_node, tpu_in_use, tpu_request
 from tpuforge_sandbox.config import GKE_SHUTDOWN_GRACE_SECONDS, SandboxConfig
+from tpuforge_sandbox.custommetrics import pod_targets
 from tpuforge_sandbox.gcs import gcs_env
 from tpuforge_sandbox.kubeapi import Kube, new_api_client, now
 from tpuforge_sandbox.nodes import EMULATED_LABEL, PREEMPT_ANNOTATION, emulated_nodes, node_status
@@ -66,7 +67,13 @@ class NodeAgent:
         self.register_nodes()
         threading.Thread(target=self._watch, name="pod-watch", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
-        serve_logs(self.cfg.pods_dir, self.stopping, self.cfg.ports.node_agent, Pki(self.cfg.pki))
+        serve_logs(
+            self.cfg.pods_dir,
+            self.stopping,
+            self.cfg.ports.node_agent,
+            Pki(self.cfg.pki),
+            lambda: pod_targets(self.kube.list_pods()[0]),
+        )
         log.info("node agent running for %s", ", ".join(self.nodes))
         while not self.stopping.is_set():
             try:

@@ -1,21 +1,29 @@
 """The one kubelet endpoint the sandbox serves: /containerLogs/<ns>/<pod>/<container>, which the apiserver
 calls for `kubectl logs` (and clients' read_namespaced_pod_log) at the node's InternalIP and kubelet port.
-Every emulated node has the same address, so one server answers for all of them."""
+Every emulated node has the same address, so one server answers for all of them. Beside it, /sd/pods: the pods
+as Prometheus's HTTP service discovery reads them (the sandbox's Prometheus has no Kubernetes discovery)."""
 
 from __future__ import annotations
 
+import json
 import ssl
 import threading
 import urllib.parse
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
+from tpuforge_sandbox.custommetrics import SD_PATH
 from tpuforge_sandbox.pki import Pki
 from tpuforge_sandbox.podlogs import follow, pod_finished, tail
 
 
-def serve_logs(pods_dir: Path, stopping: threading.Event, port: int, pki: Pki) -> ThreadingHTTPServer:
-    """Serve the logs under `pods_dir`; a followed log ends with its pod, or when `stopping` is set."""
+def serve_logs(
+    pods_dir: Path, stopping: threading.Event, port: int, pki: Pki, targets: Callable[[], list[Any]] = list
+) -> ThreadingHTTPServer:
+    """Serve the logs under `pods_dir`; a followed log ends with its pod, or when `stopping` is set. `targets`
+    answers /sd/pods."""
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # chunked responses, so `kubectl logs -f` streams
@@ -25,6 +33,18 @@ def serve_logs(pods_dir: Path, stopping: threading.Event, port: int, pki: Pki) -
 
         def do_GET(self) -> None:
             url = urllib.parse.urlsplit(self.path)
+            if url.path == SD_PATH:
+                try:
+                    body = json.dumps(targets()).encode()
+                except Exception as e:  # the apiserver's answer: Prometheus keeps its last targets meanwhile
+                    self.send_error(503, f"listing the pods failed: {e}")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
             parts = url.path.strip("/").split("/")
             if len(parts) != 4 or parts[0] != "containerLogs":
                 self.send_error(404, "the sandbox node agent serves only /containerLogs/<ns>/<pod>/<container>")
