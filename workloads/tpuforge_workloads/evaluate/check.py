@@ -342,6 +342,7 @@ def serve(
     beat = threading.Thread(target=heartbeat, name="heartbeat", daemon=True)
     beat.start()
     done: set[str] = set()
+    batches = 0
     try:
         with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
             while not stop.is_set() and os.getppid() == parent and not (requests / SPOOL_STOP).exists():
@@ -356,6 +357,7 @@ def serve(
                         write_verdicts(verdicts / request.name, check_all(runner, samples, pool))
                         print(f"{request.name}: {len(samples)} samples in {time.monotonic() - started:.1f} s")
                     done.add(request.name)
+                    batches += 1
                 # A verdict the trainer has read (it removed its request) is removed too.
                 for name in [n for n in done if not (requests / n).exists()]:
                     (verdicts / name).unlink(missing_ok=True)
@@ -366,7 +368,7 @@ def serve(
         stop.set()
         beat.join()
         (verdicts / SPOOL_ALIVE).unlink(missing_ok=True)
-    return len(done)
+    return batches
 
 
 def cannot_confine() -> str | None:
