@@ -115,3 +115,20 @@ def test_the_spool_root_is_made_sticky_and_the_verdicts_the_checkers_alone(tmp_p
     assert verdicts.stat().st_mode & 0o777 == 0o755
     assert requests == spool / "requests"
     assert fenced  # the Verilog answers the trainer sends are fenced; the checker gets the code taken out
+
+
+def test_a_restarted_checker_keeps_the_verdicts_the_trainer_has_not_read_and_drops_the_others(tmp_path: Path) -> None:
+    import threading
+
+    from tpuforge_workloads.evaluate.jail import Limits
+
+    spool = tmp_path / "spool"
+    requests, verdicts = check._spool_dirs(spool)
+    requests.mkdir()
+    (requests / "kept.jsonl").write_text("")
+    (verdicts / "kept.jsonl").write_text('{"id": "0"}\n')
+    (verdicts / "read.jsonl").write_text('{"id": "0"}\n')
+    stop = threading.Event()
+    stop.set()
+    assert check.serve(spool, ["true"], Limits(1.0, 64 << 20), tmp_path / "scratch", 1, stop) == 0
+    assert sorted(p.name for p in verdicts.iterdir()) == ["kept.jsonl"]

@@ -341,7 +341,12 @@ def serve(
 
     beat = threading.Thread(target=heartbeat, name="heartbeat", daemon=True)
     beat.start()
-    done: set[str] = set()
+    # A checker restarted beside the same trainer: the verdicts it wrote before stay until the trainer has
+    # read them; those read already go.
+    done = {v.name for v in verdicts.glob("*.jsonl")}
+    for name in [n for n in done if not (requests / n).exists()]:
+        (verdicts / name).unlink(missing_ok=True)
+        done.discard(name)
     batches = 0
     try:
         with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
