@@ -202,7 +202,7 @@ def test_an_answer_the_demo_prints_as_the_fine_tuned_model_s_is_checked_against_
 
 
 def test_every_demo_is_a_scenario_of_numbered_sections_ending_in_how_to_explore() -> None:
-    assert set(SCENARIOS) == {"capitals", "adapters", "code", "queue", "preference"}
+    assert set(SCENARIOS) == {"capitals", "adapters", "code", "queue", "preference", "grpo"}
     for scenario in SCENARIOS.values():
         assert (ROOT / scenario.jobs_yaml).exists()
         load_jobs(ROOT / scenario.jobs_yaml, DEFAULT_BUCKET)  # its documents are valid jobs of the sandbox

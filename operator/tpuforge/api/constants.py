@@ -89,6 +89,11 @@ JOB_COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 
 # Where the evaluation's containers keep their copies of the base model and the adapter (a sized volume).
 EVAL_WORK_DIR_ENV = "TPUFORGE_EVAL_WORK_DIR"
+
+# A GRPO trainer's checker is the sidecar beside it (evaluate.check --serve): the trainer hands it answers and
+# reads its verdicts through this directory (the spool), a volume both mount. Unset: the checker runs in the
+# trainer's own process (CPU runs, tests).
+CHECKER_SPOOL_ENV = "TPUFORGE_CHECKER_SPOOL"
 # The multi-host training pods' environment (the trainer calls jax.distributed.initialize with it). Unset on a
 # single host, where the trainer runs one process.
 ENV_NUM_PROCESSES = "TPUFORGE_NUM_PROCESSES"

@@ -8,7 +8,7 @@ from pydantic import Field, model_validator
 
 from tpuforge.api.base import ApiModel, PodResources
 from tpuforge.api.catalog import GEMMA4_LORA_TARGETS, MODELS, Dtype
-from tpuforge.api.code_eval import CodeEvalSpec
+from tpuforge.api.code_eval import CHECK_RUNNER_MEMORY, CodeEvalSpec, quantity_bytes
 from tpuforge.api.constants import (
     DEFAULT_EVALUATOR_IMAGE,
     DEFAULT_MAX_PREEMPTIONS,
@@ -20,6 +20,7 @@ from tpuforge.api.constants import (
 )
 from tpuforge.api.images import MAX_PULL_SECRETS, PULL_SECRETS_HELP, SecretName
 from tpuforge.api.preflight import PreflightSpec
+from tpuforge.api.resources import quantity
 from tpuforge.api.scheduling import PodScheduling
 
 
@@ -188,19 +189,46 @@ class RewardSpec(ApiModel):
 
 
 class RlCheckerSpec(ApiModel):
-    """The checker that judges rollouts, beside the trainer, each answer in a scratch directory of its own
-    under a uid of its own (evaluate.check)."""
+    """The checker that judges rollouts: a sidecar container beside the trainer on each host (the evaluation's
+    `check` container's confinement: root with CAP_SETUID and CAP_SETGID only), each answer in a scratch
+    directory of its own under a uid of its own (evaluate.check)."""
 
+    image: str | None = Field(
+        default=None,
+        description="Container image of the checker sidecar; unset: tpuforge/checker-verilog (Debian's iverilog) "
+        "of this release.",
+    )
+    cpu: str = Field(
+        default="2",
+        description="CPU request and limit of the checker sidecar; answers are checked one per whole CPU at once "
+        "unless parallel says otherwise.",
+    )
     command: list[str] = Field(
         default_factory=lambda: ["python3", "-m", "tpuforge_workloads.evaluate.verilog"],
         min_length=1,
         description="The checker protocol's command (docs/ml-engineer.md); the default is the Verilog checker.",
     )
     timeout_seconds: float = Field(default=10.0, gt=0, le=600, description="Per-answer limit; past it it fails.")
-    memory: str = Field(default="256Mi", description="Memory of each answer's processes together.")
-    parallel: int | None = Field(
-        default=None, ge=1, le=256, description="Answers checked at once; unset: one per CPU of the trainer's host."
+    memory: str = Field(
+        default="256Mi",
+        description="Memory of each answer's processes together; the sidecar's memory request and limit is this "
+        "times parallel, plus the runner's own.",
     )
+    parallel: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description="Answers checked at once; unset: one per whole CPU of the sidecar (cpu); where the checker runs "
+        "in the trainer's process (a CPU run), one per CPU of the machine.",
+    )
+
+    def parallelism(self) -> int:
+        """Answers the sidecar checks at once."""
+        return self.parallel or max(1, int(quantity(self.cpu)))
+
+    def container_memory(self) -> int:
+        """The sidecar's memory request and limit, bytes: each answer checked at once, and the runner's own."""
+        return quantity_bytes(self.memory) * self.parallelism() + CHECK_RUNNER_MEMORY
 
 
 class GrpoSpec(ApiModel):

@@ -309,6 +309,10 @@ def _check_method(errors: list[FieldError], spec: FineTuneJobSpec) -> None:
                 "spec.training.maxSeqLen tokens; lower grpo.maxTokens or raise training.maxSeqLen",
             )
         )
+    if method == "grpo" and spec.grpo is not None:
+        for field, q in (("cpu", spec.grpo.checker.cpu), ("memory", spec.grpo.checker.memory)):
+            if not is_quantity(q):
+                errors.append(FieldError(f"spec.grpo.checker.{field}", f"must be a Kubernetes quantity (got {q!r})"))
     if spec.training.packing:
         errors.append(
             FieldError(

@@ -31,7 +31,8 @@ Obj = dict[str, Any]
 CPU_SCRATCH_BYTES = 2 * GIB
 TPU_SCRATCH_BYTES = 10 * GIB
 # The capabilities a container may add on Autopilot without an allowlist: the container runtime's defaults,
-# less NET_RAW, which Autopilot refuses. Only the evaluation's checker adds any (SETUID and SETGID).
+# less NET_RAW, which Autopilot refuses. Only the checkers add any (SETUID and SETGID): the evaluation's, and
+# GRPO's sidecar beside the trainer.
 ALLOWED_CAPABILITIES = frozenset(
     {
         "AUDIT_WRITE",

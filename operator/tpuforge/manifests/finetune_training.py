@@ -11,8 +11,10 @@ import json
 
 from tpuforge.api import resources
 from tpuforge.api.catalog import model_shape, tpu_slice
+from tpuforge.api.code_eval import quantity_bytes
 from tpuforge.api.configs import train_config
 from tpuforge.api.constants import (
+    CHECKER_SPOOL_ENV,
     CONFIG_FILE,
     COORDINATOR_PORT,
     ENV_COORDINATOR_ADDRESS,
@@ -28,8 +30,8 @@ from tpuforge.api.constants import (
     TERMINATION_LOG,
     TPU_RUNTIME_PORT,
 )
-from tpuforge.api.finetune import FineTuneJobSpec
-from tpuforge.api.images import PUBLIC_IMAGES
+from tpuforge.api.finetune import FineTuneJobSpec, GrpoSpec, RlCheckerSpec
+from tpuforge.api.images import CHECKER_VERILOG, PUBLIC_IMAGES
 from tpuforge.manifests import finetune_rbac
 from tpuforge.manifests.common import (
     Obj,
@@ -40,6 +42,7 @@ from tpuforge.manifests.common import (
     locked_down,
     metadata,
     pod_annotations,
+    switches_uid,
     tpu_resources,
     tpu_scheduling,
     with_scheduling,
@@ -58,6 +61,17 @@ from tpuforge.manifests.finetune_common import (
 )
 
 TRAINER_CONTAINER = "trainer"
+# spec.method grpo: the checker of the rollouts, a native sidecar (an init container that keeps running: the pod
+# ends with the trainer) with the evaluation `check` container's confinement. The trainer hands it answers and
+# reads its verdicts through the spool, an emptyDir both mount (evaluate.check --serve; train/grpo.SpoolChecker);
+# the samples' scratch directories are on a volume of the checker's alone.
+CHECKER_CONTAINER = "checker"
+SPOOL_VOLUME = "rl-spool"
+SPOOL_DIR = "/rl-spool"
+SPOOL_VOLUME_SIZE = "1Gi"
+RL_CHECK_VOLUME = "rl-check"
+RL_CHECK_DIR = "/rl-check"
+RL_CHECK_VOLUME_SIZE = "2Gi"
 
 # The training ConfigMap also keeps the spec the run started with: later attempts take the fields that
 # change the training maths from it, so an edit after the start never changes a run half-way.
@@ -112,6 +126,38 @@ def _multi_host_env(jobset: str, hosts: int, join_timeout_seconds: int) -> list[
     ]
 
 
+def rl_checker(spec: FineTuneJobSpec) -> RlCheckerSpec | None:
+    """The rollouts' checker when the job has one: spec.method grpo with the checker's verdict in the reward."""
+    if spec.method != "grpo":
+        return None
+    grpo = spec.grpo or GrpoSpec()
+    return grpo.checker if grpo.reward.checker > 0 else None
+
+
+def checker_sidecar(checker: RlCheckerSpec) -> Obj:
+    """The checker beside the trainer, before locked_down and switches_uid give it its securityContext: its CPU
+    and memory as request and limit (each answer's memory times those checked at once, plus the runner's)."""
+    memory = f"{checker.container_memory() >> 20}Mi"
+    limits = {"cpu": checker.cpu, "memory": memory}
+    args = ["--serve", SPOOL_DIR, "--timeout", f"{checker.timeout_seconds:g}"]
+    args += ["--memory", str(quantity_bytes(checker.memory)), "--parallel", str(checker.parallelism())]
+    args += ["--scratch", f"{RL_CHECK_DIR}/scratch", "--"]
+    return {
+        "name": CHECKER_CONTAINER,
+        "image": checker.image or PUBLIC_IMAGES.image(CHECKER_VERILOG),
+        "command": ["python3", "-m", "tpuforge_workloads.evaluate.check", *args, *checker.command],
+        "restartPolicy": "Always",  # a native sidecar (Kubernetes 1.29+): stopped when the trainer ends
+        "env": [{"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "resources": {"requests": dict(limits), "limits": limits},
+        "volumeMounts": [
+            {"name": SPOOL_VOLUME, "mountPath": SPOOL_DIR},
+            {"name": RL_CHECK_VOLUME, "mountPath": RL_CHECK_DIR},
+        ],
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+
+
 def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
     """The training pod of one host, for a Job (one host) and a JobSet (each host) alike."""
     slc = tpu_slice(spec.tpu.slice)
@@ -150,11 +196,22 @@ def train_pod_template(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
         "volumes": [config_volume(name), {"name": "dshm", "emptyDir": shm}],
         **image_pull_secrets(spec.images.pull_secrets),
     }
+    checker = rl_checker(spec)
+    if checker is not None:
+        env.append({"name": CHECKER_SPOOL_ENV, "value": SPOOL_DIR})
+        container["volumeMounts"].append({"name": SPOOL_VOLUME, "mountPath": SPOOL_DIR})
+        pod_spec["initContainers"] = [checker_sidecar(checker)]
+        pod_spec["volumes"] += [
+            {"name": SPOOL_VOLUME, "emptyDir": {"sizeLimit": SPOOL_VOLUME_SIZE}},
+            {"name": RL_CHECK_VOLUME, "emptyDir": {"sizeLimit": RL_CHECK_VOLUME_SIZE}},
+        ]
     if spec.priority_class_name:
         pod_spec["priorityClassName"] = spec.priority_class_name
     pod_spec = with_scheduling(pod_spec, spec.tpu.scheduling)
     # The trainer patches its FineTuneJob's status with its ServiceAccount token.
     pod_spec = locked_down(pod_spec, api_access=True, root_containers=root_containers(spec, TRAINER_CONTAINER))
+    if checker is not None:
+        pod_spec["initContainers"] = [switches_uid(c) for c in pod_spec["initContainers"]]
     meta: Obj = {"labels": labels(o, COMPONENT_TRAINER, attempt)}
     annotations = pod_annotations({}, spec.tpu.scheduling)
     if annotations:
@@ -244,6 +301,7 @@ def attempt_objects(o: Owner, spec: FineTuneJobSpec, attempt: int) -> list[Obj]:
 
 
 __all__ = [
+    "CHECKER_CONTAINER",
     "SPEC_KEY",
     "TRAINER_CONTAINER",
     "TRAINER_TERMINATION_GRACE_SECONDS",

@@ -172,7 +172,7 @@ class PodContainers:
     def run(self, c: ContainerRun) -> bool:
         """Run `c` until it ends for good under the restart policy; True when it last exited 0."""
         backoff = BACKOFF_START
-        while not self.stopping.is_set():
+        while not self.stopping.is_set() and not c.stop.is_set():
             log_offset = self.log_path(c.name).stat().st_size if self.log_path(c.name).exists() else 0
             started_at, t0 = now(), time.monotonic()
             try:
@@ -223,9 +223,11 @@ class PodContainers:
                 )
                 self.status.update_ready()
             self.status.publish()
-            if self.stopping.is_set():
+            if self.stopping.is_set() or c.stop.is_set():
                 break
-            if c.init:
+            if c.sidecar:
+                restart = True  # until the app containers end (stop_sidecar)
+            elif c.init:
                 restart = rc != 0 and self.restart_policy != "Never"
             else:
                 restart = self.restart_policy == "Always" or (self.restart_policy == "OnFailure" and rc != 0)
@@ -260,6 +262,19 @@ class PodContainers:
         except OSError:
             return ""
         return "\n".join(tail.decode(errors="replace").splitlines()[-FALLBACK_LINES:])
+
+    def stop_sidecar(self, c: ContainerRun, thread: threading.Thread) -> None:
+        """End a native sidecar as kubelet does once the app containers have ended: SIGTERM, then SIGKILL
+        after the pod's grace."""
+        c.stop.set()
+        proc = c.proc
+        if proc is not None:
+            _killpg(proc.pid, signal.SIGTERM)
+        thread.join(self.grace)
+        proc = c.proc
+        if proc is not None:
+            _killpg(proc.pid, signal.SIGKILL)
+        thread.join()
 
     def signal_all(self, sig: int) -> None:
         for c in self.status.inits + self.status.apps:

@@ -48,6 +48,11 @@ def states(current: str, value: Obj) -> Obj:
 class ContainerRun:
     spec: Obj
     init: bool
+    # A native sidecar (an init container with restartPolicy Always): started in order with the init containers,
+    # not waited for, restarted whenever it exits, stopped once the app containers have ended; its exit does
+    # not decide the pod's phase.
+    sidecar: bool = False
+    stop: threading.Event = field(default_factory=threading.Event)
     proc: subprocess.Popen[bytes] | None = None
     state: Obj = field(default_factory=lambda: states("waiting", {"reason": "PodInitializing", "message": None}))
     last_state: Obj = field(default_factory=dict)
@@ -72,7 +77,7 @@ class ContainerRun:
             "imageID": "",
             "containerID": self.container_id or None,
             "ready": self.ready,
-            "started": self.started if not self.init else None,
+            "started": self.started if not self.init or self.sidecar else None,
             "restartCount": self.restarts,
             "state": self.state,
             "lastState": self.last_state,
@@ -93,7 +98,9 @@ class PodStatus:
         # 127.0.0.1, except for pods named by hostname.subdomain: each has its own loopback address.
         self.ip: str = ctx.dns.pod_ip(pod)
         pod.setdefault("status", {})["podIP"] = self.ip
-        self.inits = [ContainerRun(c, True) for c in spec.get("initContainers") or []]
+        self.inits = [
+            ContainerRun(c, True, sidecar=c.get("restartPolicy") == "Always") for c in spec.get("initContainers") or []
+        ]
         self.apps = [ContainerRun(c, False) for c in spec.get("containers") or []]
         self.phase = "Pending"
         self.reason: str | None = None
@@ -156,7 +163,7 @@ class PodStatus:
                 c.ready = c.started = False
             if self.forced:
                 self.phase, (self.reason, self.message) = "Failed", self.forced
-            elif any(c.exit_code != 0 for c in self.inits):
+            elif any(c.exit_code != 0 for c in self.inits if not c.sidecar):
                 self.phase = "Failed"
             elif self.apps and all(c.exit_code == 0 for c in self.apps):
                 self.phase = "Succeeded"

@@ -131,9 +131,27 @@ class PodRunner:
         if spec.get("activeDeadlineSeconds"):
             deadline = float(spec["activeDeadlineSeconds"])
             threading.Thread(target=self._deadline, args=(deadline,), daemon=True).start()
-        for c in self.pod_status.inits:
-            if not self.containers.run(c):
-                return
+        sidecars: list[tuple[ContainerRun, threading.Thread]] = []
+        try:
+            for c in self.pod_status.inits:
+                if c.sidecar:
+                    sidecars.append((c, self._start_sidecar(c)))
+                elif not self.containers.run(c):
+                    return
+            self._run_apps()
+        finally:
+            for c, thread in reversed(sidecars):  # in the reverse of their start, as kubelet
+                self.containers.stop_sidecar(c, thread)
+
+    def _start_sidecar(self, c: ContainerRun) -> threading.Thread:
+        """A native sidecar: started, then the next container starts once it runs (or has ended)."""
+        thread = threading.Thread(target=self.containers.run, args=(c,), daemon=True, name=f"{self.name}/{c.name}")
+        thread.start()
+        while c.proc is None and thread.is_alive() and not self.stopping.is_set():
+            self.stopping.wait(0.05)
+        return thread
+
+    def _run_apps(self) -> None:
         with self.pod_status.lock:
             if self.pod_status.inits:
                 self.pod_status.set_condition("Initialized", True)

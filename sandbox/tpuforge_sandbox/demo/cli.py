@@ -13,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 from rich.console import Console
 
 from tpuforge_sandbox.demo.job import DemoError
-from tpuforge_sandbox.demo.scenarios import ADAPTERS, CAPITALS_BY_MODEL, CODE, PREFERENCE, QUEUE
+from tpuforge_sandbox.demo.scenarios import ADAPTERS, CAPITALS_BY_MODEL, CODE, GRPO, PREFERENCE, QUEUE
 from tpuforge_sandbox.demo.session import DemoSession, run
 from tpuforge_sandbox.sandbox import Sandbox, SandboxError
 
@@ -62,11 +62,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--method",
-        choices=("sft", "dpo", "orpo"),
+        choices=("sft", "dpo", "orpo", "grpo"),
         default="sft",
         help="dpo or orpo: preference tuning on the demo's preference pairs, then the held-out pairs scored by "
         "the starting model and the tuned one, per token; fails unless the tuned one prefers the chosen answers "
-        "more (sft: the capitals fine-tune)",
+        "more. grpo: an SFT start on Verilog problems, then GRPO from it with the checker sidecar beside the "
+        "trainer, reward and pass rate step by step; fails unless the pass rate rises (needs iverilog). "
+        "(sft: the capitals fine-tune)",
     )
     p.add_argument("--dir", type=Path, help="sandbox state directory (default: as `tpuforge sandbox`)")
     return p.parse_args(list(argv))
@@ -90,7 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.hosts != 1 or args.preempt or args.model != "gemma4-tiny" or len(alone) > 1:
             console.print(f"tpuforge demo: {alone[0]} runs on its own (without other options)", style="bold red")
             return 2
-        if args.method != "sft" and len(alone) == 1:
+        if args.method == "grpo" and len(alone) == 1:
+            demo = DemoSession(sb, console, GRPO, serve=False, method=args.method)
+        elif args.method != "sft" and len(alone) == 1:
             demo = DemoSession(sb, console, PREFERENCE, serve=False, method=args.method)
         else:
             scenario = ADAPTERS if args.adapters else CODE if args.eval else QUEUE

@@ -10,6 +10,8 @@ is a step under a numbered heading). `tpuforge demo` picks one by its options (`
 - `QUEUE` (`--queue`): two fine-tunes through one Kueue quota; the second waits Queued, then runs.
 - `PREFERENCE` (`--method dpo|orpo`): DPO (or ORPO) on the demo's preference pairs, merged, then the held-out
   pairs scored by the start and the tuned model; the demo fails unless the tuned one prefers the chosen more.
+- `GRPO` (`--method grpo`): an SFT start on Verilog problems, then GRPO from it, every answer judged by the
+  checker sidecar beside the trainer; reward and pass rate step by step; fails unless the pass rate rises.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from tpuforge_sandbox.demo import evaluation, follow, kueue, preference, results, setup, verilog
+from tpuforge_sandbox.demo import evaluation, follow, grpo, kueue, preference, results, setup, verilog
 from tpuforge_sandbox.demo.job import FINETUNE_YAML
 from tpuforge_sandbox.demo.session import Scenario, Section
 
@@ -133,4 +135,22 @@ PREFERENCE = Scenario(
     ),
 )
 
-SCENARIOS = {s.name: s for s in (CAPITALS, ADAPTERS, CODE, QUEUE, PREFERENCE)}
+GRPO = Scenario(
+    name="grpo",
+    jobs_yaml=Path("examples/finetune-grpo-demo.yaml"),
+    steps=(
+        grpo.read_jobs,
+        Section(setup.sandbox_title, setup.start_sandbox),
+        setup.check_nodes,
+        Section("Base model (Verilog tokenizer) and the Verilog problems in GCS", grpo.write_inputs),
+        Section(lambda s: f"The SFT start, FineTuneJob {s.jobs[0].name}: {s.scenario.jobs_yaml}", grpo.run_start),
+        Section(
+            lambda s: f"GRPO, FineTuneJob {s.jobs[1].name}: every answer judged by the checker sidecar, step by step",
+            grpo.run_grpo,
+        ),
+        Section("The run, step by step: reward and pass rate of the sampled answers", grpo.show_run),
+        results.explore,
+    ),
+)
+
+SCENARIOS = {s.name: s for s in (CAPITALS, ADAPTERS, CODE, QUEUE, PREFERENCE, GRPO)}

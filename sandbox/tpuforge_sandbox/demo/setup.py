@@ -205,8 +205,12 @@ def apply_job(s: DemoSession) -> None:
         f"  {spec.model.name} + LoRA rank {spec.lora.rank} (alpha {spec.lora.alpha:g}) on {spec.tpu.slice}"
         f"{' (spot)' if spec.tpu.spot else ''}: {t.max_steps} steps of "
         f"{examples} {unit}, lr {t.learning_rate:g}, checkpoints every "
-        f"{spec.checkpoint.every_steps} steps to {spec.checkpoint.uri}, then a merge into {spec.output.uri}"
-        f"{' verified against transformers' if spec.merge.verify else ''}"
+        f"{spec.checkpoint.every_steps} steps to {spec.checkpoint.uri}, then "
+        + (
+            f"a merge into {spec.output.uri}{' verified against transformers' if spec.merge.verify else ''}"
+            if spec.merge.enabled
+            else f"the adapter exported to {spec.output.uri}"
+        )
     )
     if tpu_slice.hosts > 1:
         mesh = spec.tpu.mesh

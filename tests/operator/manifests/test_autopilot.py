@@ -93,6 +93,10 @@ def rendered() -> dict[str, list[Obj]]:
             OWNER, job_spec(tpu={"scheduling": {"reservation": "projects/p/reservations/tpu-v5p"}}), 0
         ),
         "training on flex-start": attempt_objects(OWNER, job_spec(tpu={"scheduling": {"flexStart": True}}), 0),
+        "training GRPO with its checker sidecar (v5p-8)": attempt_objects(OWNER, finetune("finetune-grpo.yaml"), 0),
+        "training GRPO with its checker sidecar (v5p-16)": attempt_objects(
+            OWNER, finetune("finetune-grpo.yaml", slice="v5p-16"), 0
+        ),
         "preflight": preflight_objects(OWNER, base),
         "merge (verify)": merge_objects(OWNER, job_spec(merge={"verify": True})),
         "evaluation (TPU)": [eval_job(OWNER, finetune("finetune-adapter.yaml"))],

@@ -380,6 +380,36 @@ def test_init_containers_run_first_in_order_then_the_app(core: client.CoreV1Api,
     assert core.read_namespaced_pod_log("inits", namespace) == "one two\n"
 
 
+def test_a_native_sidecar_runs_beside_the_app_and_is_stopped_when_it_ends(
+    core: client.CoreV1Api, namespace: str
+) -> None:
+    # The sidecar answers the app through a shared directory, exits 7 on SIGTERM (kubelet's stop after the
+    # app), and the pod still succeeds: a sidecar's exit does not decide the phase.
+    sidecar_code = TRAP_SIGTERM.replace("print('started', flush=True)", "open('/shared/up', 'w').write('yes')")
+    body = pod(
+        "sidecar",
+        "import os, time\nwhile not os.path.exists('/shared/up'): time.sleep(0.05)\nprint('sidecar up')",
+        initContainers=[
+            {
+                "name": "helper",
+                "image": "busybox",
+                "restartPolicy": "Always",
+                "command": ["python", "-c", sidecar_code],
+                "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+            }
+        ],
+        volumes=[{"name": "shared", "emptyDir": {}}],
+        container={"volumeMounts": [{"name": "shared", "mountPath": "/shared"}]},
+    )
+    core.create_namespaced_pod(namespace, body)
+    p = wait_phase(core, namespace, "sidecar", ("Succeeded", "Failed"))
+    assert p.status.phase == "Succeeded"
+    assert core.read_namespaced_pod_log("sidecar", namespace) == "sidecar up\n"
+    (helper,) = p.status.init_container_statuses
+    assert helper.state.terminated.exit_code == 7 and helper.restart_count == 0
+    assert "got SIGTERM" in core.read_namespaced_pod_log("sidecar", namespace, container="helper")
+
+
 def test_restart_policy_on_failure_restarts_the_container(core: client.CoreV1Api, namespace: str) -> None:
     code = (
         "import os, sys\n"

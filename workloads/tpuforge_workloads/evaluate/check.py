@@ -1,5 +1,7 @@
 """python -m tpuforge_workloads.evaluate.check --samples S --out V --timeout T --memory BYTES [--parallel N]
     [--scratch DIR] -- COMMAND...
+python -m tpuforge_workloads.evaluate.check --serve SPOOL --timeout T --memory BYTES [--parallel N]
+    [--scratch DIR] -- COMMAND...
 
 Runs the checker on each sample, up to N at once, each in a fresh scratch directory under a user id of its own,
 confined by evaluate.jail. The checker protocol (docs/ml-engineer.md):
@@ -26,6 +28,12 @@ and no network namespace.
 S is JSONL: {"id": ..., "code": "...", "test": {...}} per sample; V gets one line per sample:
 {"id", "passed", "verdict", "failure", "exitCode", "seconds", "peakMemory", "stdout", "stderr",
 "simulator"}. Stdlib only (the checker image).
+
+With --serve, the checker stays up beside a trainer (GRPO's sidecar; `serve`): the trainer writes each batch
+of samples as SPOOL/requests/<name>.jsonl (a temporary name renamed into place), the checker writes its
+verdicts as SPOOL/verdicts/<name>.jsonl the same way, and keeps SPOOL/verdicts/alive fresh every second so
+that the trainer can tell a dead checker from a slow one. It stops on SPOOL/requests/stop, on SIGTERM (the
+kubelet ending a sidecar after the trainer) or when its parent process goes away.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -249,12 +258,17 @@ def scratch_root(root: Path) -> Path:
     return root
 
 
+def check_all(runner: Runner, samples: list[dict[str, Any]], pool: ThreadPoolExecutor) -> list[Verdict]:
+    """Each sample ({id, code, test}) run by `runner`, as many at once as `pool` has workers; in order."""
+    return list(pool.map(lambda s: runner.run(str(s["id"]), s["code"], s["test"]), samples))
+
+
 def run_all(
     samples: list[dict[str, Any]], command: list[str], limits: Limits, root: Path, parallel: int = 1
 ) -> list[Verdict]:
     runner = Runner(command, limits, scratch_root(root))
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        return list(pool.map(lambda s: runner.run(str(s["id"]), s["code"], s["test"]), samples))
+        return check_all(runner, samples, pool)
 
 
 def write_verdicts(path: Path, verdicts: list[Verdict]) -> None:
@@ -266,6 +280,100 @@ def write_verdicts(path: Path, verdicts: list[Verdict]) -> None:
         f.write("".join(json.dumps(v.to_json()) + "\n" for v in verdicts))
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
+
+
+# ---- beside a trainer: the spool (--serve) -------------------------------------------------------------------
+
+SPOOL_REQUESTS = "requests"  # the trainer's: batches of samples, and the stop marker
+SPOOL_VERDICTS = "verdicts"  # the checker's: a verdict file per batch, and the heartbeat
+SPOOL_STOP = "stop"
+SPOOL_ALIVE = "alive"
+HEARTBEAT_SECONDS = 1.0
+SPOOL_POLL_SECONDS = 0.05
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """`text` at `path` through a temporary file renamed into place: a reader sees all of it or nothing."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def _spool_dirs(spool: Path) -> tuple[Path, Path]:
+    """The spool's two directories. Its root is shared with the trainer (an emptyDir, 0777): made sticky, so a
+    sample's uid (which could reach it) can neither remove nor replace what the trainer or the checker put
+    there; verdicts/ is the checker's, not writable by anyone else."""
+    spool.mkdir(parents=True, exist_ok=True)
+    mode = spool.stat().st_mode
+    if mode & stat.S_IWOTH and not mode & stat.S_ISVTX and spool.stat().st_uid == os.geteuid():
+        spool.chmod(stat.S_IMODE(mode) | stat.S_ISVTX)
+    verdicts = spool / SPOOL_VERDICTS
+    verdicts.mkdir(mode=0o755, exist_ok=True)
+    _not_world_writable(verdicts)
+    return spool / SPOOL_REQUESTS, verdicts
+
+
+def _read_request(path: Path) -> list[dict[str, Any]]:
+    samples = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for s in samples:
+        if not isinstance(s, dict) or not {"id", "code", "test"} <= set(s):
+            raise ValueError("each line must be an object with id, code and test")
+    return samples
+
+
+def serve(
+    spool: Path, command: list[str], limits: Limits, scratch: Path, parallel: int, stop: threading.Event | None = None
+) -> int:
+    """Check every batch the trainer puts in spool/requests, `parallel` samples at once, until spool/requests/stop
+    appears, `stop` is set (SIGTERM) or the parent process goes away. Returns the number of batches checked."""
+    stop = stop or threading.Event()
+    requests, verdicts = _spool_dirs(spool)
+    runner = Runner(command, limits, scratch_root(scratch))
+    parent = os.getppid()
+    alive = json.dumps({"pid": os.getpid(), "parallel": parallel})
+
+    def heartbeat() -> None:
+        while not stop.is_set():
+            write_atomically(verdicts / SPOOL_ALIVE, alive)
+            stop.wait(HEARTBEAT_SECONDS)
+
+    beat = threading.Thread(target=heartbeat, name="heartbeat", daemon=True)
+    beat.start()
+    # A checker restarted beside the same trainer: the verdicts it wrote before stay until the trainer has
+    # read them; those read already go.
+    done = {v.name for v in verdicts.glob("*.jsonl")}
+    for name in [n for n in done if not (requests / n).exists()]:
+        (verdicts / name).unlink(missing_ok=True)
+        done.discard(name)
+    batches = 0
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+            while not stop.is_set() and os.getppid() == parent and not (requests / SPOOL_STOP).exists():
+                pending = sorted(p for p in requests.glob("*.jsonl") if p.name not in done) if requests.is_dir() else []
+                for request in pending:
+                    started = time.monotonic()
+                    try:
+                        samples = _read_request(request)
+                    except (OSError, ValueError) as e:
+                        write_atomically(verdicts / request.name, json.dumps({"error": f"{request.name}: {e}"}) + "\n")
+                    else:
+                        write_verdicts(verdicts / request.name, check_all(runner, samples, pool))
+                        print(f"{request.name}: {len(samples)} samples in {time.monotonic() - started:.1f} s")
+                    done.add(request.name)
+                    batches += 1
+                # A verdict the trainer has read (it removed its request) is removed too.
+                for name in [n for n in done if not (requests / n).exists()]:
+                    (verdicts / name).unlink(missing_ok=True)
+                    done.discard(name)
+                if not pending:
+                    stop.wait(SPOOL_POLL_SECONDS)
+    finally:
+        stop.set()
+        beat.join()
+        (verdicts / SPOOL_ALIVE).unlink(missing_ok=True)
+    return batches
 
 
 def cannot_confine() -> str | None:
@@ -298,23 +406,39 @@ def unreadable_source(root: Path) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tpuforge_workloads.evaluate.check", description=__doc__)
-    parser.add_argument("--samples", required=True, help="JSONL of {id, code, test}")
-    parser.add_argument("--out", required=True, help="JSONL of verdicts, one per sample")
+    parser.add_argument("--samples", help="JSONL of {id, code, test}")
+    parser.add_argument("--out", help="JSONL of verdicts, one per sample")
+    parser.add_argument("--serve", metavar="SPOOL", help="stay up and check the batches a trainer puts in SPOOL")
     parser.add_argument("--timeout", type=float, required=True, help="seconds per sample")
     parser.add_argument("--memory", type=int, required=True, help="memory of each sample's processes, bytes")
     parser.add_argument("--parallel", type=int, default=1, help="samples checked at once")
     parser.add_argument("--scratch", default=tempfile.gettempdir(), help="where scratch directories go")
     parser.add_argument("command", nargs="+", help="the checker command")
     args = parser.parse_args(argv)
+    if not args.serve and not (args.samples and args.out):
+        parser.error("give --samples and --out, or --serve")
     why = cannot_confine()
     if why is not None:
         print(why, file=sys.stderr)
         return EXIT_CANNOT_CONFINE
+    limits = Limits(timeout_seconds=args.timeout, memory_bytes=args.memory)
+    if args.serve:
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        scratch = Path(args.scratch)
+        if scratch.resolve().parent.is_dir():
+            _not_world_writable(scratch.resolve().parent)  # the checker's own volume, before any sample runs
+        print(
+            f"checking the batches in {args.serve}, {args.parallel} samples at once; "
+            f"isolation: {', '.join(isolation(can_use_namespaces()))}"
+        )
+        batches = serve(Path(args.serve), args.command, limits, scratch, args.parallel, stop)
+        print(f"stopped after {batches} batches")
+        return 0
     for volume in {Path(args.scratch).resolve().parent, Path(args.out).resolve().parent.parent}:
         if volume.is_dir():
             _not_world_writable(volume)  # the checker's own volume, before any sample runs
     samples = [json.loads(line) for line in Path(args.samples).read_text().splitlines() if line.strip()]
-    limits = Limits(timeout_seconds=args.timeout, memory_bytes=args.memory)
     started = time.monotonic()
     verdicts = run_all(samples, args.command, limits, Path(args.scratch), args.parallel)
     write_verdicts(Path(args.out), verdicts)

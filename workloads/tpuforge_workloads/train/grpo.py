@@ -9,8 +9,10 @@ from and the loss they are scored with.
   problem indices, samples groupSize answers to each from the model as trained so far (`RolloutSampler`, the
   evaluation samples' decode with a temperature), and has the hardened checker (evaluate.check: each answer in
   a scratch directory of its own, under a uid of its own) judge the code taken from each, up to its CPUs at
-  once. An answer's reward is a weighted sum (`rewards`): the checker's pass (or its share of the test's
-  samples that match), an exact match with the reference, and a format reward.
+  once: in this process (`Checker`), or in the checker sidecar beside the trainer on a cluster
+  (`SpoolChecker`, through the spool of evaluate.check --serve). An answer's reward is a weighted sum
+  (`rewards`): the checker's pass (or its share of the test's samples that match), an exact match with the
+  reference, and a format reward.
 - Advantages are group-normalised: (reward - the group's mean) / (its standard deviation + eps), or only
   centred (scaleRewards false, Dr. GRPO).
 - The loss (`make_loss_fn`), per answer token: -min(ratio x A, clip(ratio, 1 - eps, 1 + eps) x A) + beta x KL,
@@ -26,8 +28,11 @@ included) samples what the uninterrupted run would have.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
+import socket
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -180,6 +185,94 @@ class Checker:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+
+
+class CheckerUnavailable(RuntimeError):
+    """The checker sidecar did not answer: it died, was killed, or never started."""
+
+
+class SpoolChecker:
+    """The checker beside the trainer (the pod's `checker` sidecar, evaluate.check --serve, with the evaluation's
+    confinement): each call writes the answers as one batch to spool/requests and waits for its verdicts in
+    spool/verdicts. Fails with CheckerUnavailable, naming why, when the sidecar's heartbeat is missing or stale
+    or the batch outlives its deadline: a step never hangs on a dead checker."""
+
+    START_SECONDS = 120.0  # the first heartbeat, after the sidecar's start
+    STALE_SECONDS = 30.0  # a heartbeat older than this: the sidecar is gone
+
+    def __init__(self, spool: str, timeout_seconds: float, poll_seconds: float = 0.05):
+        from tpuforge_workloads.evaluate import check
+
+        self.requests = Path(spool) / check.SPOOL_REQUESTS
+        self.verdicts = Path(spool) / check.SPOOL_VERDICTS
+        self.alive = self.verdicts / check.SPOOL_ALIVE
+        self.stop_marker = self.requests / check.SPOOL_STOP
+        self.requests.mkdir(mode=0o755, parents=True, exist_ok=True)
+        self.requests.chmod(0o755)  # the trainer's alone: a sample's uid must not add a batch or the stop
+        self.timeout_seconds = timeout_seconds
+        self.poll_seconds = poll_seconds
+        self.started = time.monotonic()
+        self._prefix = f"{socket.gethostname()}-{os.getpid()}"
+        self._batches = 0
+        self._seen = False  # a heartbeat, once: its absence then means the sidecar stopped
+
+    def _heartbeat_problem(self) -> str | None:
+        try:
+            age = time.time() - self.alive.stat().st_mtime
+            self._seen = True
+        except FileNotFoundError:
+            if self._seen:
+                return f"the checker sidecar stopped ({self.alive} is gone; see the pod's `checker` container)"
+            if time.monotonic() - self.started > self.START_SECONDS:
+                return (
+                    f"no heartbeat at {self.alive} {self.START_SECONDS:g} s after the trainer started: the checker "
+                    "sidecar is not running (see the pod's `checker` container)"
+                )
+            return None
+        if age > self.STALE_SECONDS:
+            return (
+                f"the checker sidecar's heartbeat ({self.alive}) is {age:.0f} s old: it died or was killed (see the "
+                "pod's `checker` container: its logs and last state)"
+            )
+        return None
+
+    def __call__(self, items: Sequence[tuple[str, Any]]) -> list[dict[str, Any]]:
+        """(code, test) -> verdict (evaluate.check.Verdict.to_json()) each, in order."""
+        from tpuforge_workloads.evaluate.check import write_atomically
+
+        self._batches += 1
+        name = f"{self._prefix}-{self._batches:07d}.jsonl"
+        lines = (json.dumps({"id": str(i), "code": code, "test": test}) for i, (code, test) in enumerate(items))
+        write_atomically(self.requests / name, "".join(line + "\n" for line in lines))
+        # Every answer one after the other, each to its limit, and the launcher's own time: a deadline no
+        # working checker reaches.
+        deadline = time.monotonic() + max(60.0, len(items) * (self.timeout_seconds + 5.0))
+        answer = self.verdicts / name
+        try:
+            while not answer.exists():
+                problem = self._heartbeat_problem()
+                if problem is None and time.monotonic() > deadline:
+                    problem = f"no verdicts for {len(items)} answers in {self.requests / name} by its deadline"
+                if problem is not None:
+                    raise CheckerUnavailable(f"grpo's reward checker: {problem}")
+                time.sleep(self.poll_seconds)
+            verdicts = [json.loads(line) for line in answer.read_text().splitlines() if line.strip()]
+        finally:
+            (self.requests / name).unlink(missing_ok=True)  # the sidecar then removes its verdicts
+        if len(verdicts) == 1 and "error" in verdicts[0]:
+            raise CheckerUnavailable(f"grpo's reward checker refused a batch: {verdicts[0]['error']}")
+        by_id = {str(v["id"]): v for v in verdicts}
+        return [by_id[str(i)] for i in range(len(items))]
+
+    def close(self) -> None:
+        """Nothing to do: the kubelet stops a native sidecar once the trainer has ended (a sidecar that exited
+        by itself would only be restarted, the pod still running)."""
+
+    def stop(self) -> None:
+        """Stop the checker now (a checker started by hand beside a trainer, tests)."""
+        from tpuforge_workloads.evaluate.check import write_atomically
+
+        write_atomically(self.stop_marker, "")
 
 
 def judge(

@@ -28,6 +28,7 @@ from tunix.sft import hooks
 
 from tpuforge.api import EarlyStop, GrpoSpec, StepLoss, TrainConfig
 from tpuforge.api.code_eval import quantity_bytes
+from tpuforge.api.constants import CHECKER_SPOOL_ENV
 from tpuforge_workloads import families
 from tpuforge_workloads.data.pipeline import (
     batches,
@@ -306,8 +307,11 @@ def rollout_feed(
         plan.encoder, mesh, c.training.max_seq_len, spec.max_tokens, spec.temperature, c.training.seed
     )
     checker = spec.checker
-    check = None
-    if spec.reward.checker > 0:
+    check: grpo.Checker | grpo.SpoolChecker | None = None
+    spool = os.environ.get(CHECKER_SPOOL_ENV)
+    if spec.reward.checker > 0 and spool:
+        check = grpo.SpoolChecker(spool, checker.timeout_seconds)
+    elif spec.reward.checker > 0:
         check = grpo.Checker(
             checker.command,
             checker.timeout_seconds,
@@ -511,7 +515,7 @@ def _train(
             trainer.train([], evals or None)  # batches come from `feed`; train() closes the trainer
     finally:
         iterator.close()  # stops the prefetch thread
-        if isinstance(feed, RolloutFeed) and isinstance(feed.check, grpo.Checker):
+        if isinstance(feed, RolloutFeed) and isinstance(feed.check, grpo.Checker | grpo.SpoolChecker):
             feed.check.close()
     timings["train_s"] = time.monotonic() - started
     step = trainer.train_steps
