@@ -6,8 +6,11 @@ comes from its verdicts; the job succeeds and the sidecar is stopped when the tr
 
 The checker command is the protocol's simplest honest one, so that the random tiny model earns rewards of
 both kinds in a few steps: an answer passes when its code has an even number of bytes (and, as for every
-checker, when it ended by itself within maxTokens). (The Verilog checker on
-a model that writes Verilog is the demo's: `make demo METHOD=grpo`.)
+checker, when it ended by itself within maxTokens). A random model over 512 tokens ends an answer by itself
+(end of turn or of text) within 120 tokens about a third of the time, so each answer passes with a chance near
+0.18 and fails on the checker's word (mismatch) as often (8 tokens an answer gave a pass in about one run of
+three). (The Verilog checker on a model that writes Verilog is the demo's:
+`make demo METHOD=grpo`.)
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.e2e]
 
 STEPS = 3
 GROUP = 8
+MAX_TOKENS = 120
 EVEN_BYTES = ["sh", "-c", 'test $(( $(wc -c < sample.txt) % 2 )) -eq 0 || { echo "odd length"; exit 1; }']
 
 
@@ -43,11 +47,11 @@ def test_a_grpo_job_is_rewarded_by_its_checker_sidecar_and_succeeds(
     spec["method"] = "grpo"
     spec["grpo"] = {
         "groupSize": GROUP,
-        "maxTokens": 8,
+        "maxTokens": MAX_TOKENS,
         "temperature": 1.0,
         "checker": {"command": EVEN_BYTES, "timeoutSeconds": 5, "cpu": "2", "memory": "64Mi"},
     }
-    spec["training"] = {**spec["training"], "maxSeqLen": 128, "microBatchSize": 1, "maxSteps": STEPS,
+    spec["training"] = {**spec["training"], "maxSeqLen": 256, "microBatchSize": 1, "maxSteps": STEPS,
                         "packing": False}  # fmt: skip
     started = time.monotonic()
     cluster.create("grpo", **spec)
@@ -60,9 +64,11 @@ def test_a_grpo_job_is_rewarded_by_its_checker_sidecar_and_succeeds(
     # Every answer judged by the sidecar: some pass (an answer that ended by itself with an even length), the
     # others fail as the checker said (mismatch: its exit 1) or as cut at maxTokens (truncated, whatever the
     # checker said); none for the checker's own failure ("error": it could not run them).
-    assert sum(v["pass_rate"] for v in rl.values()) > 0, rl
     failures = {k for v in rl.values() for k in v["failures"]}
     assert failures and failures <= {"mismatch", "truncated"}, rl
+    # At least one answer ended by itself and so was decided by the checker's word: passed (even) or mismatch
+    # (odd). Each of the two alone misses about once in a hundred runs; both together about once in 60,000.
+    assert sum(v["pass_rate"] for v in rl.values()) > 0 or "mismatch" in failures, rl
     assert all(v["reward"] == pytest.approx(v["pass_rate"]) for v in rl.values()), rl
     assert all(v["checker_seconds"] > 0 for v in rl.values()), rl
     progress = status["progress"]["rl"]
