@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, cast
+from typing import Any
 
 import jsonschema
 import kubernetes_validate
@@ -236,12 +236,6 @@ def test_objects_validate_against_the_gke_kubernetes_schema(slice_: str) -> None
 # --- multi-host slices: a JobSet per attempt ----------------------------------------------------------------
 
 
-def jobset_validator() -> jsonschema.protocols.Validator:
-    schema = upstream.jobset_schema()
-    cls = jsonschema.validators.validator_for(schema)
-    return cast(jsonschema.protocols.Validator, cls(schema))
-
-
 def trainer_job(jobset: dict[str, Any]) -> dict[str, Any]:
     (rj,) = jobset["spec"]["replicatedJobs"]
     return dict(rj["template"]["spec"])
@@ -335,7 +329,7 @@ def test_a_long_name_leaves_room_for_every_hosts_hostname() -> None:
 def test_jobsets_validate_against_the_published_jobset_schema(slice_id: str) -> None:
     s = spec(tpu={"slice": slice_id, "spot": True}, queueName="q", priorityClassName="p")
     js = train_workload(OWNER, s, 0)
-    jobset_validator().validate(js)
+    upstream.jobset_validator().validate(js)
     # The upstream schema leaves the Job template open: Kubernetes' own Job schema checks it (Indexed mode).
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x"}, "spec": trainer_job(js)}
     kubernetes_validate.validate(job, "1.30.0", strict=True)
@@ -350,11 +344,11 @@ def test_the_schema_check_catches_what_the_apiserver_would_drop_or_refuse() -> N
     misspelt = json.loads(json.dumps(js))
     misspelt["spec"]["network"]["enableDnsHostnames"] = True
     with pytest.raises(jsonschema.ValidationError, match="enableDnsHostnames"):
-        jobset_validator().validate(misspelt)
+        upstream.jobset_validator().validate(misspelt)
     wrong_type = json.loads(json.dumps(js))
     wrong_type["spec"]["failurePolicy"]["maxRestarts"] = "0"
     with pytest.raises(jsonschema.ValidationError):
-        jobset_validator().validate(wrong_type)
+        upstream.jobset_validator().validate(wrong_type)
 
 
 # --- the evaluation: base + adapter scored on held-out records ----------------------------------------------

@@ -96,7 +96,7 @@ def test_no_sidecar_without_a_checker_in_the_reward() -> None:
 def test_the_grpo_job_and_jobset_validate_against_the_kubernetes_and_jobset_schemas() -> None:
     import kubernetes_validate
 
-    from tests.operator.manifests.test_manifests_finetune import jobset_validator
+    from tests.fixtures.upstream import jobset_validator
 
     kubernetes_validate.validate(train_job(OWNER, job_spec(**GRPO), 0), "1.30.0", strict=True)
     jobset_validator().validate(train_jobset(OWNER, job_spec(**GRPO, tpu={"slice": "v5p-16"}), 0))
