@@ -30,12 +30,8 @@ fi
 mkdir -p "$CACHE"
 : >"$LOG"
 
-GO=$(bash "$(dirname "${BASH_SOURCE[0]}")/get-go.sh")
-export GOROOT
-GOROOT=$("$GO" env GOROOT)
-export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build" GOFLAGS=-modcacherw CGO_ENABLED=0 \
-  GOTOOLCHAIN=local GOPATH="$CACHE/go/path"
-echo "building the control plane with $("$GO" version) (log: $LOG)"
+# shellcheck source=go-env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/go-env.sh" "the control plane"
 
 SRC="$CACHE/go/src"
 TMP="$OUT.tmp"

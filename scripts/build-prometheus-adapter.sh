@@ -22,12 +22,8 @@ LOG="$CACHE/build-prometheus-adapter.log"
 mkdir -p "$CACHE"
 : >"$LOG"
 
-GO=$(bash "$(dirname "${BASH_SOURCE[0]}")/get-go.sh")
-export GOROOT
-GOROOT=$("$GO" env GOROOT)
-export GOMODCACHE="$CACHE/go/mod" GOCACHE="$CACHE/go/build" GOFLAGS=-modcacherw CGO_ENABLED=0 \
-  GOTOOLCHAIN=local GOPATH="$CACHE/go/path"
-echo "building prometheus-adapter $PROMETHEUS_ADAPTER_VERSION with $("$GO" version) (log: $LOG)"
+# shellcheck source=go-env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/go-env.sh" "prometheus-adapter $PROMETHEUS_ADAPTER_VERSION"
 
 SRC="$CACHE/go/src/prometheus-adapter"
 TMP="$OUT.tmp"
