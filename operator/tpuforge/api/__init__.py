@@ -20,6 +20,7 @@ from tpuforge.api.configs import (
     eval_dataset,
     merge_config,
     train_config,
+    trainer_config,
 )
 from tpuforge.api.evaluation import evaluation_verdict
 from tpuforge.api.finetune import (
@@ -44,6 +45,7 @@ from tpuforge.api.finetune import (
     RunPolicy,
     TpuSpec,
     TrainingSpec,
+    resolved_remat,
 )
 from tpuforge.api.finetune_status import (
     AttemptStatus,
@@ -169,9 +171,11 @@ __all__ = [
     "parse",
     "pass_at_metric",
     "resolved_mesh",
+    "resolved_remat",
     "set_condition",
     "tpu_slice",
     "train_config",
+    "trainer_config",
     "validate_finetune",
     "validate_serving",
 ]

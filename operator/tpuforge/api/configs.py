@@ -24,7 +24,9 @@ from tpuforge.api.finetune import (
     Method,
     PreferenceSpec,
     TrainingSpec,
+    resolved_remat,
 )
+from tpuforge.api.preflight import PreflightStatus
 from tpuforge.api.validation import resolved_mesh
 
 
@@ -173,6 +175,8 @@ def compile_cache_uri(spec: FineTuneJobSpec) -> str | None:
 
 
 def train_config(namespace: str, name: str, spec: FineTuneJobSpec, attempt: int = 0) -> TrainConfig:
+    """The job's TrainConfig with spec.training as written (remat unset: the preflight's config, which
+    chooses it); trainer_config is the training pod's."""
     return TrainConfig(
         job=JobRef(namespace=namespace, name=name),
         attempt=attempt,
@@ -190,6 +194,15 @@ def train_config(namespace: str, name: str, spec: FineTuneJobSpec, attempt: int 
         checkpoint=spec.checkpoint,
         compile_cache_uri=compile_cache_uri(spec),
     )
+
+
+def trainer_config(
+    namespace: str, name: str, spec: FineTuneJobSpec, attempt: int, preflight: PreflightStatus | None
+) -> TrainConfig:
+    """The training pod's TrainConfig: train_config with remat decided (resolved_remat)."""
+    cfg = train_config(namespace, name, spec, attempt)
+    training = cfg.training.model_copy(update={"remat": resolved_remat(spec.training, preflight)})
+    return cfg.model_copy(update={"training": training})
 
 
 def merge_config(namespace: str, name: str, spec: FineTuneJobSpec, step: int | None = None) -> MergeConfig:

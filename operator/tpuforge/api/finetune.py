@@ -19,7 +19,7 @@ from tpuforge.api.constants import (
     JOIN_TIMEOUT_SECONDS,
 )
 from tpuforge.api.images import MAX_PULL_SECRETS, PULL_SECRETS_HELP, SecretName
-from tpuforge.api.preflight import PreflightSpec
+from tpuforge.api.preflight import PreflightSpec, PreflightStatus
 from tpuforge.api.resources import quantity
 from tpuforge.api.scheduling import PodScheduling
 
@@ -292,7 +292,13 @@ class TrainingSpec(ApiModel):
         default="drop", description="What to do with a record longer than maxSeqLen."
     )
     packing: bool = Field(default=False, description="Pack several records per row (block-diagonal mask).")
-    remat: bool = Field(default=True, description="Rematerialise decoder layers to save memory.")
+    remat: bool | None = Field(
+        default=None,
+        description="Rematerialise decoder layers (recompute each layer's activations in the backward pass) to "
+        "save memory, at the cost of speed. Unset: the preflight chooses: off where the step without remat fits "
+        "the slice (the attempt and the model build), on otherwise; on without a preflight (spec.preflight."
+        "enabled false). true and false are kept as written.",
+    )
     remat_policy: RematPolicy = Field(
         default="full",
         description="What remat keeps from the forward pass (with remat on): full (each layer's input only; the "
@@ -314,6 +320,16 @@ class TrainingSpec(ApiModel):
         description="Stop when the eval loss on spec.dataset.evalUri stops improving (unset: train to the end). "
         "Needs spec.dataset.evalUri.",
     )
+
+
+def resolved_remat(training: TrainingSpec, preflight: PreflightStatus | None) -> bool:
+    """Whether the trainer rematerialises: spec.training.remat where set, else the preflight's choice
+    (status.preflight.remat), else on (no preflight ran)."""
+    if training.remat is not None:
+        return training.remat
+    if preflight is not None and preflight.remat is not None:
+        return preflight.remat
+    return True
 
 
 class MeshSpec(ApiModel):

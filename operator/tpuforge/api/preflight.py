@@ -47,6 +47,12 @@ class PreflightStatus(StatusModel):
     lower_bound: bool | None = Field(
         default=None, description="One layer alone did not fit: the figures are that layer's, a lower bound."
     )
+    remat: bool | None = Field(
+        default=None,
+        description="Whether the step compiled rematerialises its layers: spec.training.remat, or where that is "
+        "unset the preflight's choice (off where the step without remat fits, else on), which the training "
+        "attempts then use.",
+    )
     hbm_per_chip_gib: float | None = Field(
         default=None, alias="hbmPerChipGiB", description="HBM per chip: arguments, outputs and temporaries."
     )

@@ -12,7 +12,7 @@ import json
 from tpuforge.api import resources
 from tpuforge.api.catalog import model_shape, tpu_slice
 from tpuforge.api.code_eval import quantity_bytes
-from tpuforge.api.configs import train_config
+from tpuforge.api.configs import train_config, trainer_config
 from tpuforge.api.constants import (
     CHECKER_SPOOL_ENV,
     CONFIG_FILE,
@@ -32,6 +32,7 @@ from tpuforge.api.constants import (
 )
 from tpuforge.api.finetune import FineTuneJobSpec, GrpoSpec, RlCheckerSpec
 from tpuforge.api.images import CHECKER_VERILOG, PUBLIC_IMAGES
+from tpuforge.api.preflight import PreflightStatus
 from tpuforge.manifests import finetune_rbac
 from tpuforge.manifests.common import (
     Obj,
@@ -101,8 +102,10 @@ def frozen_spec_json(spec: FineTuneJobSpec) -> str:
     return json.dumps(spec.to_wire(), sort_keys=True, separators=(",", ":"))
 
 
-def train_config_map(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
-    cfg = train_config(o.namespace, o.name, spec, attempt=attempt)
+def train_config_map(o: Owner, spec: FineTuneJobSpec, attempt: int, preflight: PreflightStatus | None = None) -> Obj:
+    """The attempt's TrainConfig (remat as `preflight`, status.preflight, chose it where the spec leaves it
+    unset) and the spec the run started with."""
+    cfg = trainer_config(o.namespace, o.name, spec, attempt, preflight)
     return config_map(
         o,
         train_job_name(o.name, attempt, tpu_slice(spec.tpu.slice).hosts),
@@ -293,11 +296,17 @@ def train_workload(o: Owner, spec: FineTuneJobSpec, attempt: int) -> Obj:
     return train_job(o, spec, attempt)
 
 
-def attempt_objects(o: Owner, spec: FineTuneJobSpec, attempt: int) -> list[Obj]:
+def attempt_objects(
+    o: Owner, spec: FineTuneJobSpec, attempt: int, preflight: PreflightStatus | None = None
+) -> list[Obj]:
     """Everything a training attempt needs, in creation order: the Job (or JobSet) comes last, so its pods
-    never wait for a ServiceAccount or ConfigMap that does not exist yet."""
+    never wait for a ServiceAccount or ConfigMap that does not exist yet. `preflight`: status.preflight."""
     # finetune_rbac is imported whole: tests/fixtures/rbac_scan.py finds the kinds created here through the module.
-    return [*finetune_rbac.rbac_objects(o, spec), train_config_map(o, spec, attempt), train_workload(o, spec, attempt)]
+    return [
+        *finetune_rbac.rbac_objects(o, spec),
+        train_config_map(o, spec, attempt, preflight),
+        train_workload(o, spec, attempt),
+    ]
 
 
 __all__ = [

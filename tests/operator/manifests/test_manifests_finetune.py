@@ -175,6 +175,20 @@ def test_config_map_holds_the_train_config_for_the_attempt_and_the_starting_spec
     assert api.FineTuneJobSpec.model_validate(json.loads(cm["data"][SPEC_KEY])) == s
 
 
+def test_the_trainer_s_remat_is_the_preflight_s_choice_unless_the_spec_sets_it() -> None:
+    def trainer_remat(s: api.FineTuneJobSpec, preflight: api.PreflightStatus | None) -> object:
+        return json.loads(train_config_map(OWNER, s, 0, preflight)["data"][CONFIG_FILE])["training"]["remat"]
+
+    chose_off = api.PreflightStatus(fits=True, remat=False)
+    assert trainer_remat(spec(), chose_off) is False
+    assert trainer_remat(spec(), None) is True  # no preflight ran: on
+    assert trainer_remat(spec(training={"maxSeqLen": 3072, "remat": True}), chose_off) is True
+    # The spec the run started with keeps remat unset, so later attempts take the preflight's choice again.
+    cm = train_config_map(OWNER, spec(), 0, chose_off)
+    assert "remat" not in json.loads(cm["data"][SPEC_KEY])["training"]
+    assert attempt_objects(OWNER, spec(), 0, chose_off)[2] == cm
+
+
 def test_the_pods_run_as_the_named_service_account_which_the_operator_binds_but_never_creates() -> None:
     own = rbac_objects(OWNER, spec())
     assert [o["kind"] for o in own] == ["Role", "RoleBinding"]

@@ -66,6 +66,8 @@ def test_tpuforge_preflight_compiles_a_job_for_its_slice(tmp_path: Path) -> None
     assert report["tflopsPerStep"] > 0 and report["tokensPerStep"] == 128 * 8  # 1 row x 8 micro-batches
     assert report["estimatedSeconds"] > 0 and report["estimatedUSD"] > 0 and report["totalSteps"] == 50
     assert report["headline"].startswith("fits: ")
+    # spec.training.remat unset: the step without remat fits the chips, so that is the one compiled and chosen.
+    assert report["remat"] is False and report["rematOffGiB"] is None
     # The model build (adapters added to the base in place) is compiled too, and needs no more than the step
     # (the tiny model's build rounds to 0.00 GiB).
     assert 0 <= report["buildGiB"] <= report["hbmPerChipGiB"]

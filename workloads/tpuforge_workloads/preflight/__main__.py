@@ -4,6 +4,8 @@ Compiles the trainer's train step for the slice's TPU topology on this (CPU) mac
 chip, FLOPs, the step time and tokens/s at an assumed MFU, and the run's time and cost. The model's shape
 comes from config.json at the config's model.uri (or --model-config): no weights are read. The step count
 comes from --steps, else training.maxSteps, else the dataset (read and tokenised as the trainer would).
+With training.remat unset, the step is compiled without remat first and, where that does not fit, with it:
+the report's `remat` says which it is (the operator's training attempts then use it).
 
 Exit codes: 0 fits; 3 does not fit (the fixes are printed); EXIT_BAD_CONFIG (2) unusable config or input.
 With --termination-log (the operator's preflight Job), the JSON report is also written there, in one line, or

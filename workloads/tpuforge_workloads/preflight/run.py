@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from tpuforge.api import TrainConfig
+from tpuforge.api import TrainConfig, resolved_remat
 from tpuforge.api.catalog import TpuSlice
 from tpuforge.api.display import hbm_gib
 from tpuforge_workloads.data.preference import rows_per_example
@@ -40,6 +40,8 @@ class Report:
     lower_bound: bool = False  # a partial compile already exceeds a chip: its figures are a lower bound
     topology: str = ""  # what was compiled for, in libtpu's words (v5p:2x2x1)
     attention: str = "masked"  # what the compiled step runs: "splash" (segment ids, attention.py) or "masked"
+    remat: bool = True  # whether the compiled step rematerialises its layers
+    remat_off: Compiled | None = None  # the step without remat, where it was compiled first and did not fit
 
     def to_json(self) -> dict[str, Any]:
         e = self.estimate
@@ -68,12 +70,22 @@ class Report:
             "compiledLayers": self.compiled_layers,
             "extrapolated": self.extrapolated,
             "attention": self.attention,
+            "remat": self.remat,
+            "rematOffGiB": None if self.remat_off is None else round(self.remat_off.estimate.attempt_gib, 2),
             "fixes": self.fixes,
         }
 
     def headline(self) -> str:
         h = self.estimate.headline()
-        return h.replace(": ", ": at least ", 1) if self.lower_bound else h
+        h = h.replace(": ", ": at least ", 1) if self.lower_bound else h
+        if self.remat_off is not None:
+            h += f"; remat on (without: {self.remat_off.needs()} GiB per chip)"
+        return h
+
+    def remat_line(self) -> str:
+        if self.remat_off is None:
+            return "on" if self.remat else "off"
+        return f"on (off needs {self.remat_off.needs()} GiB per chip: does not fit)"
 
     def text(self) -> str:
         e = self.estimate
@@ -97,6 +109,7 @@ class Report:
             f"~${e.run_usd:,.0f} at list price",
             f"  compile        {self.compile_seconds:.0f} s ({how})",
             f"  attention      {self.attention}",
+            f"  remat          {self.remat_line()}",
         ]
         if self.fixes:
             lines.append("  to fit: " + "; or ".join(self.fixes))
@@ -124,6 +137,45 @@ def compiled_figures(
     return est.extrapolate(steps, text.layer_types), steps, True
 
 
+def remat_choices(remat: bool | None) -> tuple[bool, ...]:
+    """The remat settings to compile, in order, until one fits: the config's own, or where it is unset
+    (the preflight chooses) off, the faster, then on."""
+    return (remat,) if remat is not None else (False, True)
+
+
+def with_remat(config: TrainConfig, remat: bool) -> TrainConfig:
+    return config.model_copy(update={"training": config.training.model_copy(update={"remat": remat})})
+
+
+@dataclass
+class Compiled:
+    """One remat setting's compiles and what they say of the whole run."""
+
+    remat: bool
+    estimate: est.Estimate
+    steps: list[CompiledStep]
+    complete: bool
+
+    def needs(self) -> str:
+        """HBM per chip at the attempt's peak, as said: "at least" where the compiles stopped early."""
+        gib = f"{self.estimate.attempt_gib:,.1f}"
+        return gib if self.complete else f"at least {gib}"
+
+
+def compile_and_estimate(
+    text: Decoder, config: TrainConfig, slc: TpuSlice, mesh: Any, total_steps: int, mfu: float | None, whole: bool
+) -> Compiled:
+    """`config`'s step (its remat set) compiled for `mesh`, and the run's estimate on `slc`."""
+    t = config.training
+    steps_for_schedule = max(total_steps, t.warmup_steps + 1)
+    figures, steps, complete = compiled_figures(
+        text, config, mesh, steps_for_schedule, whole, slc.hbm_gib_per_chip * GIB
+    )
+    rows = t.micro_batch_size * config.mesh.fsdp * rows_per_example(config.method, config.grpo)
+    e = est.estimate(figures, slc, rows * t.max_seq_len, t.gradient_accumulation_steps, total_steps, mfu)
+    return Compiled(resolved_remat(t, None), e, steps, complete)
+
+
 def preflight(
     text: Decoder,
     config: TrainConfig,
@@ -134,28 +186,34 @@ def preflight(
     devices: list[Any] | None = None,
 ) -> Report:
     """Compile `config`'s train step for `slc` (its real TPU topology unless `devices` are given) and
-    estimate HBM, speed and cost (at `mfu` of the chips' peak; None: the chip generation's, est.utilization)."""
+    estimate HBM, speed and cost (at `mfu` of the chips' peak; None: the chip generation's, est.utilization).
+    With training.remat unset, the step is compiled without remat first and reported so where that fits
+    (remat_choices); else with remat."""
     started = time.monotonic()
     mesh = make_mesh(config.mesh.fsdp, config.mesh.tp, devices if devices is not None else slice_devices(slc))
-    steps_for_schedule = max(total_steps, config.training.warmup_steps + 1)
-    figures, steps, complete = compiled_figures(
-        text, config, mesh, steps_for_schedule, whole, slc.hbm_gib_per_chip * GIB
-    )
-    t = config.training
-    rows = t.micro_batch_size * config.mesh.fsdp * rows_per_example(config.method, config.grpo)
-    e = est.estimate(figures, slc, rows * t.max_seq_len, t.gradient_accumulation_steps, total_steps, mfu)
+    tried: list[Compiled] = []
+    for remat in remat_choices(config.training.remat):
+        tried.append(compile_and_estimate(text, with_remat(config, remat), slc, mesh, total_steps, mfu, whole))
+        if tried[-1].estimate.fits:
+            break
+    chosen = tried[-1]
+    e, t = chosen.estimate, config.training
     fixes = (
         []
         if e.fits
-        else est.fixes(e, t.micro_batch_size, t.max_seq_len, t.remat, config.lora.rank, config.lora.base_quantization)
+        else est.fixes(
+            e, t.micro_batch_size, t.max_seq_len, chosen.remat, config.lora.rank, config.lora.base_quantization
+        )
     )
     return Report(
         e,
-        [s.layers for s in steps],
+        [s.layers for s in chosen.steps],
         time.monotonic() - started,
-        len(steps) > 1,
+        len(chosen.steps) > 1,
         fixes,
-        lower_bound=not complete,
+        lower_bound=not chosen.complete,
         topology=topology_name(slc) if devices is None else f"{len(devices)} {devices[0].platform} devices",
-        attention=steps[0].attention,
+        attention=chosen.steps[0].attention,
+        remat=chosen.remat,
+        remat_off=tried[0] if len(tried) > 1 else None,
     )

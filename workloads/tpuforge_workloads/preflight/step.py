@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tpuforge.api import TrainConfig
+from tpuforge.api import TrainConfig, resolved_remat
 from tpuforge_workloads import families
 from tpuforge_workloads.data.pipeline import BATCH_ARRAYS
 from tpuforge_workloads.data.preference import rows_per_example
@@ -140,7 +140,7 @@ def lower_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_steps:
     def finish(model: Any) -> tuple[Any, Any]:
         if config.lora.dropout > 0:
             lora.attach_dropout_stream(model, t.seed)
-        fam.set_remat(model, t.remat, t.remat_policy)
+        fam.set_remat(model, resolved_remat(t, None), t.remat_policy)
         trainer = make_trainer(model, config, total_steps, NoCheckpoints())
         trainers.append(trainer)
         return model, trainer.optimizer

@@ -26,7 +26,7 @@ import numpy as np
 from flax import nnx
 from tunix.sft import hooks
 
-from tpuforge.api import EarlyStop, GrpoSpec, StepLoss, TrainConfig
+from tpuforge.api import EarlyStop, GrpoSpec, StepLoss, TrainConfig, resolved_remat
 from tpuforge.api.code_eval import quantity_bytes
 from tpuforge.api.constants import CHECKER_SPOOL_ENV
 from tpuforge_workloads import families
@@ -371,10 +371,11 @@ def adapt_for_training(
     base: Any, config: TrainConfig, mesh: jax.sharding.Mesh, adapter_dtype: str = lora.ADAPTER_DTYPE
 ) -> Any:
     """The base model as the trainer trains it: LoRA adapters on the configured targets (in `adapter_dtype`),
-    remat as configured, every array laid out by its partition spec."""
+    remat as configured (unset, as in a config the operator did not write: on), every array laid out by its
+    partition spec."""
     model = lora.apply_lora(base, config.lora, mesh, seed=config.training.seed, adapter_dtype=adapter_dtype)
     check_sharding(nnx.state(model, nnx.LoRAParam), mesh)
-    families.of_model(base).set_remat(model, config.training.remat, config.training.remat_policy)
+    families.of_model(base).set_remat(model, resolved_remat(config.training, None), config.training.remat_policy)
     place_by_specs(model, mesh)
     return model
 

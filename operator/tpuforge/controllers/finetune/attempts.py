@@ -121,7 +121,7 @@ def create(ctx: Ctx, n: int) -> None:
         # Two trainers must never write the same checkpoint directory.
         ctx.condition(c.TRAINING, "False", c.WAITING_FOR_PREVIOUS_ATTEMPT, c.previous_attempt_running(n, busy[0].name))
         return
-    ctx.plan.create.extend(m.attempt_objects(ctx.owner, ctx.spec, n))
+    ctx.plan.create.extend(m.attempt_objects(ctx.owner, ctx.spec, n, ctx.st.preflight))
     pending_if_new(ctx)
     if not ctx.has_condition(c.TRAINING, "False") or ctx.has_condition(c.TRAINING, "False", c.JOBSET_NOT_INSTALLED):
         what = "JobSet" if ctx.hosts > 1 else "Job"

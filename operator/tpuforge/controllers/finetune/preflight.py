@@ -30,6 +30,7 @@ _STATUS_KEYS = (
     "topology",
     "fits",
     "lowerBound",
+    "remat",
     "hbmPerChipGiB",
     "hbmCapacityGiB",
     "buildGiB",

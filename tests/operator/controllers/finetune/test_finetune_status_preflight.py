@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import Any
+
+import pytest
 
 from tests.fixtures.finetune.preflight import JOB, preflight_pod, report
 from tests.fixtures.finetune.world import NAME, World, raw_spec, train
 from tpuforge import api
-from tpuforge.api.constants import TPU_RESOURCE
+from tpuforge.api.constants import CONFIG_FILE, TPU_RESOURCE
 from tpuforge.controllers.finetune.plan import FAILED, plan, status_patch
 from tpuforge.manifests import preflight as mp
 from tpuforge.manifests.finetune_common import owner
@@ -81,6 +84,35 @@ def test_a_passed_preflight_is_not_run_again_after_a_restart() -> None:
     p = plan(w.observed(), w.now)
     assert not any(o["metadata"]["name"].startswith(JOB) for o in p.create)
     assert p.status.attempt == 0 and p.status.preflight == w.status.preflight
+
+
+def trainer_remat(created: list[dict[str, Any]], attempt: int = 0) -> object:
+    """The remat of the trainer's config in the attempt's ConfigMap among `created`."""
+    cm = next(o for o in created if o["kind"] == "ConfigMap" and o["metadata"]["name"] == train(attempt))
+    return json.loads(cm["data"][CONFIG_FILE])["training"]["remat"]
+
+
+@pytest.mark.parametrize(
+    ("written", "chosen", "runs"),
+    [(None, False, False), (None, True, True), (True, False, True), (False, True, False)],
+)
+def test_the_attempt_trains_with_the_preflight_s_remat_where_the_spec_leaves_it_unset(
+    written: bool | None, chosen: bool, runs: bool
+) -> None:
+    training: dict[str, Any] = {"maxSeqLen": 3072, "maxSteps": 1000, "warmupSteps": 10}
+    if written is not None:
+        training["remat"] = written
+    w = World(raw_spec(preflight={"enabled": True}, training=training))
+    w.step()
+    preflight_pod(w, "Succeeded", exit_code=0, message=report(remat=chosen))
+    p = w.step()
+    assert w.status.preflight is not None and w.status.preflight.remat is chosen
+    assert trainer_remat(p.create) is runs
+
+
+def test_without_a_preflight_an_unset_remat_trains_with_remat_on() -> None:
+    w = World(raw_spec())
+    assert trainer_remat(w.step().create) is True
 
 
 def test_a_job_that_does_not_fit_fails_with_the_fixes_and_uses_no_tpu() -> None:
