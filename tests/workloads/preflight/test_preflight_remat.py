@@ -85,6 +85,16 @@ def test_unset_remat_falls_back_to_on_where_the_step_without_it_does_not_fit(mon
     assert j["headline"].endswith("; remat on (without: 16.5 GiB per chip)")
 
 
+def test_the_preflight_keeps_remat_off_only_with_headroom(monkeypatch: pytest.MonkeyPatch) -> None:
+    # 15.3 of 15.75 GiB fits, but with less than REMAT_OFF_HEADROOM to spare: a chosen "off" must not be the
+    # attempt that runs out of memory where "on" would have run. The user's own false is kept as it fits.
+    report, compiled = preflight(monkeypatch, None, {True: 12.23, False: 15.3})
+    assert compiled == [False, True] and report.to_json()["remat"] is True
+    assert "more than 95% of a chip's HBM" in report.text()
+    report, _ = preflight(monkeypatch, False, {True: 12.23, False: 15.3})
+    assert report.to_json()["fits"] is True and report.to_json()["remat"] is False
+
+
 def test_neither_fits_the_fixes_are_for_remat_on(monkeypatch: pytest.MonkeyPatch) -> None:
     report, compiled = preflight(monkeypatch, None, {True: 20.0, False: 30.0})
     assert compiled == [False, True]
