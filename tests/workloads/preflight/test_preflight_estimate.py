@@ -146,10 +146,10 @@ def test_a_build_that_outgrows_the_chip_fails_a_job_whose_step_fits() -> None:
 def test_the_assumed_mfu_is_the_chip_generation_s_and_says_where_it_comes_from() -> None:
     figures = est.PerChip(argument_bytes=GIB, temp_bytes=GIB, output_bytes=0, flops=197e12)
     v5e = est.estimate(figures, TPU_SLICES["v5litepod-4"], 4096, 1, 10)
-    assert v5e.mfu == 0.67 and "measured on one TPU v5e chip on 2026-12-06" in v5e.mfu_source
-    assert v5e.step_seconds == pytest.approx(1 / 0.67)
+    assert v5e.mfu == 0.72 and "measured on one TPU v5e chip on 2026-12-06" in v5e.mfu_source
+    assert v5e.step_seconds == pytest.approx(1 / 0.72)
     v5p = est.estimate(figures, TPU_SLICES["v5p-8"], 4096, 1, 10)
-    assert v5p.mfu == 0.67 and v5p.mfu_source.startswith("assumed")
+    assert v5p.mfu == 0.72 and v5p.mfu_source.startswith("assumed")
     given = est.estimate(figures, TPU_SLICES["v5p-8"], 4096, 1, 10, mfu=0.5)
     assert given.mfu == 0.5 and given.mfu_source == "given (--mfu)"
 

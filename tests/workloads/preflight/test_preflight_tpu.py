@@ -71,7 +71,7 @@ def test_tpuforge_preflight_compiles_a_job_for_its_slice(tmp_path: Path) -> None
     # The model build (adapters added to the base in place) is compiled too, and needs no more than the step
     # (the tiny model's build rounds to 0.00 GiB).
     assert 0 <= report["buildGiB"] <= report["hbmPerChipGiB"]
-    assert report["assumedMFU"] == 0.67 and report["mfuSource"].startswith("assumed equal to TPU v5e's measured")
+    assert report["assumedMFU"] == 0.72 and report["mfuSource"].startswith("assumed equal to TPU v5e's measured")
 
 
 @pytest.mark.parametrize(("slice_id", "hosts"), [("v5litepod-1", 1), ("v5litepod-8", 1), ("v5litepod-16", 4)])
