@@ -80,6 +80,8 @@ class Report:
         h = h.replace(": ", ": at least ", 1) if self.lower_bound else h
         if self.remat_off is not None:
             h += f"; remat on (without: {self.remat_off.needs()} GiB per chip)"
+        elif not self.remat:  # the faster step: said, as the trainer will run it
+            h += "; remat off"
         return h
 
     def remat_line(self) -> str:

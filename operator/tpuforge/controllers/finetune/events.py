@@ -58,12 +58,16 @@ def preflight_started(slice_id: str) -> str:
     return fit(f"compiling the step for {slice_id} on CPU", f"compiling for {slice_id}")
 
 
-def preflight_result(headline: str, fits: bool, hbm_gib: float, capacity_gib: float, tokens_per_s: float) -> str:
-    """The report's headline (fits: 31.2 of 95 GiB per chip; ~2,900 tok/s at 8% MFU), shorter if need be."""
+def preflight_result(
+    headline: str, fits: bool, hbm_gib: float, capacity_gib: float, tokens_per_s: float, remat: bool | None = None
+) -> str:
+    """The report's headline (fits: 31.2 of 95 GiB per chip; ~2,900 tok/s at 8% MFU), shorter if need be;
+    the shorter forms keep "remat off" where the step runs without it (the preflight's choice, or the user's)."""
     verdict = "fits" if fits else "does not fit"
     figures = f"{hbm_gib:,.1f}/{display.hbm_gib(capacity_gib)} GiB/chip"
     speed = f"; ~{tokens_per_s:,.0f} tok/s" if tokens_per_s else ""
-    return fit(headline, f"{verdict} {figures}{speed}", f"{verdict} {figures}", verdict)
+    off = "; remat off" if remat is False else ""
+    return fit(headline, f"{verdict} {figures}{speed}{off}", f"{verdict} {figures}{off}", verdict)
 
 
 def preflight_failed() -> str:

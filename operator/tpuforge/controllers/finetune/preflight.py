@@ -12,7 +12,7 @@ Preflight True is stored in the status, so an operator that restarts never compi
 
 from __future__ import annotations
 
-from tpuforge.api import PreflightStatus, cost
+from tpuforge.api import PreflightStatus, cost, resolved_remat
 from tpuforge.api import finetune_reasons as c
 from tpuforge.api.constants import EXIT_DOES_NOT_FIT
 from tpuforge.controllers.finetune import events as ev
@@ -126,6 +126,7 @@ def finished(ctx: Ctx, job: JobView, pod: PodView) -> Outcome | None:
         found.hbm_per_chip_gib or 0.0,
         found.hbm_capacity_gib or 0.0,
         found.estimated_tokens_per_second or 0.0,
+        resolved_remat(ctx.spec.training, found),  # as the attempts will train
     )
     if found.fits:
         ctx.condition(c.PREFLIGHT, "True", c.FITS, c.preflight_fits(headline, found.topology, found.compile_seconds))

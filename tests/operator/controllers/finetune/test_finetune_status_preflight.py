@@ -108,6 +108,9 @@ def test_the_attempt_trains_with_the_preflight_s_remat_where_the_spec_leaves_it_
     p = w.step()
     assert w.status.preflight is not None and w.status.preflight.remat is chosen
     assert trainer_remat(p.create) is runs
+    said = [text for _, reason, text in w.events if reason == "Preflight" and text.startswith("fits")]
+    # The Event says "remat off" where the attempts train without it (the speed gives way in its line).
+    assert said == ["fits 31.2/95 GiB/chip; " + ("~2,900 tok/s" if runs else "remat off")]
 
 
 def test_without_a_preflight_an_unset_remat_trains_with_remat_on() -> None:
