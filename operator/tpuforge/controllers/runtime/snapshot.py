@@ -41,6 +41,14 @@ class Snapshot:
         }
 
 
+def job_object(job: Snapshot | None) -> dict[str, Any] | None:
+    """A FineTuneJob as another object's resolution reads it (tpuforge.api.job_models: metadata, spec, status)."""
+    if job is None:
+        return None
+    meta = {"namespace": job.namespace, "name": job.name, "uid": job.uid}
+    return {"metadata": meta, "spec": job.spec, "status": job.status}
+
+
 def object_key(body: Mapping[str, Any]) -> Key:
     """(namespace, uid): how the informer of FineTuneJobs keys them."""
     meta = body.get("metadata") or {}
