@@ -59,7 +59,7 @@ from tpuforge.controllers.finetune.plan import ChildRef, Event, Observed, Plan, 
 from tpuforge.controllers.runtime import defaults
 from tpuforge.controllers.runtime.controller import Controller
 from tpuforge.controllers.runtime.informer import Informer
-from tpuforge.controllers.runtime.snapshot import Snapshot, job_object, object_key
+from tpuforge.controllers.runtime.snapshot import Snapshot, job_object, model_view, object_key
 from tpuforge.kube import async_client as kube_async
 from tpuforge.kube import client as kube_client
 from tpuforge.manifests.common import LABEL_OWNER_UID
@@ -216,6 +216,8 @@ class FineTuneJobController:
             self.by_name[name] = after
         elif self.by_name.get(name) is before:
             self.by_name.pop(name, None)
+        if before is not None and after is not None and model_view(before) == model_view(after):
+            return
         for waiter in self.waiting.pop(name, set()):
             self.harness.queue.request(waiter)
 
@@ -333,9 +335,12 @@ class FineTuneJobController:
         await kube_api.post_event(snap.ref, event.type, event.reason, event.message)
 
     def forget(self, key: Key, snap: Snapshot) -> None:
-        """A deleted FineTuneJob: its metric series, and the children this controller remembers creating."""
+        """A deleted FineTuneJob: its metric series, the children this controller remembers creating, and its
+        wait for another job's model."""
         metrics.forget_finetunejob(snap.namespace, snap.name)
         self._created = {k: t for k, t in self._created.items() if k[0] != key[1]}
+        for waiters in self.waiting.values():
+            waiters.discard(key)
 
 
 def webhooks_answer(before: FineTuneJobStatus, status: FineTuneJobStatus) -> None:

@@ -32,7 +32,7 @@ from tpuforge.api.constants import SERVING_KIND
 from tpuforge.controllers.runtime import defaults
 from tpuforge.controllers.runtime.controller import Controller
 from tpuforge.controllers.runtime.informer import Informer
-from tpuforge.controllers.runtime.snapshot import Snapshot, finetunejob_informer, job_object, name_key
+from tpuforge.controllers.runtime.snapshot import Snapshot, finetunejob_informer, job_object, model_view, name_key
 from tpuforge.controllers.serving import adapters as adapters
 from tpuforge.controllers.serving import plan as plan
 from tpuforge.controllers.serving.children import Children, ChildTerminating
@@ -263,20 +263,3 @@ def adapter_requeue(status: api.ServingDeploymentStatus | None) -> float | None:
     if api.AdapterPhase.FAILED in phases:
         return ADAPTER_RETRY_SECONDS
     return ADAPTER_RESYNC_SECONDS
-
-
-def model_view(job: Snapshot) -> tuple[str, ...]:
-    """What `resolve_model` and `adapters.resolve_adapter` read of a FineTuneJob."""
-    status, spec = job.status, job.spec
-    outputs, evaluation = status.get("outputs") or {}, status.get("evaluation") or {}
-    return (
-        job.uid,
-        str(status.get("phase") or ""),
-        str(outputs.get("mergedModelUri") or ""),
-        str(outputs.get("adapterUri") or ""),
-        str(evaluation.get("passed")),
-        str(status.get("completionTime") or ""),
-        str((spec.get("model") or {}).get("name") or ""),
-        str((spec.get("lora") or {}).get("rank") or ""),
-        str(spec.get("evaluation") is not None),
-    )
