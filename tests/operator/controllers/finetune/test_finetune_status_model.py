@@ -15,7 +15,8 @@ from tpuforge.api import finetune_reasons as c
 from tpuforge.api.constants import CONFIG_FILE
 from tpuforge.controllers.finetune import starting_model
 from tpuforge.controllers.finetune.events import NO_MODEL_YET
-from tpuforge.manifests.finetune_common import merge_job_name
+from tpuforge.manifests.finetune_common import merge_job_name, owner
+from tpuforge.manifests.preflight import preflight_config_map
 
 SFT = "gemma-sft"
 MERGED = "gs://b/jobs/gemma-sft/merged"
@@ -70,6 +71,14 @@ def test_the_pods_configs_read_the_resolved_model() -> None:
     assert api.train_config("team-a", "dpo", spec).model_uri == MERGED
     assert api.merge_config("team-a", "dpo", spec).base_model_uri == MERGED
     assert spec.to_wire()["model"] == {"name": "gemma4-31b", "fineTuneJobRef": {"name": SFT}}
+
+
+def test_the_preflight_and_the_evaluation_read_the_resolved_model() -> None:
+    raw = dpo_spec() | {"evaluation": {"datasetUri": "gs://b/data/eval.jsonl"}}
+    spec = starting_model.located(api.parse(api.FineTuneJobSpec, raw), MERGED)
+    preflight = preflight_config_map(owner("team-a", "dpo", "uid-1"), spec)
+    assert json.loads(preflight["data"][CONFIG_FILE])["modelUri"] == MERGED
+    assert api.eval_config("team-a", "dpo", spec).base_model_uri == MERGED
 
 
 def test_an_unresolved_reference_renders_no_config() -> None:
