@@ -64,12 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         namespace, name, spec = load_job(args.file)
-    except SpecError as e:
+        config = train_config(namespace, name, spec).model_copy(
+            update={"job": None, "metrics_port": 0, "compile_cache_uri": args.compile_cache}
+        )
+    except (SpecError, ValueError) as e:  # ValueError: a fineTuneJobRef, which only the operator resolves
         print(f"tpuforge preflight: {e}", file=sys.stderr)
         return 2
-    config = train_config(namespace, name, spec).model_copy(
-        update={"job": None, "metrics_port": 0, "compile_cache_uri": args.compile_cache}
-    )
     with tempfile.TemporaryDirectory(prefix="tpuforge-preflight-") as tmp:
         path = Path(tmp) / "train.json"
         path.write_text(json.dumps(config.model_dump(mode="json", by_alias=True)))

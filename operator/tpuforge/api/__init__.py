@@ -1,7 +1,7 @@
 """The contract between the operator and the workloads: both kinds' spec and status, the catalogs, the pod
 configs, and validation. Depends on pydantic only."""
 
-from tpuforge.api.base import PodResources
+from tpuforge.api.base import FineTuneJobRef, PodResources
 from tpuforge.api.catalog import MODELS, TPU_SLICES, ModelShape, TpuSlice, model_shape, tpu_slice
 from tpuforge.api.code_eval import CheckerSpec, CodeEvalSpec, ConfidenceInterval, pass_at_metric
 from tpuforge.api.conditions import Condition, now_rfc3339, set_condition
@@ -55,6 +55,7 @@ from tpuforge.api.finetune_status import (
     EvaluationStatus,
     FineTuneJobStatus,
     FineTunePhase,
+    ModelStatus,
     Outputs,
     PreferenceProgress,
     Progress,
@@ -67,7 +68,6 @@ from tpuforge.api.serving import (
     AdapterPhase,
     AdapterSource,
     AdapterStatus,
-    FineTuneJobRef,
     LoraServingSpec,
     PromotionSpec,
     ServingDeploymentSpec,
@@ -128,6 +128,7 @@ __all__ = [
     "MeshSpec",
     "ModelRef",
     "ModelShape",
+    "ModelStatus",
     "OutputSpec",
     "Outputs",
     "PodResources",

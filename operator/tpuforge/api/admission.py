@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from tpuforge.api.catalog import TPU_SLICES
 from tpuforge.api.code_eval import PASS_AT_K, CodeEvalSpec
 from tpuforge.api.constants import CPU_SLICE, GKE_SPOT, GKE_TPU_ACCELERATOR, GKE_TPU_TOPOLOGY, INSTANCE_TYPE
-from tpuforge.api.finetune import DatasetRef, EvaluationSpec, FineTuneJobSpec, TpuSpec, TrainingSpec
+from tpuforge.api.finetune import DatasetRef, EvaluationSpec, FineTuneJobSpec, ModelRef, TpuSpec, TrainingSpec
 from tpuforge.api.scheduling import PodScheduling, Toleration
 from tpuforge.api.serving import (
     AdapterSource,
@@ -233,6 +233,12 @@ ADMISSION_RULES: dict[type[BaseModel], tuple[AdmissionRule, ...]] = {
             ".mesh.tp",
         ),
         *TPU_SCHEDULING_RULES,
+    ),
+    ModelRef: (
+        AdmissionRule(
+            "has(self.uri) != has(self.fineTuneJobRef)",
+            "set exactly one of spec.model.uri and spec.model.fineTuneJobRef",
+        ),
     ),
     DatasetRef: (
         AdmissionRule(

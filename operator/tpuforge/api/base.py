@@ -41,3 +41,7 @@ class PodResources(ApiModel):
     memory: str | None = Field(
         default=None, description="Memory request, e.g. 96Gi; unset: derived from the model's size."
     )
+
+
+class FineTuneJobRef(ApiModel):
+    name: str = Field(description="A FineTuneJob in the same namespace, by name.")

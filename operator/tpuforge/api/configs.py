@@ -181,7 +181,7 @@ def train_config(namespace: str, name: str, spec: FineTuneJobSpec, attempt: int 
         job=JobRef(namespace=namespace, name=name),
         attempt=attempt,
         model_name=spec.model.name,
-        model_uri=spec.model.uri,
+        model_uri=spec.model.location,
         dataset_uri=spec.dataset.uri,
         eval_uri=spec.dataset.eval_uri,
         data=spec.dataset.options(),
@@ -210,7 +210,7 @@ def merge_config(namespace: str, name: str, spec: FineTuneJobSpec, step: int | N
     return MergeConfig(
         job=JobRef(namespace=namespace, name=name),
         model_name=spec.model.name,
-        base_model_uri=spec.model.uri,
+        base_model_uri=spec.model.location,
         checkpoint_uri=spec.checkpoint.uri,
         step=step,
         select=spec.checkpoint.select,
@@ -262,7 +262,7 @@ def eval_config(namespace: str, name: str, spec: FineTuneJobSpec) -> EvalConfig:
     return EvalConfig(
         job=JobRef(namespace=namespace, name=name),
         model_name=spec.model.name,
-        base_model_uri=spec.model.uri,
+        base_model_uri=spec.model.location,
         adapter_uri=adapter_uri(spec),
         checkpoint_uri=spec.checkpoint.uri,
         dataset_uri=dataset,

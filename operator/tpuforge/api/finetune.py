@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
-from tpuforge.api.base import ApiModel, PodResources
+from tpuforge.api.base import ApiModel, FineTuneJobRef, PodResources
 from tpuforge.api.catalog import GEMMA4_LORA_TARGETS, MODELS, Dtype
 from tpuforge.api.code_eval import CHECK_RUNNER_MEMORY, CodeEvalSpec, quantity_bytes
 from tpuforge.api.constants import (
@@ -28,12 +28,42 @@ class ModelRef(ApiModel):
     name: str = Field(
         default="gemma4-31b",
         description="Model catalog id (gemma4-31b, or gemma4-tiny and gemma4-tiny-mm for tests; the catalog in "
-        "docs/api.md lists each model's stages): fixes the head counts and the default LoRA targets.",
+        "docs/api.md lists each model's stages): fixes the head counts and the default LoRA targets. With "
+        "fineTuneJobRef it must equal that job's spec.model.name.",
     )
-    uri: str = Field(
+    uri: str | None = Field(
+        default=None,
         description="gs:// directory of the base model in HuggingFace layout: *.safetensors (+ index), "
-        "config.json, tokenizer."
+        "config.json, tokenizer.",
     )
+    fine_tune_job_ref: FineTuneJobRef | None = Field(
+        default=None,
+        description="Start from this FineTuneJob's merged model instead of a uri, once that job has Succeeded "
+        "(it is also the reference model of the DPO and GRPO terms). The job waits until then; the URI it "
+        "resolved to is kept in status.model.",
+    )
+    _resolved_uri: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> ModelRef:
+        if (self.uri is None) == (self.fine_tune_job_ref is None):
+            raise ValueError("set exactly one of spec.model.uri and spec.model.fineTuneJobRef")
+        return self
+
+    def resolved(self, uri: str) -> ModelRef:
+        """This reference with fineTuneJobRef's merged model found at `uri` (the operator's, from status.model)."""
+        copy = self.model_copy()
+        copy._resolved_uri = uri
+        return copy
+
+    @property
+    def location(self) -> str:
+        """Where the base model is read from: uri, or the merged model fineTuneJobRef resolved to."""
+        found = self.uri or self._resolved_uri
+        if found is None:
+            assert self.fine_tune_job_ref is not None
+            raise ValueError(f"spec.model.fineTuneJobRef {self.fine_tune_job_ref.name!r} is not resolved yet")
+        return found
 
 
 DatasetFormat = Literal["jsonl", "parquet"]

@@ -29,6 +29,7 @@ QUEUED = "Queued"
 PENDING = "Pending"
 JOBSET_NOT_INSTALLED = "JobSetNotInstalled"
 WAITING_FOR_PREVIOUS_ATTEMPT = "WaitingForPreviousAttempt"
+WAITING_FOR_MODEL = "WaitingForModel"  # spec.model.fineTuneJobRef's job has no merged model yet
 RUNNING = "Running"
 UNSCHEDULABLE = "Unschedulable"
 COMPLETED = "Completed"
@@ -85,6 +86,10 @@ INVALID_SPEC = "InvalidSpec"
 DEADLINE_EXCEEDED = "DeadlineExceeded"
 TRAINING_FAILED = "TrainingFailed"
 TOO_MANY_PREEMPTIONS = "TooManyPreemptions"
+# spec.model.fineTuneJobRef names a job that will give no model to start from.
+MODEL_JOB_FAILED = "ModelJobFailed"
+NO_MERGED_MODEL = "NoMergedModel"
+MODEL_MISMATCH = "ModelMismatch"
 EVALUATION_RESULT_MISSING = "EvaluationResultMissing"
 EVALUATION_RESULT_UNREADABLE = "EvaluationResultUnreadable"
 
@@ -143,6 +148,38 @@ def no_jobset(slice_id: str, hosts: int) -> str:
         f"{slice_id} spans {hosts} hosts, and multi-host training runs as a JobSet "
         f"({JOBSET_API_VERSION}), which this cluster does not serve: install JobSet ({JOBSET_INSTALL_URL}); "
         "the job starts once it is installed"
+    )
+
+
+def model_job_missing(job: str) -> str:
+    return (
+        f"waiting for FineTuneJob {job!r} (spec.model.fineTuneJobRef), which does not exist in this namespace: "
+        "the job starts from its merged model once it has Succeeded"
+    )
+
+
+def waiting_for_model(job: str, phase: str | None) -> str:
+    return (
+        f"waiting for FineTuneJob {job!r} (spec.model.fineTuneJobRef, now {phase or 'not started'}) to succeed: "
+        "the job starts from its merged model"
+    )
+
+
+def model_job_failed(job: str) -> str:
+    return f"FineTuneJob {job!r} (spec.model.fineTuneJobRef) failed: there is no model to start from"
+
+
+def no_merged_model(job: str) -> str:
+    return (
+        f"FineTuneJob {job!r} (spec.model.fineTuneJobRef) succeeded without a merged model (its spec.merge.enabled "
+        "is false): there is no model to start from"
+    )
+
+
+def model_mismatch(job: str, theirs: str, ours: str) -> str:
+    return (
+        f"spec.model.name is {ours!r} but FineTuneJob {job!r} (spec.model.fineTuneJobRef) has spec.model.name "
+        f"{theirs!r}: they must be equal, its merged model is a {theirs} model"
     )
 
 

@@ -144,6 +144,14 @@ class Restarts(StatusModel):
     preemptions: int = 0
 
 
+class ModelStatus(StatusModel):
+    """The model spec.model.fineTuneJobRef resolved to, kept for the job's life: every attempt, the merge and the
+    evaluation read this base even if that job is deleted or runs again."""
+
+    fine_tune_job: str = Field(description="The FineTuneJob whose merged model this job starts from.")
+    uri: str = Field(description="That job's merged model (status.outputs.mergedModelUri) when it was resolved.")
+
+
 class Outputs(StatusModel):
     checkpoint_uri: str | None = None
     merged_model_uri: str | None = None
@@ -266,6 +274,9 @@ class FineTuneJobStatus(StatusModel):
     )
     start_time: str | None = None
     completion_time: str | None = None
+    model: ModelStatus | None = Field(
+        default=None, description="With spec.model.fineTuneJobRef: the merged model that job resolved to."
+    )
     outputs: Outputs | None = None
     checkpoint: CheckpointStatus | None = Field(
         default=None, description="The checkpoint step the merge and the evaluation use, and why (once trained)."

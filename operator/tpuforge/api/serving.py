@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from tpuforge.api.base import ApiModel, PodResources, StatusModel
+from tpuforge.api.base import ApiModel, FineTuneJobRef, PodResources, StatusModel
 from tpuforge.api.conditions import Condition
 from tpuforge.api.constants import DEFAULT_MERGER_IMAGE, DEFAULT_VLLM_IMAGE, MULTIMODAL_MAX_NUM_BATCHED_TOKENS
 from tpuforge.api.images import (
@@ -18,10 +18,6 @@ from tpuforge.api.images import (
     SecretName,
 )
 from tpuforge.api.scheduling import PodScheduling
-
-
-class FineTuneJobRef(ApiModel):
-    name: str = Field(description="A FineTuneJob in the same namespace; its merged model is served.")
 
 
 class ServingModel(ApiModel):

@@ -38,7 +38,7 @@ def read_jobs(s: DemoSession) -> None:
 def write_inputs(s: DemoSession) -> None:
     """The tiny Gemma 4 (Verilog tokenizer) and both jobs' problems in GCS; one problem as the model sees it."""
     start = s.jobs[0]
-    setup.write_model(s, start.spec.model.name, start.spec.model.uri, tokenizer="verilog")
+    setup.write_model(s, start.spec.model.name, start.spec.model.location, tokenizer="verilog")
     for job in s.jobs:
         local = s.root / setup.DATA / job.spec.dataset.uri.rsplit("/", 1)[-1]
         if not local.exists():

@@ -72,7 +72,7 @@ def job_from_body(path: Path, body: dict[str, Any], bucket: str) -> DemoJob:
     """A FineTuneJob document of `path`, checked: its spec, and every URI in the sandbox's bucket."""
     spec = parse_spec(path, FineTuneJobSpec, body)
     for field, uri in (
-        ("spec.model.uri", spec.model.uri),
+        ("spec.model.uri", spec.model.location),
         ("spec.dataset.uri", spec.dataset.uri),
         ("spec.checkpoint.uri", spec.checkpoint.uri),
         ("spec.output.uri", spec.output.uri),

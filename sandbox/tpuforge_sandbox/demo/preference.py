@@ -51,7 +51,7 @@ def write_inputs(s: DemoSession) -> None:
     job = s.job
     assert job is not None
     spec = job.spec
-    write_model(s, spec.model.name, spec.model.uri)
+    write_model(s, spec.model.name, spec.model.location)
     local = s.root / DATA / spec.dataset.uri.rsplit("/", 1)[-1]
     if not local.exists():
         raise DemoError(f"{s.scenario.jobs_yaml}: {spec.dataset.uri} should be {local}, which does not exist")
@@ -126,7 +126,7 @@ def compare(s: DemoSession) -> None:
     s.say(trainer_record(s.statuses.get(job.name) or {}))
     args = ["-m", TOOL, "--pairs", spec.dataset.uri, "--eval-fraction", str(spec.dataset.eval_fraction)]
     args += ["--split-seed", str(spec.dataset.split_seed), "--max-seq-len", str(spec.training.max_seq_len)]
-    args += ["--model", f"start={spec.model.uri}", "--model", f"tuned={spec.output.uri}"]
+    args += ["--model", f"start={spec.model.location}", "--model", f"tuned={spec.output.uri}"]
     out = run_tool(s, args, "scoring the held-out pairs with both models")
     rows = {r["model"]: r for r in map(json.loads, out.splitlines())}
     start, tuned = rows["start"], rows["tuned"]

@@ -153,7 +153,7 @@ def show_verification(s: DemoSession, job: DemoJob) -> None:
 def compare(s: DemoSession) -> None:
     job = s.job
     assert job is not None
-    args = ["-m", "tpuforge_workloads.evaluate.compare", "--model", f"base={job.spec.model.uri}"]
+    args = ["-m", "tpuforge_workloads.evaluate.compare", "--model", f"base={job.spec.model.location}"]
     args += ["--model", f"fine-tuned={job.spec.output.uri}", *PROMPTS]
     out = run_tool(s, args, "loading both models and generating")
     answers = {(r["model"], r["prompt"]): r["answer"] for r in map(json.loads, out.splitlines())}

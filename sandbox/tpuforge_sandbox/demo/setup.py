@@ -119,7 +119,7 @@ def write_inputs(s: DemoSession) -> None:
     """The job's tiny model and the demo's chat dataset, for the (first) job."""
     assert s.job is not None
     spec, url = s.job.spec, s.sb.gcs_url
-    write_model(s, spec.model.name, spec.model.uri)
+    write_model(s, spec.model.name, spec.model.location)
     data = (s.root / DATASET).read_bytes()
     gcs_objects.upload(url, spec.dataset.uri, data)
     first = json.loads(data.splitlines()[0])["messages"]

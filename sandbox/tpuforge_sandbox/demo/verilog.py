@@ -37,7 +37,7 @@ def check_needs(s: DemoSession) -> None:
 
 
 def write_inputs(s: DemoSession) -> None:
-    for name, uri in sorted({(j.spec.model.name, j.spec.model.uri) for j in s.jobs}):
+    for name, uri in sorted({(j.spec.model.name, j.spec.model.location) for j in s.jobs}):
         write_model(s, name, uri, tokenizer="verilog")
     upload_data(s)
     first = json.loads(gcs_objects.read(s.sb.gcs_url, s.jobs[0].spec.dataset.uri).splitlines()[0])

@@ -41,6 +41,7 @@ class Observed:
     workloads: tuple[WorkloadView, ...] = ()  # Kueue's, of the jobs above (none where Kueue is not installed)
     deleting: bool = False
     jobset_served: bool = True  # the cluster serves JobSets (their CRD is installed)
+    model_job: Obj | None = None  # the FineTuneJob spec.model.fineTuneJobRef names, when it exists
 
 
 @dataclass(frozen=True)

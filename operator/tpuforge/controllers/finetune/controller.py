@@ -59,7 +59,7 @@ from tpuforge.controllers.finetune.plan import ChildRef, Event, Observed, Plan, 
 from tpuforge.controllers.runtime import defaults
 from tpuforge.controllers.runtime.controller import Controller
 from tpuforge.controllers.runtime.informer import Informer
-from tpuforge.controllers.runtime.snapshot import Snapshot, object_key
+from tpuforge.controllers.runtime.snapshot import Snapshot, job_object, model_view, object_key
 from tpuforge.kube import async_client as kube_async
 from tpuforge.kube import client as kube_client
 from tpuforge.manifests.common import LABEL_OWNER_UID
@@ -183,6 +183,10 @@ class FineTuneJobController:
         )
         self.harness.informers += [self.jobs, self.jobsets, self.pods, self.configs, self.workloads]
         self._created: dict[tuple[str, str, str], float] = {}  # (owner uid, kind, name) -> when
+        self.by_name: dict[Key, Snapshot] = {}  # FineTuneJobs by (namespace, name): what others start from
+        # (namespace, job name) -> the jobs that wait for its merged model (spec.model.fineTuneJobRef).
+        self.waiting: dict[Key, set[Key]] = {}
+        self.finetunejobs.listen(self.finetunejob_changed)
 
     @property
     def finetunejobs(self) -> Informer[Key, Snapshot]:
@@ -201,6 +205,32 @@ class FineTuneJobController:
         owner = self.jobs.owner_of(job_uid) or self.jobsets.owner_of(job_uid)
         if owner is not None:
             self.harness.queue.request(owner)
+
+    def finetunejob_changed(self, _key: Key, before: Snapshot | None, after: Snapshot | None) -> None:
+        """Keep the jobs by name, and wake the jobs that wait for this one's model."""
+        job = after or before
+        if job is None:
+            return
+        name = (job.namespace, job.name)
+        if after is not None:
+            self.by_name[name] = after
+        elif self.by_name.get(name) is before:
+            self.by_name.pop(name, None)
+        if before is not None and after is not None and model_view(before) == model_view(after):
+            return
+        for waiter in self.waiting.pop(name, set()):
+            self.harness.queue.request(waiter)
+
+    def model_job(self, key: Key, snap: Snapshot) -> Obj | None:
+        """The FineTuneJob spec.model.fineTuneJobRef names, until status.model keeps what it resolved to; a
+        job that looks it up is woken by its next change."""
+        ref = (snap.spec.get("model") or {}).get("fineTuneJobRef") or {}
+        kept = (snap.status.get("model") or {}).get("fineTuneJob")
+        if not ref.get("name") or kept == ref["name"]:
+            return None
+        name = (snap.namespace, ref["name"])
+        self.waiting.setdefault(name, set()).add(key)
+        return job_object(self.by_name.get(name))
 
     def observe(self, key: Key, snap: Snapshot) -> Observed:
         """The object (`snap`, as the harness has it) and its children, from memory."""
@@ -223,6 +253,7 @@ class FineTuneJobController:
             workloads=tuple(w for j in jobs for w in self.workloads.get((snap.namespace, j.uid))),
             deleting=snap.deleting,
             jobset_served=self.jobsets.served,
+            model_job=self.model_job(key, snap),
         )
 
     async def reconcile(self, key: Key, snap: Snapshot) -> float | None:
@@ -304,9 +335,12 @@ class FineTuneJobController:
         await kube_api.post_event(snap.ref, event.type, event.reason, event.message)
 
     def forget(self, key: Key, snap: Snapshot) -> None:
-        """A deleted FineTuneJob: its metric series, and the children this controller remembers creating."""
+        """A deleted FineTuneJob: its metric series, the children this controller remembers creating, and its
+        wait for another job's model."""
         metrics.forget_finetunejob(snap.namespace, snap.name)
         self._created = {k: t for k, t in self._created.items() if k[0] != key[1]}
+        for waiters in self.waiting.values():
+            waiters.discard(key)
 
 
 def webhooks_answer(before: FineTuneJobStatus, status: FineTuneJobStatus) -> None:

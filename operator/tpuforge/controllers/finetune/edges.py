@@ -21,6 +21,7 @@ what else a change records (the attempt, the times, the Jobs stopped).
     any phase not ended                    invalid-spec, deadline-exceeded, does-not-fit, preflight-failed,
                                            attempt-rejected, too-many-preemptions, training-failed,
                                            merge-failed            Failed
+    (new), Pending, Preflight, Queued      no-model                Failed (spec.model.fineTuneJobRef gives none)
 
 Where a stage's step runs while its Job waits in Kueue (Queued), that stage's edges leave Queued too.
 """
@@ -68,6 +69,7 @@ Edge = Literal[
     "too-many-preemptions",
     "training-failed",
     "merge-failed",
+    "no-model",
 ]
 
 
@@ -171,6 +173,7 @@ _EDGES: tuple[tuple[tuple[Phase, ...], Edge, Transition], ...] = (
     (ATTEMPT, "too-many-preemptions", _failed(c.TOO_MANY_PREEMPTIONS)),
     (ATTEMPT, "training-failed", _failed(c.TRAINING_FAILED)),
     ((P.MERGING, P.QUEUED), "merge-failed", _failed(c.MERGE_FAILED)),
+    ((None, P.PENDING, P.PREFLIGHT, P.QUEUED), "no-model", _failed(None)),
 )
 
 

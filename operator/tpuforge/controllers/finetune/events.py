@@ -27,6 +27,7 @@ FAILED = c.FAILED
 SPEC_FROZEN = "SpecFrozen"
 NO_JOBSET = "NoJobSet"
 EARLY_STOP = "EarlyStop"
+NO_MODEL_YET = "NoModelYet"
 REASONS = (
     CREATED,
     PREFLIGHT,
@@ -46,6 +47,7 @@ REASONS = (
     SPEC_FROZEN,
     NO_JOBSET,
     EARLY_STOP,
+    NO_MODEL_YET,
 )
 
 
@@ -292,3 +294,11 @@ def webhook_down(webhook: str) -> str:
 
 def no_jobset(slice_id: str) -> str:
     return fit(f"{slice_id} needs JobSet: install it", "multi-host needs JobSet installed")
+
+
+def waiting_for_model(job: str) -> str:
+    return fit(f"waiting for {job}'s merged model", "waiting for the model's job")
+
+
+def no_model(job: str) -> str:
+    return fit(f"no model to start from in {job}", "no model to start from")

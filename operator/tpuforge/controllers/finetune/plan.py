@@ -10,6 +10,7 @@ Where each decision lives (one module per phase, each a handful of functions ove
 
     context      Observed, Plan, and the context the decisions share (Base; Ctx adds the spec)
     spec         the spec a job runs with: invalid specs, frozen fields after the start
+    starting_model  spec.model.fineTuneJobRef: another job's merged model, waited for, then kept (status.model)
     machine      which step follows which: the table from a phase's outcome to what begins next
     edges        every phase change: the one table (phase, edge) -> transition, and `move`, which alone sets it
     outcomes     what a phase's step can end in
@@ -49,6 +50,7 @@ from tpuforge.controllers.finetune import machine as machine
 from tpuforge.controllers.finetune import policies as policies
 from tpuforge.controllers.finetune import queue as queue
 from tpuforge.controllers.finetune import spec as spec_changes
+from tpuforge.controllers.finetune import starting_model as starting_model
 from tpuforge.controllers.finetune.context import Base, ChildRef, Event, Obj, Observed, Plan
 from tpuforge.controllers.finetune.policies import eta_seconds, tpu_hours
 
@@ -89,6 +91,7 @@ def run(b: Base) -> None:
         b.stop_children()  # a finished job holds no slice
     else:
         ctx = spec_changes.resolve(b)  # None: the spec is invalid and the job has failed
+        ctx = starting_model.locate(ctx) if ctx is not None else None  # None: no model yet, or never
         if ctx is not None and rerun:
             evaluation.again(ctx)
         elif ctx is not None and not policies.end_past_deadline(ctx):
@@ -112,6 +115,7 @@ OWNED_FIELDS = (
     "attempts",
     "startTime",
     "completionTime",
+    "model",
     "outputs",
     "checkpoint",
     "evaluation",

@@ -41,6 +41,32 @@ class Snapshot:
         }
 
 
+def job_object(job: Snapshot | None) -> dict[str, Any] | None:
+    """A FineTuneJob as another object's resolution reads it (tpuforge.api.job_models: metadata, spec, status)."""
+    if job is None:
+        return None
+    meta = {"namespace": job.namespace, "name": job.name, "uid": job.uid}
+    return {"metadata": meta, "spec": job.spec, "status": job.status}
+
+
+def model_view(job: Snapshot) -> tuple[str, ...]:
+    """What the resolutions of a FineTuneJob's outputs read of it (a ServingDeployment's model and adapters, another
+    FineTuneJob's starting model): a change elsewhere in it changes none of them."""
+    status, spec = job.status, job.spec
+    outputs, evaluation = status.get("outputs") or {}, status.get("evaluation") or {}
+    return (
+        job.uid,
+        str(status.get("phase") or ""),
+        str(outputs.get("mergedModelUri") or ""),
+        str(outputs.get("adapterUri") or ""),
+        str(evaluation.get("passed")),
+        str(status.get("completionTime") or ""),
+        str((spec.get("model") or {}).get("name") or ""),
+        str((spec.get("lora") or {}).get("rank") or ""),
+        str(spec.get("evaluation") is not None),
+    )
+
+
 def object_key(body: Mapping[str, Any]) -> Key:
     """(namespace, uid): how the informer of FineTuneJobs keys them."""
     meta = body.get("metadata") or {}

@@ -32,7 +32,7 @@ from tpuforge.api.constants import SERVING_KIND
 from tpuforge.controllers.runtime import defaults
 from tpuforge.controllers.runtime.controller import Controller
 from tpuforge.controllers.runtime.informer import Informer
-from tpuforge.controllers.runtime.snapshot import Snapshot, finetunejob_informer, name_key
+from tpuforge.controllers.runtime.snapshot import Snapshot, finetunejob_informer, job_object, model_view, name_key
 from tpuforge.controllers.serving import adapters as adapters
 from tpuforge.controllers.serving import plan as plan
 from tpuforge.controllers.serving.children import Children, ChildTerminating
@@ -62,14 +62,6 @@ def referenced_jobs(spec: Mapping[str, Any]) -> set[str]:
     refs = [((spec.get("model") or {}).get("fineTuneJobRef") or {}).get("name")]
     refs += [(a.get("fineTuneJobRef") or {}).get("name") for a in spec.get("adapters") or []]
     return {ref for ref in refs if ref}
-
-
-def job_object(job: Snapshot | None) -> Obj | None:
-    """A FineTuneJob as resolve_model and resolve_adapter read it."""
-    if job is None:
-        return None
-    meta = {"namespace": job.namespace, "name": job.name, "uid": job.uid}
-    return {"metadata": meta, "spec": job.spec, "status": job.status}
 
 
 class ServingDeploymentController:
@@ -271,20 +263,3 @@ def adapter_requeue(status: api.ServingDeploymentStatus | None) -> float | None:
     if api.AdapterPhase.FAILED in phases:
         return ADAPTER_RETRY_SECONDS
     return ADAPTER_RESYNC_SECONDS
-
-
-def model_view(job: Snapshot) -> tuple[str, ...]:
-    """What `resolve_model` and `adapters.resolve_adapter` read of a FineTuneJob."""
-    status, spec = job.status, job.spec
-    outputs, evaluation = status.get("outputs") or {}, status.get("evaluation") or {}
-    return (
-        job.uid,
-        str(status.get("phase") or ""),
-        str(outputs.get("mergedModelUri") or ""),
-        str(outputs.get("adapterUri") or ""),
-        str(evaluation.get("passed")),
-        str(status.get("completionTime") or ""),
-        str((spec.get("model") or {}).get("name") or ""),
-        str((spec.get("lora") or {}).get("rank") or ""),
-        str(spec.get("evaluation") is not None),
-    )

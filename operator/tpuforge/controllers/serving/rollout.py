@@ -9,6 +9,7 @@ from typing import Any
 
 from tpuforge import api
 from tpuforge.api import serving_reasons as sr
+from tpuforge.api.job_models import job_model
 from tpuforge.manifests import serving as manifests
 
 Obj = dict[str, Any]
@@ -41,20 +42,16 @@ def resolve_model(spec: api.ServingDeploymentSpec, job: Obj | None) -> ModelSour
             reason=sr.FINETUNEJOB_NOT_FOUND,
             message=sr.job_not_found(ref.name),
         )
-    model_id = spec.model.name or job.get("spec", {}).get("model", {}).get("name")
-    status = api.FineTuneJobStatus.model_validate(job.get("status") or {})
-    merged = status.outputs.merged_model_uri if status.outputs else None
-    if status.phase == api.FineTunePhase.SUCCEEDED and merged:
-        meta = job.get("metadata", {})
-        # The same output URI can hold a newer model after the job runs again: the revision tells them apart.
-        revision = f"{meta.get('uid', '')}/{status.completion_time or ''}"
+    found = job_model(job)
+    model_id = spec.model.name or found.name
+    if found.uri is not None:
         return ModelSource(
-            uri=merged,
+            uri=found.uri,
             model_id=model_id,
-            revision=revision,
-            message=sr.serving_merged(ref.name, merged),
+            revision=found.revision,
+            message=sr.serving_merged(ref.name, found.uri),
         )
-    if status.phase == api.FineTunePhase.FAILED:
+    if found.failed:
         return ModelSource(
             uri=None,
             model_id=model_id,
@@ -68,7 +65,7 @@ def resolve_model(spec: api.ServingDeploymentSpec, job: Obj | None) -> ModelSour
         model_id=model_id,
         available=False,
         reason=sr.WAITING_FOR_MODEL,
-        message=sr.waiting_for_job_model(ref.name, status.phase),
+        message=sr.waiting_for_job_model(ref.name, found.phase),
     )
 
 

@@ -3,6 +3,8 @@ kube-controller-manager (Job controller, garbage collector): every phase and way
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from tests.fixtures.finetunejob import (
@@ -220,3 +222,25 @@ def test_spec_changes_to_training_fields_are_not_applied(cluster: Cluster) -> No
     assert cm is not None
     cfg = TrainConfig.model_validate_json(cm["data"][CONFIG_FILE])
     assert cfg.lora.rank == 64 and cfg.training.learning_rate == 1e-4
+
+
+def test_a_job_waits_for_the_job_it_starts_from_then_trains_from_its_merged_model(cluster: Cluster) -> None:
+    sft = f"sft-{uuid.uuid4().hex[:6]}"
+    name = cluster.create(model={"name": "gemma4-31b", "fineTuneJobRef": {"name": sft}})
+    cluster.wait_phase(name, "Pending")
+    waiting = cluster.condition(name, "Training")
+    assert waiting["reason"] == "WaitingForModel" and repr(sft) in waiting["message"]
+    assert cluster.wait_event(name, "NoModelYet")[0] == "Normal"
+    assert cluster.children("Job", name) == []
+
+    cluster.create(sft)
+    cluster.wait_job(cluster.train(sft, 0))
+    cluster.set_pod(cluster.train(sft, 0), "Succeeded", exit_code=0)
+    cluster.wait_job(cluster.merge(sft))
+    cluster.set_pod(cluster.merge(sft), "Succeeded", exit_code=0)
+    merged = cluster.wait_phase(sft, "Succeeded")["outputs"]["mergedModelUri"]
+    # The referenced job's change wakes the waiting one.
+    cluster.wait_job(cluster.train(name, 0))
+    assert cluster.status(name)["model"] == {"fineTuneJob": sft, "uri": merged}
+    cm = kube_objects.get(cluster.api, "v1", "ConfigMap", cluster.ns, cluster.train(name, 0))
+    assert cm is not None and TrainConfig.model_validate_json(cm["data"][CONFIG_FILE]).model_uri == merged
