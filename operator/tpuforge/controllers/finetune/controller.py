@@ -59,7 +59,7 @@ from tpuforge.controllers.finetune.plan import ChildRef, Event, Observed, Plan, 
 from tpuforge.controllers.runtime import defaults
 from tpuforge.controllers.runtime.controller import Controller
 from tpuforge.controllers.runtime.informer import Informer
-from tpuforge.controllers.runtime.snapshot import Snapshot, job_object, model_view, object_key
+from tpuforge.controllers.runtime.snapshot import JobsByName, Snapshot, job_object, object_key
 from tpuforge.kube import async_client as kube_async
 from tpuforge.kube import client as kube_client
 from tpuforge.manifests.common import LABEL_OWNER_UID
@@ -183,7 +183,7 @@ class FineTuneJobController:
         )
         self.harness.informers += [self.jobs, self.jobsets, self.pods, self.configs, self.workloads]
         self._created: dict[tuple[str, str, str], float] = {}  # (owner uid, kind, name) -> when
-        self.by_name: dict[Key, Snapshot] = {}  # FineTuneJobs by (namespace, name): what others start from
+        self.by_name = JobsByName()  # what others start from
         # (namespace, job name) -> the jobs that wait for its merged model (spec.model.fineTuneJobRef).
         self.waiting: dict[Key, set[Key]] = {}
         self.finetunejobs.listen(self.finetunejob_changed)
@@ -208,15 +208,8 @@ class FineTuneJobController:
 
     def finetunejob_changed(self, _key: Key, before: Snapshot | None, after: Snapshot | None) -> None:
         """Keep the jobs by name, and wake the jobs that wait for this one's model."""
-        job = after or before
-        if job is None:
-            return
-        name = (job.namespace, job.name)
-        if after is not None:
-            self.by_name[name] = after
-        elif self.by_name.get(name) is before:
-            self.by_name.pop(name, None)
-        if before is not None and after is not None and model_view(before) == model_view(after):
+        name = self.by_name.changed(before, after)
+        if name is None:
             return
         for waiter in self.waiting.pop(name, set()):
             self.harness.queue.request(waiter)

@@ -49,6 +49,32 @@ def job_object(job: Snapshot | None) -> dict[str, Any] | None:
     return {"metadata": meta, "spec": job.spec, "status": job.status}
 
 
+class JobsByName:
+    """FineTuneJobs by (namespace, name), as other objects read them (a ServingDeployment's model and adapters,
+    another FineTuneJob's starting model), kept from the FineTuneJob informer's events."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[Key, Snapshot] = {}
+
+    def get(self, name: Key) -> Snapshot | None:
+        return self._jobs.get(name)
+
+    def changed(self, before: Snapshot | None, after: Snapshot | None) -> Key | None:
+        """Keep `after` (or forget `before`, deleted); the job's (namespace, name) where what others read of it
+        (`model_view`) may have changed, so that what depends on it is woken; None where it did not."""
+        job = after or before
+        if job is None:
+            return None
+        name = (job.namespace, job.name)
+        if after is not None:
+            self._jobs[name] = after
+        elif self._jobs.get(name) is before:
+            self._jobs.pop(name, None)
+        if before is not None and after is not None and model_view(before) == model_view(after):
+            return None
+        return name
+
+
 def model_view(job: Snapshot) -> tuple[str, ...]:
     """What the resolutions of a FineTuneJob's outputs read of it (a ServingDeployment's model and adapters, another
     FineTuneJob's starting model): a change elsewhere in it changes none of them."""

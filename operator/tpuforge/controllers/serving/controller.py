@@ -32,7 +32,14 @@ from tpuforge.api.constants import SERVING_KIND
 from tpuforge.controllers.runtime import defaults
 from tpuforge.controllers.runtime.controller import Controller
 from tpuforge.controllers.runtime.informer import Informer
-from tpuforge.controllers.runtime.snapshot import Snapshot, finetunejob_informer, job_object, model_view, name_key
+from tpuforge.controllers.runtime.snapshot import (
+    JobsByName,
+    Snapshot,
+    finetunejob_informer,
+    job_object,
+    model_view,
+    name_key,
+)
 from tpuforge.controllers.serving import adapters as adapters
 from tpuforge.controllers.serving import plan as plan
 from tpuforge.controllers.serving.children import Children, ChildTerminating
@@ -79,7 +86,7 @@ class ServingDeploymentController:
         )
         self.children = Children(namespaces, self.child_changed, self.request_all)
         self.harness.informers += self.children.informers
-        self.jobs: dict[Key, Snapshot] = {}  # FineTuneJobs by (namespace, name)
+        self.jobs = JobsByName()
         self.by_job: dict[Key, set[str]] = {}  # (namespace, job name) -> the deployments that serve it
         self._refs: dict[Key, set[str]] = {}  # deployment -> the jobs it serves
         # The FineTuneJobs come from the FineTuneJob controller's informer when it runs (one watch of the kind
@@ -118,18 +125,11 @@ class ServingDeploymentController:
             self.harness.queue.request(key)
 
     def finetunejob_changed(self, _key: Any, before: Snapshot | None, after: Snapshot | None) -> None:
-        job = after or before
-        if job is None:
-            return
-        name = (job.namespace, job.name)
-        if after is not None:
-            self.jobs[name] = after
-        elif self.jobs.get(name) is before:
-            self.jobs.pop(name, None)
-        if before is not None and after is not None and model_view(before) == model_view(after):
+        name = self.jobs.changed(before, after)
+        if name is None:
             return
         for sdep in self.by_job.get(name, ()):
-            self.harness.queue.request((job.namespace, sdep))
+            self.harness.queue.request((name[0], sdep))
 
     def forget(self, key: Key, _snap: Snapshot) -> None:
         """A deleted ServingDeployment: its metric series."""
