@@ -72,6 +72,8 @@ def plan(tiny: bool = False) -> list[Measurement]:
         _throughput(6, "2048,3072"),
         _throughput(6, "2048", batch=2),
         _throughput(6, "2048", remat="off"),
+        _throughput(6, "4096"),  # fits since the head's own gradient (15.18 GiB compiled)
+        _throughput(6, "2048", remat="off", quantization="int8"),  # QLoRA where the preflight chooses remat off
         _throughput(6, "2048,3072", remat="saveAttention"),
         _throughput(6, "2048", remat="saveMatmuls"),
         _throughput(4, "2048"),  # the model-FLOPs column for the shorter cuts
