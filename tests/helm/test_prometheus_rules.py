@@ -1,11 +1,12 @@
 """The alert rules and the Grafana dashboards against Debian's real Prometheus.
 
 promtool checks the rule file and runs its unit tests (tests/helm/prometheus/alerts-test.yaml). Then a
-Prometheus server on loopback scrapes three real prometheus_client exporters: the operator's collectors
+Prometheus server on loopback scrapes real prometheus_client exporters: the operator's collectors
 (tpuforge.metrics) fed real api status objects, the trainer's metrics (tpuforge_workloads.runtime.progress) fed by
-its RunProgress, and the vLLM and GKE TPU series the serving dashboard reads, under their upstream names.
-Every dashboard query and template variable must parse and return data, and every alert rule must
-evaluate without error.
+its RunProgress (an SFT, a DPO and a GRPO training pod), and the vLLM and GKE TPU series the serving dashboard
+reads, under their upstream names. Every dashboard query and template variable must parse and return data,
+every alert rule must evaluate without error, and every tpuforge series a dashboard or rule names, with each
+label it matches on, must be one the exporters serve.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 import pytest
 import yaml
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app, start_http_server
+from prometheus_client.parser import text_string_to_metric_families
 
 from tpuforge import metrics
 from tpuforge.api import (
@@ -40,8 +42,10 @@ from tpuforge.api import (
     EvaluationStatus,
     FineTuneJobStatus,
     FineTunePhase,
+    PreferenceProgress,
     Progress,
     Restarts,
+    RlProgress,
     ServingDeploymentStatus,
     ServingPhase,
 )
@@ -59,6 +63,7 @@ DEADLINE_S = 40.0
 
 FTJ_NS, FTJ_TRAINING, FTJ_DONE, FTJ_FAILED = "ml", "gemma-sft", "gemma-sft-v0", "broken"
 FTJ_BELOW, FTJ_EVAL_FAILED = "gemma-sft-v1", "gemma-sft-v2"  # below its thresholds; evaluation Job failed
+FTJ_DPO, FTJ_GRPO = "gemma-dpo", "verilog-grpo"  # training with spec.method dpo and grpo
 SDEP_NS, SDEP_READY, SDEP_LOADING = "serving", "chat", "chat-canary"
 
 
@@ -207,6 +212,53 @@ def operator_tick(n: int) -> None:
         ),
     )
     metrics.observe_finetunejob(FTJ_NS, FTJ_FAILED, ftj, FineTuneJobStatus(phase=FineTunePhase.FAILED))
+    metrics.observe_finetunejob(
+        FTJ_NS,
+        FTJ_DPO,
+        spec("finetune-dpo.yaml"),
+        FineTuneJobStatus(
+            phase=FineTunePhase.TRAINING,
+            progress=Progress(
+                step=step,
+                total_steps=total,
+                percent=100.0 * step / total,
+                loss=0.69 - n / 10000,
+                preference=PreferenceProgress(
+                    accuracy=0.5 + (n % 40) / 100,
+                    reward_margin=0.1 + n / 1000,
+                    chosen_reward=0.05,
+                    rejected_reward=-0.05 - n / 1000,
+                    eval_step=100,
+                    eval_accuracy=0.62,
+                    eval_reward_margin=0.08,
+                    eval_loss=0.66,
+                ),
+            ),
+        ),
+    )
+    metrics.observe_finetunejob(
+        FTJ_NS,
+        FTJ_GRPO,
+        spec("finetune-grpo.yaml"),
+        FineTuneJobStatus(
+            phase=FineTunePhase.TRAINING,
+            progress=Progress(
+                step=step,
+                total_steps=total,
+                percent=100.0 * step / total,
+                loss=0.01,
+                rl=RlProgress(
+                    reward=0.3 + (n % 10) / 100,
+                    pass_rate=0.25 + (n % 10) / 100,
+                    kl=0.002,
+                    response_tokens=180.0,
+                    refused=n % 2,
+                    refused_total=n // 2,
+                    checker_share=0.4,
+                ),
+            ),
+        ),
+    )
     adapters = [
         AdapterStatus(name="support", uri="gs://b/ft/adapter", loaded_replicas=1, phase=AdapterPhase.READY),
         AdapterStatus(name="sql", uri="gs://b/sql/adapter", phase=AdapterPhase.FAILED, message="no _COMPLETE"),
@@ -239,6 +291,32 @@ def trainer_tick(progress: RunProgress) -> Callable[[int], None]:
             progress.checkpoint_saved(101 + n, blocking_s=1.5)
             progress.checkpoint_committed(101 + n, total_s=12.0, nbytes=1 << 20)
             progress.eval_done(101 + n, 1.9)
+
+    return tick
+
+
+def dpo_trainer_tick(progress: RunProgress) -> Callable[[int], None]:
+    """A DPO trainer's steps (train/preference.py figures), with a held-out evaluation every fourth."""
+
+    def tick(n: int) -> None:
+        step = 101 + n
+        progress.step_done(step=step, loss=0.69 - n / 10000, tokens=8192, tokens_total=8192 * step)
+        figures = {"loss": 0.69, "accuracy": 0.6, "margin": 0.1 + n / 1000, "chosen_reward": 0.05}
+        progress.preference_done(step, {**figures, "rejected_reward": -0.05 - n / 1000}, "train")
+        if n % 4 == 0:
+            progress.preference_done(step, {**figures, "rejected_reward": -0.04}, "eval")
+
+    return tick
+
+
+def grpo_trainer_tick(progress: RunProgress) -> Callable[[int], None]:
+    """A GRPO trainer's steps (train/grpo.py step figures), some with answers the checker refused."""
+
+    def tick(n: int) -> None:
+        step = 101 + n
+        progress.step_done(step=step, loss=0.01, tokens=4096, tokens_total=4096 * step)
+        figures = {"reward": 0.3, "pass_rate": 0.25, "kl": 0.002 + n / 10000, "response_tokens": 180.0}
+        progress.rl_done(step, {**figures, "refused": n % 2, "checker_share": 0.4, "failures": {"refused": n % 2}})
 
     return tick
 
@@ -321,30 +399,66 @@ def serve_text_format(registry: CollectorRegistry, port: int) -> tuple[WSGIServe
 class Exporters:
     operator: int
     trainer: int
+    dpo_trainer: int
+    grpo_trainer: int
     vllm: int
     gke: int
+
+    def scrape_configs(self) -> list[dict[str, Any]]:
+        """As the chart's monitors scrape them: honor_labels for the operator's per-object series (they
+        carry the object's namespace, as the chart's ServiceMonitor keeps them); the FineTuneJob's namespace
+        and name on a training pod's series (the chart's PodMonitor relabels them so)."""
+
+        def static(port: int, **labels: str) -> dict[str, Any]:
+            return {"targets": [f"127.0.0.1:{port}"], **({"labels": labels} if labels else {})}
+
+        trainers = ((self.trainer, FTJ_TRAINING), (self.dpo_trainer, FTJ_DPO), (self.grpo_trainer, FTJ_GRPO))
+        return [
+            {"job_name": "operator", "honor_labels": True, "static_configs": [static(self.operator)]},
+            {
+                "job_name": "trainer",
+                "static_configs": [static(port, namespace=FTJ_NS, name=name) for port, name in trainers],
+            },
+            {
+                "job_name": "vllm",
+                "static_configs": [static(self.vllm, namespace=SDEP_NS, pod=f"{SDEP_READY}-vllm-0")],
+            },
+            {"job_name": "gke", "static_configs": [static(self.gke)]},
+        ]
 
 
 @pytest.fixture(scope="module")
 def exporters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exporters]:
-    train_metrics = TrainMetrics(port=0)
-    summary = RunSummary.open(str(tmp_path_factory.mktemp("ckpt")), config={}, attempt=0)
-    progress = RunProgress(1000, train_metrics, summary, reporter=None, start_step=100, last_checkpoint_step=100)
+    def trainer() -> tuple[TrainMetrics, RunProgress]:
+        train_metrics = TrainMetrics(port=0)
+        summary = RunSummary.open(str(tmp_path_factory.mktemp("ckpt")), config={}, attempt=0)
+        run = RunProgress(1000, train_metrics, summary, reporter=None, start_step=100, last_checkpoint_step=100)
+        return train_metrics, run
+
+    (sft, progress), (dpo, dpo_progress), (grpo, grpo_progress) = trainer(), trainer(), trainer()
     vllm, gke = VllmStandIn(CollectorRegistry()), GkeTpuStandIn(CollectorRegistry())
-    ports = Exporters(free_port(), free_port(), free_port(), free_port())
+    ports = Exporters(*(free_port() for _ in range(6)))
     servers = [
         start_http_server(ports.operator, addr="127.0.0.1", registry=REGISTRY),
-        start_http_server(ports.trainer, addr="127.0.0.1", registry=train_metrics.registry),
+        start_http_server(ports.trainer, addr="127.0.0.1", registry=sft.registry),
+        start_http_server(ports.dpo_trainer, addr="127.0.0.1", registry=dpo.registry),
+        start_http_server(ports.grpo_trainer, addr="127.0.0.1", registry=grpo.registry),
         start_http_server(ports.vllm, addr="127.0.0.1", registry=vllm.registry),
         serve_text_format(gke.registry, ports.gke),
     ]
-    with Ticker(operator_tick), Ticker(trainer_tick(progress)), Ticker(vllm.tick):
+    with (
+        Ticker(operator_tick),
+        Ticker(trainer_tick(progress)),
+        Ticker(dpo_trainer_tick(dpo_progress)),
+        Ticker(grpo_trainer_tick(grpo_progress)),
+        Ticker(vllm.tick),
+    ):
         yield ports
     for server, thread in servers:
         server.shutdown()
         server.server_close()
         thread.join(5)
-    for name in (FTJ_TRAINING, FTJ_DONE, FTJ_FAILED, FTJ_BELOW, FTJ_EVAL_FAILED):
+    for name in (FTJ_TRAINING, FTJ_DONE, FTJ_FAILED, FTJ_BELOW, FTJ_EVAL_FAILED, FTJ_DPO, FTJ_GRPO):
         metrics.forget_finetunejob(FTJ_NS, name)
     for name in (SDEP_READY, SDEP_LOADING):
         metrics.forget_servingdeployment(SDEP_NS, name)
@@ -376,35 +490,7 @@ def prometheus(exporters: Exporters, tmp_path_factory: pytest.TempPathFactory) -
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
         "rule_files": [str(RULES)],
-        "scrape_configs": [
-            # honor_labels: the operator's per-object series carry the object's namespace (as the chart's
-            # ServiceMonitor keeps them).
-            {
-                "job_name": "operator",
-                "honor_labels": True,
-                "static_configs": [{"targets": [f"127.0.0.1:{exporters.operator}"]}],
-            },
-            # The chart's PodMonitor gives the training pod's series the FineTuneJob's namespace and name.
-            {
-                "job_name": "trainer",
-                "static_configs": [
-                    {
-                        "targets": [f"127.0.0.1:{exporters.trainer}"],
-                        "labels": {"namespace": FTJ_NS, "name": FTJ_TRAINING},
-                    }
-                ],
-            },
-            {
-                "job_name": "vllm",
-                "static_configs": [
-                    {
-                        "targets": [f"127.0.0.1:{exporters.vllm}"],
-                        "labels": {"namespace": SDEP_NS, "pod": f"{SDEP_READY}-vllm-0"},
-                    }
-                ],
-            },
-            {"job_name": "gke", "static_configs": [{"targets": [f"127.0.0.1:{exporters.gke}"]}]},
-        ],
+        "scrape_configs": exporters.scrape_configs(),
     }
     (work / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
@@ -425,7 +511,7 @@ def prometheus(exporters: Exporters, tmp_path_factory: pytest.TempPathFactory) -
         while True:
             try:
                 up = prom.get("/api/v1/query", query="up")["data"]["result"]
-                if len(up) == 4 and all(r["value"][1] == "1" for r in up):
+                if len(up) == 6 and all(r["value"][1] == "1" for r in up):
                     break
             except OSError:
                 pass
@@ -448,12 +534,19 @@ def resolve(expr: str) -> str:
     return re.sub(r"\$\{?[A-Za-z_]\w*\}?", ALL, expr)
 
 
+def all_panels(board: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every panel, those inside a collapsed row (which holds them in its own `panels`) included."""
+    for panel in board["panels"]:
+        yield panel
+        yield from panel.get("panels", [])
+
+
 def panels() -> list[tuple[str, str, str]]:
     """(dashboard, panel title, PromQL) for every query target of every panel."""
     out = []
     for path in DASHBOARDS:
         board = json.loads(path.read_text())
-        for panel in board["panels"]:
+        for panel in all_panels(board):
             for target in panel.get("targets", []):
                 out.append((path.stem, f"{panel['title']} [{target['refId']}]", target["expr"]))
     return out
@@ -525,6 +618,94 @@ def test_promtool_finds_no_lint_problems_in_tpuforge_metrics(exporters: Exporter
         text = b"\n".join(line for line in body.splitlines() if b"tpuforge_" in line) + b"\n"
         proc = subprocess.run([tool("promtool"), "check", "metrics"], input=text, capture_output=True)
         assert proc.returncode == 0, (proc.stdout + proc.stderr).decode()
+
+
+# A tpuforge series in PromQL: its name and the matchers in the braces after it.
+SERIES = re.compile(r"\b(tpuforge_[a-z0-9_]+)\b\s*(?:\{([^}]*)\})?")
+MATCHER = re.compile(r"(\w+)\s*(?:=~|!~|!=|=)")
+GROUPING = re.compile(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\(([^)]*)\)")
+
+
+def served_series(exporters: Exporters) -> dict[str, set[str]]:
+    """Each tpuforge sample name the exporters serve (`_total`, `_bucket`, ... included) with the labels
+    Prometheus stores it under: its own, plus those the scrape adds (job, instance, a target's labels)."""
+    series: dict[str, set[str]] = {}
+    for job in exporters.scrape_configs():
+        for static in job["static_configs"]:
+            added = {"job", "instance", *static.get("labels", {})}
+            for target in static["targets"]:
+                with urllib.request.urlopen(f"http://{target}/metrics", timeout=5) as resp:
+                    text = resp.read().decode()
+                for family in text_string_to_metric_families(text):
+                    for sample in family.samples:
+                        if sample.name.startswith("tpuforge_"):
+                            series.setdefault(sample.name, set()).update(sample.labels, added)
+    return series
+
+
+def promql() -> list[tuple[str, str]]:
+    """(where, PromQL) for every dashboard query and variable and every alert rule."""
+    out = [(f"{board} / {title}", expr) for board, title, expr in panels()]
+    for path in DASHBOARDS:
+        for var in json.loads(path.read_text())["templating"]["list"]:
+            if var["type"] == "query":
+                out.append((f"{path.stem} / variable {var['name']}", var["definition"]))
+    for group in yaml.safe_load(RULES.read_text())["groups"]:
+        out.extend((f"alert {r['alert']}", r["expr"]) for r in group["rules"])
+    return out
+
+
+def unexported(series: dict[str, set[str]], queries: list[tuple[str, str]]) -> list[str]:
+    """What in `queries` names a tpuforge series, or a label of one, that is not in `series`."""
+    problems = []
+    for where, expr in queries:
+        named = SERIES.findall(expr)
+        labels: set[str] = set()
+        for name, matchers in named:
+            if name not in series:
+                problems.append(f"{where}: {name} is not a series the operator or a trainer serves")
+                continue
+            labels |= series[name]
+            for label in set(MATCHER.findall(matchers)) - series[name]:
+                problems.append(f"{where}: {name} has no label {label}")
+        # Grouping labels must come from the series named, unless a series is unknown (reported above) or
+        # other series (vLLM's, GKE's) or label_replace take part.
+        known = named and all(name in series for name, _ in named)
+        if known and not re.search(r"vllm|kubernetes_io|label_replace", expr):
+            for group in GROUPING.findall(expr):
+                for label in {g.strip() for g in group.split(",")} - {""} - labels:
+                    problems.append(f"{where}: no series it names has the label {label}")
+    return problems
+
+
+def test_dashboards_and_rules_name_only_the_series_and_labels_tpuforge_exports(exporters: Exporters) -> None:
+    """A query on a misspelt or renamed tpuforge series, or a matcher on a label the series lacks, is empty
+    (or, as `label=~".*"`, matches anyway): every name and label must be one the operator's collectors or
+    the SFT, DPO and GRPO trainers' TrainMetrics really serve, as the chart's monitors scrape them."""
+    deadline = time.monotonic() + DEADLINE_S
+    while True:  # the tickers' first values may still be on their way
+        series = served_series(exporters)
+        problems = unexported(series, promql())
+        if not problems or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert not problems, "\n".join(problems)
+    used = {name for _, expr in promql() for name, _ in SERIES.findall(expr)}
+    for name in ("tpuforge_finetunejob_preference_accuracy", "tpuforge_trainer_checker_refusals_total"):
+        assert name in used  # the row for preference tuning and RL is there
+
+
+def test_the_series_check_catches_a_wrong_name_or_label() -> None:
+    series = {"tpuforge_trainer_kl": {"namespace", "name", "job", "instance"}}
+    right = 'max by (namespace, name) (tpuforge_trainer_kl{namespace=~"$namespace", name=~"$finetunejob"})'
+    assert unexported(series, [("right", right)]) == []
+    wrong = {
+        "name": "max by (namespace, name) (tpuforge_trainer_kl_divergence)",
+        "matcher": 'max by (namespace, name) (tpuforge_trainer_kl{namespace=~"$namespace", answer="sampled"})',
+        "grouping": "max by (namespace, set) (tpuforge_trainer_kl)",
+    }
+    for where, expr in wrong.items():
+        assert len(unexported(series, [(where, expr)])) == 1, where
 
 
 def test_helm_test_pod_script_passes_against_the_operator_metrics(exporters: Exporters) -> None:
