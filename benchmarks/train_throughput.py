@@ -65,6 +65,7 @@ from tpuforge_workloads.families import attention
 from tpuforge_workloads.families.decoder import Decoder
 from tpuforge_workloads.families.gemma4 import tiny as tiny_gemma4
 from tpuforge_workloads.families.qwen3 import tiny as tiny_qwen3
+from tpuforge_workloads.model import lora
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.preflight.step import (
     NoCheckpoints,
@@ -147,19 +148,20 @@ def spread(seed: Any, shape: tuple[int, ...], dtype: Any) -> Any:
 
 
 def random_model(text: Decoder, config: TrainConfig, mesh: Any) -> Any:
-    """The trainer's model (train/loop.py: adapt_for_training) on random base weights made on the devices,
-    each array created where its partition spec puts it (nothing is built on the host or moved)."""
+    """The trainer's model (train/loop.py: build_model, adapt_for_training) on random base weights made on the
+    devices, each array created where its partition spec puts it (nothing is built on the host or moved), one
+    at a time and handed to the LoRA build as the loader hands each (with QLoRA, quantized as it is made)."""
     fam = families.of(text)
     with jax.set_mesh(mesh):
-        abstract = nnx.eval_shape(lambda: fam.build(text))
-    graph_def, abs_state = nnx.split(abstract)
-    shardings = nnx.get_named_sharding(abs_state, mesh)
-    leaves, tree = jax.tree.flatten(abs_state)
-    placed = jax.tree.leaves(shardings)
+        model = nnx.eval_shape(lambda: attention.install(fam.build(text)))
+        build = lora.AdapterBuild(model, config.lora, mesh, config.training.seed, lora.ADAPTER_DTYPE)
+    variables = dict(nnx.to_flat_state(nnx.state(model)))
+    shardings = dict(nnx.to_flat_state(nnx.get_named_sharding(nnx.state(model), mesh)))
 
     fills: dict[tuple[Any, ...], Any] = {}
-    values = []
-    for i, (leaf, sharding) in enumerate(zip(leaves, placed, strict=True)):
+    for i, path in enumerate(list(variables)):
+        variable = variables.pop(path)  # not held here after: `placed` may replace it in the model
+        leaf, sharding = variable.get_value(), _value(shardings[path])
         sig = (leaf.shape, leaf.dtype, sharding)
         if sig not in fills:
             shape, dtype = leaf.shape, leaf.dtype
@@ -167,9 +169,14 @@ def random_model(text: Decoder, config: TrainConfig, mesh: Any) -> Any:
                 lambda k, shape=shape, dtype=dtype: spread(k, shape, dtype),
                 out_shardings=sharding,
             )
-        values.append(fills[sig](jnp.uint32(i)))
-    state = jax.tree.unflatten(tree, values)
-    return adapt_for_training(attention.install(nnx.merge(graph_def, state)), config, mesh)
+        variable.set_value(fills[sig](jnp.uint32(i)))
+        del variable
+        build.placed(model, path)
+    return adapt_for_training(model, config, mesh, build=build)
+
+
+def _value(x: Any) -> Any:
+    return x.get_value() if isinstance(x, nnx.Variable) else x
 
 
 def random_batch(config: TrainConfig, vocab: int, mesh: Any) -> dict[str, Any]:

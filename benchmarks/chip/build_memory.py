@@ -1,9 +1,11 @@
 """The model build's memory on the devices at hand: the base with random weights made in place, the LoRA
 adapters added (lora.AdapterBuild, as the trainer adds them), and what that held at its peak, beside what the
 attempt holds at rest (base + adapters + the optimizer's two float32 moments) and XLA's analysis of the
-compiled build (the preflight's figure).
+compiled build (the preflight's figure). With `--base-quantization int8|int4` (QLoRA) each targeted weight is
+quantized as it is made, as the loader quantizes it as it reads it, and "base" is the quantized base.
 
-    python -m benchmarks.chip.build_memory [--model gemma4-31b] [--layers 6] [--json out.jsonl]
+    python -m benchmarks.chip.build_memory [--model gemma4-31b] [--layers 6] [--base-quantization int8]
+        [--json out.jsonl]
 
 Run it in a process of its own: the device's peak is the process's.
 """
@@ -21,28 +23,31 @@ from benchmarks.rows import emit
 from benchmarks.train_throughput import GIB, decoder, layer_kinds, random_model, train_config
 from flax import nnx
 
+from tpuforge.api.finetune import BASE_QUANTIZATIONS
 from tpuforge_workloads import families
 from tpuforge_workloads.families import attention
 from tpuforge_workloads.model import lora
 from tpuforge_workloads.model.mesh import make_mesh
-from tpuforge_workloads.preflight.step import peak_bytes, placed_shapes
+from tpuforge_workloads.preflight.step import build_bytes, build_programs
 
 
 def _bytes(tree: Any) -> int:
-    return sum(int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+    """Bytes of the arrays of `tree` (int4 at half a byte)."""
+    return sum(int(np.prod(x.shape)) * jax.dtypes.itemsize_bits(x.dtype) // 8 for x in jax.tree.leaves(tree))
 
 
-def measure(model_name: str, layers: int) -> dict[str, Any]:
+def measure(model_name: str, layers: int, quantization: str = "none") -> dict[str, Any]:
     text = decoder(model_name, layers)
     devices = jax.local_devices()
-    config = train_config(model_name, 2048, 1, "full", fsdp=len(devices))
+    config = train_config(model_name, 2048, 1, "full", fsdp=len(devices), quantization=quantization)
     mesh = make_mesh(len(devices), 1, devices)
     fam = families.of(text)
     with jax.set_mesh(mesh):
         base = nnx.eval_shape(lambda: attention.install(fam.build(text)))
     build = lora.AdapterBuild(base, config.lora, mesh, config.training.seed, lora.ADAPTER_DTYPE)
-    base_bytes, adapter_bytes = _bytes(nnx.state(base)), _bytes(build.adapters)
-    compiled = build.lower(placed_shapes(nnx.state(base), mesh)).compile().memory_analysis()
+    # What the LoRA model holds besides the adapters: the base, quantized where QLoRA quantizes it.
+    base_bytes, adapter_bytes = _bytes(build.rest), _bytes(build.adapters)
+    compiled = build_bytes(build_programs(build, base, mesh))
     started = time.monotonic()
     with jax.set_mesh(mesh), mesh:
         model = random_model(text, config, mesh)
@@ -52,6 +57,7 @@ def measure(model_name: str, layers: int) -> dict[str, Any]:
     row: dict[str, Any] = {
         "model": model_name,
         "layers": text.num_layers,
+        "baseQuantization": quantization,
         "layerTypes": layer_kinds(text),
         "devices": n,
         "device": str(devices[0].device_kind),
@@ -59,7 +65,7 @@ def measure(model_name: str, layers: int) -> dict[str, Any]:
         "baseGiB": round(base_bytes / n / GIB, 3),
         "adaptersGiB": round(adapter_bytes / n / GIB, 3),
         "atRestGiB": round(at_rest / GIB, 3),
-        "compiledBuildGiB": round(peak_bytes(compiled) / GIB, 3) if compiled is not None else None,
+        "compiledBuildGiB": round(compiled / GIB, 3) if compiled else None,
     }
     stats = devices[0].memory_stats() or {}
     if "peak_bytes_in_use" in stats:
@@ -72,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="gemma4-31b")
     ap.add_argument("--layers", type=int, default=6, help="0: the whole model")
+    ap.add_argument("--base-quantization", default="none", choices=BASE_QUANTIZATIONS, help="QLoRA's base")
     ap.add_argument("--json", help="append the row here")
     args = ap.parse_args(argv)
-    row = measure(args.model, args.layers)
+    row = measure(args.model, args.layers, args.base_quantization)
     emit(row, args.json)
     return 0
 

@@ -88,6 +88,13 @@ def plan(tiny: bool = False) -> list[Measurement]:
         ),  # fused: the default, above
         *(_throughput(6, "2048", quantization=q) for q in ("int8", "int4")),  # QLoRA's base: memory and time
         Measurement("build-31b-6", "build", ("benchmarks.chip.build_memory", "--layers", "6", "--json", "{out}"), 600),
+        # QLoRA's build: each targeted weight quantized as it is made (as the loader quantizes it as it reads).
+        Measurement(
+            "build-31b-6-int8",
+            "build",
+            ("benchmarks.chip.build_memory", "--layers", "6", "--base-quantization", "int8", "--json", "{out}"),
+            600,
+        ),
     ]
     for kind in ("sliding", "global"):  # about 50 s a case on the chip: each kind a measurement of its own
         splash = ("benchmarks.chip.splash_check", "--cases", kind, "--json", "{out}")

@@ -94,17 +94,17 @@ def test_a_job_that_does_not_fit_is_told_what_to_change() -> None:
     assert fixes[-1].startswith("use a larger slice (spec.tpu.slice)")
 
 
-def test_qlora_is_offered_when_the_step_does_not_fit_and_the_build_does() -> None:
+def test_qlora_is_offered_where_the_base_is_not_quantized() -> None:
+    """The base is quantized as it is loaded, so int8 shrinks the model build as well as the step: it is offered
+    whichever of the two does not fit, and not to a job that quantizes its base already."""
     v6e8 = TPU_SLICES["v6e-8"]
     figures = est.PerChip(argument_bytes=30 * GIB, temp_bytes=10 * GIB, output_bytes=0, flops=1e12)
-    over_step = est.estimate(dataclasses.replace(figures, build_bytes=20 * GIB), v6e8, 8192, 1, 10)
-    fixes = est.fixes(over_step, micro_batch_size=1, max_seq_len=1024, remat=True, rank=16)
-    assert fixes[-2].startswith("set spec.lora.baseQuantization: int8") and "20.0 GiB" in fixes[-2]
-    already = est.fixes(over_step, 1, 1024, True, 16, base_quantization="int8")
-    assert not any("baseQuantization" in f for f in already)
-    # The build alone (the base in its own dtype) does not fit: quantizing the step's copy would not help.
-    over_build = est.estimate(dataclasses.replace(figures, build_bytes=40 * GIB), v6e8, 8192, 1, 10)
-    assert not any("baseQuantization" in f for f in est.fixes(over_build, 1, 1024, True, 16))
+    for build in (20, 40):
+        over = est.estimate(dataclasses.replace(figures, build_bytes=build * GIB), v6e8, 8192, 1, 10)
+        fixes = est.fixes(over, micro_batch_size=1, max_seq_len=1024, remat=True, rank=16)
+        assert fixes[-2].startswith("set spec.lora.baseQuantization: int8") and "model build" in fixes[-2]
+        already = est.fixes(over, 1, 1024, True, 16, base_quantization="int8")
+        assert not any("baseQuantization" in f for f in already)
 
 
 def test_mfu_outside_0_1_is_refused() -> None:

@@ -9,6 +9,9 @@ checkpoint). A jit per tensor shape then transposes/reshapes it (the key mapping
 q/k/v on the devices, with the model's own parameter shardings as output: XLA's collectives move the data.
 Tensors whose first axis the device count does not divide (layer scalars, some norms) are read whole by
 every process; they are tiny. Files are read where they are (local paths or gs://): nothing is staged.
+Tensors are read a few at a time ahead of the one being laid out, and each read array is dropped as soon as
+its parameter is laid out: the load holds the model plus those few tensors, and a hook sees each parameter
+as it is placed (QLoRA quantizes its base there, lora.AdapterBuild).
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ import functools
 import json
 import logging
 import struct
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -130,15 +134,22 @@ def load_model(
     cfg: Any,
     mesh: jax.sharding.Mesh,
     stats: dict[str, float] | None = None,
+    placed: Callable[[Any, tuple[Any, ...]], None] | None = None,
 ) -> Any:
     """The base model of `text`'s family with the checkpoint's weights from `model_uri` (a local directory or
     gs://), every parameter placed by the model's sharding rules, its attention set up by its family (Gemma 4's
     takes segment ids, attention.py).
+    Tensors are read at most `_READERS` ahead of the one being laid out, and each read array is dropped once
+    its parameter is laid out, so the load holds the model plus those few tensors. `placed(model, path)` is
+    called as soon as the parameter at `path` (of nnx.state(model)) has its array, before the next is laid
+    out: QLoRA's build quantizes the targeted weights there (lora.AdapterBuild.placed).
     `stats` gets `model_bytes_read` (by this process) and `model_bytes` (the decoder's tensors)."""
     import jax
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
     from tunix.utils.torch_utils import torch_key_to_jax_key
+
+    from tpuforge_workloads.families import attention
 
     fam = families.of(text)
     uri = str(model_uri)
@@ -154,9 +165,10 @@ def load_model(
         mapped[key.removesuffix(".value")] = (t, transform)
 
     with jax.set_mesh(mesh):
-        abstract = nnx.eval_shape(lambda: fam.model_class()(cfg, rngs=nnx.Rngs(params=0)))
-    graph_def, abs_state = nnx.split(abstract)
-    shardings = nnx.get_named_sharding(abs_state, mesh).to_pure_dict()
+        model = nnx.eval_shape(lambda: fam.model_class()(cfg, rngs=nnx.Rngs(params=0)))
+    # The model's parameters, each given its array as it is laid out (the model's own Variables).
+    params = {_dotted(path): (path, v) for path, v in nnx.to_flat_state(nnx.state(model))}
+    shardings = nnx.get_named_sharding(nnx.state(model), mesh).to_pure_dict()
     targets = {_dotted(p): s for p, s in jax.tree_util.tree_flatten_with_path(shardings)[0]}
     by_rows = NamedSharding(mesh, PartitionSpec(mesh.axis_names))  # type: ignore[no-untyped-call]
     whole = NamedSharding(mesh, PartitionSpec())  # type: ignore[no-untyped-call]
@@ -175,41 +187,67 @@ def load_model(
 
         return jax.make_array_from_callback(t.shape, by_rows if split else whole, local), data.nbytes
 
-    with ThreadPoolExecutor(_READERS) as pool:
-        raw = dict(zip(mapped, pool.map(fetch, [t for t, _ in mapped.values()]), strict=True))
+    def put(key: str, array: Any) -> None:
+        path, variable = params.pop(key)  # not held here after: `placed` may replace it in the model
+        variable.set_value(array)
+        del variable
+        if placed is not None:
+            placed(model, path)
 
-    params: dict[str, Any] = {}
-    layers: dict[int, dict[str, Any]] = {}
     qkv_of = fam.combined_qkv
-    for key, (array, _) in raw.items():
-        part = qkv_of.part(key) if qkv_of else None  # Gemma 4's mapping leaves q, k, v to combine per layer
-        if part:
-            layers.setdefault(part[0], {})[part[1]] = (array, mapped[key][1])
-            continue
-        permute, reshape = mapped[key][1] or (None, None)
-        params[key] = _transform(_tuple(permute), _tuple(reshape), targets[key])(array)
-    for i, qkv in sorted(layers.items()):
-        assert qkv_of is not None
-        shared = qkv_of.keys_are_values(text, i)
-        names = ("q_einsum.w", "k_einsum.w") if shared else ("q_einsum.w", "kv_einsum.w")
-        out = tuple((n, targets[f"layers.{i}.attn.{n}"]) for n in names)
-        parts = [qkv[n] for n in "qkv" if n in qkv]
-        transforms = tuple((tuple(p), tuple(r)) for _, (p, r) in parts)
-        combined = _qkv(qkv_of, transforms, shared, out)(*(a for a, _ in parts))
-        params.update({f"layers.{i}.attn.{n}": w for n, w in combined.items()})
-    missing = sorted(set(targets) - set(params))
+    parts_of = {key: qkv_of.part(key) if qkv_of else None for key in mapped}  # Gemma 4's q, k, v: one per layer
+    expected: dict[int, int] = {}
+    for found in filter(None, parts_of.values()):
+        expected[found[0]] = expected.get(found[0], 0) + 1
+    layers: dict[int, dict[str, Any]] = {}
+    read = 0
+    with ThreadPoolExecutor(_READERS) as pool:
+        arrays = _in_order(pool, fetch, [t for t, _ in mapped.values()], _READERS)
+        for (key, (_, transform)), (array, nbytes) in zip(mapped.items(), arrays, strict=True):
+            read += nbytes
+            part = parts_of[key]
+            if part is None:
+                permute, reshape = transform or (None, None)
+                put(key, _transform(_tuple(permute), _tuple(reshape), targets[key])(array))
+                del array
+                continue
+            i = part[0]
+            qkv = layers.setdefault(i, {})
+            qkv[part[1]] = (array, transform)
+            del array
+            if len(qkv) < expected[i]:
+                continue
+            assert qkv_of is not None
+            shared = qkv_of.keys_are_values(text, i)
+            names = ("q_einsum.w", "k_einsum.w") if shared else ("q_einsum.w", "kv_einsum.w")
+            out = tuple((n, targets[f"layers.{i}.attn.{n}"]) for n in names)
+            qkv = layers.pop(i)
+            ordered = [qkv[n] for n in "qkv" if n in qkv]
+            transforms = tuple((tuple(p), tuple(r)) for _, (p, r) in ordered)
+            combined = _qkv(qkv_of, transforms, shared, out)(*(a for a, _ in ordered))
+            del ordered, qkv
+            for n in names:
+                put(f"layers.{i}.attn.{n}", combined.pop(n))
+    missing = sorted(params)
     if missing:
         raise ModelError(f"{uri}: no tensor for the model parameters {', '.join(missing[:5])}")
 
-    read = sum(n for _, n in raw.values())
     total = sum(t.nbytes for t, _ in mapped.values())
     log.info("read %d of the checkpoint's %d bytes of decoder tensors (%.0f%%)", read, total, 100 * read / total)
     if stats is not None:
         stats.update(model_bytes_read=float(read), model_bytes=float(total))
-    state = jax.tree_util.tree_map_with_path(lambda p, _: params[_dotted(p)], shardings)
-    from tpuforge_workloads.families import attention
+    return attention.install(model)
 
-    return attention.install(nnx.merge(graph_def, state))
+
+def _in_order(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: list[Any], ahead: int) -> Iterator[Any]:
+    """fn of each of `items`, in order, run on `pool` at most `ahead` items before the one taken."""
+    pending: deque[Future[Any]] = deque()
+    for item in items:
+        pending.append(pool.submit(fn, item))
+        if len(pending) > ahead:
+            yield pending.popleft().result()
+    while pending:
+        yield pending.popleft().result()
 
 
 def _tuple(x: Any) -> tuple[int, ...] | None:

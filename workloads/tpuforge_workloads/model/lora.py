@@ -173,22 +173,27 @@ class AdapterBuild:
     once. Under jit that clone is an output of its own beside the donated input: compiled for one TPU v5e,
     2 layers of the 31B took 4.41 GiB of arguments and returned 8.88 GiB with only 4.41 aliased, and at 6
     layers the build did not fit a chip whose train step did. So the build is split: Qwix's insertion runs on
-    shapes alone (nnx.eval_shape: the LoRA model's structure), and one jitted function (`init`) takes the
-    base's state, runs the insertion and returns only the adapters' values, created on the devices where
-    their partition specs put them. The LoRA model is then the base's own arrays plus those values: the base
-    exists once, as the function's argument (read by nothing: A is random and B zero), and its output is the
-    adapters alone (`lower` gives XLA's memory analysis of it: the preflight adds it to its figures, tests
-    check it).
+    shapes alone (nnx.eval_shape: the LoRA model's structure), and one jitted function (`init`) takes what the
+    LoRA model holds besides the adapters, runs the insertion and returns only the adapters' values, created
+    on the devices where their partition specs put them. The LoRA model is then those arrays plus the
+    adapters: the base exists once, as the function's argument (read by nothing: A is random and B zero), and
+    its output is the adapters alone (`lower` gives XLA's memory analysis of it: the preflight adds it to its
+    figures, tests check it).
 
     With a quantized base (lora.baseQuantization), Qwix's insertion also replaces each targeted weight by its
-    quantized form. `init` still returns the adapters alone; `run` then quantizes the base in place, one
-    weight at a time (each replaced weight's full-precision array is dropped as soon as its quantized form
-    exists), so the build holds the full-precision base and one weight's quantized copy at most, and the
-    LoRA model holds the quantized base only."""
+    quantized form, and the base is quantized while it is loaded: the loader hands each parameter to `placed`
+    as soon as it is laid out, and a targeted weight is replaced there by its quantized form (one jitted
+    program per kind of weight, `quantizers`), its full-precision array dropped before the next is placed. So
+    the build never holds the base in full precision: at most the quantized base so far, the tensors the
+    loader reads ahead and one weight in full precision beside its quantized copy. `init` then takes the
+    quantized base as its (unused) argument and runs the insertion on zeros of the base's shapes inside the
+    program (its adapters depend on no weight's value; XLA drops the rest). `run` quantizes whatever targeted
+    weight is still in full precision (a base loaded without `placed`) the same way, one at a time."""
 
     def __init__(self, base: Any, lora: LoraSpec, mesh: jax.sharding.Mesh, seed: int, adapter_dtype: str):
         """`base`: the base model, with weights or abstract (its state ShapeDtypeStructs)."""
         import jax
+        import jax.numpy as jnp
         from flax import nnx
 
         self.lora = lora
@@ -196,24 +201,37 @@ class AdapterBuild:
         batch = mesh.shape["fsdp"]
         base_graph, base_state = nnx.split(base)
         self.base_graph = base_graph
+        base_shapes = _abstract(base_state)
 
         def adapted(state: Any) -> Any:
             return add_adapters(nnx.merge(base_graph, state), lora, batch, seed, adapter_dtype)
 
         with jax.set_mesh(mesh):
-            abstract = nnx.eval_shape(adapted, _abstract(base_state))
+            abstract = nnx.eval_shape(adapted, base_shapes)
         parts: Any = nnx.split(abstract, nnx.LoRAParam, ...)
         self.graph: Any = parts[0]
         self.adapters: Any = parts[1]  # the adapters' ShapeDtypeStructs
         self.rest: Any = parts[2]
         self.quantized = quantized_weights(abstract)
+        # Each quantized weight by its parameter's path in the base's state.
+        self.targets: dict[tuple[Any, ...], tuple[Any, ...]] = {(*p, n): (p, n, b) for p, n, b in self.quantized}
         self._quantizers: dict[str, Any] = {}
         shardings = nnx.get_named_sharding(self.adapters, mesh)
         # keep_unused: the adapters' values need none of the base's, but the base is held while they are made,
         # and so counted as the program's arguments in its memory analysis.
-        self.init = jax.jit(
-            lambda state: nnx.state(adapted(state), nnx.LoRAParam), out_shardings=shardings, keep_unused=True
-        )
+        if not self.quantized:
+            self.init = jax.jit(
+                lambda state: nnx.state(adapted(state), nnx.LoRAParam), out_shardings=shardings, keep_unused=True
+            )
+        else:  # the argument is the quantized base; the insertion runs on zeros of the full-precision one's
+            # shapes, made by a program of their own: Qwix finds the parameter a weight is by tracing its value
+            # back (flax_util.find_param), and from zeros made in the same trace it walks off to the constant.
+            zeros = jax.jit(lambda: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), base_shapes))
+
+            def made(held: Any) -> Any:
+                return nnx.state(adapted(zeros()), nnx.LoRAParam)
+
+            self.init = jax.jit(made, out_shardings=shardings, keep_unused=True)
 
     def abstract_model(self) -> Any:
         """The LoRA model of shapes alone (the preflight's)."""
@@ -222,50 +240,73 @@ class AdapterBuild:
         return nnx.merge(self.graph, self.adapters, self.rest)
 
     def lower(self, base_state: Any) -> Any:
-        """`init` lowered for the base's state (arrays, or ShapeDtypeStructs with shardings)."""
+        """`init` lowered for what it takes: the base's state (arrays, or ShapeDtypeStructs with shardings), or
+        with a quantized base, that base quantized and placed by its partition specs."""
         import jax
 
+        from tpuforge_workloads.model.mesh import placed_shapes
+
+        held = placed_shapes(self.rest, self.mesh) if self.quantized else base_state
         with jax.set_mesh(self.mesh):
-            return self.init.lower(base_state)
+            return self.init.lower(held)
+
+    def lower_quantizers(self, base_state: Any) -> list[Any]:
+        """Each program that quantizes a targeted weight (one per kind of weight), lowered for that weight in
+        full precision as `base_state` (ShapeDtypeStructs with shardings) holds it."""
+        import jax
+        from flax import nnx
+
+        weights = dict(nnx.to_flat_state(base_state))
+        programs: dict[int, Any] = {}
+        for path, (_, _, boxed) in self.targets.items():
+            quantize = self._quantizer(boxed)
+            programs.setdefault(id(quantize), (quantize, _value(weights[path])))
+        with jax.set_mesh(self.mesh):
+            return [quantize.lower(weight) for quantize, weight in programs.values()]
+
+    def placed(self, base: Any, path: tuple[Any, ...]) -> None:
+        """The loader's hook, called as soon as parameter `path` of `base` has its array: a weight the LoRA
+        model holds quantized is replaced by its quantized form (the others are left as they are)."""
+        target = self.targets.get(tuple(path))
+        if target is not None:
+            self._quantize(base, *target)
 
     def run(self, base: Any) -> Any:
         """The LoRA model on `base`'s own arrays (nothing of the base is copied; use the result, not `base`)."""
         import jax
         from flax import nnx
 
+        for path, name, boxed in self.quantized:  # what the loader did not quantize (none when it did)
+            self._quantize(base, path, name, boxed)
         base_state = nnx.state(base)
         with jax.set_mesh(self.mesh):
             adapters = self.init(base_state)
-        if self.quantized:
-            del base_state  # its references would keep the full-precision weights alive
-            self.quantize_in_place(base)
-            base_state = nnx.state(base)
         return nnx.merge(self.graph, adapters, base_state)
 
-    def quantize_in_place(self, base: Any) -> None:
-        """Replace each weight of `base` that the LoRA model holds quantized by its quantized form (as Qwix
-        quantizes it in the forward), laid out by its partition specs, one weight at a time."""
+    def _quantize(self, base: Any, path: tuple[Any, ...], name: str, boxed: Any) -> None:
+        """Replace weight `name` of `base`'s module at `path`, if still in full precision, by its quantized form
+        (as Qwix quantizes it in the forward), laid out by its partition specs."""
         import jax
         from flax import nnx
 
-        modules = dict(nnx.iter_modules(base))
-        for path, name, boxed in self.quantized:
-            module = modules[path]
-            weight = getattr(module, name)
-            quantized = self._quantizer(boxed)(weight.get_value().reshape(boxed.shape))
-            del weight
-            # The abstract model's Params carry the quantized arrays' sharding metadata.
-            setattr(
-                module,
-                name,
-                jax.tree.map(
-                    lambda p, v: p.replace(v), boxed, quantized, is_leaf=lambda x: isinstance(x, nnx.Variable)
-                ),
-            )
+        module = base
+        for key in path:
+            module = module[key] if isinstance(key, int) else getattr(module, key)
+        weight = getattr(module, name)
+        if not isinstance(weight, nnx.Variable):
+            return  # quantized already
+        quantized = self._quantizer(boxed)(weight.get_value())
+        del weight
+        # The abstract model's Params carry the quantized arrays' sharding metadata.
+        setattr(
+            module,
+            name,
+            jax.tree.map(lambda p, v: p.replace(v), boxed, quantized, is_leaf=lambda x: isinstance(x, nnx.Variable)),
+        )
 
     def _quantizer(self, boxed: Any) -> Any:
         """A jitted function from a full-precision weight to the unboxed quantized form of `boxed` (one per
-        way of quantizing and layout, so that layers of one shape share a compiled program)."""
+        way of quantizing, shape and layout, so that layers of one shape share a compiled program)."""
         import jax
         import qwix
         from flax import nnx
@@ -275,13 +316,13 @@ class AdapterBuild:
             return NamedSharding(self.mesh, PartitionSpec(*(p.get_metadata().get("out_sharding") or ())))  # type: ignore[no-untyped-call]
 
         shardings = jax.tree.map(sharding, boxed, is_leaf=lambda x: isinstance(x, nnx.Variable))
-        key = repr((boxed.how, shardings))
+        key = repr((boxed.how, boxed.shape, shardings))
         if key not in self._quantizers:
             how = boxed.how
 
             def quantize(w: Any) -> Any:
                 q = qwix.quantize(
-                    w,
+                    w.reshape(boxed.shape),
                     how.qtype,
                     channelwise_axes=how.channelwise_axes,
                     tiled_axes=how.tiled_axes,
@@ -291,6 +332,10 @@ class AdapterBuild:
 
             self._quantizers[key] = jax.jit(quantize, out_shardings=shardings)
         return self._quantizers[key]
+
+
+def _value(x: Any) -> Any:
+    return x.get_value() if hasattr(x, "get_value") else x
 
 
 def _abstract(state: Any) -> Any:
@@ -303,14 +348,22 @@ def _abstract(state: Any) -> Any:
 
 
 def apply_lora(
-    model: Any, lora: LoraSpec, mesh: jax.sharding.Mesh, seed: int, adapter_dtype: str = ADAPTER_DTYPE
+    model: Any,
+    lora: LoraSpec,
+    mesh: jax.sharding.Mesh,
+    seed: int,
+    adapter_dtype: str = ADAPTER_DTYPE,
+    build: AdapterBuild | None = None,
 ) -> Any:
     """The model with LoRA adapters on `lora.target_modules`, initialised from `seed` (A random, B zero, so
     training starts from the base model's outputs), stored in `adapter_dtype` and placed on `mesh`, built on
-    `model`'s own weights (AdapterBuild: the base is never held twice; use the result, not `model`)."""
+    `model`'s own weights (AdapterBuild: the base is never held twice; use the result, not `model`). `build`:
+    the AdapterBuild of these arguments, made before the base was loaded so that the loader could quantize it
+    as it read it (checkpoint_read.load_model's `placed`); made here if None."""
     from flax import nnx
 
-    lora_model = AdapterBuild(model, lora, mesh, seed, adapter_dtype).run(model)
+    build = build or AdapterBuild(model, lora, mesh, seed, adapter_dtype)
+    lora_model = build.run(model)
     state = nnx.state(lora_model, nnx.LoRAParam)
     found = {str(path[-2]) for path, _ in nnx.to_flat_state(state)}
     missing = [t for t in lora.target_modules if t not in found]
@@ -438,6 +491,12 @@ def untrained_lora_model(
         target_modules=m.target_modules,
         base_quantization=base_quantization,
     )
+    from flax import nnx
+
+    from tpuforge_workloads.families import attention
+
+    fam = families.of(text)
     with jax.set_mesh(mesh):
-        base = checkpoint_read.load_model(base_model_uri, text, families.of(text).tunix_config(text), mesh)
-    return apply_lora(base, lora, mesh, seed=0)
+        build = AdapterBuild(nnx.eval_shape(lambda: attention.install(fam.build(text))), lora, mesh, 0, ADAPTER_DTYPE)
+        base = checkpoint_read.load_model(base_model_uri, text, fam.tunix_config(text), mesh, placed=build.placed)
+    return apply_lora(base, lora, mesh, seed=0, build=build)

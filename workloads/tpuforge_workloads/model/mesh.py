@@ -69,3 +69,20 @@ def make_mesh(fsdp: int, tp: int, devices: Sequence[Any] | None = None) -> jax.s
 
     grid = device_grid(list(jax.devices() if devices is None else devices), fsdp, tp)
     return jax.sharding.Mesh(grid, MESH_AXES, axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def placed_shapes(tree: Any, mesh: Any) -> Any:
+    """Abstract values placed as the run places them: each by its partition spec on `mesh`."""
+    import jax
+    from flax import nnx
+
+    specs = nnx.get_partition_spec(tree)
+
+    def place(x: Any, spec: Any) -> Any:
+        if not isinstance(x, jax.ShapeDtypeStruct):
+            return x
+        if not isinstance(spec, jax.sharding.PartitionSpec):
+            spec = jax.sharding.PartitionSpec()  # type: ignore[no-untyped-call]
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.NamedSharding(mesh, spec))  # type: ignore[no-untyped-call]
+
+    return jax.tree.map(place, tree, specs, is_leaf=lambda v: isinstance(v, jax.ShapeDtypeStruct))

@@ -220,11 +220,12 @@ def fixes(
         out.append(f"lower spec.training.maxSeqLen (now {max_seq_len})")
     if rank > 16:
         out.append(f"lower spec.lora.rank (now {rank})")
-    if base_quantization == "none" and 0 < e.build_gib <= e.hbm_capacity_gib < e.hbm_per_chip_gib:
-        # Only the step shrinks: the model build still holds the base in its own dtype (docs/training.md, QLoRA).
+    if base_quantization == "none":
+        # The base's targeted weights are quantized as they are loaded: the model build and the step both
+        # shrink (docs/training.md, QLoRA).
         out.append(
-            "set spec.lora.baseQuantization: int8 (QLoRA: the step holds the base's adapted weights in int8; "
-            f"the model build, {e.build_gib:,.1f} GiB per chip, fits already)"
+            "set spec.lora.baseQuantization: int8 (QLoRA: the base's adapted weights held in int8, quantized as "
+            "they are loaded, in the model build as in the step)"
         )
     out.append("use a larger slice (spec.tpu.slice): FSDP spreads the weights over more chips")
     return out

@@ -8,6 +8,8 @@ no weight is read or allocated: only shapes, dtypes and the shardings the run wo
 
 The model build is compiled too: the adapters are added to the base as the trainer adds them
 (lora.AdapterBuild), and the build's peak is part of what must fit, so "fits" means the whole attempt does.
+With a quantized base (QLoRA) the build is the programs the trainer runs: each targeted weight quantized as it
+is loaded, then the adapters made beside the quantized base (`build_bytes`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tpuforge_workloads.data.pipeline import BATCH_ARRAYS
 from tpuforge_workloads.data.preference import rows_per_example
 from tpuforge_workloads.families.decoder import Decoder, check_sharding
 from tpuforge_workloads.model import lora
+from tpuforge_workloads.model.mesh import placed_shapes
 from tpuforge_workloads.runtime import compile_cache
 
 GIB = 1024**3
@@ -58,7 +61,7 @@ class CompiledStep:
     out_of_hbm: bool = False  # libtpu refused to compile it: temp_bytes is what it said was needed, a lower bound
     cache_hit: bool = False  # loaded from the compile cache instead of compiled
     attention: str = "masked"  # "splash": the program runs splash attention with segment ids (attention.py)
-    build_bytes: int = 0  # peak HBM per chip of adding the adapters to the base (lora.AdapterBuild), 0: not compiled
+    build_bytes: int = 0  # peak HBM per chip of the model build (lora.AdapterBuild, `build_bytes`), 0: not compiled
 
     @property
     def hbm_bytes(self) -> int:
@@ -101,28 +104,13 @@ class NoCheckpoints:
         return 0, {}
 
 
-def placed_shapes(tree: Any, mesh: Any) -> Any:
-    """Abstract values placed as the run places them: each by its partition spec on `mesh`."""
-    import jax
-    from flax import nnx
-
-    specs = nnx.get_partition_spec(tree)
-
-    def place(x: Any, spec: Any) -> Any:
-        if not isinstance(x, jax.ShapeDtypeStruct):
-            return x
-        if not isinstance(spec, jax.sharding.PartitionSpec):
-            spec = jax.sharding.PartitionSpec()  # type: ignore[no-untyped-call]
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=jax.sharding.NamedSharding(mesh, spec))  # type: ignore[no-untyped-call]
-
-    return jax.tree.map(place, tree, specs, is_leaf=lambda v: isinstance(v, jax.ShapeDtypeStruct))
-
-
-def lower_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_steps: int) -> tuple[Any, Any]:
+def lower_train_step(
+    text: Decoder, config: TrainConfig, mesh: Any, total_steps: int
+) -> tuple[Any, tuple[Any, list[Any]]]:
     """The trainer's step for `text` (config.json's decoder, possibly cut to fewer layers), traced and
     lowered for `mesh` (real devices, or a TPU topology's compile-only devices) at the job's micro-batch
-    shape, from shapes alone; and the model build (adapters added to the base, lora.AdapterBuild) lowered
-    for the same mesh. Call under `jax.set_mesh(mesh)` and `mesh` (compile_train_step does)."""
+    shape, from shapes alone; and the model build's programs lowered for the same mesh (`build_programs`).
+    Call under `jax.set_mesh(mesh)` and `mesh` (compile_train_step does)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -163,7 +151,17 @@ def lower_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_steps:
     if config.method == "grpo":  # each sampled answer's advantage (train/grpo.py)
         batch["advantages"] = jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=batch_sharding)  # type: ignore[no-untyped-call]
     step = jit_train_step(trainers[0].create_train_step_fn()).lower(model, optimizer, batch)
-    return step, build.lower(placed_shapes(nnx.state(base), mesh))
+    return step, build_programs(build, base, mesh)
+
+
+def build_programs(build: lora.AdapterBuild, base: Any, mesh: Any) -> tuple[Any, list[Any]]:
+    """The model build's programs lowered for the abstract `base` placed on `mesh`: the one that makes the
+    adapters beside what the LoRA model holds (`init`), and with a quantized base each program that quantizes
+    a targeted weight as it is loaded (`build_bytes` adds them up)."""
+    from flax import nnx
+
+    base_state = placed_shapes(nnx.state(base), mesh)
+    return build.lower(base_state), build.lower_quantizers(base_state)
 
 
 def lowered_flops(lowered: Any) -> float:
@@ -182,13 +180,13 @@ def compile_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_step
 
     started = time.monotonic()
     with jax.set_mesh(mesh), mesh:  # Tunix's kernels read the legacy mesh context, the model the new one
-        lowered, build = lower_train_step(text, config, mesh, total_steps)
+        lowered, programs = lower_train_step(text, config, mesh, total_steps)
         attention_kind = "splash" if SPLASH_KERNEL in lowered.as_text() else "masked"
         inputs = compile_cache.key_inputs(text, config, total_steps, mesh.devices)
         try:
             with compile_cache.open_cache(config.compile_cache_uri, inputs) as cache:
                 compiled = lowered.compile()
-            build_bytes = _build_bytes(build)
+            build_peak = build_bytes(programs)
         except jax.errors.JaxRuntimeError as e:
             needed = out_of_hbm_bytes(str(e))
             if needed is None:
@@ -214,19 +212,41 @@ def compile_train_step(text: Decoder, config: TrainConfig, mesh: Any, total_step
         platform=mesh.devices.flat[0].platform,
         cache_hit=bool(cache and cache.counts["hits"]),
         attention=attention_kind,
-        build_bytes=build_bytes,
+        build_bytes=build_peak,
     )
 
 
-def _build_bytes(lowered_build: Any) -> int:
-    """The build's peak per chip; libtpu's refusal to compile it gives the bytes it needs instead."""
+def build_bytes(programs: tuple[Any, list[Any]]) -> int:
+    """The model build's peak per chip (`build_programs`), as the trainer runs it: `init`'s (its arguments are
+    what the LoRA model holds besides the adapters, its output the adapters); with a quantized base, also the
+    quantized base beside the largest program that quantizes one weight (that weight in full precision, its
+    quantized copy and the program's temporaries), whichever is more. A slight overcount: the quantized base
+    is taken whole while its last weight is quantized. The tensors the loader reads ahead (checkpoint_read) are
+    not counted, with a quantized base or without. libtpu's refusal to compile a program gives the bytes it
+    needs instead."""
+    init, quantizers = programs
+    init_mem = _memory(init)
+    if init_mem is None:
+        return 0
+    if isinstance(init_mem, int):
+        return init_mem
+    peak = peak_bytes(init_mem)
+    for lowered in quantizers:
+        mem = _memory(lowered)
+        one = mem if isinstance(mem, int) else peak_bytes(mem) if mem is not None else 0
+        peak = max(peak, int(init_mem.argument_size_in_bytes) + one)
+    return peak
+
+
+def _memory(lowered: Any) -> Any:
+    """XLA's memory analysis of a lowered program once compiled (None where the backend gives none), or the
+    bytes libtpu said it needs where it refused to compile it."""
     import jax
 
     try:
-        mem = lowered_build.compile().memory_analysis()
+        return lowered.compile().memory_analysis()
     except jax.errors.JaxRuntimeError as e:
         needed = out_of_hbm_bytes(str(e))
         if needed is None:
             raise
         return needed
-    return peak_bytes(mem) if mem is not None else 0

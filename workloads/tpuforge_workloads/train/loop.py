@@ -352,28 +352,43 @@ def build_model(
     adapter_dtype: str = lora.ADAPTER_DTYPE,
 ) -> Any:
     """Base model from model.uri on the mesh, with LoRA adapters stored in `adapter_dtype`. Each process
-    reads only its share of the checkpoint (checkpoint_read.py); `timings` gets the bytes it read."""
+    reads only its share of the checkpoint (checkpoint_read.py); `timings` gets the bytes it read. The LoRA
+    build is set up from shapes before the base is read, so that a quantized base (QLoRA) is quantized as it
+    is read (lora.AdapterBuild.placed): the full-precision base is never held whole."""
+    from tpuforge_workloads.families import attention
+
     fam = families.of(plan.text)
     cfg = fam.tunix_config(plan.text)
     abstract = nnx.eval_shape(lambda: fam.build(plan.text))
     check_sharding(nnx.state(abstract), mesh)
+    config = plan.config
     started = time.monotonic()
     with jax.set_mesh(mesh):
-        base = checkpoint_read.load_model(plan.config.model_uri, plan.text, cfg, mesh, timings)
-    timings["model_load_s"] = time.monotonic() - started
+        shapes = nnx.eval_shape(lambda: attention.install(fam.build(plan.text)))
+        build = lora.AdapterBuild(shapes, config.lora, mesh, config.training.seed, adapter_dtype)
+    lora_s = time.monotonic() - started
     started = time.monotonic()
-    model = adapt_for_training(base, plan.config, mesh, adapter_dtype)
-    timings["lora_s"] = time.monotonic() - started
+    with jax.set_mesh(mesh):
+        base = checkpoint_read.load_model(config.model_uri, plan.text, cfg, mesh, timings, placed=build.placed)
+    timings["model_load_s"] = time.monotonic() - started  # with QLoRA, the base's quantization too
+    started = time.monotonic()
+    model = adapt_for_training(base, config, mesh, adapter_dtype, build)
+    timings["lora_s"] = lora_s + time.monotonic() - started
     return model
 
 
 def adapt_for_training(
-    base: Any, config: TrainConfig, mesh: jax.sharding.Mesh, adapter_dtype: str = lora.ADAPTER_DTYPE
+    base: Any,
+    config: TrainConfig,
+    mesh: jax.sharding.Mesh,
+    adapter_dtype: str = lora.ADAPTER_DTYPE,
+    build: lora.AdapterBuild | None = None,
 ) -> Any:
     """The base model as the trainer trains it: LoRA adapters on the configured targets (in `adapter_dtype`),
     remat as configured (unset, as in a config the operator did not write: on), every array laid out by its
-    partition spec."""
-    model = lora.apply_lora(base, config.lora, mesh, seed=config.training.seed, adapter_dtype=adapter_dtype)
+    partition spec. `build`: the one whose `placed` saw the base loaded (lora.apply_lora)."""
+    seed = config.training.seed
+    model = lora.apply_lora(base, config.lora, mesh, seed=seed, adapter_dtype=adapter_dtype, build=build)
     check_sharding(nnx.state(model, nnx.LoRAParam), mesh)
     families.of_model(base).set_remat(model, resolved_remat(config.training, None), config.training.remat_policy)
     place_by_specs(model, mesh)
