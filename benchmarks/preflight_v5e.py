@@ -3,10 +3,12 @@ slice's v5e topology (libtpu, no TPU), as `tpuforge preflight` compiles a job: t
 build, three small decoders extrapolated to the whole model.
 
     python benchmarks/preflight_v5e.py [--models gemma4-31b,qwen3-8b] [--seq 3072] [--json out.jsonl]
+        [--base-quantization none|int8|int4]
 
 Each model is tried on the smallest v5e slice that holds its weights by the catalog's rule of thumb
 (TRAIN_WEIGHT_SHARE, catalog.holds_for_training) and on the next smaller one, with the report's recipe (LoRA
-rank 64 on the catalog's targets, micro-batch 1 x 8 accumulated, remat on). docs/performance.md records the verdicts.
+rank 64 on the catalog's targets, micro-batch 1 x 8 accumulated, remat on), on the base as it is or quantized
+(QLoRA, `--base-quantization`). docs/performance.md records the verdicts.
 """
 
 from __future__ import annotations
@@ -47,14 +49,20 @@ def slices_for(model_name: str) -> list[str]:
     return short[-1:] + holds[:1]
 
 
-def config(model_name: str, slice_id: str, seq: int) -> TrainConfig:
+def config(model_name: str, slice_id: str, seq: int, base_quantization: str = "none") -> TrainConfig:
     slc = TPU_SLICES[slice_id]
     shape = model_shape(model_name)
     return TrainConfig(
         model_name=model_name,
         model_uri=f"gs://preflight/{model_name}",
         dataset_uri="gs://preflight/train.jsonl",
-        lora=LoraSpec(rank=64, alpha=64, dropout=0.05, target_modules=list(shape.lora_targets)),
+        lora=LoraSpec(
+            rank=64,
+            alpha=64,
+            dropout=0.05,
+            target_modules=list(shape.lora_targets),
+            base_quantization=base_quantization,
+        ),
         training=TrainingSpec(max_seq_len=seq, micro_batch_size=1, gradient_accumulation_steps=8, remat=True),
         mesh=MeshSpec(fsdp=slc.default_fsdp, tp=slc.default_tp),
         checkpoint=CheckpointSpec(uri="gs://preflight/checkpoints"),
@@ -68,13 +76,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", type=int, default=3072)
     ap.add_argument("--slices", help="comma-separated v5e slices (default: per model, see the docstring)")
     ap.add_argument("--json", help="append each verdict here as a JSON line")
+    ap.add_argument("--base-quantization", default="none", choices=("none", "int8", "int4"), help="QLoRA's base")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     for model_name in args.models.split(","):
         text = decoder(model_name)
         for slice_id in args.slices.split(",") if args.slices else slices_for(model_name):
-            report = preflight(text, config(model_name, slice_id, args.seq), TPU_SLICES[slice_id], STEPS)
-            row = {"model": model_name, "maxSeqLen": args.seq, **report.to_json()}
+            report = preflight(
+                text, config(model_name, slice_id, args.seq, args.base_quantization), TPU_SLICES[slice_id], STEPS
+            )
+            row = {"model": model_name, "maxSeqLen": args.seq, "baseQuantization": args.base_quantization}
+            row.update(report.to_json())
             emit(row, args.json)
     return 0
 

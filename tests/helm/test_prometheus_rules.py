@@ -155,20 +155,18 @@ def operator_tick(n: int) -> None:
     ftj, sdep = spec("finetune.yaml"), spec("serving.yaml")
     total = 1000
     step = 100 + n
+
+    def training(**progress: Any) -> Progress:
+        """A training job's progress at this tick's step, with `progress`'s figures."""
+        return Progress(step=step, total_steps=total, percent=100.0 * step / total, **progress)
+
     metrics.observe_finetunejob(
         FTJ_NS,
         FTJ_TRAINING,
         ftj,
         FineTuneJobStatus(
             phase=FineTunePhase.TRAINING,
-            progress=Progress(
-                step=step,
-                total_steps=total,
-                percent=100.0 * step / total,
-                loss=2.0 - n / 1000,
-                tokens_per_second=760.0 + n % 5,
-                eta_seconds=(total - step) * 20,
-            ),
+            progress=training(loss=2.0 - n / 1000, tokens_per_second=760.0 + n % 5, eta_seconds=(total - step) * 20),
             restarts=Restarts(failures=1, preemptions=2 + n // 20),
             cost=Cost(tpu_hours=1.5, estimated_usd=25.2 + n / 100),
         ),
@@ -218,10 +216,7 @@ def operator_tick(n: int) -> None:
         spec("finetune-dpo.yaml"),
         FineTuneJobStatus(
             phase=FineTunePhase.TRAINING,
-            progress=Progress(
-                step=step,
-                total_steps=total,
-                percent=100.0 * step / total,
+            progress=training(
                 loss=0.69 - n / 10000,
                 preference=PreferenceProgress(
                     accuracy=0.5 + (n % 40) / 100,
@@ -242,10 +237,7 @@ def operator_tick(n: int) -> None:
         spec("finetune-grpo.yaml"),
         FineTuneJobStatus(
             phase=FineTunePhase.TRAINING,
-            progress=Progress(
-                step=step,
-                total_steps=total,
-                percent=100.0 * step / total,
+            progress=training(
                 loss=0.01,
                 rl=RlProgress(
                     reward=0.3 + (n % 10) / 100,
