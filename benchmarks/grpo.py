@@ -1,16 +1,22 @@
 """What GRPO (spec.method grpo) learns at CPU scale, with the checker's verdict as its only signal.
 
-The twelve Verilog problems written here (tpuforge_workloads.data.verilog_tasks), each asked in three
-phrasings. The tiny Gemma 4 (Verilog tokenizer) is first SFT-trained on every phrasing with the right and a
-plausible wrong answer (the task set's `broken` one) equally often: the "SFT start", a model that writes
-either, merged into its base by the merge CLI. GRPO then trains a LoRA on that merged model by the trainer CLI,
-on the first two phrasings only, its reward the confined Verilog checker's pass, its KL reference the SFT
-model (the adapters off). The third phrasing of each problem is held out of GRPO (never sampled, never
-rewarded; the SFT start has seen it, with both answers). Both models are scored on it by the same checker:
+The 20 Verilog problems written here (tpuforge_workloads.data.verilog_tasks: its dozen PROBLEMS and the eight
+MORE_PROBLEMS), each asked in three phrasings. The tiny Gemma 4 (Verilog tokenizer) is first SFT-trained on
+every phrasing with the right and a plausible wrong answer (the task set's `broken` one) equally often: the
+"SFT start", a model that writes either, merged into its base by the merge CLI. GRPO then trains a LoRA on
+that merged model by the trainer CLI, on the first two phrasings only, its reward the confined Verilog
+checker's pass, its KL reference the SFT model (the adapters off). The third phrasing of each problem is held
+out of GRPO (never sampled, never rewarded; the SFT start has seen it, with both answers). Both models are
+scored on it by the same checker:
 
 - pass@1 of greedy answers, and pass@1 estimated from `--samples` answers per problem at the rollouts'
-  temperature, each with its 95% Clopper-Pearson interval over the 12 problems (evaluate.passk), before (the
+  temperature, each with its 95% Clopper-Pearson interval over the 20 problems (evaluate.passk), before (the
   SFT start) and after GRPO;
+- the rise, after - before, of each with its paired 95% interval over the same problems (evaluate.passk.
+  paired_rise: greedy, the exact conditional interval from the problems whose verdict changed, i.e. the exact
+  McNemar test's; sampled, the Student t interval of the per-problem differences), the count of problems that
+  rose, fell, passed or failed both times, each problem's verdicts before and after, and a verdict: is the
+  rise beyond its interval (its low bound above 0);
 - from the GRPO run's summary: the reward by step, the pass rate of its first and last steps, the KL at its
   end, and the checker's and the rollout's shares of the step time (their seconds over the steps' seconds).
 
@@ -52,10 +58,10 @@ def phrasings(name: str, ports: str) -> list[str]:
 def records() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     """(SFT records: both answers to every phrasing; GRPO problems: the first two phrasings with the right
     answer as reference; held-out problems: the third phrasing, which GRPO never samples)."""
-    from tpuforge_workloads.data.verilog_tasks import PROBLEMS, fenced
+    from tpuforge_workloads.data.verilog_tasks import MORE_PROBLEMS, PROBLEMS, fenced
 
     sft, train_problems, held = [], [], []
-    for p in PROBLEMS:
+    for p in PROBLEMS + MORE_PROBLEMS:
         ports = p.ask.split("(", 1)[1].rsplit(")", 1)[0]
         asks = phrasings(p.name, ports)
         test = {"files": {"tb.v": p.testbench}}
@@ -157,7 +163,46 @@ def score(
         "sampledPassAt1": round(sum(per) / len(per), 4),
         "sampledInterval": [round(s_low, 4), round(s_high, 4)],
         "problems": len(problems),
+        "greedyPassed": [int(j.passed) for j in judged],  # per problem, in the held-out file's order
+        "samplesPassed": [sum(v) for v in verdicts],  # per problem, of `samples`
     }
+
+
+def rise(before: dict[str, Any], after: dict[str, Any], samples: int, names: list[str]) -> dict[str, Any]:
+    """The rise of held-out pass@1 from the SFT start to the tuned model, greedy and sampled, each with its paired
+    95% interval over the same problems (evaluate.passk.paired_rise), and each problem's verdicts."""
+    from tpuforge_workloads.evaluate.passk import paired_rise
+
+    def rounded(r: dict[str, Any]) -> dict[str, Any]:
+        return {**r, "rise": round(r["rise"], 4), "interval": [round(v, 4) for v in r["interval"]]}
+
+    greedy = paired_rise(before["greedyPassed"], after["greedyPassed"], 0.95, exact=True)
+    sampled = paired_rise(
+        [c / samples for c in before["samplesPassed"]], [c / samples for c in after["samplesPassed"]], 0.95, exact=False
+    )
+    verdicts = zip(
+        names, before["greedyPassed"], after["greedyPassed"], before["samplesPassed"], after["samplesPassed"],
+        strict=True,
+    )  # fmt: skip
+    return {
+        "greedy": rounded(greedy),
+        "sampled": rounded(sampled),
+        "perProblem": [{"problem": n, "greedy": [b, a], "samplesPassed": [sb, sa]} for n, b, a, sb, sa in verdicts],
+    }
+
+
+def verdict_lines(r: dict[str, Any]) -> list[str]:
+    """The plain verdicts: for greedy and sampled pass@1, the rise, its paired interval, beyond it or not."""
+    out = []
+    for kind in ("greedy", "sampled"):
+        g = r[kind]
+        low, high = g["interval"]
+        counts = f" ({g['rose']} rose, {g['fell']} fell)" if "rose" in g else ""
+        yes = "yes" if g["beyondInterval"] else "no"
+        out.append(
+            f"{kind} pass@1 rise {g['rise']:+.3f} [{low:+.3f}, {high:+.3f}]{counts}: rise beyond its interval: {yes}"
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     with jax.set_mesh(mesh):
         tuned = lora_model(merged, rl_ck, mesh)
     after = score(tuned, merged, held, args.samples, check, args.seed, args.temperature)
+    from tpuforge_workloads.data.verilog_tasks import MORE_PROBLEMS, PROBLEMS
+
+    held_rise = rise(before, after, args.samples, [p.name for p in PROBLEMS + MORE_PROBLEMS])
     summary = json.loads((rl_ck / "run_summary.json").read_text())
     steps = {int(k): v for a in summary["attempts"] for k, v in a.get("train_rl", {}).items()}
     first, last = steps[min(steps)], steps[max(steps)]
@@ -234,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "heldOutBefore": before,
             "heldOutAfter": after,
+            "heldOutRise": held_rise,
             "rewardFirstStep": first["reward"],
             "rewardLastStep": last["reward"],
             "passRateFirstStep": first["pass_rate"],
@@ -246,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         args.json,
     )
+    for line in verdict_lines(held_rise):
+        print(line, file=sys.stderr, flush=True)
     check.close()
     return 0
 
