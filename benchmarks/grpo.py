@@ -13,10 +13,10 @@ scored on it by the same checker:
   temperature, each with its 95% Clopper-Pearson interval over the 20 problems (evaluate.passk), before (the
   SFT start) and after GRPO;
 - the rise, after - before, of each with its paired 95% interval over the same problems (evaluate.passk.
-  paired_rise: greedy, the exact conditional interval from the problems whose verdict changed, i.e. the exact
-  McNemar test's; sampled, the Student t interval of the per-problem differences), the count of problems that
-  rose, fell, passed or failed both times, each problem's verdicts before and after, and a verdict: is the
-  rise beyond its interval (its low bound above 0);
+  paired_rise: greedy, Newcombe's square-and-add interval for paired proportions, with the exact McNemar
+  p-value; sampled, the Student t interval of the per-problem differences), the count of problems that rose,
+  fell, passed or failed both times, each problem's verdicts before and after, and a verdict line on stderr:
+  is the rise beyond its interval (its low bound above 0);
 - from the GRPO run's summary: the reward by step, the pass rate of its first and last steps, the KL at its
   end, and the checker's and the rollout's shares of the step time (their seconds over the steps' seconds).
 
@@ -174,7 +174,8 @@ def rise(before: dict[str, Any], after: dict[str, Any], samples: int, names: lis
     from tpuforge_workloads.evaluate.passk import paired_rise
 
     def rounded(r: dict[str, Any]) -> dict[str, Any]:
-        return {**r, "rise": round(r["rise"], 4), "interval": [round(v, 4) for v in r["interval"]]}
+        out = {**r, "rise": round(r["rise"], 4), "interval": [round(v, 4) for v in r["interval"]]}
+        return {**out, **({"mcnemarExactP": round(r["mcnemarExactP"], 5)} if "mcnemarExactP" in r else {})}
 
     greedy = paired_rise(before["greedyPassed"], after["greedyPassed"], 0.95, exact=True)
     sampled = paired_rise(
@@ -197,7 +198,7 @@ def verdict_lines(r: dict[str, Any]) -> list[str]:
     for kind in ("greedy", "sampled"):
         g = r[kind]
         low, high = g["interval"]
-        counts = f" ({g['rose']} rose, {g['fell']} fell)" if "rose" in g else ""
+        counts = f" ({g['rose']} rose, {g['fell']} fell, McNemar p {g['mcnemarExactP']:.3g})" if "rose" in g else ""
         yes = "yes" if g["beyondInterval"] else "no"
         out.append(
             f"{kind} pass@1 rise {g['rise']:+.3f} [{low:+.3f}, {high:+.3f}]{counts}: rise beyond its interval: {yes}"
