@@ -42,6 +42,7 @@ import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 # A fenced block: ``` or ~~~ (3 or more), an optional info string, the body, the same fence closing it.
@@ -207,6 +208,7 @@ def standard_error(values: Sequence[float]) -> float:
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (m - 1) / m)
 
 
+@cache
 def t_quantile(q: float, df: int) -> float:
     """The q quantile of Student's t with `df` degrees of freedom, from P(|T| > t) = I_{df/(df+t^2)}(df/2, 1/2)."""
     if not 0 < q < 1 or df < 1:
@@ -224,6 +226,7 @@ def t_quantile(q: float, df: int) -> float:
     return t if q > 0.5 else -t
 
 
+@cache
 def normal_quantile(q: float) -> float:
     """The q quantile of the standard normal, by bisection on erf (to 1e-12)."""
     if not 0 < q < 1:
@@ -300,7 +303,7 @@ def mcnemar_exact_p(before: Sequence[bool], after: Sequence[bool]) -> float:
     chance under a fair coin of a split at least as lopsided as the one seen (1 when none changed)."""
     t = paired_counts(before, after)
     changed, more = t["rose"] + t["fell"], max(t["rose"], t["fell"])
-    tail = sum(math.comb(changed, k) for k in range(more, changed + 1)) / 2**changed
+    tail = sum(math.comb(changed, k) for k in range(more, changed + 1)) / (1 << changed)
     return min(1.0, 2 * tail)
 
 
