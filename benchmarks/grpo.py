@@ -1,16 +1,22 @@
 """What GRPO (spec.method grpo) learns at CPU scale, with the checker's verdict as its only signal.
 
-The twelve Verilog problems written here (tpuforge_workloads.data.verilog_tasks), each asked in three
-phrasings. The tiny Gemma 4 (Verilog tokenizer) is first SFT-trained on every phrasing with the right and a
-plausible wrong answer (the task set's `broken` one) equally often: the "SFT start", a model that writes
-either, merged into its base by the merge CLI. GRPO then trains a LoRA on that merged model by the trainer CLI,
-on the first two phrasings only, its reward the confined Verilog checker's pass, its KL reference the SFT
-model (the adapters off). The third phrasing of each problem is held out of GRPO (never sampled, never
-rewarded; the SFT start has seen it, with both answers). Both models are scored on it by the same checker:
+The 20 Verilog problems written here (tpuforge_workloads.data.verilog_tasks: its dozen PROBLEMS and the eight
+MORE_PROBLEMS), each asked in three phrasings. The tiny Gemma 4 (Verilog tokenizer) is first SFT-trained on
+every phrasing with the right and a plausible wrong answer (the task set's `broken` one) equally often: the
+"SFT start", a model that writes either, merged into its base by the merge CLI. GRPO then trains a LoRA on
+that merged model by the trainer CLI, on the first two phrasings only, its reward the confined Verilog
+checker's pass, its KL reference the SFT model (the adapters off). The third phrasing of each problem is held
+out of GRPO (never sampled, never rewarded; the SFT start has seen it, with both answers). Both models are
+scored on it by the same checker:
 
 - pass@1 of greedy answers, and pass@1 estimated from `--samples` answers per problem at the rollouts'
-  temperature, each with its 95% Clopper-Pearson interval over the 12 problems (evaluate.passk), before (the
+  temperature, each with its 95% Clopper-Pearson interval over the 20 problems (evaluate.passk), before (the
   SFT start) and after GRPO;
+- the rise, after - before, of each with its paired 95% interval over the same problems (evaluate.passk.
+  paired_rise: greedy, Newcombe's square-and-add interval for paired proportions, with the exact McNemar
+  p-value; sampled, the Student t interval of the per-problem differences), the count of problems that rose,
+  fell, passed or failed both times, each problem's verdicts before and after, and a verdict line on stderr:
+  is the rise beyond its interval (its low bound above 0);
 - from the GRPO run's summary: the reward by step, the pass rate of its first and last steps, the KL at its
   end, and the checker's and the rollout's shares of the step time (their seconds over the steps' seconds).
 
@@ -34,10 +40,13 @@ from typing import Any
 from benchmarks.learning_quality import lora_model, train
 from benchmarks.rows import emit
 
+from tpuforge_workloads.data.verilog_tasks import MORE_PROBLEMS, PROBLEMS, Problem
+
 ROOT = Path(__file__).resolve().parents[1]
 MAX_TOKENS = 56
 MAX_SEQ_LEN = 128
 LORA = {"rank": 16, "alpha": 32.0, "dropout": 0.0}
+BENCH_PROBLEMS = PROBLEMS + MORE_PROBLEMS  # 20 held out: the paired interval of a rise needs more than 12
 
 
 def phrasings(name: str, ports: str) -> list[str]:
@@ -49,13 +58,15 @@ def phrasings(name: str, ports: str) -> list[str]:
     ]
 
 
-def records() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+def records(problems: tuple[Problem, ...] = PROBLEMS) -> tuple[list[dict[str, Any]], ...]:
     """(SFT records: both answers to every phrasing; GRPO problems: the first two phrasings with the right
-    answer as reference; held-out problems: the third phrasing, which GRPO never samples)."""
-    from tpuforge_workloads.data.verilog_tasks import PROBLEMS, fenced
+    answer as reference; held-out problems: the third phrasing, which GRPO never samples). Of the dozen
+    PROBLEMS by default: the GRPO demo's files (examples/data/demo-verilog-*.jsonl); the benchmark passes all
+    20 (BENCH_PROBLEMS)."""
+    from tpuforge_workloads.data.verilog_tasks import fenced
 
     sft, train_problems, held = [], [], []
-    for p in PROBLEMS:
+    for p in problems:
         ports = p.ask.split("(", 1)[1].rsplit(")", 1)[0]
         asks = phrasings(p.name, ports)
         test = {"files": {"tb.v": p.testbench}}
@@ -157,7 +168,47 @@ def score(
         "sampledPassAt1": round(sum(per) / len(per), 4),
         "sampledInterval": [round(s_low, 4), round(s_high, 4)],
         "problems": len(problems),
+        "greedyPassed": [int(j.passed) for j in judged],  # per problem, in the held-out file's order
+        "samplesPassed": [sum(v) for v in verdicts],  # per problem, of `samples`
     }
+
+
+def rise(before: dict[str, Any], after: dict[str, Any], samples: int, names: list[str]) -> dict[str, Any]:
+    """The rise of held-out pass@1 from the SFT start to the tuned model, greedy and sampled, each with its paired
+    95% interval over the same problems (evaluate.passk.paired_rise), and each problem's verdicts."""
+    from tpuforge_workloads.evaluate.passk import paired_rise
+
+    def rounded(r: dict[str, Any]) -> dict[str, Any]:
+        out = {**r, "rise": round(r["rise"], 4), "interval": [round(v, 4) for v in r["interval"]]}
+        return {**out, **({"mcnemarExactP": round(r["mcnemarExactP"], 5)} if "mcnemarExactP" in r else {})}
+
+    greedy = paired_rise(before["greedyPassed"], after["greedyPassed"], 0.95, exact=True)
+    sampled = paired_rise(
+        [c / samples for c in before["samplesPassed"]], [c / samples for c in after["samplesPassed"]], 0.95, exact=False
+    )
+    verdicts = zip(
+        names, before["greedyPassed"], after["greedyPassed"], before["samplesPassed"], after["samplesPassed"],
+        strict=True,
+    )  # fmt: skip
+    return {
+        "greedy": rounded(greedy),
+        "sampled": rounded(sampled),
+        "perProblem": [{"problem": n, "greedy": [b, a], "samplesPassed": [sb, sa]} for n, b, a, sb, sa in verdicts],
+    }
+
+
+def verdict_lines(r: dict[str, Any]) -> list[str]:
+    """The plain verdicts: for greedy and sampled pass@1, the rise, its paired interval, beyond it or not."""
+    out = []
+    for kind in ("greedy", "sampled"):
+        g = r[kind]
+        low, high = g["interval"]
+        counts = f" ({g['rose']} rose, {g['fell']} fell, McNemar p {g['mcnemarExactP']:.3g})" if "rose" in g else ""
+        yes = "yes" if g["beyondInterval"] else "no"
+        out.append(
+            f"{kind} pass@1 rise {g['rise']:+.3f} [{low:+.3f}, {high:+.3f}]{counts}: rise beyond its interval: {yes}"
+        )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(args.work or tempfile.mkdtemp(prefix="grpo-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    sft_rows, train_rows, held_rows = records()
+    sft_rows, train_rows, held_rows = records(BENCH_PROBLEMS)
     sft_data = jsonl(work / "sft.jsonl", sft_rows)
     rl_data = jsonl(work / "problems.jsonl", train_rows)
     held = jsonl(work / "held.jsonl", held_rows)
@@ -215,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     with jax.set_mesh(mesh):
         tuned = lora_model(merged, rl_ck, mesh)
     after = score(tuned, merged, held, args.samples, check, args.seed, args.temperature)
+    held_rise = rise(before, after, args.samples, [p.name for p in BENCH_PROBLEMS])
     summary = json.loads((rl_ck / "run_summary.json").read_text())
     steps = {int(k): v for a in summary["attempts"] for k, v in a.get("train_rl", {}).items()}
     first, last = steps[min(steps)], steps[max(steps)]
@@ -234,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             },
             "heldOutBefore": before,
             "heldOutAfter": after,
+            "heldOutRise": held_rise,
             "rewardFirstStep": first["reward"],
             "rewardLastStep": last["reward"],
             "passRateFirstStep": first["pass_rate"],
@@ -246,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         },
         args.json,
     )
+    for line in verdict_lines(held_rise):
+        print(line, file=sys.stderr, flush=True)
     check.close()
     return 0
 

@@ -14,17 +14,26 @@ import pytest
 import yaml
 
 from tpuforge_workloads.data import demo
-from tpuforge_workloads.data.verilog_tasks import PROBLEMS, SHORT, VERILOG_CHECK_COMMAND, corpus, records
+from tpuforge_workloads.data.verilog_tasks import (
+    MORE_PROBLEMS,
+    PROBLEMS,
+    SHORT,
+    VERILOG_CHECK_COMMAND,
+    corpus,
+    records,
+)
 from tpuforge_workloads.evaluate.passk import extract_code
 from tpuforge_workloads.families.gemma4 import tiny as tiny_model
 
 
 @pytest.mark.skipif(shutil.which("iverilog") is None, reason="needs iverilog (make iverilog)")
 def test_every_solution_passes_its_testbench_and_every_broken_one_fails() -> None:
-    assert len(PROBLEMS) == 12 and len({p.name for p in PROBLEMS}) == 12
+    assert len(PROBLEMS) == 12 and len(MORE_PROBLEMS) == 8
+    every = PROBLEMS + MORE_PROBLEMS
+    assert len({p.name for p in every}) == 20
     samples = []
-    for kind, rows in (("good", records()), ("broken", records(broken=True))):
-        for p, r in zip(PROBLEMS, rows, strict=True):
+    for kind, rows in (("good", records(problems=every)), ("broken", records(broken=True, problems=every))):
+        for p, r in zip(every, rows, strict=True):
             code = extract_code(r["messages"][-1]["content"])
             samples.append({"id": f"{kind}/{p.name}", "code": code, "test": r["test"]})
     tmp = Path(tempfile.mkdtemp(prefix="tpuforge-verilog-"))
@@ -39,7 +48,7 @@ def test_every_solution_passes_its_testbench_and_every_broken_one_fails() -> Non
         verdicts = {v["id"]: v for v in map(json.loads, (tmp / "v.jsonl").read_text().splitlines())}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    for p in PROBLEMS:
+    for p in every:
         good, broken = verdicts[f"good/{p.name}"], verdicts[f"broken/{p.name}"]
         assert good["verdict"] == "passed" and "PASS" in good["stdout"], good
         assert broken["verdict"] == "failed (exit 1)" and "FAIL:" in broken["stdout"] + broken["stderr"], broken
@@ -65,7 +74,7 @@ def test_the_verilog_tokenizer_fits_every_record_in_128_tokens_() -> None:
     verilog, chat = tiny_model.train_tokenizer(512, corpus="verilog"), tiny_model.train_tokenizer(512)
     frame = "<|turn>user\n{}<turn|>\n<|turn>model\n{}<turn|>\n"
     for kind in (False, True):
-        for r in records(broken=kind):
+        for r in records(broken=kind, problems=PROBLEMS + MORE_PROBLEMS):
             text = frame.format(*(m["content"] for m in r["messages"]))
             short, long = len(verilog.encode(text).ids), len(chat.encode(text).ids)
             assert short <= 128 and long >= 1.5 * short, (short, long, text)

@@ -112,6 +112,41 @@ PROBLEMS: tuple[Problem, ...] = (
 )  # fmt: skip
 
 
+# Eight more, written like the dozen: with them, benchmarks/grpo.py holds out 20 problems, not 12. Kept apart
+# from PROBLEMS so that what the tests, the demo and the Verilog tokenizer's corpus use stays the dozen.
+MORE_PROBLEMS: tuple[Problem, ...] = (
+    _problem("xor2", "a, b, y: y is a XOR b", "input a, b, output y",
+             "  assign y = a ^ b;", "  assign y = a | b;",
+             _comb("reg a, b; wire y;", ".a(a), .b(b), .y(y)", 2, "{a, b}", "y !== (a ^ b)")),
+    _problem("and4", "4-bit d, y = AND of its bits", "input [3:0] d, output y",
+             "  assign y = &d;", "  assign y = |d;",
+             _comb("reg [3:0] d; wire y;", ".d(d), .y(y)", 4, "d", "y !== &d")),
+    _problem("sub4", "4-bit a and b, 4-bit diff = a - b", "input [3:0] a, b, output [3:0] diff",
+             "  assign diff = a - b;", "  assign diff = b - a;",
+             _comb("reg [3:0] a, b; wire [3:0] diff;", ".a(a), .b(b), .diff(diff)", 8, "{a, b}",
+                   "diff !== ((a - b) & 4'hf)")),
+    _problem("max4", "4-bit a and b, 4-bit y = the larger", "input [3:0] a, b, output [3:0] y",
+             "  assign y = a > b ? a : b;", "  assign y = a < b ? a : b;",
+             _comb("reg [3:0] a, b; wire [3:0] y;", ".a(a), .b(b), .y(y)", 8, "{a, b}", "y !== (a > b ? a : b)")),
+    _problem("gray4", "4-bit b, 4-bit Gray code g", "input [3:0] b, output [3:0] g",
+             "  assign g = b ^ (b >> 1);", "  assign g = b ^ (b << 1);",
+             _comb("reg [3:0] b; wire [3:0] g;", ".b(b), .g(g)", 4, "b", "g !== (b ^ (b >> 1))")),
+    _problem("rev4", "4-bit d, 4-bit y = d with its bits reversed", "input [3:0] d, output [3:0] y",
+             "  assign y = {d[0], d[1], d[2], d[3]};", "  assign y = {d[3], d[2], d[1], d[0]};",
+             _comb("reg [3:0] d; wire [3:0] y;", ".d(d), .y(y)", 4, "d", "y !== {d[0], d[1], d[2], d[3]}")),
+    _problem("tff", "clk, rst, t, q: q toggles at each rising clk edge when t, 0 while rst",
+             "input clk, rst, t, output reg q",
+             "  always @(posedge clk) q <= rst ? 1'b0 : q ^ t;", "  always @(posedge clk) q <= rst ? 1'b0 : t;",
+             _seq("reg t = 0; reg want = 0; wire q;", ".clk(clk), .rst(rst), .t(t), .q(q)",
+                  "t = i[0] | i[1]; want = want ^ t;", "q !== want")),
+    _problem("down4", "clk, rst, 4-bit q: q counts down at each rising clk edge, 0 while rst",
+             "input clk, rst, output reg [3:0] q",
+             "  always @(posedge clk) q <= rst ? 4'd0 : q - 1;", "  always @(posedge clk) q <= rst ? 4'd0 : q + 1;",
+             _seq("reg [3:0] want = 0; wire [3:0] q;", ".clk(clk), .rst(rst), .q(q)",
+                  "want = want - 1;", "q !== want")),
+)  # fmt: skip
+
+
 def fenced(code: str) -> str:
     return f"```verilog\n{code}\n```"
 
@@ -121,12 +156,14 @@ def fenced(code: str) -> str:
 SHORT = ("mux2", "half_adder", "adder4", "parity8")
 
 
-def records(broken: bool = False, names: tuple[str, ...] | None = None) -> list[dict[str, Any]]:
-    """One chat record per problem (those in `names`, else all): the ask, the (right or broken) solution
-    fenced, the testbench as `test`."""
-    unknown = set(names or ()) - {p.name for p in PROBLEMS}
+def records(
+    broken: bool = False, names: tuple[str, ...] | None = None, problems: tuple[Problem, ...] = PROBLEMS
+) -> list[dict[str, Any]]:
+    """One chat record per problem of `problems` (those in `names`, else all): the ask, the (right or broken)
+    solution fenced, the testbench as `test`."""
+    unknown = set(names or ()) - {p.name for p in problems}
     if unknown:
-        raise ValueError(f"no Verilog problem named {sorted(unknown)}; the problems: {[p.name for p in PROBLEMS]}")
+        raise ValueError(f"no Verilog problem named {sorted(unknown)}; the problems: {[p.name for p in problems]}")
     return [
         {
             "messages": [
@@ -135,7 +172,7 @@ def records(broken: bool = False, names: tuple[str, ...] | None = None) -> list[
             ],
             "test": {"files": {"tb.v": p.testbench}},
         }
-        for p in PROBLEMS
+        for p in problems
         if names is None or p.name in names
     ]
 
