@@ -10,10 +10,18 @@ on the tiny Gemma 4 by the trainer CLI. On the held-out pairs it scores
   step 0 and at its last step (DPO's reward is beta x the log-probability change from the base, so its
   step-0 margin is 0; ORPO's is the mean per-token log-probability).
 
+With `--start sft` the preference runs start from an SFT model rather than the base: the demo's job (SFT,
+`--sft-steps` steps of 4) trained on the chosen answers of the training pairs only
+(tpuforge_workloads.data.demo.preference_sft_records: the held-out pairs, split as the trainer splits the pairs
+file, are left out), merged by the merge CLI, and each method run on that merged model (its reference model,
+for DPO). Then the base and the SFT model are both scored on the held-out pairs, and each run's gains are
+against the SFT model.
+
     .venv/bin/python benchmarks/preference.py [--methods dpo orpo] [--steps 120] [--seed 0]
+        [--rejected mistaken|swapped] [--start base|sft] [--sft-steps 200]
         [--set preference.beta=0.5 ...] [--json out.jsonl]
 
-One JSON line for the starting model, then one per method.
+One JSON line for the starting model (with --start sft: the base, then the SFT model), then one per method.
 """
 
 from __future__ import annotations
@@ -21,6 +29,8 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -115,6 +125,47 @@ def run_method(
     return row, config
 
 
+def sft_start(pairs: Path, steps: int, seed: int, model_dir: Path, work: Path) -> tuple[Path, dict[str, Any]]:
+    """The demo's SFT job on the chosen answers of the training pairs of `pairs`, `steps` steps, merged; the
+    merged model's directory and the run's row."""
+    from tpuforge.api import FineTuneJobSpec, parse
+    from tpuforge.api.configs import merge_config
+    from tpuforge_workloads.data import demo
+
+    rows = [json.loads(line) for line in pairs.read_text().splitlines() if line.strip()]
+    data = work / "sft" / "chosen.jsonl"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    records = demo.preference_sft_records(rows, EVAL_FRACTION)
+    data.write_text(demo.jsonl(records))
+    spec: dict[str, Any] = copy.deepcopy(yaml.safe_load(DEMO_JOB.read_text())["spec"])
+    for path, value in (
+        ("training.maxSteps", steps),
+        ("training.warmupSteps", max(1, steps // 10)),
+        ("training.seed", seed),
+        ("checkpoint.everySteps", steps),
+        ("merge.verify", False),
+    ):
+        set_field(spec, path, value)
+    ckpt = work / "sft" / "checkpoints"
+    config = train_config(spec, model_dir, data, ckpt, (1, 1))
+    row: dict[str, Any] = {"method": "sft", "pairs": pairs.name, "seed": seed, "steps": steps, "records": len(records)}
+    row |= train(config, work / "sft", 1)
+    merged = work / "sft" / "merged"
+    spec["model"]["uri"], spec["checkpoint"]["uri"], spec["output"]["uri"] = str(model_dir), str(ckpt), str(merged)
+    cfg = merge_config("bench", "preference-sft", parse(FineTuneJobSpec, spec, root="spec"))
+    (work / "sft" / "merge.json").write_text(cfg.model_copy(update={"job": None}).model_dump_json(by_alias=True))
+    proc = subprocess.run(
+        [sys.executable, "-m", "tpuforge_workloads.merge", "--config", str(work / "sft" / "merge.json")],
+        cwd=ROOT,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"merge exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return merged, row
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--methods", nargs="+", default=["dpo", "orpo"], choices=["dpo", "orpo"])
@@ -126,6 +177,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=["mistaken", "swapped"],
         help="mistaken: the repo's set; swapped: each wrong answer is another country's capital",
     )
+    p.add_argument(
+        "--start",
+        default="base",
+        choices=["base", "sft"],
+        help="base: tune the base; sft: first SFT on the training pairs' chosen answers, merged, and tune that",
+    )
+    p.add_argument("--sft-steps", type=int, default=200, help="--start sft: the SFT run's steps (4 records each)")
     p.add_argument("--set", action="append", default=[], help="field.path=value in the job's spec")
     p.add_argument("--json", default=None, help="append each row to this JSON-lines file")
     args = p.parse_args(argv)
@@ -143,12 +201,22 @@ def main(argv: list[str] | None = None) -> int:
             pairs = work / f"demo-preferences-{args.rejected}.jsonl"
             pairs.write_text(demo.jsonl(demo.preference_records(rejected=args.rejected)))
         start: dict[str, Any] | None = None
+        tuned_from, sft_row = model_dir, None
+        if args.start == "sft":
+            tuned_from, sft_row = sft_start(pairs, args.sft_steps, args.seed, model_dir, work)
         for method in args.methods:
-            row, config = run_method(method, args.steps, args.seed, args.set, pairs, model_dir, work)
+            row, config = run_method(method, args.steps, args.seed, args.set, pairs, tuned_from, work)
+            row["start"] = args.start
             if start is None:
-                start = {"method": "start", "pairs": pairs.name, "heldOut": held_out_ranking(model_dir, None, config)}
-                emit(start, args.json)
-            for key in ("accuracy", "perTokenAccuracy"):
+                base: dict[str, Any] = {"method": "start" if sft_row is None else "base", "pairs": pairs.name}
+                base["heldOut"] = held_out_ranking(model_dir, None, config)
+                emit(base, args.json)
+                start = base
+                if sft_row is not None:
+                    # The SFT model: the merged model the runs start from, adapters off.
+                    start = sft_row | {"heldOut": held_out_ranking(tuned_from, None, config)}
+                    emit(start, args.json)
+            for key in ("accuracy", "perTokenAccuracy", "perTokenMargin"):
                 row[f"{key}Gain"] = round(row["heldOut"][key] - start["heldOut"][key], 4)
             emit(row, args.json)
     return 0

@@ -20,7 +20,8 @@ ROOT = repo_root()
 def test_the_grpo_demo_starts_from_the_sft_starts_merged_model_with_the_verilog_checker() -> None:
     start, rl = load_jobs(ROOT / GRPO.jobs_yaml, DEFAULT_BUCKET)
     assert start.spec.method == "sft" and rl.spec.method == "grpo"
-    assert start.spec.merge.enabled and rl.spec.model.uri == start.spec.output.uri
+    ref = rl.spec.model.fine_tune_job_ref
+    assert start.spec.merge.enabled and ref is not None and ref.name == start.name and rl.spec.model.uri is None
     grpo = rl.spec.grpo or GrpoSpec()
     assert grpo.reward.checker > 0 and grpo.checker.command[-1] == "tpuforge_workloads.evaluate.verilog"
     for job in (start, rl):

@@ -1,9 +1,11 @@
-"""The preference demo (`tpuforge demo --method dpo|orpo`): its job, the CLI's choice of it, and its verdict:
-it fails unless the tuned model prefers the chosen answers of the held-out pairs more than the start did."""
+"""The preference demo (`tpuforge demo --method dpo|orpo`): its two jobs (the SFT start on the training pairs'
+chosen answers, then DPO from its merged model), the CLI's choice of it, and its verdict: it fails unless the
+tuned model prefers the chosen answers of the held-out pairs more than the SFT start did."""
 
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -13,8 +15,8 @@ from tpuforge.api.validation import check_finetune
 from tpuforge_sandbox import Sandbox
 from tpuforge_sandbox.config import DEFAULT_BUCKET, repo_root
 from tpuforge_sandbox.demo import cli
-from tpuforge_sandbox.demo.job import DemoError, load_job
-from tpuforge_sandbox.demo.preference import for_method, trainer_record, verdict
+from tpuforge_sandbox.demo.job import DemoError, load_jobs
+from tpuforge_sandbox.demo.preference import for_method, jobs_of, read_jobs, trainer_record, verdict
 from tpuforge_sandbox.demo.scenarios import PREFERENCE
 from tpuforge_sandbox.demo.session import DemoSession
 from tpuforge_sandbox.demo.setup import DATA
@@ -23,27 +25,72 @@ ROOT = repo_root()
 START = {"pairs": 16, "accuracy": 0.5625, "margin": 0.046, "summedAccuracy": 1.0, "summedMargin": 41.1}
 
 
-def test_the_preference_demo_job_is_dpo_on_the_demo_pairs_with_some_held_out() -> None:
-    job = load_job(ROOT / PREFERENCE.jobs_yaml, DEFAULT_BUCKET)
-    spec = job.spec
-    assert (job.name, spec.method, spec.model.name, spec.tpu.slice) == ("demo-dpo", "dpo", "gemma4-tiny", "v5p-8")
+def test_the_preference_demo_is_an_sft_start_then_dpo_from_its_merged_model() -> None:
+    start, dpo = load_jobs(ROOT / PREFERENCE.jobs_yaml, DEFAULT_BUCKET)
+    assert (start.spec.method, start.spec.merge.enabled, start.spec.dataset.eval_fraction) == ("sft", True, 0)
+    assert (start.spec.model.name, start.spec.tpu.slice) == ("gemma4-tiny", "v5p-8")
+    spec = dpo.spec
+    assert (dpo.name, spec.method, spec.model.name, spec.tpu.slice) == ("demo-dpo", "dpo", "gemma4-tiny", "v5p-8")
+    assert spec.model.uri is None and spec.model.fine_tune_job_ref is not None
+    assert spec.model.fine_tune_job_ref.name == start.name
     assert spec.dataset.eval_fraction > 0 and spec.merge.enabled
     assert (ROOT / DATA / spec.dataset.uri.rsplit("/", 1)[-1]).name == "demo-preferences.jsonl"
-    assert (ROOT / DATA / "demo-preferences.jsonl").exists()
+    assert (ROOT / DATA / start.spec.dataset.uri.rsplit("/", 1)[-1]).name == "demo-preferences-sft.jsonl"
+    assert check_finetune(start.spec) == [] and check_finetune(spec) == []
+
+
+def test_the_sft_start_trains_on_the_chosen_answers_of_the_training_pairs_and_never_a_held_out_one() -> None:
+    from tpuforge_workloads.data import demo
+    from tpuforge_workloads.data.preference import parse_preference
+    from tpuforge_workloads.data.records import read_dataset
+    from tpuforge_workloads.data.split import split
+
+    start, dpo = load_jobs(ROOT / PREFERENCE.jobs_yaml, DEFAULT_BUCKET)
+    pairs_file = ROOT / DATA / dpo.spec.dataset.uri.rsplit("/", 1)[-1]
+    sft_file = ROOT / DATA / start.spec.dataset.uri.rsplit("/", 1)[-1]
+    # Held out as the DPO job's trainer holds them out: its evalFraction and splitSeed on the file.
+    pairs = read_dataset(str(pairs_file), parse=parse_preference).records
+    trained, held = split(pairs, dpo.spec.dataset.eval_fraction, dpo.spec.dataset.split_seed, "pairs")
+
+    def conversation(messages: object) -> str:
+        return json.dumps([[m.role, m.content] for m in messages])  # type: ignore[attr-defined]
+
+    sft = [json.loads(line)["messages"] for line in sft_file.read_text().splitlines()]
+    got = [json.dumps([[m["role"], m["content"]] for m in ms]) for ms in sft]
+    assert got == [conversation((*r.prompt, *r.chosen)) for r in trained]
+    assert len(held) == 16 and len(got) == 48
+    assert not set(got) & {conversation((*r.prompt, *r.chosen)) for r in held}
+    # The file is the generator's, with the demo's split (the constants the job's spec must agree with).
+    rows = [json.loads(line) for line in pairs_file.read_text().splitlines()]
+    assert sft_file.read_text() == demo.jsonl(demo.preference_sft_records(rows))
+    assert (
+        dpo.spec.dataset.eval_fraction,
+        dpo.spec.dataset.split_seed,
+    ) == (demo.PREFERENCE_EVAL_FRACTION, demo.PREFERENCE_SPLIT_SEED)
 
 
 def test_orpo_is_the_same_job_with_its_own_name_and_directories() -> None:
-    dpo = load_job(ROOT / PREFERENCE.jobs_yaml, DEFAULT_BUCKET)
+    start, dpo = load_jobs(ROOT / PREFERENCE.jobs_yaml, DEFAULT_BUCKET)
     orpo = for_method(dpo, "orpo")
     assert (orpo.name, orpo.spec.method) == ("demo-orpo", "orpo")
     assert orpo.spec.checkpoint.uri == "gs://tpuforge/demo/runs/demo-orpo/checkpoints"
     assert orpo.spec.output.uri == "gs://tpuforge/demo/runs/demo-orpo/merged"
+    assert orpo.spec.model.fine_tune_job_ref is not None and orpo.spec.model.fine_tune_job_ref.name == start.name
     same = {"method": "dpo", "checkpoint": dpo.spec.checkpoint, "output": dpo.spec.output}
     assert orpo.spec.model_copy(update=same) == dpo.spec
     assert check_finetune(orpo.spec) == []
     assert for_method(dpo, "dpo") is dpo
     with pytest.raises(DemoError, match="--method sft: the preference demo runs dpo or orpo"):
         for_method(dpo, "sft")
+
+
+def test_the_session_reads_both_jobs_with_the_method_asked_for(tmp_path: Path) -> None:
+    demo = DemoSession(Sandbox(tmp_path), Console(file=io.StringIO()), PREFERENCE, method="orpo")
+    read_jobs(demo)
+    assert [j.name for j in demo.jobs] == ["demo-preference-start", "demo-orpo"]
+    start, tuned = jobs_of(demo)
+    demo.jobs = [tuned, start]  # as after the tuned job's run: the same two, whichever is first
+    assert jobs_of(demo) == (start, tuned)
 
 
 def session_of(argv: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> DemoSession | int:

@@ -64,9 +64,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--method",
         choices=("sft", "dpo", "orpo", "grpo"),
         default="sft",
-        help="dpo or orpo: preference tuning on the demo's preference pairs, then the held-out pairs scored by "
-        "the starting model and the tuned one, per token; fails unless the tuned one prefers the chosen answers "
-        "more. grpo: an SFT start on Verilog problems, then GRPO from it with the checker sidecar beside the "
+        help="dpo or orpo: an SFT start on the chosen answers of the demo's training pairs, then preference "
+        "tuning from it on the preference pairs, then the held-out pairs scored by the base, the SFT start and the "
+        "tuned model, per token; fails unless the tuned one prefers the chosen answers more than the SFT start. "
+        "grpo: an SFT start on Verilog problems, then GRPO from it with the checker sidecar beside the "
         "trainer, reward and pass rate step by step; fails unless the pass rate rises (needs iverilog). "
         "(sft: the capitals fine-tune)",
     )

@@ -18,6 +18,7 @@ from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
 from tpuforge.kube import client as kube_client
 from tpuforge.kube import objects as kube_objects
 from tpuforge.manifests.finetune_training import TRAINER_CONTAINER
+from tpuforge_sandbox.demo import setup
 from tpuforge_sandbox.demo.job import DemoError
 from tpuforge_sandbox.demo.session import NAMESPACE, DemoSession
 from tpuforge_sandbox.demo.view import TrainingBar, duration, table
@@ -115,6 +116,20 @@ def follow_jobs(s: DemoSession) -> None:
         if now > deadline:
             raise DemoError(f"the jobs did not finish within {duration(deadline - s.started)}: {phases}")
         time.sleep(2.0)
+
+
+def run_start(s: DemoSession, purpose: str) -> None:
+    """The first of the scenario's jobs, the start the next one trains from (its spec.model.fineTuneJobRef):
+    every job of an earlier run removed, then this one applied alone and followed to its end (training and
+    merge); the demo halts unless it succeeded. `purpose`: a line on what it is for."""
+    jobs = list(s.jobs)
+    setup.remove_previous(s, jobs)
+    s.jobs = [jobs[0]]
+    s.say(purpose)
+    setup.apply_job(s)
+    follow(s)
+    halt_unless_succeeded(s)
+    s.jobs = jobs
 
 
 def halt_unless_succeeded(s: DemoSession) -> None:

@@ -55,14 +55,9 @@ def write_inputs(s: DemoSession) -> None:
 
 def run_start(s: DemoSession) -> None:
     """The SFT start: applied, followed to its end (training and merge); the demo halts if it fails."""
-    jobs = list(s.jobs)
-    setup.remove_previous(s, jobs)
-    s.jobs = [jobs[0]]
-    s.say("a model that writes the right module and a plausible wrong one equally often: what GRPO starts from")
-    setup.apply_job(s)
-    follow.follow(s)
-    follow.halt_unless_succeeded(s)
-    s.jobs = jobs
+    follow.run_start(
+        s, "a model that writes the right module and a plausible wrong one equally often: what GRPO starts from"
+    )
 
 
 def run_grpo(s: DemoSession) -> None:

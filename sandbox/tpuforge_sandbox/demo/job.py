@@ -69,15 +69,16 @@ def load_jobs(path: Path, bucket: str) -> list[DemoJob]:
 
 
 def job_from_body(path: Path, body: dict[str, Any], bucket: str) -> DemoJob:
-    """A FineTuneJob document of `path`, checked: its spec, and every URI in the sandbox's bucket."""
+    """A FineTuneJob document of `path`, checked: its spec, and every URI in the sandbox's bucket (a model
+    named by spec.model.fineTuneJobRef is that job's output, checked with it)."""
     spec = parse_spec(path, FineTuneJobSpec, body)
     for field, uri in (
-        ("spec.model.uri", spec.model.location),
+        ("spec.model.uri", spec.model.uri),
         ("spec.dataset.uri", spec.dataset.uri),
         ("spec.checkpoint.uri", spec.checkpoint.uri),
         ("spec.output.uri", spec.output.uri),
     ):
-        if gcs_objects.split_uri(uri)[0] != bucket:
+        if uri is not None and gcs_objects.split_uri(uri)[0] != bucket:
             raise DemoError(
                 f"{path}: {field} {uri} is not in the sandbox's bucket gs://{bucket}; use gs://{bucket}/..."
             )

@@ -8,8 +8,9 @@ is a step under a numbered heading). `tpuforge demo` picks one by its options (`
 - `ADAPTERS` (`--adapters`): two fine-tunes ending in evaluated adapters, both served on one base.
 - `CODE` (`--eval code`): two fine-tunes on Verilog judged by running their code; the broken one held back.
 - `QUEUE` (`--queue`): two fine-tunes through one Kueue quota; the second waits Queued, then runs.
-- `PREFERENCE` (`--method dpo|orpo`): DPO (or ORPO) on the demo's preference pairs, merged, then the held-out
-  pairs scored by the start and the tuned model; the demo fails unless the tuned one prefers the chosen more.
+- `PREFERENCE` (`--method dpo|orpo`): an SFT start on the chosen answers of the training pairs, then DPO (or
+  ORPO) from it on the demo's preference pairs, merged, then the held-out pairs scored by the base, the SFT
+  start and the tuned model; the demo fails unless the tuned one prefers the chosen more than the SFT start.
 - `GRPO` (`--method grpo`): an SFT start on Verilog problems, then GRPO from it, every answer judged by the
   checker sidecar beside the trainer; reward and pass rate step by step; fails unless the pass rate rises.
 """
@@ -117,18 +118,22 @@ PREFERENCE = Scenario(
     name="preference",
     jobs_yaml=Path("examples/finetune-dpo-demo.yaml"),
     steps=(
-        preference.read_job,
+        preference.read_jobs,
         Section(setup.sandbox_title, setup.start_sandbox),
         setup.check_nodes,
-        Section("Base model and preference pairs in GCS", preference.write_inputs),
-        Section(setup.apply_title, setup.apply_job),
-        preference.describe_method,
-        Section("Training and merge, live", follow.follow),
-        follow.halt_unless_succeeded,
+        Section("Base model, SFT records and preference pairs in GCS", preference.write_inputs),
+        Section(lambda s: f"The SFT start, FineTuneJob {s.jobs[0].name}: {s.scenario.jobs_yaml}", preference.run_start),
+        Section(
+            lambda s: (
+                f"{s.jobs[1].spec.method.upper()} from the SFT start, FineTuneJob {s.jobs[1].name}: training "
+                "and merge, live"
+            ),
+            preference.run_tuned,
+        ),
         RECORD,
         Section("The merged model in GCS", results.show_output),
         Section(
-            "Held-out pairs: the start (the base) vs the tuned model, per token (transformers on CPU)",
+            "Held-out pairs: the base, the SFT start and the tuned model, per token (transformers on CPU)",
             preference.compare,
         ),
         results.explore,

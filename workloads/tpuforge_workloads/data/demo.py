@@ -6,7 +6,8 @@ frame within a few steps, the facts soon after), and plain English, so the tiny 
 trained on the same text (the capitals task's; its byte-level BPE encodes any other text too).
 examples/data/demo-chat.jsonl is `records()` written out, examples/data/demo-languages.jsonl
 `records(LANGUAGES_TASK)`, each task's *-eval.jsonl is `eval_records(task)`, and
-examples/data/demo-preferences.jsonl is `preference_records()` (tests keep them equal).
+examples/data/demo-preferences.jsonl is `preference_records()` and examples/data/demo-preferences-sft.jsonl
+`preference_sft_records(preference_records())` (tests keep them equal).
 """
 
 from __future__ import annotations
@@ -195,6 +196,29 @@ def preference_records(
             )
     rng.shuffle(out)
     return out
+
+
+# What the preference demo holds out of its pairs (examples/finetune-dpo-demo.yaml: spec.dataset.evalFraction,
+# splitSeed unset).
+PREFERENCE_EVAL_FRACTION = 0.25
+PREFERENCE_SPLIT_SEED = 0
+
+
+def preference_sft_records(
+    pairs: list[dict[str, Any]],
+    eval_fraction: float = PREFERENCE_EVAL_FRACTION,
+    split_seed: int = PREFERENCE_SPLIT_SEED,
+) -> list[dict[str, Any]]:
+    """The SFT start of preference tuning on `pairs` (examples/data/demo-preferences-sft.jsonl): the chosen
+    answer of each pair the trainer trains on, as a chat record (the pair's prompt and its chosen answer), in
+    the pairs' order. The pairs the trainer holds out (spec.dataset.evalFraction and splitSeed, data/split.py)
+    are left out, so that the held-out pairs stay unseen by the SFT model as by the preference run."""
+    from tpuforge_workloads.data.preference import parse_preference
+    from tpuforge_workloads.data.split import split
+
+    parsed: list[Any] = [parse_preference(obj, f"pairs:{n}", n) for n, obj in enumerate(pairs, 1)]
+    trained: list[Any] = split(parsed, eval_fraction, split_seed, "pairs")[0]  # PreferenceRecords
+    return [{"messages": [{"role": m.role, "content": m.content} for m in (*r.prompt, *r.chosen)]} for r in trained]
 
 
 def jsonl(rows: list[dict[str, Any]]) -> str:
