@@ -265,6 +265,10 @@ def test_failures_by_category_and_a_truncated_answer_fails_whatever_the_checker_
     assert summary["failureCounts"]["adapter"] == {**want, "limit": 0, "task": 0}
     assert summary["confidence"]["method"] == "clopper-pearson"
     assert summary["code"]["temperature"] == 0.2  # unset, k = [1]: pass@1's temperature
+    # One problem, eight samples each, the same verdicts for both models: a rise of 0 by the t interval.
+    rise = summary["rise"]["pass@1"]
+    assert (rise["rise"], rise["interval"], rise["beyondInterval"]) == (0.0, [0.0, 0.0], False)
+    assert rise["method"] == "Student t over the per-problem differences"
 
 
 def test_a_problem_the_checker_finds_broken_is_kept_out_of_pass_at_k(tmp_path: Path) -> None:
@@ -291,6 +295,10 @@ def test_a_problem_the_checker_finds_broken_is_kept_out_of_pass_at_k(tmp_path: P
     assert result["excludedProblems"] == 1 and result["failures"] == {"task": 2}
     summary = code_summary(cfg, examples, checked)
     assert summary["excludedProblems"] == [1]
+    # Both kept problems rose from 0 to 1 (two samples each, all alike): the exact paired rise, over 2 problems.
+    rise = summary["rise"]["pass@1"]
+    assert (rise["rise"], rise["rose"], rise["fell"], rise["mcnemarExactP"]) == (1.0, 2, 0, 0.5)
+    assert rise["method"].startswith("Newcombe") and rise["interval"][1] == 1.0
     assert summary["simulators"] == ["Icarus Verilog version 11.0 (stable)"]
     # Every problem broken: no score, and the reason.
     every = [{**v, "failure": "task", "passed": False} for v in verdicts]

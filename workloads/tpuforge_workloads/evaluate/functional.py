@@ -13,7 +13,7 @@ from tpuforge.api.code_eval import CONFIDENCE_LEVEL, FAILURE_CATEGORIES, INTERVA
 from tpuforge.api.configs import EvalConfig
 from tpuforge_workloads import storage
 from tpuforge_workloads.evaluate.config import EvalInputError
-from tpuforge_workloads.evaluate.passk import exact_interval, problem_pass_at_k, standard_error
+from tpuforge_workloads.evaluate.passk import exact_interval, paired_rise, problem_pass_at_k, standard_error
 from tpuforge_workloads.evaluate.records import EvalExample
 
 # (model, record index) -> that record's samples in order, each with its verdict.
@@ -160,6 +160,24 @@ def standard_errors(cfg: EvalConfig, examples: list[EvalExample], checked: Check
     assert cfg.code is not None
     verdicts = _verdicts(_scored(examples, checked), checked, model)
     return {pass_at_metric(k): round(standard_error(problem_pass_at_k(verdicts, k)), 4) for k in cfg.code.k}
+
+
+def rises(cfg: EvalConfig, examples: list[EvalExample], checked: Checked) -> dict[str, dict[str, Any]]:
+    """Each pass@k's rise from the base to the adapter on the same problems (broken ones out), with its paired
+    CONFIDENCE_LEVEL interval (evaluate.passk.paired_rise): exact (Newcombe's, with McNemar's p) where every
+    problem's pass@k is 0 or 1 (one sample, or k = n), else the t interval over the per-problem differences.
+    Two models' own intervals may overlap where the rise's excludes 0: this is the figure for "did it
+    improve"."""
+    assert cfg.code is not None
+    kept = _scored(examples, checked)
+    base, adapter = (_verdicts(kept, checked, model) for model in ("base", "adapter"))
+    out: dict[str, dict[str, Any]] = {}
+    for k in cfg.code.k:
+        before, after = problem_pass_at_k(base, k), problem_pass_at_k(adapter, k)
+        exact = all(v in (0.0, 1.0) for v in (*before, *after))
+        r = paired_rise(before, after, CONFIDENCE_LEVEL, exact)
+        out[pass_at_metric(k)] = {**r, "rise": round(r["rise"], 4), "interval": [round(v, 4) for v in r["interval"]]}
+    return out
 
 
 def sampling(cfg: EvalConfig) -> str:

@@ -51,6 +51,7 @@ from tpuforge_workloads.evaluate.functional import (
     pass_intervals,
     pass_metrics,
     report_fields,
+    rises,
     sampling,
     standard_errors,
 )
@@ -178,7 +179,8 @@ def metrics_of(
 def code_summary(cfg: EvalConfig, examples: list[EvalExample], checked: Checked) -> dict[str, Any]:
     """summary.json's passAtK fields: the sampling and checker settings (the temperature as drawn at), how the
     intervals were made, each model's failed samples in every category, the problems kept out of pass@k as
-    broken (their record indices) and the simulators the checker named."""
+    broken (their record indices), each pass@k's rise over the base with its paired interval and the
+    simulators the checker named."""
     assert cfg.code is not None
     return {
         "code": cfg.code.to_wire(),
@@ -191,6 +193,7 @@ def code_summary(cfg: EvalConfig, examples: list[EvalExample], checked: Checked)
         "failureCounts": {model: failure_counts(checked, model) for model in ("adapter", "base")},
         "excludedProblems": broken_problems(examples, checked),
         "baseStandardErrors": standard_errors(cfg, examples, checked, "base"),
+        "rise": rises(cfg, examples, checked),
         "simulators": sorted({s["simulator"] for drawn in checked.values() for s in drawn if s.get("simulator")}),
     }
 
