@@ -151,9 +151,8 @@ def random_model(text: Decoder, config: TrainConfig, mesh: Any) -> Any:
     """The trainer's model (train/loop.py: build_model, adapt_for_training) on random base weights made on the
     devices, each array created where its partition spec puts it (nothing is built on the host or moved), one
     at a time and handed to the LoRA build as the loader hands each (with QLoRA, quantized as it is made)."""
-    fam = families.of(text)
     with jax.set_mesh(mesh):
-        model = nnx.eval_shape(lambda: attention.install(fam.build(text)))
+        model = lora.abstract_base(text)
         build = lora.AdapterBuild(model, config.lora, mesh, config.training.seed, lora.ADAPTER_DTYPE)
     variables = dict(nnx.to_flat_state(nnx.state(model)))
     shardings = dict(nnx.to_flat_state(nnx.get_named_sharding(nnx.state(model), mesh)))
@@ -161,7 +160,7 @@ def random_model(text: Decoder, config: TrainConfig, mesh: Any) -> Any:
     fills: dict[tuple[Any, ...], Any] = {}
     for i, path in enumerate(list(variables)):
         variable = variables.pop(path)  # not held here after: `placed` may replace it in the model
-        leaf, sharding = variable.get_value(), _value(shardings[path])
+        leaf, sharding = variable.get_value(), lora.value_of(shardings[path])
         sig = (leaf.shape, leaf.dtype, sharding)
         if sig not in fills:
             shape, dtype = leaf.shape, leaf.dtype
@@ -173,10 +172,6 @@ def random_model(text: Decoder, config: TrainConfig, mesh: Any) -> Any:
         del variable
         build.placed(model, path)
     return adapt_for_training(model, config, mesh, build=build)
-
-
-def _value(x: Any) -> Any:
-    return x.get_value() if isinstance(x, nnx.Variable) else x
 
 
 def random_batch(config: TrainConfig, vocab: int, mesh: Any) -> dict[str, Any]:

@@ -24,8 +24,6 @@ from benchmarks.train_throughput import GIB, decoder, layer_kinds, random_model,
 from flax import nnx
 
 from tpuforge.api.finetune import BASE_QUANTIZATIONS
-from tpuforge_workloads import families
-from tpuforge_workloads.families import attention
 from tpuforge_workloads.model import lora
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.preflight.step import build_bytes, build_programs
@@ -41,9 +39,8 @@ def measure(model_name: str, layers: int, quantization: str = "none") -> dict[st
     devices = jax.local_devices()
     config = train_config(model_name, 2048, 1, "full", fsdp=len(devices), quantization=quantization)
     mesh = make_mesh(len(devices), 1, devices)
-    fam = families.of(text)
     with jax.set_mesh(mesh):
-        base = nnx.eval_shape(lambda: attention.install(fam.build(text)))
+        base = lora.abstract_base(text)
     build = lora.AdapterBuild(base, config.lora, mesh, config.training.seed, lora.ADAPTER_DTYPE)
     # What the LoRA model holds besides the adapters: the base, quantized where QLoRA quantizes it.
     base_bytes, adapter_bytes = _bytes(build.rest), _bytes(build.adapters)

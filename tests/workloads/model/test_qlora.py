@@ -63,7 +63,6 @@ def test_the_base_is_quantized_in_place_as_qwix_quantizes_it(
 def _streamed(model_dir: Path, spec: LoraSpec, mesh: jax.sharding.Mesh, live: list[int]) -> Any:
     """The LoRA model as the trainer builds it: the base quantized as it is loaded (lora.AdapterBuild.placed,
     checkpoint_read.load_model), the device bytes alive after each parameter is placed appended to `live`."""
-    from tpuforge_workloads.families import attention
 
     text = families.read_decoder(str(model_dir))
     fam = families.of(text)
@@ -73,7 +72,7 @@ def _streamed(model_dir: Path, spec: LoraSpec, mesh: jax.sharding.Mesh, live: li
         live.append(sum(x.nbytes for x in jax.live_arrays()))
 
     with jax.set_mesh(mesh):
-        build = lora.AdapterBuild(nnx.eval_shape(lambda: attention.install(fam.build(text))), spec, mesh, 0, "float32")
+        build = lora.AdapterBuild(lora.abstract_base(text), spec, mesh, 0, "float32")
         base = checkpoint_read.load_model(model_dir, text, fam.tunix_config(text), mesh, placed=placed)
     return lora.apply_lora(base, spec, mesh, seed=0, build=build)
 

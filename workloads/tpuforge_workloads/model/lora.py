@@ -260,7 +260,7 @@ class AdapterBuild:
         programs: dict[int, Any] = {}
         for path, (_, _, boxed) in self.targets.items():
             quantize = self._quantizer(boxed)
-            programs.setdefault(id(quantize), (quantize, _value(weights[path])))
+            programs.setdefault(id(quantize), (quantize, value_of(weights[path])))
         with jax.set_mesh(self.mesh):
             return [quantize.lower(weight) for quantize, weight in programs.values()]
 
@@ -334,8 +334,22 @@ class AdapterBuild:
         return self._quantizers[key]
 
 
-def _value(x: Any) -> Any:
+def value_of(x: Any) -> Any:
+    """A Variable's value, or `x` itself when it is a plain value."""
     return x.get_value() if hasattr(x, "get_value") else x
+
+
+def abstract_base(text: Any) -> Any:
+    """The base model of `text`'s family from shapes alone, its attention installed as the loader installs it
+    (checkpoint_read.load_model): what an AdapterBuild is set up from before the base's weights exist. Call
+    under `jax.set_mesh`."""
+    from flax import nnx
+
+    from tpuforge_workloads import families
+    from tpuforge_workloads.families import attention
+
+    fam = families.of(text)
+    return nnx.eval_shape(lambda: attention.install(fam.build(text)))
 
 
 def _abstract(state: Any) -> Any:
@@ -491,12 +505,9 @@ def untrained_lora_model(
         target_modules=m.target_modules,
         base_quantization=base_quantization,
     )
-    from flax import nnx
-
-    from tpuforge_workloads.families import attention
-
-    fam = families.of(text)
     with jax.set_mesh(mesh):
-        build = AdapterBuild(nnx.eval_shape(lambda: attention.install(fam.build(text))), lora, mesh, 0, ADAPTER_DTYPE)
-        base = checkpoint_read.load_model(base_model_uri, text, fam.tunix_config(text), mesh, placed=build.placed)
+        build = AdapterBuild(abstract_base(text), lora, mesh, 0, ADAPTER_DTYPE)
+        base = checkpoint_read.load_model(
+            base_model_uri, text, families.of(text).tunix_config(text), mesh, placed=build.placed
+        )
     return apply_lora(base, lora, mesh, seed=0, build=build)

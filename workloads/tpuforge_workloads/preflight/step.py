@@ -120,9 +120,7 @@ def lower_train_step(
     fam = families.of(text)
     t = config.training
     trainers: list[Any] = []
-    from tpuforge_workloads.families import attention
-
-    base = nnx.eval_shape(lambda: attention.install(fam.build(text)))
+    base = lora.abstract_base(text)
     build = lora.AdapterBuild(base, config.lora, mesh, t.seed, lora.ADAPTER_DTYPE)
 
     def finish(model: Any) -> tuple[Any, Any]:

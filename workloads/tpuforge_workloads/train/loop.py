@@ -355,16 +355,12 @@ def build_model(
     reads only its share of the checkpoint (checkpoint_read.py); `timings` gets the bytes it read. The LoRA
     build is set up from shapes before the base is read, so that a quantized base (QLoRA) is quantized as it
     is read (lora.AdapterBuild.placed): the full-precision base is never held whole."""
-    from tpuforge_workloads.families import attention
-
-    fam = families.of(plan.text)
-    cfg = fam.tunix_config(plan.text)
-    abstract = nnx.eval_shape(lambda: fam.build(plan.text))
-    check_sharding(nnx.state(abstract), mesh)
+    cfg = families.of(plan.text).tunix_config(plan.text)
     config = plan.config
     started = time.monotonic()
     with jax.set_mesh(mesh):
-        shapes = nnx.eval_shape(lambda: attention.install(fam.build(plan.text)))
+        shapes = lora.abstract_base(plan.text)
+        check_sharding(nnx.state(shapes), mesh)
         build = lora.AdapterBuild(shapes, config.lora, mesh, config.training.seed, adapter_dtype)
     lora_s = time.monotonic() - started
     started = time.monotonic()
