@@ -40,10 +40,12 @@ import yaml
 from benchmarks.learning_quality import lora_model, set_field, train, train_config
 from benchmarks.rows import emit
 
+from tpuforge_workloads.data import demo
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_JOB = ROOT / "examples" / "finetune-demo.yaml"
 PAIRS = ROOT / "examples" / "data" / "demo-preferences.jsonl"
-EVAL_FRACTION = 0.25
+EVAL_FRACTION = demo.PREFERENCE_EVAL_FRACTION  # as the preference demo holds out
 
 
 def job_spec(method: str, steps: int, seed: int, overrides: list[str]) -> dict[str, Any]:
@@ -130,7 +132,6 @@ def sft_start(pairs: Path, steps: int, seed: int, model_dir: Path, work: Path) -
     merged model's directory and the run's row."""
     from tpuforge.api import FineTuneJobSpec, parse
     from tpuforge.api.configs import merge_config
-    from tpuforge_workloads.data import demo
 
     rows = [json.loads(line) for line in pairs.read_text().splitlines() if line.strip()]
     data = work / "sft" / "chosen.jsonl"
@@ -196,8 +197,6 @@ def main(argv: list[str] | None = None) -> int:
         tiny_model.write(str(model_dir))
         pairs = PAIRS
         if args.rejected != "mistaken":
-            from tpuforge_workloads.data import demo
-
             pairs = work / f"demo-preferences-{args.rejected}.jsonl"
             pairs.write_text(demo.jsonl(demo.preference_records(rejected=args.rejected)))
         start: dict[str, Any] | None = None
