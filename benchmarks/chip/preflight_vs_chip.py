@@ -8,7 +8,10 @@ remat on, LoRA rank 64.
 - `--side chip` (on the TPU): the cut's whole step compiled for the chip itself, and whether libtpu fits it.
 
     python -m benchmarks.chip.preflight_vs_chip --side cpu|chip [--layers 2,4,6] [--seq 2048,4096] [--json out]
-        [--hlo DIR]
+        [--hlo DIR] [--base-quantization none|int8|int4]
+
+`--base-quantization`: QLoRA's base (spec.lora.baseQuantization), to check the preflight's extrapolation of a
+quantized base's step against the chip's whole compile as well.
 
 `--hlo DIR`: also write each cut's lowered program (StableHLO text, gzipped) as DIR/<side>-<layers>x<seq>.mlir.gz
 and its sha256 in the row, to tell a difference of program from a difference of compiler between the sides, and
@@ -37,11 +40,14 @@ SLICE = TPU_SLICES["v5litepod-1"]
 STEPS = 1000
 
 
-def _row(side: str, cut: Any, seq: int, figures: est.PerChip, refused: bool, seconds: float) -> dict[str, Any]:
+def _row(
+    side: str, cut: Any, seq: int, figures: est.PerChip, refused: bool, seconds: float, quantization: str
+) -> dict[str, Any]:
     step = figures.total_bytes / GIB
     build = figures.build_bytes / GIB
     return {
         "side": side,
+        "baseQuantization": quantization,
         "layers": cut.num_layers,
         "layerTypes": layer_kinds(cut),
         "maxSeqLen": seq,
@@ -55,14 +61,14 @@ def _row(side: str, cut: Any, seq: int, figures: est.PerChip, refused: bool, sec
     }
 
 
-def lowered_text(cut: Any, seq: int, mesh: Any, side: str, hlo: Path) -> str:
+def lowered_text(cut: Any, seq: int, mesh: Any, side: str, hlo: Path, quantization: str) -> str:
     """The cut's lowered train step, written gzipped under `hlo`, and the program as compiled where the
     compiler fits it (<side>-<layers>x<seq>.hlo.gz: optimised HLO with its schedule); the lowered one's sha256."""
     import jax
 
     hlo.mkdir(parents=True, exist_ok=True)
     with jax.set_mesh(mesh), mesh:
-        lowered = lower_train_step(cut, train_config("gemma4-31b", seq, 1, "full", fsdp=1), mesh, STEPS)[0]
+        lowered = lower_train_step(cut, train_config("gemma4-31b", seq, 1, "full", 1, quantization), mesh, STEPS)[0]
         text = lowered.as_text()
         with gzip.open(hlo / f"{side}-{cut.num_layers}x{seq}.mlir.gz", "wt") as f:
             f.write(text)
@@ -75,11 +81,11 @@ def lowered_text(cut: Any, seq: int, mesh: Any, side: str, hlo: Path) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def cpu_side(layers: list[int], seq: int, hlo: Path | None = None) -> list[dict[str, Any]]:
+def cpu_side(layers: list[int], seq: int, hlo: Path | None, quantization: str) -> list[dict[str, Any]]:
     from tpuforge_workloads.preflight.topology import slice_devices
 
     text = decoder("gemma4-31b", 0)
-    config = train_config("gemma4-31b", seq, 1, "full", fsdp=1)
+    config = train_config("gemma4-31b", seq, 1, "full", 1, quantization)
     mesh = make_mesh(1, 1, slice_devices(SLICE))
     probes: list[CompiledStep] = [compile_train_step(with_layers(text, p), config, mesh, STEPS) for p in PROBES]
     seconds = sum(p.compile_seconds for p in probes)
@@ -87,24 +93,24 @@ def cpu_side(layers: list[int], seq: int, hlo: Path | None = None) -> list[dict[
     for n in layers:
         cut = decoder("gemma4-31b", n)
         refused = any(p.out_of_hbm for p in probes)
-        rows.append(_row("cpu", cut, seq, est.extrapolate(probes, cut.layer_types), refused, seconds))
+        rows.append(_row("cpu", cut, seq, est.extrapolate(probes, cut.layer_types), refused, seconds, quantization))
         if hlo is not None:
-            rows[-1]["loweredSha256"] = lowered_text(cut, seq, mesh, "cpu", hlo)
+            rows[-1]["loweredSha256"] = lowered_text(cut, seq, mesh, "cpu", hlo, quantization)
     return rows
 
 
-def chip_side(layers: list[int], seq: int, hlo: Path | None = None) -> list[dict[str, Any]]:
+def chip_side(layers: list[int], seq: int, hlo: Path | None, quantization: str) -> list[dict[str, Any]]:
     import jax
 
     rows = []
     for n in layers:
         cut = decoder("gemma4-31b", n)
         mesh = make_mesh(1, 1, jax.local_devices()[:1])
-        c = compile_train_step(cut, train_config("gemma4-31b", seq, 1, "full", fsdp=1), mesh, STEPS)
-        row = _row("chip", cut, seq, est.PerChip.of(c), c.out_of_hbm, c.compile_seconds)
+        c = compile_train_step(cut, train_config("gemma4-31b", seq, 1, "full", 1, quantization), mesh, STEPS)
+        row = _row("chip", cut, seq, est.PerChip.of(c), c.out_of_hbm, c.compile_seconds, quantization)
         row["device"] = str(mesh.devices.flat[0].device_kind)
         if hlo is not None:
-            row["loweredSha256"] = lowered_text(cut, seq, mesh, "chip", hlo)
+            row["loweredSha256"] = lowered_text(cut, seq, mesh, "chip", hlo, quantization)
         rows.append(row)
     return rows
 
@@ -116,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seq", default="2048,4096")
     ap.add_argument("--json", help="append each row here")
     ap.add_argument("--hlo", type=Path, help="write each cut's lowered program here (gzipped) and its sha256")
+    ap.add_argument("--base-quantization", default="none", choices=("none", "int8", "int4"), help="QLoRA's base")
     args = ap.parse_args(argv)
     if args.side == "cpu":  # before any backend starts: on a host with libtpu, JAX would otherwise open a TPU
         import jax
@@ -123,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         jax.config.update("jax_platforms", "cpu")
     layers = [int(x) for x in args.layers.split(",")]
     for seq in (int(x) for x in args.seq.split(",")):
-        rows = (cpu_side if args.side == "cpu" else chip_side)(layers, seq, args.hlo)
+        rows = (cpu_side if args.side == "cpu" else chip_side)(layers, seq, args.hlo, args.base_quantization)
         for row in rows:
             emit(row, args.json)
     return 0

@@ -74,6 +74,7 @@ def plan(tiny: bool = False) -> list[Measurement]:
         _throughput(6, "2048", remat="off"),
         _throughput(6, "4096"),  # fits since the head's own gradient (15.18 GiB compiled)
         _throughput(6, "2048", remat="off", quantization="int8"),  # QLoRA where the preflight chooses remat off
+        _throughput(6, "4096", quantization="int8"),  # QLoRA at the length where the bf16 step leaves 0.6 GiB
         _throughput(6, "2048,3072", remat="saveAttention"),
         _throughput(6, "2048", remat="saveMatmuls"),
         _throughput(4, "2048"),  # the model-FLOPs column for the shorter cuts
@@ -105,6 +106,13 @@ def plan(tiny: bool = False) -> list[Measurement]:
     for seq in (2048, 4096):
         grid = ("benchmarks.chip.preflight_vs_chip", "--side", "chip", "--layers", "2,4,6", "--seq", str(seq))
         out.append(Measurement(f"preflight-chip-{seq}", "preflight", (*grid, "--json", "{out}"), 600))
+    # QLoRA's step: whether the preflight's extrapolation of an int8 base's temporaries holds at 2, 4, 6 layers.
+    grid = ("benchmarks.chip.preflight_vs_chip", "--side", "chip", "--layers", "2,4,6", "--seq", "2048")
+    out.append(
+        Measurement(
+            "preflight-chip-2048-int8", "preflight", (*grid, "--base-quantization", "int8", "--json", "{out}"), 600
+        )
+    )
     # 2 @ 4096: the chip fits what the host refuses; 2 @ 2048, where both agree, for a control. The programs
     # as lowered and as compiled, to diff against the host's (`--side cpu --hlo`).
     hlo = ("benchmarks.chip.preflight_vs_chip", "--side", "chip", "--layers", "2", "--seq", "2048,4096")
