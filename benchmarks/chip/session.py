@@ -122,6 +122,10 @@ def plan(tiny: bool = False) -> list[Measurement]:
         resume = ("--model", model, "--steps", "300", "--kill-at", "110", "--json", "{out}")
         resume += ("--workdir", f"{{dir}}/trainer-{model}-work")
         out.append(Measurement(f"trainer-{model}", "trainer", ("benchmarks.chip.trainer_resume", *resume), 900))
+    # QLoRA's whole trainer: the int8 base quantized as it loads, killed and resumed (its losses beside bf16's).
+    resume = ("--model", "gemma4-tiny", "--steps", "300", "--kill-at", "110", "--json", "{out}")
+    resume += ("--workdir", "{dir}/trainer-gemma4-tiny-int8-work", "--base-quantization", "int8")
+    out.append(Measurement("trainer-gemma4-tiny-int8", "trainer", ("benchmarks.chip.trainer_resume", *resume), 900))
     return out
 
 

@@ -4,7 +4,7 @@ started again to resume from its last checkpoint. Says whether the resumed run l
 holds every step's loss across both attempts) and how far its losses are from the uninterrupted run's.
 
     python -m benchmarks.chip.trainer_resume --model gemma4-tiny|qwen3-tiny [--steps 300] [--kill-at 110]
-        [--every 100] [--json out.jsonl] [--workdir DIR]
+        [--every 100] [--json out.jsonl] [--workdir DIR] [--base-quantization none|int8|int4]
 
 The losses of the two runs on one platform should agree bit for bit (same seed, same data order, the step
 restored from its checkpoint with the data iterator and dropout stream); the row also keeps the uninterrupted
@@ -33,12 +33,15 @@ from tpuforge_workloads.families.qwen3 import tiny as tiny_qwen3
 from tpuforge_workloads.runtime.progress import SUMMARY_FILE
 
 
-def config(model: str, model_dir: Path, data: Path, checkpoints: Path, steps: int, every: int) -> TrainConfig:
+def config(
+    model: str, model_dir: Path, data: Path, checkpoints: Path, steps: int, every: int, quantization: str = "none"
+) -> TrainConfig:
+    targets = list(model_shape(model).lora_targets)
     return TrainConfig(
         model_name=model,
         model_uri=str(model_dir),
         dataset_uri=str(data),
-        lora=LoraSpec(rank=8, alpha=16.0, dropout=0.05, target_modules=list(model_shape(model).lora_targets)),
+        lora=LoraSpec(rank=8, alpha=16.0, dropout=0.05, target_modules=targets, base_quantization=quantization),
         training=TrainingSpec(
             max_seq_len=128,
             micro_batch_size=2,
@@ -82,20 +85,20 @@ def losses(checkpoints: Path) -> tuple[dict[int, float], list[dict[str, Any]]]:
     return merged, attempts
 
 
-def measure(model: str, steps: int, kill_at: int, every: int, workdir: Path) -> dict[str, Any]:
+def measure(model: str, steps: int, kill_at: int, every: int, workdir: Path, quantization: str) -> dict[str, Any]:
     import jax
 
     model_dir, data = workdir / model, workdir / "train.jsonl"
     (tiny_gemma4 if model_shape(model).family == "gemma4" else tiny_qwen3).write(str(model_dir))
     data.write_text(demo.jsonl(demo.records()))
     started = time.monotonic()
-    whole = config(model, model_dir, data, workdir / "whole", steps, every)
+    whole = config(model, model_dir, data, workdir / "whole", steps, every, quantization)
     reference = trainer(whole, workdir / "run-whole")
     log = reference.communicate()[0]
     if reference.returncode != 0:
         return {"model": model, "error": f"uninterrupted run exited {reference.returncode}: {log[-800:]}"}
     want, _ = losses(workdir / "whole")
-    killed = config(model, model_dir, data, workdir / "killed", steps, every)
+    killed = config(model, model_dir, data, workdir / "killed", steps, every, quantization)
     first = trainer(killed, workdir / "run-killed")
     assert first.stdout is not None
     # Killed at the first step at or after `kill_at` once the checkpoint before it is committed (Orbax renames
@@ -121,6 +124,7 @@ def measure(model: str, steps: int, kill_at: int, every: int, workdir: Path) -> 
     diffs = [abs(got[s] - want[s]) / max(abs(want[s]), 1e-9) for s in common]
     return {
         "model": model,
+        "baseQuantization": quantization,
         "platform": jax.devices()[0].platform,
         "steps": steps,
         "killedAfterStep": killed_after,
@@ -144,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--every", type=int, default=100, help="checkpoint every N steps")
     ap.add_argument("--workdir", help="default: a temporary directory")
     ap.add_argument("--json", help="append the row here")
+    ap.add_argument("--base-quantization", default="none", choices=("none", "int8", "int4"), help="QLoRA's base")
     args = ap.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="tpuforge-resume-"))
-    row = measure(args.model, args.steps, args.kill_at, args.every, workdir)
+    row = measure(args.model, args.steps, args.kill_at, args.every, workdir, args.base_quantization)
     emit(row, args.json)
     return 0 if "error" not in row else 1
 
