@@ -5,6 +5,7 @@ build holding the quantized base, and the merge of such an adapter into the full
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 from typing import Any
@@ -219,3 +220,38 @@ def test_the_preflight_compiles_the_step_on_the_quantized_base(tiny_model_dir: P
     # The build as the trainer runs it: the quantized base (each weight quantized as it is loaded) beside the
     # adapters being made, or beside one weight's quantization. Measured: 0.43 MB against 0.97 MB per device.
     assert int8.build_bytes < 0.6 * full.build_bytes, (int8, full)
+
+
+def _all_gathers(text: Any, config: Any, mesh: jax.sharding.Mesh) -> list[str]:
+    """The element type of each all-gather in the compiled train step."""
+    from tpuforge_workloads.preflight.step import lower_train_step
+
+    with jax.set_mesh(mesh), mesh:
+        hlo = lower_train_step(text, config, mesh, 4)[0].compile().as_text()
+    return re.findall(r"= (\w+)\[[\d,]*\](?:\{[^}]*\})? all-gather(?:-start)?\(", hlo)
+
+
+def test_a_quantized_weight_is_gathered_over_fsdp_as_integers(
+    tiny_model_dir: Path, jax_devices: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a mesh with fsdp > 1 the step gathers each quantized weight's integers and dequantizes the whole
+    (lora_provider.LoraProvider.gathered); left to XLA, it gathers the dequantized floats instead (twice the
+    bytes in bf16, and on the 31B a layer's gathered weights held per layer: docs/performance.md)."""
+    text = gemma4_config.parse_config(decoder.read_config(str(tiny_model_dir)))
+    mesh = make_mesh(2, 2, jax_devices[:4])
+    config = tiny_train_config(str(tiny_model_dir), "unused.jsonl", "unused")
+    config.mesh = config.mesh.model_copy(update={"fsdp": 2, "tp": 2})
+    config.lora = config.lora.model_copy(update={"base_quantization": "int8"})
+    gathered = _all_gathers(text, config, mesh)
+    monkeypatch.setattr(lora, "weight_partitions", lambda base, regex: {})
+    left = _all_gathers(text, config, mesh)
+    assert "s8" in gathered and "s8" not in left, (gathered, left)
+
+
+def test_a_gathered_partition_drops_fsdp_and_what_the_scale_does_not_share() -> None:
+    from tpuforge_workloads.model.lora_provider import gathered_partition
+
+    assert gathered_partition(("tp", "fsdp", None), (8, 128, 64), (8, 128, 64)) == ("tp", None, None)
+    # The scale of a weight tiled along its contracted (fsdp) axis, and one whose tp axis is tiled.
+    assert gathered_partition(("fsdp", "tp"), (128, 256), (1, 256)) == (None, "tp")
+    assert gathered_partition(("tp", "fsdp"), (256, 128), (2, 128)) == (None, None)

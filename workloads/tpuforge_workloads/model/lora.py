@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     import jax
     import numpy as np
 
+    from tpuforge_workloads.model.lora_provider import Partitions
+
 # Beside the Orbax step directories under checkpoint.uri.
 MANIFEST_FILE = "lora.json"
 # The adapters' storage dtype (whatever the base's); see the module docstring.
@@ -120,11 +122,13 @@ def add_adapters(base: Any, lora: LoraSpec, batch: int, seed: int, adapter_dtype
     from tpuforge_workloads.model.lora_provider import LoraProvider
 
     # Ours: dropout off where the trainer evaluates (lora_provider.without_dropout).
+    regex = module_regex(lora.target_modules)
     provider = LoraProvider(
-        module_path=module_regex(lora.target_modules),
+        module_path=regex,
         rank=lora.rank,
         alpha=lora.alpha,
         dropout=lora.dropout,
+        partitions=weight_partitions(base, regex) if lora.base_quantization != "none" else None,
         **quantization_rule(lora, base.config),
     )
     # Positional: every family's model takes (tokens, positions, cache, attention_mask), under its own names.
@@ -132,6 +136,25 @@ def add_adapters(base: Any, lora: LoraSpec, batch: int, seed: int, adapter_dtype
     model = qwix.apply_lora_to_model(base, provider, *inputs, rngs=nnx.Rngs(params=seed, dropout=seed))
     nnx.update(model, jax.tree.map(lambda x: x.astype(adapter_dtype), nnx.state(model, nnx.LoRAParam)))
     return model
+
+
+def weight_partitions(base: Any, regex: str) -> Partitions:
+    """The shape and partition of each weight of the modules `regex` targets in `base` (arrays or shapes), by
+    module path as Qwix keeps it: what LoraProvider gathers a quantized weight over fsdp by."""
+    from flax import nnx
+
+    pattern = re.compile(regex)
+    out: dict[tuple[str, ...], list[tuple[tuple[int, ...], tuple[str | None, ...]]]] = {}
+    for path, module in nnx.iter_modules(base):
+        key = tuple(str(p) for p in path)
+        if not pattern.fullmatch("/".join(key)):
+            continue
+        out[key] = [
+            (tuple(v.shape), tuple(nnx.get_partition_spec(v).get_value()))
+            for v in vars(module).values()
+            if isinstance(v, nnx.Param)
+        ]
+    return out
 
 
 def quantization_rule(lora: LoraSpec, config: Any) -> dict[str, Any]:
