@@ -234,10 +234,12 @@ def layer_kinds(text: Decoder) -> str:
     return " + ".join(f"{n} {k}" for k, n in counts.items())
 
 
-def flops_row(model_name: str, layers: int, seq: int, batch: int, remat: str, fsdp: int) -> dict[str, Any]:
+def flops_row(
+    model_name: str, layers: int, seq: int, batch: int, remat: str, fsdp: int, quantization: str = "none"
+) -> dict[str, Any]:
     """The FLOP count alone, from shapes (no device run): to complete rows measured with --no-flops."""
     text = decoder(model_name, layers)
-    flops = step_flops(text, train_config(model_name, seq, batch, remat, fsdp))
+    flops = step_flops(text, train_config(model_name, seq, batch, remat, fsdp, quantization))
     tokens = batch * seq * fsdp
     return {
         "model": model_name,
@@ -245,6 +247,7 @@ def flops_row(model_name: str, layers: int, seq: int, batch: int, remat: str, fs
         "maxSeqLen": seq,
         "microBatch": batch,
         "remat": remat,
+        "baseQuantization": quantization,
         "tflopsPerStep": float(f"{flops / 1e12:.4g}"),
         "gflopsPerToken": float(f"{flops * fsdp / tokens / 1e9:.4g}"),
     }
@@ -466,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
         for seq in (int(x) for x in args.seq.split(",")):
             for batch in (int(x) for x in args.batch.split(",")):
                 if args.flops_only:
-                    emit(flops_row(args.model, layers, seq, batch, remat, args.flops_only), args.json)
+                    row = flops_row(args.model, layers, seq, batch, remat, args.flops_only, args.base_quantization)
+                    emit(row, args.json)
                     continue
                 config = {"model": args.model, "layers": layers, "seq": seq, "batch": batch, "remat": remat}
                 config["splashLayout"] = args.splash_layout
