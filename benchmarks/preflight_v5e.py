@@ -111,14 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     for model_name in args.models.split(","):
+        slice_ids = args.slices.split(",") if args.slices else slices_for(model_name)
         if args.cuts:
-            for slice_id in args.slices.split(",") if args.slices else slices_for(model_name):
-                layers = [int(x) for x in args.cuts.split(",")]
+            layers = [int(x) for x in args.cuts.split(",")]
+            for slice_id in slice_ids:
                 for row in cuts(model_name, slice_id, args.seq, args.base_quantization, layers):
                     emit(row, args.json)
             continue
         text = decoder(model_name)
-        for slice_id in args.slices.split(",") if args.slices else slices_for(model_name):
+        for slice_id in slice_ids:
             report = preflight(
                 text, config(model_name, slice_id, args.seq, args.base_quantization), TPU_SLICES[slice_id], STEPS
             )

@@ -149,12 +149,15 @@ def weight_partitions(base: Any, regex: str) -> Partitions:
         key = tuple(str(p) for p in path)
         if not pattern.fullmatch("/".join(key)):
             continue
-        out[key] = [
-            (tuple(v.shape), tuple(nnx.get_partition_spec(v).get_value()))
-            for v in vars(module).values()
-            if isinstance(v, nnx.Param)
-        ]
+        out[key] = [(tuple(v.shape), partition_of(v)) for v in vars(module).values() if isinstance(v, nnx.Param)]
     return out
+
+
+def partition_of(variable: Any) -> tuple[str | None, ...]:
+    """The mesh axis names a parameter is laid out by, one per dimension (its sharding metadata)."""
+    from flax import nnx
+
+    return tuple(nnx.get_partition_spec(variable).get_value())
 
 
 def quantization_rule(lora: LoraSpec, config: Any) -> dict[str, Any]:
@@ -336,7 +339,7 @@ class AdapterBuild:
         from jax.sharding import NamedSharding, PartitionSpec
 
         def sharding(p: Any) -> Any:
-            return NamedSharding(self.mesh, PartitionSpec(*(p.get_metadata().get("out_sharding") or ())))  # type: ignore[no-untyped-call]
+            return NamedSharding(self.mesh, PartitionSpec(*partition_of(p)))  # type: ignore[no-untyped-call]
 
         shardings = jax.tree.map(sharding, boxed, is_leaf=lambda x: isinstance(x, nnx.Variable))
         key = repr((boxed.how, boxed.shape, shardings))
