@@ -1,6 +1,6 @@
 """What GRPO (spec.method grpo) learns at CPU scale, with the checker's verdict as its only signal.
 
-The 20 Verilog problems written here (tpuforge_workloads.data.verilog_tasks: its dozen PROBLEMS and the eight
+The 40 Verilog problems written here (tpuforge_workloads.data.verilog_tasks: its dozen PROBLEMS and the 28
 MORE_PROBLEMS), each asked in three phrasings. The tiny Gemma 4 (Verilog tokenizer) is first SFT-trained on
 every phrasing with the right and a plausible wrong answer (the task set's `broken` one) equally often: the
 "SFT start", a model that writes either, merged into its base by the merge CLI. GRPO then trains a LoRA on
@@ -10,7 +10,7 @@ out of GRPO (never sampled, never rewarded; the SFT start has seen it, with both
 scored on it by the same checker:
 
 - pass@1 of greedy answers, and pass@1 estimated from `--samples` answers per problem at the rollouts'
-  temperature, each with its 95% Clopper-Pearson interval over the 20 problems (evaluate.passk), before (the
+  temperature, each with its 95% Clopper-Pearson interval over the 40 problems (evaluate.passk), before (the
   SFT start) and after GRPO;
 - the rise, after - before, of each with its paired 95% interval over the same problems (evaluate.passk.
   paired_rise: greedy, Newcombe's square-and-add interval for paired proportions, with the exact McNemar
@@ -20,7 +20,7 @@ scored on it by the same checker:
 - from the GRPO run's summary: the reward by step, the pass rate of its first and last steps, the KL at its
   end, and the checker's and the rollout's shares of the step time (their seconds over the steps' seconds).
 
-    .venv/bin/python benchmarks/grpo.py [--steps 24] [--sft-steps 300] [--samples 8] [--json out.jsonl]
+    .venv/bin/python benchmarks/grpo.py [--steps 24] [--sft-steps 300] [--samples 8] [--prompts 4] [--json out.jsonl]
 
 Needs root (the checker runs each answer under a uid of its own) and iverilog. One JSON line.
 """
@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_TOKENS = 56
 MAX_SEQ_LEN = 128
 LORA = {"rank": 16, "alpha": 32.0, "dropout": 0.0}
-BENCH_PROBLEMS = PROBLEMS + MORE_PROBLEMS  # 20 held out: the paired interval of a rise needs more than 12
+BENCH_PROBLEMS = PROBLEMS + MORE_PROBLEMS  # 40 held out: the paired interval of a rise needs more than 20
 
 
 def phrasings(name: str, ports: str) -> list[str]:
@@ -62,7 +62,7 @@ def records(problems: tuple[Problem, ...] = PROBLEMS) -> tuple[list[dict[str, An
     """(SFT records: both answers to every phrasing; GRPO problems: the first two phrasings with the right
     answer as reference; held-out problems: the third phrasing, which GRPO never samples). Of the dozen
     PROBLEMS by default: the GRPO demo's files (examples/data/demo-verilog-*.jsonl); the benchmark passes all
-    20 (BENCH_PROBLEMS)."""
+    40 (BENCH_PROBLEMS)."""
     from tpuforge_workloads.data.verilog_tasks import fenced
 
     sft, train_problems, held = [], [], []
@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sft-steps", type=int, default=300)
     parser.add_argument("--samples", type=int, default=8, help="answers per held-out problem for sampled pass@1")
     parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=4, help="prompts a GRPO step (each answered --group times)")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--kl", type=float, default=0.04)
     parser.add_argument("--temperature", type=float, default=0.5, help="of the rollouts and the sampled pass@1")
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     rl_ck = work / f"rl-ck-{args.steps}"
     spec = GrpoSpec(group_size=args.group, temperature=args.temperature, max_tokens=MAX_TOKENS, kl_coefficient=args.kl)
     rl_cfg = config(merged, rl_data, rl_ck, args.steps, args.lr, args.seed, method="grpo", grpo=spec,
-                    micro_batch_size=2)  # fmt: skip
+                    micro_batch_size=args.prompts)  # fmt: skip
     rl_cfg.eval_uri = str(held)
     rl = train(rl_cfg, work / f"rl-{args.steps}", 1)
     check = grpo.Checker(VERILOG_CHECK_COMMAND, 10.0, 256 << 20, os.cpu_count() or 1, tempfile.gettempdir())
@@ -280,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             "grpo": {
                 **rl,
                 "groupSize": args.group,
+                "promptsPerStep": args.prompts,
                 "temperature": args.temperature,
                 "learningRate": args.lr,
                 "klCoefficient": args.kl,

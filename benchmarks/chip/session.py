@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @dataclass(frozen=True)
 class Measurement:
     name: str
-    group: str  # throughput, build, preflight, splash, trainer
+    group: str  # throughput, build, preflight, splash, trainer, decode
     args: tuple[str, ...]  # after `python -m`; {out}: this measurement's JSON lines file, {dir}: the output dir
     deadline_s: float
 
@@ -62,8 +62,10 @@ def plan(tiny: bool = False) -> list[Measurement]:
         bench = ("benchmarks.train_throughput", "--model", "gemma4-tiny", "--layers", "0", "--seq", "128")
         bench += ("--batch", "1", "--steps", "1", "--warmup", "1", "--json", "{out}")
         build = ("benchmarks.chip.build_memory", "--model", "gemma4-tiny", "--layers", "0", "--json", "{out}")
+        decode = ("benchmarks.decode_speed", "--rows", "4", "--new", "8", "--repeats", "1", "--json", "{out}")
         return [
             Measurement("throughput-tiny", "throughput", bench, 600),
+            Measurement("decode-tiny", "decode", decode, 300),
             Measurement("build-tiny", "build", build, 300),
             Measurement("splash-tiny", "splash", ("benchmarks.chip.splash_check", "--tiny", "--json", "{out}"), 300),
         ]
@@ -122,6 +124,12 @@ def plan(tiny: bool = False) -> list[Measurement]:
         resume = ("--model", model, "--steps", "300", "--kill-at", "110", "--json", "{out}")
         resume += ("--workdir", f"{{dir}}/trainer-{model}-work")
         out.append(Measurement(f"trainer-{model}", "trainer", ("benchmarks.chip.trainer_resume", *resume), 900))
+    # GRPO's rollout decode at the 31B's shapes: the KV cache against whole rows (8 answers of 128 tokens), then
+    # the cache alone at a rollout's size (two prompts x a group of 8, 512 tokens each).
+    decode = ("benchmarks.decode_speed", "--model", "gemma4-31b", "--layers", "6", "--prompt", "256")
+    out.append(Measurement("decode-31b-6", "decode", (*decode, "--rows", "8", "--new", "128", "--json", "{out}"), 600))
+    rollout = (*decode, "--rows", "16", "--new", "512", "--no-baseline", "--json", "{out}")
+    out.append(Measurement("decode-31b-6-rollout", "decode", rollout, 600))
     # QLoRA's whole trainer: the int8 base quantized as it loads, killed and resumed (its losses beside bf16's).
     resume = ("--model", "gemma4-tiny", "--steps", "300", "--kill-at", "110", "--json", "{out}")
     resume += ("--workdir", "{dir}/trainer-gemma4-tiny-int8-work", "--base-quantization", "int8")

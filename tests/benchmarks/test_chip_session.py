@@ -20,7 +20,7 @@ def test_the_plan_names_each_measurement_once_and_every_command_is_a_module() ->
             assert importlib.util.find_spec(m.args[0]) is not None, m.args[0]
             assert "{out}" in m.args and m.deadline_s <= 900
     groups = {m.group for m in session.plan()}
-    assert groups == {"throughput", "build", "preflight", "splash", "trainer"}
+    assert groups == {"throughput", "build", "preflight", "splash", "trainer", "decode"}
     trainer = [m.name for m in session.select(session.plan(), "trainer")]
     assert trainer == ["trainer-gemma4-tiny", "trainer-qwen3-tiny", "trainer-gemma4-tiny-int8"]
     assert [m.name for m in session.select(session.plan(), "splash-31b-global,trainer-qwen3-tiny")] == [

@@ -28,9 +28,9 @@ from tpuforge_workloads.families.gemma4 import tiny as tiny_model
 
 @pytest.mark.skipif(shutil.which("iverilog") is None, reason="needs iverilog (make iverilog)")
 def test_every_solution_passes_its_testbench_and_every_broken_one_fails() -> None:
-    assert len(PROBLEMS) == 12 and len(MORE_PROBLEMS) == 8
+    assert len(PROBLEMS) == 12 and len(MORE_PROBLEMS) == 28
     every = PROBLEMS + MORE_PROBLEMS
-    assert len({p.name for p in every}) == 20
+    assert len({p.name for p in every}) == 40
     samples = []
     for kind, rows in (("good", records(problems=every)), ("broken", records(broken=True, problems=every))):
         for p, r in zip(every, rows, strict=True):

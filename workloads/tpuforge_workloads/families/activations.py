@@ -19,13 +19,15 @@ from jax.interpreters import pxla
 from tpuforge_workloads.families import attention
 
 
-def shard(x: Any, axes: tuple[Any, ...]) -> Any:
+def shard(x: Any, axes: tuple[Any, ...], eager: bool = False) -> Any:
     """`x` constrained to the partition `axes` over the current mesh, where the step is traced for an
-    accelerator; `x` itself on a CPU mesh or without one."""
+    accelerator (`eager`: placed there, as Tunix's models place a new KV cache); `x` itself on a CPU mesh or
+    without one."""
     mesh = pxla.thread_resources.env.physical_mesh
     if mesh.empty or attention.target_platform() == "cpu":
         return x
-    return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*axes)))  # type: ignore[no-untyped-call]
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*axes))  # type: ignore[no-untyped-call]
+    return jax.device_put(x, sharding) if eager else jax.lax.with_sharding_constraint(x, sharding)  # type: ignore[no-untyped-call]
 
 
 def install(tunix_model_module: Any) -> None:

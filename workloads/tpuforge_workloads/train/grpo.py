@@ -6,9 +6,9 @@ from and the loss they are scored with.
   is the reference answer; VerilogEval's layout is converted by data/verilogeval.py), with the same held-out
   split (data/split.py) as every other method.
 - Each step (`RolloutFeed`, the trainer's data hook) takes its prompts from a checkpointed Grain iterator of
-  problem indices, samples groupSize answers to each from the model as trained so far (`RolloutSampler`, the
-  evaluation samples' decode with a temperature), and has the hardened checker (evaluate.check: each answer in
-  a scratch directory of its own, under a uid of its own) judge the code taken from each, up to its CPUs at
+  problem indices, samples groupSize answers to each from the model as trained so far (`RolloutSampler`:
+  train/decode.py, with a KV cache and a temperature), and has the hardened checker (evaluate.check: each
+  answer in a scratch directory of its own, under a uid of its own) judge the code taken from each, up to its CPUs at
   once: in this process (`Checker`), or in the checker sidecar beside the trainer on a cluster
   (`SpoolChecker`, through the spool of evaluate.check --serve). An answer's reward is a weighted sum
   (`rewards`): the checker's pass (or its share of the test's samples that match), an exact match with the
@@ -370,53 +370,40 @@ def make_loss_fn(spec: GrpoSpec) -> Any:
 
 class RolloutSampler:
     """groupSize answers to each prompt, sampled at `temperature` from the model as it is (its LoRA weights of
-    the step just taken), on the training mesh: the decode of train/samples.py (no KV cache: `max_new` full
-    forward passes over rows of `length` tokens), compiled once."""
+    the step just taken), on the training mesh: train/decode.py's decode with its KV cache, compiled once per
+    batch shape. `room`: the prompts' width (decode.prompt_room of every problem the run asks), so the steps
+    share one compile."""
 
-    def __init__(self, encoder: ChatEncoder, mesh: Any, length: int, max_new: int, temperature: float, seed: int):
+    def __init__(
+        self, encoder: ChatEncoder, mesh: Any, length: int, max_new: int, temperature: float, seed: int, room: int = 0
+    ):
+        from tpuforge_workloads.train.decode import Decoder
+
         self.encoder = encoder
-        self.mesh = mesh
         self.length = length
         self.max_new = max_new
         self.temperature = temperature
         self.seed = seed
-        self._decode: dict[tuple[int, float], Any] = {}
-
-    def rows(self, prompts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        pad = self.encoder.tokens.pad
-        tokens = np.full((len(prompts), self.length), pad, np.int32)
-        lengths = np.zeros(len(prompts), np.int32)
-        for row, p in enumerate(prompts):
-            tokens[row, : len(p)] = p
-            lengths[row] = len(p)
-        return tokens, lengths
+        self.room = room
+        self.decoder = Decoder(mesh, max_new)
 
     def sample(self, model: Any, prompts: Sequence[np.ndarray], step: int, temperature: float | None = None) -> Any:
         """Token rows [len(prompts), length]: each prompt followed by its answer (then whatever the decode left
         there: read up to the answer's end, `answer_span`). Call under the run's mesh, on every process."""
-        import functools
-
         import jax
-        from flax import nnx
-        from jax.sharding import NamedSharding, PartitionSpec
 
-        from tpuforge_workloads.train.samples import _decode, _index
+        from tpuforge_workloads.train.decode import left_padded, prompt_room
 
-        t = self.temperature if temperature is None else temperature
-        split: tuple[Any, ...] = nnx.split(model, nnx.LoRAParam, ...)
-        graphdef, adapters, rest = split
-        key = (len(prompts), t)
-        if key not in self._decode:
-            replicated = NamedSharding(self.mesh, PartitionSpec())  # type: ignore[no-untyped-call]
-            self._decode[key] = jax.jit(
-                functools.partial(_decode, graphdef, model.config.dtype, self.max_new, self.length, t),
-                out_shardings=replicated,
-            )
-        rows = NamedSharding(self.mesh, PartitionSpec("fsdp"))  # type: ignore[no-untyped-call]
-        tokens, lengths = self.rows(prompts)
-        placed = [jax.make_array_from_callback(a.shape, rows, functools.partial(_index, a)) for a in (tokens, lengths)]
-        rng = jax.random.fold_in(jax.random.key(self.seed), step)
-        return np.asarray(self._decode[key](adapters, rest, *placed, rng).addressable_data(0))
+        pad = self.encoder.tokens.pad
+        tokens, lengths = left_padded(prompts, prompt_room(prompts, self.room), pad)
+        key = jax.random.fold_in(jax.random.key(self.seed), step)
+        new = self.decoder(model, tokens, lengths, self.temperature if temperature is None else temperature, key)
+        out = np.full((len(prompts), self.length), pad, np.int32)
+        for row, p in enumerate(prompts):
+            fits = min(self.max_new, self.length - len(p))
+            out[row, : len(p)] = p
+            out[row, len(p) : len(p) + fits] = new[row, :fits]
+        return out
 
     def answer_span(self, row: np.ndarray, start: int) -> tuple[int, bool]:
         """(tokens of the answer from `start`, its stop token included; whether it stopped by itself)."""

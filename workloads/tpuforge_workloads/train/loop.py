@@ -44,6 +44,7 @@ from tpuforge_workloads.runtime import compile_cache
 from tpuforge_workloads.runtime.progress import RunProgress
 from tpuforge_workloads.train import grpo
 from tpuforge_workloads.train.checkpoints import TrainCheckpoints
+from tpuforge_workloads.train.decode import prompt_room
 from tpuforge_workloads.train.eval_tracking import EvalTracking
 from tpuforge_workloads.train.hosts import Agreement, Hosts
 from tpuforge_workloads.train.plan import Plan
@@ -303,8 +304,9 @@ def rollout_feed(
 
     c = plan.config
     spec = c.grpo or GrpoSpec()
+    room = prompt_room([p.tokens for p in plan.problems])
     sampler = grpo.RolloutSampler(
-        plan.encoder, mesh, c.training.max_seq_len, spec.max_tokens, spec.temperature, c.training.seed
+        plan.encoder, mesh, c.training.max_seq_len, spec.max_tokens, spec.temperature, c.training.seed, room
     )
     checker = spec.checker
     check: grpo.Checker | grpo.SpoolChecker | None = None

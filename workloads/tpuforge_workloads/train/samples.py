@@ -4,11 +4,9 @@ is, LoRA weights of the step just taken, so a run shows what it has learnt as we
 The prompts are the first records of the eval set (training.evalSamples of them), laid out as
 tpuforge_workloads.evaluate.compare lays out a prompt: one conversation up to its last assistant turn, through the
 trainer's chat encoder and its generation prompt, the answer stopping at the end of the model's turn. The
-decoding runs on the training mesh, in the training process, without a KV cache: one jitted loop of
-`max_new` full forward passes over a fixed-size row (the prompt and room for the answer, rounded up to 128
-tokens and no longer than maxSeqLen, which training already fits in memory). It costs one more compile at
-the first evaluation and, for the 31B on a v5p-8 with prompts of a few hundred tokens, seconds per
-evaluation after that; EVAL_SAMPLE_MAX_NEW_TOKENS and evalSamples bound it.
+decoding runs on the training mesh, in the training process, with a KV cache (train/decode.py): the prompts
+once, then one single-token step per new token; an answer ends where its row would pass maxSeqLen. It costs
+one more compile at the first evaluation; EVAL_SAMPLE_MAX_NEW_TOKENS and evalSamples bound its time.
 
 Every process of a multi-host slice runs the decode (the model is sharded over all of them) on the same
 prompts; process 0 reports the answers.
@@ -16,7 +14,6 @@ prompts; process 0 reports the answers.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,8 +23,7 @@ import numpy as np
 from tpuforge.api.constants import EVAL_SAMPLE_MAX_NEW_TOKENS
 from tpuforge_workloads.data.chat import ChatEncoder
 from tpuforge_workloads.data.records import Record
-
-ROW_MULTIPLE = 128  # row lengths on the splash-attention path are multiples of this (attention.py)
+from tpuforge_workloads.train.decode import Decoder, left_padded, prompt_room
 
 
 @dataclass(frozen=True)
@@ -55,15 +51,10 @@ def pick_prompts(records: Sequence[Record], encoder: ChatEncoder, count: int, ma
     return out
 
 
-def row_length(prompts: Sequence[SamplePrompt], max_seq_len: int, max_new: int = EVAL_SAMPLE_MAX_NEW_TOKENS) -> int:
-    longest = max(len(p.tokens) for p in prompts)
-    rounded = -(-(longest + max_new) // ROW_MULTIPLE) * ROW_MULTIPLE
-    return min(rounded, max_seq_len)
-
-
 class Sampler:
     """Greedy answers to `prompts` from a training model, on `mesh` (rows split over fsdp as a training
-    batch is). The decode is compiled once, at the first call, and reused at every evaluation."""
+    batch is): train/decode.py's decode with its KV cache, compiled once, at the first call, and reused at
+    every evaluation."""
 
     def __init__(
         self,
@@ -75,47 +66,23 @@ class Sampler:
     ):
         self.prompts = list(prompts)
         self.encoder = encoder
-        self.mesh = mesh
-        self.length = row_length(self.prompts, max_seq_len, max_new) if self.prompts else 0
+        self.length = max_seq_len  # an answer ends where its row would pass maxSeqLen
         self.max_new = max_new
         fsdp = int(mesh.shape.get("fsdp", 1))
         self.rows = -(-len(self.prompts) // fsdp) * fsdp
-        self._decode: Any = None
-
-    def _inputs(self) -> tuple[np.ndarray, np.ndarray]:
-        """Token rows (prompts left-aligned, padded; spare rows repeat the first prompt) and prompt lengths."""
-        pad = self.encoder.tokens.pad
-        tokens = np.full((self.rows, self.length), pad, np.int32)
-        lengths = np.zeros(self.rows, np.int32)
-        for row in range(self.rows):
-            p = self.prompts[row] if row < len(self.prompts) else self.prompts[0]
-            tokens[row, : len(p.tokens)] = p.tokens
-            lengths[row] = len(p.tokens)
-        return tokens, lengths
+        self.decoder = Decoder(mesh, max_new)
 
     def answers(self, model: Any) -> list[dict[str, str]]:
         """{"prompt", "answer", "reference"} per prompt. Call under the run's mesh, on every process."""
-        import jax
-        from flax import nnx
-        from jax.sharding import NamedSharding, PartitionSpec
-
         if not self.prompts:
             return []
-        split: tuple[Any, ...] = nnx.split(model, nnx.LoRAParam, ...)
-        graphdef, adapters, rest = split
-        if self._decode is None:
-            replicated = NamedSharding(self.mesh, PartitionSpec())  # type: ignore[no-untyped-call]
-            self._decode = jax.jit(
-                functools.partial(_decode, graphdef, model.config.dtype, self.max_new, self.length, 0.0),
-                out_shardings=replicated,
-            )
-        rows = NamedSharding(self.mesh, PartitionSpec("fsdp"))  # type: ignore[no-untyped-call]
-        tokens, lengths = self._inputs()
-        placed = [jax.make_array_from_callback(a.shape, rows, functools.partial(_index, a)) for a in (tokens, lengths)]
-        out = np.asarray(self._decode(adapters, rest, *placed).addressable_data(0))
+        prompts = [p.tokens for p in self.prompts]
+        tokens, lengths = left_padded(prompts, prompt_room(prompts), self.encoder.tokens.pad, self.rows)
+        new = self.decoder(model, tokens, lengths)
+        answers = [self._text(new[row, : self.length - len(p.tokens)]) for row, p in enumerate(self.prompts)]
         return [
-            {"prompt": p.prompt, "answer": self._text(out[row, len(p.tokens) :]), "reference": p.reference}
-            for row, p in enumerate(self.prompts)
+            {"prompt": p.prompt, "answer": a, "reference": p.reference}
+            for p, a in zip(self.prompts, answers, strict=True)
         ]
 
     def _text(self, new: np.ndarray) -> str:
@@ -126,56 +93,3 @@ class Sampler:
                 break
             ids.append(int(token))
         return str(self.encoder.tokenizer.decode(ids, skip_special_tokens=True)).strip()
-
-
-def _index(array: np.ndarray, index: Any) -> Any:
-    return array[index]
-
-
-def _decode(
-    graphdef: Any,
-    dtype: Any,
-    max_new: int,
-    length: int,
-    temperature: float,
-    adapters: Any,
-    rest: Any,
-    tokens: Any,
-    lengths: Any,
-    key: Any = None,
-) -> Any:
-    """`max_new` tokens after each row's prompt (a row that reaches `length` stops growing): greedy at
-    temperature 0, else drawn from softmax(logits / temperature) with `key` folded with the position. The
-    adapters are cast to the model's compute dtype up front, as training's forward pass casts them
-    (lora.adapters_in_compute_dtype), and the model is rebuilt inside the loop body from the arrays, so no
-    variable is written across traces."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
-
-    from tpuforge_workloads.families import attention
-    from tpuforge_workloads.families.attention import model_inputs
-    from tpuforge_workloads.model.lora_provider import without_dropout
-
-    adapters = jax.tree.map(lambda x: x.astype(dtype), adapters)
-    rows = tokens.shape[0]
-    row_index = jnp.arange(rows)
-    segment_ids = jnp.ones_like(tokens)  # causal attention alone: nothing after a row's end is read
-    positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), tokens.shape)
-
-    def step(i: Any, toks: Any) -> Any:
-        model = nnx.merge(graphdef, adapters, rest)
-        x = model_inputs({"input_tokens": toks, "input_mask": toks, "segment_ids": segment_ids, "positions": positions})
-        with without_dropout():
-            logits, _ = model(toks, x["positions"], None, attention.for_model(model, x["attention_mask"]))
-        at = lengths + i  # where this iteration's token goes
-        last = jnp.clip(at - 1, 0, length - 1)
-        scores = logits[row_index, last].astype(jnp.float32)
-        if temperature > 0:
-            nxt = jax.random.categorical(jax.random.fold_in(key, i), scores / temperature, axis=-1).astype(toks.dtype)
-        else:
-            nxt = jnp.argmax(scores, axis=-1).astype(toks.dtype)
-        keep = at < length
-        return toks.at[row_index, jnp.clip(at, 0, length - 1)].set(jnp.where(keep, nxt, toks[row_index, last]))
-
-    return jax.lax.fori_loop(0, max_new, step, tokens)
