@@ -10,7 +10,7 @@ long answer may part; in float32 on CPU they agree: tests/workloads/train/test_d
 last is the baseline's time over the cache's.
 
     python benchmarks/decode_speed.py [--model gemma4-tiny] [--layers 0] [--rows 8] [--prompt 40] [--new 56]
-        [--repeats 3] [--no-baseline] [--json out.jsonl]
+        [--repeats 3] [--no-baseline] [--base-quantization none|int8|int4] [--json out.jsonl]
 
 Without arguments: the tiny model at the GRPO benchmark's shapes (8 answers of up to 56 tokens). On a chip:
 `--model gemma4-31b --layers 6 --rows 8 --prompt 256 --new 128` (benchmarks/chip/session.py: decode-31b-6).
@@ -28,6 +28,7 @@ import numpy as np
 from benchmarks.rows import emit
 from benchmarks.train_throughput import decoder, layer_kinds, random_model, train_config
 
+from tpuforge.api.finetune import BASE_QUANTIZATIONS
 from tpuforge_workloads.model.mesh import make_mesh
 from tpuforge_workloads.train.decode import Decoder, left_padded, prompt_room
 
@@ -51,12 +52,19 @@ def timed(decode: Decoder, model: Any, tokens: np.ndarray, lengths: np.ndarray, 
 
 
 def measure(
-    model_name: str, layers: int, rows: int, prompt: int, new: int, repeats: int, baseline: bool = True
+    model_name: str,
+    layers: int,
+    rows: int,
+    prompt: int,
+    new: int,
+    repeats: int,
+    baseline: bool = True,
+    quantization: str = "none",
 ) -> dict[str, Any]:
     device = jax.local_devices()[0]
     mesh = make_mesh(1, 1, [device])
     text = decoder(model_name, layers)
-    model = random_model(text, train_config(model_name, prompt + new, rows, "off", 1), mesh)
+    model = random_model(text, train_config(model_name, prompt + new, rows, "off", 1, quantization), mesh)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, text.vocab_size, prompt).astype(np.int32) for _ in range(rows)]
     tokens, lengths = left_padded(prompts, prompt_room(prompts), 0)
@@ -68,6 +76,7 @@ def measure(
         "rows": rows,
         "prompt": prompt,
         "newTokens": new,
+        "baseQuantization": quantization,
         "device": str(device.device_kind),
         "platform": device.platform,
         "jax": jax.__version__,
@@ -94,9 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--new", type=int, default=56)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True, help="time whole rows too")
+    p.add_argument("--base-quantization", default="none", choices=BASE_QUANTIZATIONS, help="QLoRA's base")
     p.add_argument("--json", help="append the row to this JSON-lines file")
     args = p.parse_args(argv)
-    row = measure(args.model, args.layers, args.rows, args.prompt, args.new, args.repeats, args.baseline)
+    row = measure(
+        args.model, args.layers, args.rows, args.prompt, args.new, args.repeats, args.baseline, args.base_quantization
+    )
     emit(row, args.json)
     if "ratio" in row:
         print(f"decode of {args.rows} x {args.new} tokens: whole rows / KV cache = {row['ratio']}x", flush=True)

@@ -126,10 +126,13 @@ def plan(tiny: bool = False) -> list[Measurement]:
         out.append(Measurement(f"trainer-{model}", "trainer", ("benchmarks.chip.trainer_resume", *resume), 900))
     # GRPO's rollout decode at the 31B's shapes: the KV cache against whole rows (8 answers of 128 tokens), then
     # the cache alone at a rollout's size (two prompts x a group of 8, 512 tokens each).
+    # QLoRA's rollouts (int8 weights read at each token) last.
     decode = ("benchmarks.decode_speed", "--model", "gemma4-31b", "--layers", "6", "--prompt", "256")
-    out.append(Measurement("decode-31b-6", "decode", (*decode, "--rows", "8", "--new", "128", "--json", "{out}"), 600))
+    both = (*decode, "--rows", "8", "--new", "128", "--repeats", "2", "--json", "{out}")
+    out.append(Measurement("decode-31b-6", "decode", both, 600))
     rollout = (*decode, "--rows", "16", "--new", "512", "--no-baseline", "--json", "{out}")
     out.append(Measurement("decode-31b-6-rollout", "decode", rollout, 600))
+    out.append(Measurement("decode-31b-6-rollout-int8", "decode", (*rollout, "--base-quantization", "int8"), 600))
     # QLoRA's whole trainer: the int8 base quantized as it loads, killed and resumed (its losses beside bf16's).
     resume = ("--model", "gemma4-tiny", "--steps", "300", "--kill-at", "110", "--json", "{out}")
     resume += ("--workdir", "{dir}/trainer-gemma4-tiny-int8-work", "--base-quantization", "int8")
