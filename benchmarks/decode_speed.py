@@ -10,7 +10,7 @@ long answer may part; in float32 on CPU they agree: tests/workloads/train/test_d
 last is the baseline's time over the cache's.
 
     python benchmarks/decode_speed.py [--model gemma4-tiny] [--layers 0] [--rows 8] [--prompt 40] [--new 56]
-        [--repeats 3] [--no-baseline] [--base-quantization none|int8|int4] [--json out.jsonl]
+        [--repeats 3] [--no-baseline] [--base-quantization none|int8|int4] [--written] [--json out.jsonl]
 
 Without arguments: the tiny model at the GRPO benchmark's shapes (8 answers of up to 56 tokens). On a chip:
 `--model gemma4-31b --layers 6 --rows 8 --prompt 256 --new 128` (benchmarks/chip/session.py: decode-31b-6).
@@ -51,6 +51,31 @@ def timed(decode: Decoder, model: Any, tokens: np.ndarray, lengths: np.ndarray, 
     }
 
 
+def written_model(model_name: str, config: Any, mesh: Any) -> Any:
+    """A tiny model's checkpoint as its family's writer makes it (weights ~ N(0, 1/fan_in): logits with clear
+    winners, where random_model's tiny uniform weights leave near ties that rounding decides), loaded as the
+    trainer loads it, with adapters that shift its answers."""
+    import tempfile
+
+    from flax import nnx
+
+    from tpuforge_workloads import families
+    from tpuforge_workloads.families.gemma4 import tiny as tiny_gemma4
+    from tpuforge_workloads.families.qwen3 import tiny as tiny_qwen3
+    from tpuforge_workloads.model import checkpoint_read, lora
+
+    folder = tempfile.mkdtemp(prefix="decode-speed-")
+    (tiny_gemma4 if model_name.startswith("gemma4") else tiny_qwen3).write(folder, model_name=model_name)
+    text = families.read_decoder(folder)
+    with jax.set_mesh(mesh):
+        base = checkpoint_read.load_model(folder, text, families.of(text).tunix_config(text), mesh)
+        model = lora.apply_lora(base, config.lora, mesh, seed=0)
+        stored = nnx.state(model, nnx.LoRAParam)
+        keys = iter(jax.random.split(jax.random.key(3), len(jax.tree.leaves(stored))))
+        nnx.update(model, jax.tree.map(lambda x: x + 0.2 * jax.random.normal(next(keys), x.shape), stored))
+    return model
+
+
 def measure(
     model_name: str,
     layers: int,
@@ -60,11 +85,13 @@ def measure(
     repeats: int,
     baseline: bool = True,
     quantization: str = "none",
+    written: bool = False,
 ) -> dict[str, Any]:
     device = jax.local_devices()[0]
     mesh = make_mesh(1, 1, [device])
     text = decoder(model_name, layers)
-    model = random_model(text, train_config(model_name, prompt + new, rows, "off", 1, quantization), mesh)
+    config = train_config(model_name, prompt + new, rows, "off", 1, quantization)
+    model = written_model(model_name, config, mesh) if written else random_model(text, config, mesh)
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, text.vocab_size, prompt).astype(np.int32) for _ in range(rows)]
     tokens, lengths = left_padded(prompts, prompt_room(prompts), 0)
@@ -77,6 +104,7 @@ def measure(
         "prompt": prompt,
         "newTokens": new,
         "baseQuantization": quantization,
+        "weights": "written" if written else "random",
         "device": str(device.device_kind),
         "platform": device.platform,
         "jax": jax.__version__,
@@ -104,10 +132,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True, help="time whole rows too")
     p.add_argument("--base-quantization", default="none", choices=BASE_QUANTIZATIONS, help="QLoRA's base")
+    p.add_argument("--written", action="store_true", help="a tiny model's written checkpoint, not random weights")
     p.add_argument("--json", help="append the row to this JSON-lines file")
     args = p.parse_args(argv)
     row = measure(
-        args.model, args.layers, args.rows, args.prompt, args.new, args.repeats, args.baseline, args.base_quantization
+        args.model,
+        args.layers,
+        args.rows,
+        args.prompt,
+        args.new,
+        args.repeats,
+        args.baseline,
+        args.base_quantization,
+        args.written,
     )
     emit(row, args.json)
     if "ratio" in row:

@@ -133,6 +133,9 @@ def plan(tiny: bool = False) -> list[Measurement]:
     rollout = (*decode, "--rows", "16", "--new", "512", "--no-baseline", "--json", "{out}")
     out.append(Measurement("decode-31b-6-rollout", "decode", rollout, 600))
     out.append(Measurement("decode-31b-6-rollout-int8", "decode", (*rollout, "--base-quantization", "int8"), 600))
+    for model in ("gemma4-tiny", "qwen3-tiny"):  # the two decodes' tokens on the chip, from written weights
+        tiny = ("benchmarks.decode_speed", "--model", model, "--written", "--rows", "8", "--prompt", "40", "--new")
+        out.append(Measurement(f"decode-{model}", "decode", (*tiny, "56", "--json", "{out}"), 300))
     # QLoRA's whole trainer: the int8 base quantized as it loads, killed and resumed (its losses beside bf16's).
     resume = ("--model", "gemma4-tiny", "--steps", "300", "--kill-at", "110", "--json", "{out}")
     resume += ("--workdir", "{dir}/trainer-gemma4-tiny-int8-work", "--base-quantization", "int8")
