@@ -133,6 +133,10 @@ def plan(tiny: bool = False) -> list[Measurement]:
     rollout = (*decode, "--rows", "16", "--new", "512", "--no-baseline", "--json", "{out}")
     out.append(Measurement("decode-31b-6-rollout", "decode", rollout, 600))
     out.append(Measurement("decode-31b-6-rollout-int8", "decode", (*rollout, "--base-quantization", "int8"), 600))
+    # At the 31B plan's lengths (docs/training.md: ~512-token prompts, answers of up to 1024), 32 rows.
+    long = ("benchmarks.decode_speed", "--model", "gemma4-31b", "--layers", "6", "--prompt", "512", "--rows", "32")
+    long += ("--new", "1024", "--no-baseline", "--repeats", "1", "--json", "{out}")
+    out.append(Measurement("decode-31b-6-rollout-32x1024", "decode", long, 600))
     for model in ("gemma4-tiny", "qwen3-tiny"):  # the two decodes' tokens on the chip, from written weights
         tiny = ("benchmarks.decode_speed", "--model", model, "--written", "--rows", "8", "--prompt", "40", "--new")
         out.append(Measurement(f"decode-{model}", "decode", (*tiny, "56", "--json", "{out}"), 300))
