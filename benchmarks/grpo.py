@@ -43,8 +43,8 @@ from benchmarks.rows import emit
 from tpuforge_workloads.data.verilog_tasks import MORE_PROBLEMS, PROBLEMS, Problem
 
 ROOT = Path(__file__).resolve().parents[1]
-MAX_TOKENS = 56
-MAX_SEQ_LEN = 128
+MAX_TOKENS = 72  # the longest right answer of the 40 is 63 tokens and its end of turn
+MAX_SEQ_LEN = 160  # the longest prompt (77 tokens) and MAX_TOKENS
 LORA = {"rank": 16, "alpha": 32.0, "dropout": 0.0}
 BENCH_PROBLEMS = PROBLEMS + MORE_PROBLEMS  # 40 held out: the paired interval of a rise needs more than 20
 
