@@ -151,6 +151,11 @@ class Children:
         """The child of that kind and name, as its informer last saw it (a predecessor's too)."""
         return next((v for v in self._by_kind[kind].get(key) if v["metadata"]["name"] == name), None)
 
+    def none(self, key: Key) -> bool:
+        """Whether no child of that owner's name, of any kind, is in memory (a new object's, or its
+        predecessor's)."""
+        return not any(informer.get(key) for informer in self.informers)
+
     def served(self, kind: str) -> bool:
         """Whether the apiserver serves a kind (a monitoring CRD is installed)."""
         return self._by_kind[kind].served

@@ -179,19 +179,30 @@ class ServingDeploymentController:
         return dataclasses.replace(o, job=job, adapter_jobs=adapter_jobs, existing=existing)
 
     async def apply(self, key: Key, t: plan.Target) -> Obj:
-        """The plan's objects in two round trips: its claims, Service and budget together, then (once they all
-        exist) the Deployment together with the monitors where their kind is served. Returns the applied
-        Deployment. A new object's children thus cost two apiserver latencies, not one per child."""
+        """The plan's objects; returns the applied Deployment. Where the object has children (or a same-named
+        predecessor's are still in memory) in two round trips: its claims, Service and budget together, then
+        (once they all exist, none of them on its way out) the Deployment together with the monitors where their
+        kind is served. A new object, with no child of its name anywhere, in one: nothing can be terminating
+        and the Deployment's pods come two controllers later than the claim they mount. A new object's
+        children thus cost one apiserver latency, a changed one's two, never one per child."""
         profile = defaults.current()
         kube_api = self.harness.api
         *first, deployment = t.objects
-        await asyncio.gather(*(self.children.apply(kube_api, key, profile.workload(obj)) for obj in first))
         monitors = [obj for _group_version, _plural, obj in t.monitors if self.children.served(obj["kind"])]
-        applied, _ = await asyncio.gather(
-            self.children.apply(kube_api, key, profile.workload(deployment)),
-            asyncio.gather(*(self._apply_monitor(key, obj) for obj in monitors)),
-        )
-        return applied
+
+        async def second() -> Obj:
+            applied, _ = await asyncio.gather(
+                self.children.apply(kube_api, key, profile.workload(deployment)),
+                asyncio.gather(*(self._apply_monitor(key, obj) for obj in monitors)),
+            )
+            return applied
+
+        first_round = asyncio.gather(*(self.children.apply(kube_api, key, profile.workload(obj)) for obj in first))
+        if self.children.none(key):
+            applied, _ = await asyncio.gather(second(), first_round)
+            return applied
+        await first_round
+        return await second()
 
     async def _apply_monitor(self, key: Key, obj: Obj) -> None:
         try:

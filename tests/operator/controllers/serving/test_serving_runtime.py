@@ -6,6 +6,7 @@ tests/operator/controllers/serving/test_servingdeployment.py.)"""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 from tpuforge.api import REFRESH_IMAGES_ANNOTATION
@@ -82,3 +83,58 @@ def test_the_echo_of_its_status_write_and_its_own_new_children_ask_for_no_reconc
     assert current is not None
     assert (current.status, current.resource_version) == ({"phase": "Pending"}, "2")
     assert requested == [("ns", "chat")] * 3
+
+
+class RecordingApi:
+    """Creates that take a moment, each one's start and end recorded in order."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str]] = []
+
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.log.append(("start", obj["kind"]))
+        await asyncio.sleep(0.01)
+        self.log.append(("end", obj["kind"]))
+        return obj
+
+
+def child(kind: str, name: str = "chat") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": kind, "metadata": {"name": name, "namespace": "ns"}}
+
+
+def test_a_new_objects_children_are_made_in_one_round_a_known_ones_deployment_after_the_rest() -> None:
+    async def scenario(known: bool) -> list[tuple[str, str]]:
+        ftjs: Informer[Any, Any] = Informer(
+            api_version="tpuforge.dev/v1alpha1",
+            kind="FineTuneJob",
+            label_selector="",
+            namespaces=None,
+            view=lambda o: o,
+            owner=lambda o: None,
+            on_change=lambda *_: None,
+        )
+        controller = ServingDeploymentController(ftjs)
+        api = RecordingApi()
+        controller.harness._api = api  # type: ignore[assignment]
+        if known:  # a claim of its name in memory (its own, or a same-named predecessor's)
+            controller.children.claims._put("c1", ("ns", "chat"), child_view(child("PersistentVolumeClaim", "x")), "ns")
+        target = SimpleNamespace(
+            objects=[
+                child("PersistentVolumeClaim"),
+                child("Service"),
+                child("PodDisruptionBudget"),
+                child("Deployment"),
+            ],
+            monitors=[],
+        )
+        applied = await controller.apply(("ns", "chat"), target)  # type: ignore[arg-type]
+        assert applied["kind"] == "Deployment"
+        return api.log
+
+    new, known = asyncio.run(scenario(False)), asyncio.run(scenario(True))
+    # New: every create starts before the first one ends (one apiserver latency).
+    assert [event for event, _ in new] == ["start"] * 4 + ["end"] * 4
+    # Known: the Deployment only once the claim, Service and budget exist.
+    assert known.index(("start", "Deployment")) > max(
+        known.index(("end", k)) for k in ("PersistentVolumeClaim", "Service")
+    )
