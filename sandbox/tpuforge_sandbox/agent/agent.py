@@ -1,13 +1,13 @@
 """The node agent: scheduler and kubelet for every emulated node, in one process.
 
-Level-based: each pass lists pods and nodes and does what is missing (bind pending pods, start pods bound
-to its nodes, stop deleted ones, preempt annotated nodes). A pod watch only makes passes come sooner.
+Level-based: each pass reads every pod (from memory: agent/podcache.py keeps them by LIST and WATCH) and lists
+the nodes, and does what is missing (bind pending pods, start pods bound to its nodes, stop deleted ones,
+preempt annotated nodes). A pod change makes the next pass come sooner.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 from typing import Any
@@ -15,6 +15,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from tpuforge_sandbox.agent.logserver import serve_logs
+from tpuforge_sandbox.agent.podcache import PodCache
 from tpuforge_sandbox.agent.podstatus import AgentContext
 from tpuforge_sandbox.agent.runner import PodRunner
 from tpuforge_sandbox.agent.scheduling import TERMINAL, exclusive_nodes, pick_node, tpu_in_use, tpu_request
@@ -61,18 +62,22 @@ class NodeAgent:
         self.wake = threading.Event()
         self.stopping = threading.Event()
         self._lock = threading.Lock()
+        self.pods = PodCache(self.kube, self.wake.set, self.stopping)
+        # Pods this agent bound whose binding its pod view has not shown yet: a pass counts them as placed.
+        self.bound: dict[str, str] = {}  # uid -> node
 
     # -- main loop -------------------------------------------------------------------------------------------
     def run(self) -> None:
         self.register_nodes()
-        threading.Thread(target=self._watch, name="pod-watch", daemon=True).start()
+        self.pods.sync()
+        threading.Thread(target=self.pods.watch, name="pod-watch", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="heartbeat", daemon=True).start()
         serve_logs(
             self.cfg.pods_dir,
             self.stopping,
             self.cfg.ports.node_agent,
             Pki(self.cfg.pki),
-            lambda: pod_targets(self.kube.list_pods()[0]),
+            lambda: pod_targets(self.pods.list()),
         )
         log.info("node agent running for %s", ", ".join(self.nodes))
         while not self.stopping.is_set():
@@ -110,28 +115,9 @@ class NodeAgent:
                 except Exception as e:
                     log.warning("heartbeat for %s failed: %s", name, e)
 
-    def _watch(self) -> None:
-        """Wake the loop on any pod change."""
-        rv = ""
-        while not self.stopping.is_set():
-            try:
-                for line in self.kube.watch_pods(rv, timeout=120):
-                    event = json.loads(line)
-                    if event.get("type") == "ERROR":
-                        rv = ""  # too old: start again from now
-                        break
-                    rv = event["object"]["metadata"].get("resourceVersion", rv)
-                    self.wake.set()
-                    if self.stopping.is_set():
-                        return
-            except Exception as e:
-                log.debug("pod watch ended: %s", e)
-                rv = ""
-                self.stopping.wait(1.0)
-
     # -- one pass --------------------------------------------------------------------------------------------
     def reconcile(self) -> None:
-        pods, _ = self.kube.list_pods()
+        pods = self._with_bindings(self.pods.list())
         played = {n["metadata"]["name"] for n in self.kube.list_namespaces(CONTAINERS_PLAYED)}
         nodes = {
             n["metadata"]["name"]: n
@@ -182,6 +168,24 @@ class NodeAgent:
         self.terminating &= live | set(self.runners)  # deletions done without a runner (played pods)
         self._schedule(pending, pods, nodes)
 
+    def _with_bindings(self, pods: list[Obj]) -> list[Obj]:
+        """The pods as this agent knows them: one it bound is on its node even before the view shows it."""
+        if not self.bound:
+            return pods
+        out, live = [], set()
+        for pod in pods:
+            uid = pod["metadata"]["uid"]
+            live.add(uid)
+            node = self.bound.get(uid)
+            if node is not None and not pod["spec"].get("nodeName"):
+                pod = {**pod, "spec": {**pod["spec"], "nodeName": node}}
+            elif node is not None:
+                del self.bound[uid]  # the view has caught up
+            out.append(pod)
+        for uid in set(self.bound) - live:
+            del self.bound[uid]
+        return out
+
     def _schedule(self, pending: list[Obj], pods: list[Obj], nodes: dict[str, Obj]) -> None:
         finished = {uid for uid, r in self.runners.items() if r.finished.is_set()}
         used = tpu_in_use(pods, finished)
@@ -216,6 +220,7 @@ class NodeAgent:
                 continue
             used[node] += tpu_request(pod)
             pod["spec"]["nodeName"] = node  # the next pod of its Job follows it (exclusive placement)
+            self.bound[meta["uid"]] = node
             self.unschedulable.pop(meta["uid"], None)
             self.kube.event(
                 pod,
