@@ -200,7 +200,10 @@ def measure(
         print(f"steady: {args.rate:g}/s for {args.duration:g} s with {n} live ...", flush=True)
         steady_cpu0, steady_start = operator.cpu_seconds(), time.monotonic()
         reconcile0, writes0 = reconcile_seconds(operator), serving.apiserver_write_seconds(api)
-        lat = run_steady(api, kind, steady, steady_ns, steady_names, args.rate)
+        timed = run_steady(api, kind, steady, steady_ns, steady_names, args.rate)
+        lat = sorted(latency for _, latency in timed)
+        # The slowest, with when each was sent: a tail that comes together is one stall, not the operator's pace.
+        slowest = sorted(timed, key=lambda t: -t[1])[:10]
         steady_cpu = (operator.cpu_seconds() - steady_cpu0) / (time.monotonic() - steady_start)
         reconcile1, writes1 = reconcile_seconds(operator), serving.apiserver_write_seconds(api)
         steady.stop()
@@ -209,7 +212,10 @@ def measure(
         reconcile_mean = (reconcile1[0] - reconcile0[0]) / max(steady_reconciles, 1)
         write_mean = (writes1[0] - writes0[0]) / max(writes1[1] - writes0[1], 1)
         print(
-            f"  create -> {kind.done_what}: p50 {percentile(lat, 50):.3f} s, p99 {percentile(lat, 99):.3f} s; the "
+            f"  create -> {kind.done_what}: p50 {percentile(lat, 50):.3f} s, p90 {percentile(lat, 90):.3f} s, p99 "
+            f"{percentile(lat, 99):.3f} s (the slowest sent at "
+            + ", ".join(f"{t:.1f} s" for t, _ in slowest[:6])
+            + "); the "
             f"operator used {steady_cpu:.2f} of a core; load average {os.getloadavg()[0]:.1f}"
             + (f"; {reports} of the burst reported their pods unschedulable by its end" if reports else ""),
             flush=True,
@@ -240,6 +246,8 @@ def measure(
         "steady_p50_seconds": round(percentile(lat, 50), 3),
         "steady_p99_seconds": round(percentile(lat, 99), 3),
         "steady_p99_target": TARGET_P99_SECONDS,
+        "steady_p90_seconds": round(percentile(lat, 90), 3),
+        "steady_slowest_sent_at_and_latency_seconds": [[round(t, 2), round(x, 3)] for t, x in slowest],
         "unschedulable_reports_by_end_of_steady": reports,
         "steady_waited_for_late_reports_seconds": reports_wait,
         "operator_cores_used_steady": round(steady_cpu, 2),

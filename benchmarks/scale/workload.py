@@ -180,8 +180,9 @@ def create_all(api: client.ApiClient, kind: Kind, ns: str, names: list[str]) -> 
 
 def run_steady(
     api: client.ApiClient, kind: Kind, arrivals: Arrivals, ns: str, names: list[str], rate: float
-) -> list[float]:
-    """Create `names` at `rate` per second; each one's latency from its create to the operator's handling."""
+) -> list[tuple[float, float]]:
+    """Create `names` at `rate` per second; for each, in order, when it was sent (seconds into the phase) and
+    its latency from its create to the operator's handling."""
     sent: dict[str, float] = {}
     start = time.monotonic()
     with ThreadPoolExecutor(8) as pool:
@@ -192,4 +193,4 @@ def run_steady(
             sent[name] = time.monotonic()
             pool.submit(create, api, kind.manifest(ns, name))
     arrivals.wait(set(names), 120)
-    return sorted(arrivals.seen[n] - sent[n] for n in names)
+    return [(sent[n] - start, arrivals.seen[n] - sent[n]) for n in names]

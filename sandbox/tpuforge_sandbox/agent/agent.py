@@ -15,7 +15,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from tpuforge_sandbox.agent.logserver import serve_logs
-from tpuforge_sandbox.agent.podcache import PodCache
+from tpuforge_sandbox.agent.podcache import PodCache, with_bindings
 from tpuforge_sandbox.agent.podstatus import AgentContext
 from tpuforge_sandbox.agent.runner import PodRunner
 from tpuforge_sandbox.agent.scheduling import TERMINAL, exclusive_nodes, pick_node, tpu_in_use, tpu_request
@@ -117,7 +117,7 @@ class NodeAgent:
 
     # -- one pass --------------------------------------------------------------------------------------------
     def reconcile(self) -> None:
-        pods = self._with_bindings(self.pods.list())
+        pods = with_bindings(self.pods.list(), self.bound)
         played = {n["metadata"]["name"] for n in self.kube.list_namespaces(CONTAINERS_PLAYED)}
         nodes = {
             n["metadata"]["name"]: n
@@ -167,24 +167,6 @@ class NodeAgent:
                 threading.Thread(target=runner.terminate, args=(0,), daemon=True).start()
         self.terminating &= live | set(self.runners)  # deletions done without a runner (played pods)
         self._schedule(pending, pods, nodes)
-
-    def _with_bindings(self, pods: list[Obj]) -> list[Obj]:
-        """The pods as this agent knows them: one it bound is on its node even before the view shows it."""
-        if not self.bound:
-            return pods
-        out, live = [], set()
-        for pod in pods:
-            uid = pod["metadata"]["uid"]
-            live.add(uid)
-            node = self.bound.get(uid)
-            if node is not None and not pod["spec"].get("nodeName"):
-                pod = {**pod, "spec": {**pod["spec"], "nodeName": node}}
-            elif node is not None:
-                del self.bound[uid]  # the view has caught up
-            out.append(pod)
-        for uid in set(self.bound) - live:
-            del self.bound[uid]
-        return out
 
     def _schedule(self, pending: list[Obj], pods: list[Obj], nodes: dict[str, Obj]) -> None:
         finished = {uid for uid, r in self.runners.items() if r.finished.is_set()}

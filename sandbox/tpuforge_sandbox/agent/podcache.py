@@ -87,3 +87,23 @@ class PodCache:
                     self.sync()
                 except Exception as e2:
                     log.debug("pod list failed: %s", e2)
+
+
+def with_bindings(pods: list[Obj], bound: dict[str, str]) -> list[Obj]:
+    """The pods with the bindings the agent made (`bound`: uid -> node) that the view does not show yet; a
+    binding the view shows, or of a pod gone, is dropped from `bound`."""
+    if not bound:
+        return pods
+    out, live = [], set()
+    for pod in pods:
+        uid = pod["metadata"]["uid"]
+        live.add(uid)
+        node = bound.get(uid)
+        if node is not None and not pod["spec"].get("nodeName"):
+            pod = {**pod, "spec": {**pod["spec"], "nodeName": node}}
+        elif node is not None:
+            del bound[uid]  # the view has caught up
+        out.append(pod)
+    for uid in set(bound) - live:
+        del bound[uid]
+    return out

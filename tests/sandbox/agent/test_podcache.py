@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from tpuforge_sandbox.agent.podcache import PodCache
+from tpuforge_sandbox.agent.podcache import PodCache, with_bindings
 
 
 def pod(uid: str, rv: str, node: str = "") -> dict[str, Any]:
@@ -68,3 +68,13 @@ def test_the_view_follows_list_then_watch_resumes_and_relists_when_too_old_or_fa
     assert sorted(view) == ["a", "c", "d"] and view["a"]["spec"]["nodeName"] == "tpu-0"
     # Each LIST and each applied event told the agent to look (the ERROR did not).
     assert len(changes) == 3 + 3
+
+
+def test_a_binding_the_view_does_not_show_yet_counts_until_it_does() -> None:
+    bound = {"a": "tpu-0", "b": "tpu-1", "gone": "tpu-2"}
+    pods = [pod("a", "6"), pod("b", "7", node="tpu-1"), pod("c", "8")]
+    seen = with_bindings(pods, bound)
+    assert [p["spec"]["nodeName"] for p in seen] == ["tpu-0", "tpu-1", ""]
+    assert pods[0]["spec"]["nodeName"] == ""  # the view itself is not changed
+    assert bound == {"a": "tpu-0"}  # b's binding is in the view, "gone" is gone
+    assert with_bindings(pods, {}) is pods
