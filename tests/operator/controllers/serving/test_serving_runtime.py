@@ -51,18 +51,23 @@ def sdep(rv: str, status: dict[str, Any] | None = None) -> Snapshot:
     return snapshot(body, SERVING_KIND, (REFRESH_IMAGES_ANNOTATION,))
 
 
+def new_controller() -> ServingDeploymentController:
+    """A controller with an informer of FineTuneJobs of its own, unstarted."""
+    ftjs: Informer[Any, Any] = Informer(
+        api_version="tpuforge.dev/v1alpha1",
+        kind="FineTuneJob",
+        label_selector="",
+        namespaces=None,
+        view=lambda o: o,
+        owner=lambda o: None,
+        on_change=lambda *_: None,
+    )
+    return ServingDeploymentController(ftjs)
+
+
 def test_the_echo_of_its_status_write_and_its_own_new_children_ask_for_no_reconcile() -> None:
     async def scenario() -> tuple[Any, ...]:
-        ftjs: Informer[Any, Any] = Informer(
-            api_version="tpuforge.dev/v1alpha1",
-            kind="FineTuneJob",
-            label_selector="",
-            namespaces=None,
-            view=lambda o: o,
-            owner=lambda o: None,
-            on_change=lambda *_: None,
-        )
-        controller = ServingDeploymentController(ftjs)
+        controller = new_controller()
         requested: list[Any] = []
         controller.harness.queue.request = lambda key, delay=0.0: requested.append(key)  # type: ignore[method-assign]
         store = controller.servingdeployments
@@ -104,16 +109,7 @@ def child(kind: str, name: str = "chat") -> dict[str, Any]:
 
 def test_a_new_objects_children_are_made_in_one_round_a_known_ones_deployment_after_the_rest() -> None:
     async def scenario(known: bool) -> list[tuple[str, str]]:
-        ftjs: Informer[Any, Any] = Informer(
-            api_version="tpuforge.dev/v1alpha1",
-            kind="FineTuneJob",
-            label_selector="",
-            namespaces=None,
-            view=lambda o: o,
-            owner=lambda o: None,
-            on_change=lambda *_: None,
-        )
-        controller = ServingDeploymentController(ftjs)
+        controller = new_controller()
         api = RecordingApi()
         controller.harness._api = api  # type: ignore[assignment]
         if known:  # a claim of its name in memory (its own, or a same-named predecessor's)
