@@ -98,25 +98,41 @@ def show(
     # TensorBoard's own files (its instance record) go under the state directory too, not the host's /tmp.
     tmp = sb.dir / "tensorboard" / ".tmp"
     tmp.mkdir(parents=True, exist_ok=True)
-    # A process group of its own: stopping it stops what TensorBoard starts too (its data server), which would
-    # otherwise outlive it holding this command's output open.
-    proc = subprocess.Popen(argv, env={**os.environ, "TMPDIR": str(tmp)}, start_new_session=True)
+    # Its output goes to a log of its own: nothing but this command holds the caller's output, so the caller
+    # sees it end when this command ends, whatever TensorBoard's processes are still doing then.
+    log_path = sb.dir / "tensorboard" / "tensorboard.log"
+    # A process group of its own: stopping it stops what TensorBoard starts too (its data server).
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            argv, env={**os.environ, "TMPDIR": str(tmp)}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
     signal.signal(signal.SIGTERM, _interrupt)  # a terminated command stops its TensorBoard too
-    say(f"TensorBoard on http://127.0.0.1:{port}/ (Ctrl-C stops it); new event files are copied every {every:.0f} s")
+    say(
+        f"TensorBoard on http://127.0.0.1:{port}/ (Ctrl-C stops it; its log: {log_path}); new event files are "
+        f"copied every {every:.0f} s"
+    )
     try:
         while True:
             try:
-                return proc.wait(timeout=every)
+                code = proc.wait(timeout=every)
             except subprocess.TimeoutExpired:
                 pass
+            else:
+                say(f"TensorBoard exited ({code}); the end of its log:\n{_tail(log_path)}")
+                return code
             try:
                 pull(sb.gcs_url, uri, logdir)
             except OSError as e:  # the sandbox went down: TensorBoard keeps what it has
                 say(f"copying from {uri}/ failed: {e}")
     except KeyboardInterrupt:
+        say("stopping TensorBoard")
         return 0
     finally:
         _stop(proc)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

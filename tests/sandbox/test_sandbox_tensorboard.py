@@ -97,7 +97,7 @@ def test_the_printed_command_serves_the_jobs_loss_curve_and_what_it_adds(
         proc.send_signal(signal.SIGINT)  # Ctrl-C, as a user stops it: TensorBoard stops with it
         output, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, output
-    assert f"http://127.0.0.1:{port}/" in output
+    assert f"http://127.0.0.1:{port}/" in output and "stopping TensorBoard" in output, output
     with pytest.raises(urllib.error.URLError):
         get(port, "/data/plugin/scalars/tags")
     logdir = sandbox.dir / "tensorboard" / namespace / "tuned"
