@@ -11,7 +11,7 @@ import pytest
 
 from tpuforge import cli
 from tpuforge.controllers.main import parser
-from tpuforge_sandbox.operator_command import operator_argv, operator_env
+from tpuforge_sandbox.operator_command import MALLOC_ARENAS, operator_argv, operator_env
 
 
 def test_the_operator_runs_with_this_interpreter_against_the_kubeconfig_given() -> None:
@@ -34,5 +34,15 @@ def test_no_namespaces_watches_all_and_python_options_go_before_the_module() -> 
 def test_the_environment_has_no_kubeconfig(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KUBECONFIG", "/elsewhere")
     monkeypatch.setenv("TPUFORGE_TEST_MARK", "1")
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
     env = operator_env()
     assert "KUBECONFIG" not in env and env["TPUFORGE_TEST_MARK"] == "1"
+
+
+def test_the_operator_runs_with_the_images_malloc_arenas(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    dockerfile = (Path(__file__).resolve().parents[2] / "images" / "operator.Dockerfile").read_text()
+    assert f"ENV MALLOC_ARENA_MAX={MALLOC_ARENAS}\n" in dockerfile
+    assert operator_env()["MALLOC_ARENA_MAX"] == MALLOC_ARENAS
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "8")  # a caller's own choice is kept
+    assert operator_env()["MALLOC_ARENA_MAX"] == "8"
