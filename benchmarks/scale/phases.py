@@ -201,11 +201,11 @@ def measure(
         steady_cpu0, steady_start = operator.cpu_seconds(), time.monotonic()
         reconcile0, writes0 = reconcile_seconds(operator), serving.apiserver_write_seconds(api)
         timed = run_steady(api, kind, steady, steady_ns, steady_names, args.rate)
+        steady_cpu = (operator.cpu_seconds() - steady_cpu0) / (time.monotonic() - steady_start)
+        reconcile1, writes1 = reconcile_seconds(operator), serving.apiserver_write_seconds(api)
         lat = sorted(latency for _, latency in timed)
         # The slowest, with when each was sent: a tail that comes together is one stall, not the operator's pace.
         slowest = sorted(timed, key=lambda t: -t[1])[:10]
-        steady_cpu = (operator.cpu_seconds() - steady_cpu0) / (time.monotonic() - steady_start)
-        reconcile1, writes1 = reconcile_seconds(operator), serving.apiserver_write_seconds(api)
         steady.stop()
         reports = late_reports(api, kind, ns)
         steady_reconciles = int(reconcile1[1] - reconcile0[1])
