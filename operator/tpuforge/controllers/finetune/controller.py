@@ -73,7 +73,10 @@ Obj = dict[str, Any]
 # its RoleBinding names: the apiserver reads that Role to check that the operator holds what it grants (the
 # escalation check; only cluster admins skip it), and refuses a binding created beside its Role with 404.
 POD_PREREQUISITES = ("ServiceAccount", "ConfigMap", "Role")
-# A webhook that did not answer (a firewall, its controller restarting): try the create again this often.
+# A webhook that did not answer (a firewall, its controller restarting): try the create again after 5 s, then
+# twice as long each time it still does not answer, up to every 30 s (a restarting controller is back in seconds,
+# a firewall rule takes minutes).
+WEBHOOK_RETRY_FIRST_SECONDS = 5.0
 WEBHOOK_RETRY_SECONDS = 30.0
 # A child created moments ago may not be in its informer yet: skip creating it again for this long.
 CREATED_MEMORY_SECONDS = 30.0
@@ -183,6 +186,7 @@ class FineTuneJobController:
         )
         self.harness.informers += [self.jobs, self.jobsets, self.pods, self.configs, self.workloads]
         self._created: dict[tuple[str, str, str], float] = {}  # (owner uid, kind, name) -> when
+        self._webhook_tries: dict[Key, int] = {}  # creates refused in a row for want of a webhook's answer
         self.by_name = JobsByName()  # what others start from
         # (namespace, job name) -> the jobs that wait for its merged model (spec.model.fineTuneJobRef).
         self.waiting: dict[Key, set[Key]] = {}
@@ -263,7 +267,9 @@ class FineTuneJobController:
                 await asyncio.gather(*(self.create_child(kube_api, snap.uid, obj) for obj in group))
         except WebhookUnreachable as exc:
             await self.webhook_unreachable(key, snap, observed, exc)
-            return WEBHOOK_RETRY_SECONDS
+            tries = self._webhook_tries[key] = self._webhook_tries.get(key, 0) + 1
+            return webhook_retry_seconds(tries)
+        self._webhook_tries.pop(key, None)
         if p.create:
             webhooks_answer(observed.status, p.status)
         await asyncio.gather(*(self.delete_child(kube_api, snap.namespace, ref) for ref in p.delete))
@@ -332,8 +338,14 @@ class FineTuneJobController:
         wait for another job's model."""
         metrics.forget_finetunejob(snap.namespace, snap.name)
         self._created = {k: t for k, t in self._created.items() if k[0] != key[1]}
+        self._webhook_tries.pop(key, None)
         for waiters in self.waiting.values():
             waiters.discard(key)
+
+
+def webhook_retry_seconds(tries: int) -> float:
+    """When to try a create again after `tries` refusals in a row for want of a webhook's answer."""
+    return min(WEBHOOK_RETRY_SECONDS, WEBHOOK_RETRY_FIRST_SECONDS * 2 ** (tries - 1))
 
 
 def webhooks_answer(before: FineTuneJobStatus, status: FineTuneJobStatus) -> None:

@@ -10,11 +10,13 @@ import pytest
 from kubernetes import client
 
 from tests.fixtures.finetunejob import (
+    WAIT,
     Cluster,
     Operator,
     eventually,
 )
 from tpuforge.api.constants import API_VERSION, FINETUNEJOB_KIND
+from tpuforge.controllers.finetune.controller import WEBHOOK_RETRY_SECONDS
 from tpuforge.kube import client as kube_client
 from tpuforge.kube import objects as kube_objects
 from tpuforge_sandbox.procs import free_port
@@ -203,5 +205,7 @@ def test_a_webhook_that_does_not_answer_is_named_in_a_condition_until_it_does(
         assert cluster.children("Job", name) == []
     finally:
         kube_client.request(cluster.api, "DELETE", f"{configs}/{config['metadata']['name']}")
-    cluster.wait_job(cluster.train(name, 0))  # retried, and created once the webhook is gone
+    # Retried, and created once the webhook is gone: a try just after the DELETE may still meet the apiserver's
+    # cached webhook, and the next comes up to WEBHOOK_RETRY_SECONDS later.
+    cluster.wait_job(cluster.train(name, 0), timeout=WEBHOOK_RETRY_SECONDS + WAIT)
     eventually(lambda: check(cluster.condition(name, "WebhooksReachable")["status"] == "True"), "reachable again")
