@@ -5,6 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml sandbox/pyproject.toml scripts/build-control-plane.sh | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
+# Two pytest workers: one runs every cluster test against one sandbox, the other what needs no cluster
+# (tests/fixtures/tiers.py); PYTEST_WORKERS=0 runs them all in this process, in one tier after the other.
+PYTEST_WORKERS ?= 2
 
 .PHONY: setup tools control-plane control-plane-start test lint types contracts pytest crds crds-check demo bench clean sandbox-down vllm \
         helm prometheus checkov iverilog images
@@ -78,7 +81,7 @@ crds: $(STAMP)
 	$(BIN)/tpuforge crds --out helm/tpuforge/crds
 
 pytest: tools
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 test: tools lint types contracts pytest
 
