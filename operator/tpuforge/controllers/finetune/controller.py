@@ -345,7 +345,7 @@ class FineTuneJobController:
 
 def webhook_retry_seconds(tries: int) -> float:
     """When to try a create again after `tries` refusals in a row for want of a webhook's answer."""
-    return min(WEBHOOK_RETRY_SECONDS, WEBHOOK_RETRY_FIRST_SECONDS * 2 ** (tries - 1))
+    return min(WEBHOOK_RETRY_SECONDS, WEBHOOK_RETRY_FIRST_SECONDS * 2.0 ** (tries - 1))
 
 
 def webhooks_answer(before: FineTuneJobStatus, status: FineTuneJobStatus) -> None:
