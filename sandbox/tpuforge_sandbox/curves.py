@@ -106,7 +106,10 @@ def show(
         proc = subprocess.Popen(
             argv, env={**os.environ, "TMPDIR": str(tmp)}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-    signal.signal(signal.SIGTERM, _interrupt)  # a terminated command stops its TensorBoard too
+    # Ctrl-C stops it even where this command was started with SIGINT ignored (as a non-interactive shell starts
+    # what it runs in the background), and a terminated command stops its TensorBoard too.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     say(
         f"TensorBoard on http://127.0.0.1:{port}/ (Ctrl-C stops it; its log: {log_path}); new event files are "
         f"copied every {every:.0f} s"
