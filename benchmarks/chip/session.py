@@ -144,6 +144,14 @@ def plan(tiny: bool = False) -> list[Measurement]:
     resume = ("--model", "gemma4-tiny", "--steps", "300", "--kill-at", "110", "--json", "{out}")
     resume += ("--workdir", "{dir}/trainer-gemma4-tiny-int8-work", "--base-quantization", "int8")
     out.append(Measurement("trainer-gemma4-tiny-int8", "trainer", ("benchmarks.chip.trainer_resume", *resume), 900))
+    # Preference tuning and GRPO (exact match and format as the reward: no checker on a plain VM user), killed and
+    # resumed as SFT is.
+    for method, steps, kill_at, every in (("dpo", 200, 110, 100), ("orpo", 200, 110, 100), ("grpo", 60, 25, 20)):
+        resume = ("--model", "gemma4-tiny", "--method", method, "--steps", str(steps), "--kill-at", str(kill_at))
+        resume += ("--every", str(every), "--json", "{out}", "--workdir", f"{{dir}}/trainer-gemma4-tiny-{method}-work")
+        out.append(
+            Measurement(f"trainer-gemma4-tiny-{method}", "trainer", ("benchmarks.chip.trainer_resume", *resume), 900)
+        )
     return out
 
 

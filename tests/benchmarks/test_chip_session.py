@@ -22,7 +22,14 @@ def test_the_plan_names_each_measurement_once_and_every_command_is_a_module() ->
     groups = {m.group for m in session.plan()}
     assert groups == {"throughput", "build", "preflight", "splash", "trainer", "decode"}
     trainer = [m.name for m in session.select(session.plan(), "trainer")]
-    assert trainer == ["trainer-gemma4-tiny", "trainer-qwen3-tiny", "trainer-gemma4-tiny-int8"]
+    assert trainer == [
+        "trainer-gemma4-tiny",
+        "trainer-qwen3-tiny",
+        "trainer-gemma4-tiny-int8",
+        "trainer-gemma4-tiny-dpo",
+        "trainer-gemma4-tiny-orpo",
+        "trainer-gemma4-tiny-grpo",
+    ]
     assert [m.name for m in session.select(session.plan(), "splash-31b-global,trainer-qwen3-tiny")] == [
         "splash-31b-global",
         "trainer-qwen3-tiny",
