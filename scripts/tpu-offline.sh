@@ -28,7 +28,7 @@ WHEELS=(
   msgpack==1.2.4 optax==0.2.8 orbax_checkpoint==0.12.8 perfetto==0.59.1 portpicker==1.6.0
   prometheus_client==0.26.0 protobuf==7.36.2 pydantic==2.14.4 pydantic_core==2.50.5 pygments==2.21.0
   python_dateutil==4.0.0 pyyaml==6.0.4 qwix==0.1.8 rich==15.0.0 safetensors==0.7.0 sentencepiece==0.2.3
-  simplejson==4.3.0 tensorboardx==2.6.5 tokenizers==0.22.2 tqdm==4.70.1 treescope==0.1.10
+  simplejson==4.3.0 tensorboardx==2.6.5 threadpoolctl==3.8.0 tokenizers==0.22.2 tqdm==4.70.1 treescope==0.1.10
   typing_extensions==4.16.0 typing_inspection==0.4.5 uvloop==0.23.0 wadler_lindig==0.1.8 wrapt==2.5.2
 )
 # Large, and on the measured VM's own index: carried only with CARRY_LARGE=1.
