@@ -12,7 +12,7 @@
 # The TPU VM keeps its own JAX, jaxlib, libtpu, numpy and scipy: nothing here carries them, and the carried
 # packages come after the machine's own site-packages on the path, so its JAX stays the one imported.
 # LOCAL_INDEX (e.g. file:///opt/pypi/simple): the VM's own package index, for the large wheels it has
-# (pyarrow, tensorstore, pandas, pillow, llvmlite); without it `prepare` carries them too (CARRY_LARGE=1).
+# (pyarrow, tensorstore, pandas, pillow, llvmlite, numba); without it `prepare` carries them too (CARRY_LARGE=1).
 set -euo pipefail
 
 PYTHON=${PYTHON:-python3}
@@ -31,8 +31,8 @@ WHEELS=(
   simplejson==4.3.0 tensorboardx==2.6.5 threadpoolctl==3.8.0 tokenizers==0.22.2 tqdm==4.70.1 treescope==0.1.10
   typing_extensions==4.16.0 typing_inspection==0.4.5 uvloop==0.23.0 wadler_lindig==0.1.8 wrapt==2.5.2
 )
-# Large, and on the measured VM's own index: carried only with CARRY_LARGE=1 (llvmlite: the merge CLI's bfloat16 kernels).
-LARGE=(pyarrow tensorstore pandas pillow llvmlite)
+# Large, and on the measured VM's own index: carried only with CARRY_LARGE=1 (numba and llvmlite: the merge CLI's bfloat16 kernels).
+LARGE=(pyarrow tensorstore pandas pillow llvmlite numba)
 
 usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 
