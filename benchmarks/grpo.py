@@ -20,7 +20,8 @@ scored on it by the same checker:
 - from the GRPO run's summary: the reward by step, the pass rate of its first and last steps, the KL at its
   end, and the checker's and the rollout's shares of the step time (their seconds over the steps' seconds).
 
-    .venv/bin/python benchmarks/grpo.py [--steps 24] [--sft-steps 300] [--samples 8] [--prompts 4] [--json out.jsonl]
+    .venv/bin/python benchmarks/grpo.py [--steps 24] [--sft-steps 300] [--samples 8] [--prompts 4] [--iterations 1]
+        [--json out.jsonl]
 
 Needs root (the checker runs each answer under a uid of its own) and iverilog. One JSON line.
 """
@@ -220,6 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=4, help="prompts a GRPO step (each answered --group times)")
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--kl", type=float, default=0.04)
+    parser.add_argument("--iterations", type=int, default=1, help="optimizer steps on each rollout (GRPO's mu)")
     parser.add_argument("--temperature", type=float, default=0.5, help="of the rollouts and the sampled pass@1")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", help="working directory (default: a fresh temporary one)")
@@ -249,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         sft = train(config(base, sft_data, work / "sft-ck", args.sft_steps, 5e-3, args.seed), work / "sft", 1)
         merge(base, work / "sft-ck", merged, work)
     rl_ck = work / f"rl-ck-{args.steps}"
-    spec = GrpoSpec(group_size=args.group, temperature=args.temperature, max_tokens=MAX_TOKENS, kl_coefficient=args.kl)
+    spec = GrpoSpec(group_size=args.group, temperature=args.temperature, max_tokens=MAX_TOKENS, kl_coefficient=args.kl,
+                    iterations=args.iterations)  # fmt: skip
     rl_cfg = config(merged, rl_data, rl_ck, args.steps, args.lr, args.seed, method="grpo", grpo=spec,
                     micro_batch_size=args.prompts)  # fmt: skip
     rl_cfg.eval_uri = str(held)
@@ -270,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     held_rise = rise(before, after, args.samples, [p.name for p in BENCH_PROBLEMS])
     summary = json.loads((rl_ck / "run_summary.json").read_text())
     steps = {int(k): v for a in summary["attempts"] for k, v in a.get("train_rl", {}).items()}
-    first, last = steps[min(steps)], steps[max(steps)]
+    first, last = steps[min(steps)], steps[max(steps) - (max(steps) - 1) % args.iterations]  # the last rollout
     checker_s = sum(s["checker_seconds"] for s in steps.values())
     step_s = sum(s["step_seconds"] for s in steps.values())
     emit(
@@ -285,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                 "temperature": args.temperature,
                 "learningRate": args.lr,
                 "klCoefficient": args.kl,
+                "iterations": args.iterations,
             },
             "heldOutBefore": before,
             "heldOutAfter": after,

@@ -280,6 +280,15 @@ class GrpoSpec(ApiModel):
     clip_epsilon: float = Field(
         default=0.2, gt=0, lt=1, description="PPO's clip of the probability ratio to [1 - eps, 1 + eps]."
     )
+    iterations: int = Field(
+        default=1,
+        ge=1,
+        le=16,
+        description="Optimizer steps on each rollout (GRPO's mu): a rollout's answers are sampled and judged once, "
+        "then trained on for this many steps, the probability ratio taken against the policy that sampled them "
+        "(where clipEpsilon bounds it; at 1 the ratio is 1 and the clip bounds nothing). Each step counts toward "
+        "training.maxSteps; a checkpoint inside a rollout's steps keeps the rollout, so a resume trains on it.",
+    )
     scale_rewards: bool = Field(
         default=True,
         description="Divide each advantage by its group's reward standard deviation (GRPO); false keeps the "

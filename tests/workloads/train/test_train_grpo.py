@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,50 @@ def test_the_loss_scores_the_answer_tokens_against_the_base_with_the_adapters_of
         nnx.update(adapted, stored)
 
 
+def test_a_rollout_trained_several_steps_is_clipped_against_the_policy_that_sampled_it(
+    adapted: Any, jax_devices: Any
+) -> None:
+    """spec.grpo.iterations > 1: pi_old's per-token log-probabilities (decode.RowLogps, computed once as the
+    rollout is made) are the loss's own forward's while the adapters are unchanged (ratio 1: the loss is the
+    one-step loss), and once the policy has moved the ratio leaves 1 and the clip bounds it."""
+    from tpuforge_workloads.train.decode import RowLogps
+
+    rows = []
+    for i, (prompt, answer) in enumerate([(5, 6), (7, 4), (3, 9), (6, 6)]):
+        tokens = np.arange(10 + i, 10 + i + prompt + answer, dtype=np.int32)
+        mask = np.r_[np.zeros(prompt, bool), np.ones(answer, bool)]
+        rows.append(pad_example({"tokens": tokens, "loss_mask": mask}, 32, 0))
+    host = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+    stored = nnx.state(adapted, nnx.LoRAParam)
+    keys = iter(jax.random.split(jax.random.key(2), len(jax.tree.leaves(stored))))
+    nnx.update(adapted, jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape), stored))
+    try:
+        with jax.set_mesh(make_mesh(1, 1, jax_devices[:1])):
+            old = RowLogps(make_mesh(1, 1, jax_devices[:1]))(
+                adapted, host["input_tokens"], host["segment_ids"], host["positions"]
+            )
+        assert old.shape == (4, 32) and old.dtype == np.float32 and not old[:, -1].any()
+        batch = {k: jnp.asarray(v) for k, v in host.items()}
+        batch["loss_denominator"] = jnp.ones(4)
+        batch["advantages"] = jnp.asarray([1.0, -1.0, 0.5, -0.5])
+        spec = GrpoSpec(kl_coefficient=0.1, clip_epsilon=0.2, iterations=2)
+        loss_fn = grpo.make_loss_fn(spec)
+        one_step, _ = loss_fn(adapted, **model_inputs(batch))
+        kept, _ = loss_fn(adapted, **model_inputs({**batch, "old_logps": jnp.asarray(old)}))
+        assert float(kept) == pytest.approx(float(one_step), rel=1e-4, abs=1e-6)
+        # The policy moved since the rollout (pi_old 0.5 nats lower on every token): the ratio is e^0.5, and the
+        # clip holds the rows with a positive advantage at 1.2.
+        moved, aux = loss_fn(adapted, **model_inputs({**batch, "old_logps": jnp.asarray(old - 0.5)}))
+        mask = host["input_mask"][:, 1:]
+        adv = np.asarray([1.0, -1.0, 0.5, -0.5])
+        ratio = np.where(adv > 0, 1.2, np.exp(0.5))
+        kl = float(aux["kl_sum"]) / 4
+        assert float(moved) == pytest.approx(float(np.mean(-ratio * adv)) + 0.1 * kl, rel=1e-4)
+        assert mask.sum() == 25
+    finally:
+        nnx.update(adapted, stored)
+
+
 def test_the_plan_reads_problems_with_tests_and_holds_some_out(tiny_model_dir: Path, tmp_path: Path) -> None:
     plan = make_plan(_config(tiny_model_dir, _records(tmp_path), str(tmp_path / "ck"), max_steps=3))
     assert len(plan.problems) == 3 and len(plan.eval_problems) == 1 and plan.stats.held_out == 1
@@ -187,9 +232,12 @@ def test_every_verdict_comes_from_the_confined_checker_and_a_cheat_is_refused() 
 @pytest.mark.slow
 @needs_checker
 def test_a_killed_grpo_run_resumes_with_no_step_lost_and_the_same_rewards(tiny_model_dir: Path, tmp_path: Path) -> None:
-    spec = GrpoSpec(group_size=2, max_tokens=8, temperature=1.0)
+    """Two steps on each rollout (iterations 2: rollouts at steps 1, 3, 5), a checkpoint every 3 steps: the one at
+    step 3 falls inside the second rollout's steps and keeps that rollout. Killed after it (no warning), the
+    run resumes at step 3 and trains step 4 on the answers the interrupted run sampled at step 3."""
+    spec = GrpoSpec(group_size=2, max_tokens=8, temperature=1.0, iterations=2)
     config = _config(tiny_model_dir, _records(tmp_path), str(tmp_path / "reference"), spec, max_steps=6)
-    config.checkpoint = config.checkpoint.model_copy(update={"every_steps": 2})
+    config.checkpoint = config.checkpoint.model_copy(update={"every_steps": 3})
     reference = TrainerProcess(config, tmp_path / "ref")
     assert reference.run() == 0, reference.output()
     attempt = read_summary(config.checkpoint.uri)["attempts"][0]
@@ -198,25 +246,35 @@ def test_a_killed_grpo_run_resumes_with_no_step_lost_and_the_same_rewards(tiny_m
     assert all(
         {"reward", "pass_rate", "kl", "response_tokens", "checker_share", "failures"} <= set(v) for v in rl.values()
     )
-    assert all(v["failures"].get("truncated", 0) + v["failures"].get("syntax", 0) > 0 for v in rl.values())
+    sampled = [rl[s] for s in (1, 3, 5)]
+    assert all(v["failures"].get("truncated", 0) + v["failures"].get("syntax", 0) > 0 for v in sampled)
+    assert [rl[s]["iteration"] for s in range(1, 7)] == [1, 2, 1, 2, 1, 2]
+    for s in (2, 4, 6):  # the second step on a rollout: its answers, nothing sampled or checked anew
+        assert rl[s]["reward"] == rl[s - 1]["reward"] and rl[s]["response_tokens"] == rl[s - 1]["response_tokens"]
+        assert rl[s]["rollout_seconds"] == 0 and rl[s]["checker_seconds"] == 0 and rl[s]["failures"] == {}
+    assert not (Path(config.checkpoint.uri) / "6" / "rollout").exists()  # at a rollout's end: nothing to keep
 
     config.checkpoint.uri = str(tmp_path / "killed")
     first = TrainerProcess(config, tmp_path / "first").start()
     first.wait_for_line("step 3/6")
-    assert first.proc is not None
-    first.proc.send_signal(signal.SIGTERM)  # a preemption: the step in flight ends, is saved, and the run exits
-    assert first.wait() != 0
+    committed = Path(config.checkpoint.uri) / "3" / "commit_success.txt"
+    deadline = time.monotonic() + 120
+    while not committed.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert first.proc is not None and committed.exists()
+    first.proc.send_signal(signal.SIGKILL)
+    first.wait()
     from tpuforge_workloads.train.checkpoints import latest_step
 
-    resumed_at = latest_step(config.checkpoint.uri)
-    assert resumed_at is not None and 3 <= resumed_at < 6
+    assert latest_step(config.checkpoint.uri) == 3
+    assert (Path(config.checkpoint.uri) / "3" / "rollout").is_dir()
     second = TrainerProcess(config, tmp_path / "second")
     assert second.run() == 0, second.output()
     attempts = read_summary(config.checkpoint.uri)["attempts"]
-    assert attempts[-1]["start_step"] == resumed_at
+    assert attempts[-1]["start_step"] == 3
     resumed = {int(k): v for k, v in attempts[-1]["train_rl"].items()}
-    assert min(resumed) == resumed_at + 1
-    for step in range(resumed_at + 1, 7):
+    assert sorted(resumed) == [4, 5, 6] and resumed[4]["iteration"] == 2
+    for step in (4, 5, 6):
         assert resumed[step]["reward"] == pytest.approx(rl[step]["reward"], abs=1e-6)
         assert resumed[step]["response_tokens"] == pytest.approx(rl[step]["response_tokens"])
         assert resumed[step]["kl"] == pytest.approx(rl[step]["kl"], rel=1e-3, abs=1e-6)
@@ -226,8 +284,8 @@ def test_a_killed_grpo_run_resumes_with_no_step_lost_and_the_same_rewards(tiny_m
 def test_the_preflight_compiles_the_grpo_step_with_its_groups_and_reference_forward(
     tiny_model_dir: Path, jax_devices: Any
 ) -> None:
-    """The preflight compiles the trainer's own step: for GRPO, groupSize rows a prompt with their advantages,
-    and the reference forward."""
+    """The preflight compiles the trainer's own step: for GRPO, groupSize rows a prompt with their advantages
+    (and, with two steps a rollout, pi_old's log-probabilities), and the reference forward."""
     from tpuforge_workloads.families import decoder
     from tpuforge_workloads.families.gemma4 import config as gemma4_config
     from tpuforge_workloads.preflight.step import compile_train_step
@@ -235,7 +293,7 @@ def test_the_preflight_compiles_the_grpo_step_with_its_groups_and_reference_forw
     text = gemma4_config.parse_config(decoder.read_config(str(tiny_model_dir)))
     mesh = make_mesh(1, 4, jax_devices[:4])
     sft = tiny_train_config(str(tiny_model_dir), "unused.jsonl", "unused", packing=False, micro_batch_size=2)
-    rl = _config(tiny_model_dir, Path("unused.jsonl"), "unused", GrpoSpec(group_size=2), max_seq_len=64)
+    rl = _config(tiny_model_dir, Path("unused.jsonl"), "unused", GrpoSpec(group_size=2, iterations=2), max_seq_len=64)
     sft_step = compile_train_step(text, sft, mesh, total_steps=4)
     rl_step = compile_train_step(text, rl, mesh, total_steps=4)
     assert rl_step.flops > 1.2 * sft_step.flops, (rl_step, sft_step)

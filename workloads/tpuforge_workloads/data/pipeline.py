@@ -330,6 +330,9 @@ def real_tokens(batch: dict[str, np.ndarray]) -> int:
 
 
 BATCH_ARRAYS = ("input_tokens", "input_mask", "segment_ids", "positions")
+# GRPO's rows (train/grpo.py): each answer's advantage, and with several steps per rollout the sampling
+# policy's per-token log-probabilities.
+RL_ARRAYS = ("advantages", "old_logps")
 
 
 def process_rows(sharding: Any, rows: int, length: int) -> list[int]:
@@ -348,5 +351,5 @@ def to_global(batch: dict[str, np.ndarray], sharding: Any, rows: int) -> dict[st
     import jax
 
     make = jax.make_array_from_process_local_data
-    keys = [k for k in (*BATCH_ARRAYS, "loss_denominator", "advantages") if k in batch]
+    keys = [k for k in (*BATCH_ARRAYS, "loss_denominator", *RL_ARRAYS) if k in batch]
     return {k: make(sharding, batch[k], (rows, *batch[k].shape[1:])) for k in keys}  # type: ignore[no-untyped-call]

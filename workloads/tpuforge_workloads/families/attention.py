@@ -41,6 +41,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ke
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as mask_lib
 
 from tpuforge_workloads import families
+from tpuforge_workloads.data.pipeline import RL_ARRAYS
 
 # Splash's key/value blocks are multiples of the TPU's 128 lanes; larger blocks run faster until the
 # backward kernels outgrow scoped VMEM (Tunix's 1024 does for the 31B's 512-wide global heads).
@@ -206,7 +207,7 @@ def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
         "positions": batch["positions"],
         "attention_mask": (Segments(segment_ids) if use_splash(segment_ids.shape[-1]) else dense_mask(segment_ids)),
     }
-    for extra in ("loss_denominator", "advantages"):  # advantages: GRPO's rows (train/grpo.py)
+    for extra in ("loss_denominator", *RL_ARRAYS):
         if extra in batch:
             inputs[extra] = batch[extra]
     return inputs

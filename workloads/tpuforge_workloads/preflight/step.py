@@ -148,6 +148,9 @@ def lower_train_step(
     batch["loss_denominator"] = jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=batch_sharding)  # type: ignore[no-untyped-call]
     if config.method == "grpo":  # each sampled answer's advantage (train/grpo.py)
         batch["advantages"] = jax.ShapeDtypeStruct((rows,), jnp.float32, sharding=batch_sharding)  # type: ignore[no-untyped-call]
+        if config.grpo is not None and config.grpo.iterations > 1:  # pi_old's log-probabilities, kept with the rows
+            shape = (rows, t.max_seq_len)
+            batch["old_logps"] = jax.ShapeDtypeStruct(shape, jnp.float32, sharding=batch_sharding)  # type: ignore[no-untyped-call]
     step = jit_train_step(trainers[0].create_train_step_fn()).lower(model, optimizer, batch)
     return step, build_programs(build, base, mesh)
 

@@ -9,8 +9,11 @@ Each step directory holds these items:
     data_iterator    the Grain iterator's state after the last batch of this step, one JSON file per
                      process (process_<i>-of-<n>.json): on a multi-host slice each process reads its own
                      rows of every batch, and each restores its own position
+    rollout          GRPO with several steps per rollout, saved at a step inside a rollout's steps only: the
+                     rollout the next steps train on (its rows, advantages and pi_old), as JSON (every process
+                     holds the whole rollout; process 0 writes it)
 
-plus Orbax's step metadata with `tokens` (real tokens trained on so far). Restoring all four puts a resumed
+plus Orbax's step metadata with `tokens` (real tokens trained on so far). Restoring them all puts a resumed
 run exactly where the interrupted one was: same weights, same optimizer moments, same dropout masks, same
 next batch. The class implements what Tunix's PeftTrainer calls on its `checkpoint_manager`.
 
@@ -38,6 +41,7 @@ from tpuforge_workloads.model.adapter_checkpoint import PARAMS_ITEM, pytree_rest
 OPTIMIZER_ITEM = "optimizer_state"
 RNG_ITEM = "rng_counts"
 DATA_ITEM = "data_iterator"
+ROLLOUT_ITEM = "rollout"
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +91,9 @@ class TrainCheckpoints:
     """The run's CheckpointManager. `data_iterator` (a Grain iterator, or None) is saved with each step
     and restored in place; Orbax deletes all but the latest `keep` steps and those `protect()` names;
     `on_saved(step, blocking_s)` and `on_committed(step, total_s, nbytes)` report durations and the step's
-    size (the commit runs in a background thread after training continues)."""
+    size (the commit runs in a background thread after training continues). `rollout_state(step)` (GRPO's
+    feed) gives what a resume from `step` must train on before it samples again, or None; `restore_rollout`
+    takes it back."""
 
     def __init__(
         self,
@@ -99,8 +105,12 @@ class TrainCheckpoints:
         on_saved: Callable[[int, float], None] | None = None,
         on_committed: Callable[[int, float, int], None] | None = None,
         protect: Callable[[], Collection[int]] | None = None,
+        rollout_state: Callable[[int], dict[str, Any] | None] | None = None,
+        restore_rollout: Callable[[dict[str, Any]], None] | None = None,
     ):
         self.uri = uri
+        self._rollout_state = rollout_state
+        self._restore_rollout = restore_rollout
         self.every_steps = every_steps
         self._keep = keep
         self._protect = protect
@@ -120,6 +130,7 @@ class TrainCheckpoints:
                 OPTIMIZER_ITEM: ocp.PyTreeCheckpointHandler(),
                 RNG_ITEM: ocp.PyTreeCheckpointHandler(),
                 DATA_ITEM: grain.checkpoint.CheckpointHandler(),
+                ROLLOUT_ITEM: ocp.JsonCheckpointHandler(),
             },
             options=ocp.CheckpointManagerOptions(
                 preservation_policy=preservation(keep, protect),
@@ -166,6 +177,9 @@ class TrainCheckpoints:
             items[RNG_ITEM] = _pytree_save(counts)
         if self._data_iterator is not None:
             items[DATA_ITEM] = grain.checkpoint.CheckpointSave(self._data_iterator)
+        rollout = self._rollout_state(step) if self._rollout_state is not None else None
+        if rollout is not None:
+            items[ROLLOUT_ITEM] = ocp.args.JsonSave(rollout)
         started = time.monotonic()
         # The previous save must be committed first: Orbax waits for it inside save().
         self._manager.wait_until_finished()
@@ -209,12 +223,16 @@ class TrainCheckpoints:
             items[RNG_ITEM] = pytree_restore(counts, _replicated_scalars(counts, mesh))
         if DATA_ITEM in present and self._data_iterator is not None:
             items[DATA_ITEM] = grain.checkpoint.CheckpointRestore(self._data_iterator)
+        if ROLLOUT_ITEM in present and self._restore_rollout is not None:
+            items[ROLLOUT_ITEM] = ocp.args.JsonRestore()
         restored = self._manager.restore(step, args=ocp.args.Composite(**items))
         nnx.update(model, restored[PARAMS_ITEM])
         if optimizer is not None:
             nnx.update(optimizer, restored[OPTIMIZER_ITEM])
         if RNG_ITEM in items:
             nnx.update(model, restored[RNG_ITEM])
+        if ROLLOUT_ITEM in items and self._restore_rollout is not None:
+            self._restore_rollout(restored[ROLLOUT_ITEM])
         self.restored_metadata = dict(meta.custom_metadata or {})
         self._last_saved = step
         log.info("restored step %d from %s in %.1fs", step, self.uri, time.monotonic() - started)

@@ -1,6 +1,7 @@
 """Answers decoded from a training model as it is (its LoRA weights of the step just taken), on the training
 mesh, in the training process: the evaluation samples' greedy answers (train/samples.py) and GRPO's rollouts
-(train/grpo.py), one jitted program per shape.
+(train/grpo.py), one jitted program per shape; and the per-token log-probabilities of whole rows under the
+model as it is (`RowLogps`: the policy that sampled a GRPO rollout, for the steps that train on it after the first).
 
 `decode` keeps a KV cache (Tunix's own, the model's `init_cache`): the prompts, left-padded to a common
 `room` so every row writes the cache at the same index, go through the model once (the prefill), then each
@@ -82,6 +83,54 @@ class Decoder:
         if key is None:
             key = jax.random.key(0)
         return np.asarray(self._compiled[shape](adapters, rest, *placed, key).addressable_data(0))
+
+
+class RowLogps:
+    """Each token's log-probability under `model` as it is when called, [rows, length] as float32 (column t:
+    of token t + 1 after tokens 0..t; the last column 0), with the adapters in the compute dtype and no dropout,
+    as the rollout was sampled: GRPO's pi_old for the steps after the first that train on one rollout
+    (spec.grpo.iterations). Compiled once per shape, on `mesh`; rows split over fsdp as the decode's."""
+
+    def __init__(self, mesh: Any):
+        self.mesh = mesh
+        self._compiled: dict[tuple[int, ...], Any] = {}
+
+    def __call__(self, model: Any, tokens: np.ndarray, segment_ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """Call under the run's mesh, on every process of the slice, with every row of the step."""
+        import jax
+        from flax import nnx
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        split: tuple[Any, ...] = nnx.split(model, nnx.LoRAParam, ...)
+        graphdef, adapters, rest = split
+        if tokens.shape not in self._compiled:
+            replicated = NamedSharding(self.mesh, PartitionSpec())  # type: ignore[no-untyped-call]
+            self._compiled[tokens.shape] = jax.jit(
+                functools.partial(row_logps, graphdef, model.config.dtype), out_shardings=replicated
+            )
+        rows = NamedSharding(self.mesh, PartitionSpec("fsdp"))  # type: ignore[no-untyped-call]
+        arrays = (tokens, segment_ids, positions)
+        placed = [jax.make_array_from_callback(a.shape, rows, functools.partial(_index, a)) for a in arrays]
+        return np.asarray(self._compiled[tokens.shape](adapters, rest, *placed).addressable_data(0))
+
+
+def row_logps(
+    graphdef: Any, dtype: Any, adapters: Any, rest: Any, tokens: Any, segment_ids: Any, positions: Any
+) -> Any:
+    """RowLogps's program: the training forward pass over whole rows (its attention path and masks)."""
+    import jax.numpy as jnp
+
+    from tpuforge_workloads.families import attention
+    from tpuforge_workloads.model.lora_provider import without_dropout
+    from tpuforge_workloads.model.loss import token_logps
+
+    model = _model(graphdef, dtype, adapters, rest)
+    x = attention.model_inputs(
+        {"input_tokens": tokens, "input_mask": segment_ids > 0, "segment_ids": segment_ids, "positions": positions}
+    )
+    with without_dropout():
+        logits, _ = model(tokens, positions, None, attention.for_model(model, x["attention_mask"]))
+    return jnp.pad(token_logps(logits[:, :-1], tokens[:, 1:]), ((0, 0), (0, 1)))
 
 
 def _index(array: np.ndarray, index: Any) -> Any:

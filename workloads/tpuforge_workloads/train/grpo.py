@@ -18,9 +18,12 @@ from and the loss they are scored with.
 - The loss (`make_loss_fn`), per answer token: -min(ratio x A, clip(ratio, 1 - eps, 1 + eps) x A) + beta x KL,
   ratio = pi / pi_old, KL = exp(ref - logp) - (ref - logp) - 1 (the k3 estimator) to the reference, which is
   the model with its adapters off (train/preference.adapters_off). Each answer's mean over its tokens, then
-  the mean over the answers. One optimizer step per rollout: pi_old is the policy that sampled, which the
-  step's own forward computes (stop_gradient), so the ratio is 1 and the clip bounds nothing until a variant
-  takes several steps per rollout.
+  the mean over the answers. pi_old is the policy that sampled. At one optimizer step per rollout (the
+  default) the step's own forward computes it (stop_gradient), so the ratio is 1 and the clip bounds nothing;
+  with `iterations` steps per rollout (GRPO's mu) its per-token log-probabilities are computed once as the
+  rollout is made (decode.RowLogps, `old_logps` in the rows) and every step on that rollout is clipped
+  against them. A checkpoint inside a rollout's steps keeps the rollout (checkpoints.ROLLOUT_ITEM), so a
+  resumed run trains on the answers the interrupted one sampled.
 
 Rollouts draw from a key folded with the step number, so a run resumed from a checkpoint (its data position
 included) samples what the uninterrupted run would have.
@@ -344,14 +347,16 @@ def make_loss_fn(spec: GrpoSpec) -> Any:
         attention_mask: Any,
         loss_denominator: Any,
         advantages: Any,
+        old_logps: Any = None,
     ) -> tuple[Any, dict[str, Any]]:
         mask = input_mask[:, 1:].astype(jnp.float32)
         logp = logps(model, input_tokens, positions, attention_mask)
         with adapters_off(model):
             ref = jax.lax.stop_gradient(logps(model, input_tokens, positions, attention_mask))
-        per_answer, kl = grpo_terms(
-            logp, ref, jax.lax.stop_gradient(logp), mask, advantages, spec.clip_epsilon, spec.kl_coefficient
-        )
+        # pi_old: the sampling policy's, kept with the rollout when it trains several steps (iterations > 1);
+        # at one step per rollout the step's own forward is that policy.
+        old = jax.lax.stop_gradient(logp) if old_logps is None else old_logps[:, :-1]
+        per_answer, kl = grpo_terms(logp, ref, old, mask, advantages, spec.clip_epsilon, spec.kl_coefficient)
         real = (jnp.sum(mask, axis=-1) > 0).astype(jnp.float32)
         answers = jnp.sum(real)
         aux = {

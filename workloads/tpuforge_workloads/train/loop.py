@@ -44,7 +44,7 @@ from tpuforge_workloads.runtime import compile_cache
 from tpuforge_workloads.runtime.progress import RunProgress
 from tpuforge_workloads.train import grpo
 from tpuforge_workloads.train.checkpoints import TrainCheckpoints
-from tpuforge_workloads.train.decode import prompt_room
+from tpuforge_workloads.train.decode import RowLogps, prompt_room
 from tpuforge_workloads.train.eval_tracking import EvalTracking
 from tpuforge_workloads.train.hosts import Agreement, Hosts
 from tpuforge_workloads.train.plan import Plan
@@ -141,11 +141,43 @@ class BatchFeed(hooks.DataHooks):  # type: ignore[misc]
         return self.evals[self._eval_index - 1]
 
 
+@dataclass
+class HeldRollout:
+    """A rollout that trains several steps (spec.grpo.iterations): its whole rows (every process holds them all)
+    and its figures, from the step that sampled it (`first_step`)."""
+
+    first_step: int
+    batch: dict[str, np.ndarray]
+    figures: dict[str, Any]
+
+    def state(self) -> dict[str, Any]:
+        """As JSON (checkpoints.ROLLOUT_ITEM): each array's dtype, shape and values (float32 values survive JSON's
+        float64 exactly)."""
+        arrays = {
+            k: {"dtype": str(v.dtype), "shape": list(v.shape), "values": v.ravel().tolist()}
+            for k, v in self.batch.items()
+        }
+        return {"first_step": self.first_step, "batch": arrays, "figures": self.figures}
+
+    @staticmethod
+    def from_state(state: dict[str, Any]) -> HeldRollout:
+        batch = {k: np.asarray(a["values"], dtype=a["dtype"]).reshape(a["shape"]) for k, a in state["batch"].items()}
+        return HeldRollout(int(state["first_step"]), batch, dict(state["figures"]))
+
+
 class RolloutFeed(BatchFeed):
     """GRPO's feed (train/grpo.py): each step's rows are answers the model samples, at the step boundary, to the
     step's prompts (`prompts` problem indices from the iterator per micro-batch), judged by the checker,
     with their group-normalised advantages. Every process samples the whole step (the model spans the slice)
-    and feeds its own rows. The step's figures wait in `figures` for its report."""
+    and feeds its own rows. The step's figures wait in `figures` for its report.
+
+    With spec.grpo.iterations = mu > 1, a rollout is sampled at steps 1, 1 + mu, 1 + 2 mu, ... and trained on
+    by the steps up to the next of them, with the sampling policy's per-token log-probabilities (`logps`,
+    decode.RowLogps) as pi_old; the figures of the steps after the first repeat the rollout's answers' (reward,
+    pass rate, length), with `iteration`, and no rollout or checker time and no refusals (counted once). A
+    checkpoint inside a rollout's steps keeps it (`rollout_state`), so a run resumed there trains on the same
+    answers; a run resumed elsewhere samples anew at the step it resumes from, and the rollouts fall back in
+    line at the next boundary."""
 
     def __init__(
         self,
@@ -162,8 +194,11 @@ class RolloutFeed(BatchFeed):
         prompts: int,
         to_global: Any = lambda batch: batch,
         stop: Agreement | None = None,
+        logps: Any = None,
     ):
         super().__init__(iterator, accumulation, total_steps, watch, [], to_global, stop)
+        self.logps = logps  # decode.RowLogps where spec.grpo.iterations > 1
+        self.held: HeldRollout | None = None
         self.problems = problems
         self.sampler = sampler
         self.spec = spec
@@ -181,20 +216,53 @@ class RolloutFeed(BatchFeed):
         if step - 1 in self._started and step - 1 in self.figures:
             self.figures[step - 1]["step_seconds"] = now - self._started.pop(step - 1)
         self._started[step] = now
+        mu = self.spec.iterations
+        if self.held is not None and (step - 1) % mu and step - self.held.first_step < mu:
+            batch = self.held.batch
+            # The answers trained on, but nothing sampled or checked: no time, no refusal counted twice.
+            nothing_new = {"rollout_seconds": 0.0, "checker_seconds": 0.0, "refused": 0, "failures": {}}
+            self.figures[step] = {**self.held.figures, **nothing_new}
+        else:
+            batch = self.sample(train_ctx.model, step)
+        if mu > 1 and self.held is not None:
+            self.figures[step]["iteration"] = step - self.held.first_step + 1
+        rows = len(batch["input_tokens"]) // self.accumulation
+        return [
+            {k: v[m * rows : (m + 1) * rows][self.local_rows] for k, v in batch.items()}
+            for m in range(self.accumulation)
+        ]
+
+    def sample(self, model: Any, step: int) -> dict[str, np.ndarray]:
+        """A new rollout at `step`: the step's prompts from the iterator, answered and judged; its whole rows."""
         indices = [int(next(self.iterator)) for _ in range(self.accumulation * self.prompts)]
         problems = [self.problems[i] for i in indices]
-        r = grpo.rollout(self.sampler, train_ctx.model, problems, self.spec, step, self.check, self.pad_id)
+        r = grpo.rollout(self.sampler, model, problems, self.spec, step, self.check, self.pad_id)
         self.figures[step] = grpo.step_figures(r)
         self.answers[step] = [
             {"prompt": p.prompt, "answer": f"{j.answer}\n\n[reward {j.reward:.3g}; {j.verdict or 'not checked'}]",
              "reference": p.reference}
             for p, j in list(zip(r.problems, r.judged, strict=True))[:: self.spec.group_size][:2]
         ]  # fmt: skip
-        rows = len(r.judged) // self.accumulation
-        return [
-            {k: v[m * rows : (m + 1) * rows][self.local_rows] for k, v in r.batch.items()}
-            for m in range(self.accumulation)
-        ]
+        if self.spec.iterations > 1:
+            b = r.batch
+            b["old_logps"] = self.logps(model, b["input_tokens"], b["segment_ids"], b["positions"])
+            self.held = HeldRollout(step, b, dict(self.figures[step]))
+        return r.batch
+
+    def rollout_state(self, step: int) -> dict[str, Any] | None:
+        """What a run resumed after `step` trains on before it samples again (checkpoints.ROLLOUT_ITEM): the held
+        rollout when step + 1 is inside its steps, else None."""
+        held = self.held
+        if (
+            held is None
+            or step % self.spec.iterations == 0
+            or not held.first_step <= step < held.first_step + self.spec.iterations
+        ):
+            return None
+        return held.state()
+
+    def restore_rollout(self, state: dict[str, Any]) -> None:
+        self.held = HeldRollout.from_state(state)
 
     def take_figures(self, step: int) -> dict[str, Any] | None:
         """Step `step`'s rollout figures, with the checker's share of the step's time."""
@@ -335,6 +403,7 @@ def rollout_feed(
         plan.prompts_per_micro_batch,
         global_batch,
         stop,
+        RowLogps(mesh) if spec.iterations > 1 else None,
     )
 
 
@@ -484,6 +553,8 @@ def _train(
         keep=c.checkpoint.keep,
         data_iterator=iterator,
         metadata=lambda: {"tokens": feed.tokens_total},
+        rollout_state=feed.rollout_state if isinstance(feed, RolloutFeed) else None,
+        restore_rollout=feed.restore_rollout if isinstance(feed, RolloutFeed) else None,
         on_saved=lambda step, s: progress_box[0].checkpoint_saved(step, s) if progress_box else None,
         on_committed=lambda step, s, n: progress_box[0].checkpoint_committed(step, s, n) if progress_box else None,
         protect=tracking.protected_steps if tracking is not None and c.checkpoint.select == "best" else None,
