@@ -113,14 +113,15 @@ def config(model: Path, data: Path, ckpt: Path, steps: int, lr: float, seed: int
     )
 
 
-def merge(base: Path, ckpt: Path, out: Path, workdir: Path) -> None:
-    """The SFT adapter merged into its base by the merge CLI: the model GRPO starts from (and its reference)."""
+def merge(base: Path, ckpt: Path, out: Path, workdir: Path, lora: Any = None) -> None:
+    """The SFT adapter (trained with `lora`, default LORA) merged into its base by the merge CLI, on the CPU:
+    the model GRPO starts from (and its reference)."""
     from tpuforge.api import LoraSpec
     from tpuforge.api.configs import MergeConfig
 
     cfg = MergeConfig(
         model_name="gemma4-tiny", base_model_uri=str(base), checkpoint_uri=str(ckpt), output_uri=str(out),
-        lora=LoraSpec(**LORA),
+        lora=lora or LoraSpec(**LORA),
     )  # fmt: skip
     path = workdir / "merge.json"
     path.write_text(cfg.model_dump_json(by_alias=True, exclude_none=True))

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from typing import Any
 
 from benchmarks.rows import emit
 
+from benchmarks import grpo as grpo_benchmark
 from tpuforge.api import (
     CheckpointSpec,
     GrpoSpec,
@@ -65,9 +65,8 @@ def dataset(method: str) -> str:
 
 def sft_start(model: str, base: Path, workdir: Path, steps: int) -> Path:
     """GRPO's start: `steps` of SFT on the Verilog problems' right and broken answers (a model that writes both,
-    so that a group's answers differ in reward), merged into `base` by the merge CLI. Returns the merged model."""
-    from tpuforge.api.configs import MergeConfig
-
+    so that a group's answers differ in reward), merged into `base` by the merge CLI as benchmarks/grpo.py
+    merges its start. Returns the merged model."""
     data = workdir / "sft.jsonl"
     data.write_text(demo.jsonl(verilog_tasks.records() + verilog_tasks.records(broken=True)))
     c = config(model, base, data, workdir / "sft", steps, steps)
@@ -77,17 +76,7 @@ def sft_start(model: str, base: Path, workdir: Path, steps: int) -> Path:
     if run.returncode != 0:
         raise RuntimeError(f"the SFT start exited {run.returncode}: {log[-800:]}")
     merged = workdir / "sft-merged"
-    m = MergeConfig(
-        model_name=model, base_model_uri=str(base), checkpoint_uri=str(workdir / "sft"), output_uri=str(merged),
-        lora=c.lora,
-    )  # fmt: skip
-    path = workdir / "merge.json"
-    path.write_text(m.model_dump_json(by_alias=True, exclude_none=True))
-    cmd = [sys.executable, "-m", "tpuforge_workloads.merge", "--config", str(path)]
-    cmd += ["--termination-log", str(workdir / "merge-termination")]
-    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
-    if done.returncode != 0:
-        raise RuntimeError(f"the merge exited {done.returncode}: {(done.stdout + done.stderr)[-800:]}")
+    grpo_benchmark.merge(base, workdir / "sft", merged, workdir, c.lora)
     return merged
 
 
