@@ -202,9 +202,21 @@ def run_checker(mode: str, tmp: Path, samples: list[tuple[str, str, Any]]) -> di
     }
 
 
-def sample_processes() -> list[int]:
-    lo, hi = SAMPLE_UIDS
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and lo <= _uid(p) < hi]
+def sample_processes(uids: set[int]) -> list[str]:
+    """The processes owned by these samples' uids, with their command lines. Only this run's uids: other tests
+    run the checker at the same time, and their samples' processes are theirs to account for."""
+    return [
+        f"{p.name} (uid {_uid(p)}): {_cmdline(p)}"
+        for p in Path("/proc").iterdir()
+        if p.name.isdigit() and _uid(p) in uids
+    ]
+
+
+def _cmdline(p: Path) -> str:
+    try:
+        return (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
 
 
 def _uid(p: Path) -> int:
@@ -249,7 +261,10 @@ def checked(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     except BlockingIOError:
         result["connected"] = False
     listener.close()
-    result.update(mode=mode, tmp=tmp, cases=cases, left=sample_processes())
+    uids = {v["uid"] for v in result["verdicts"].values() if v["uid"] is not None}
+    assert len(uids) == len(samples)  # each sample ran, each as a uid of its own
+    assert all(SAMPLE_UIDS[0] <= u < SAMPLE_UIDS[1] for u in uids)
+    result.update(mode=mode, tmp=tmp, cases=cases, left=sample_processes(uids))
     result["open"] = sorted(p.name for p in (tmp / "open").iterdir())
     result["tmp_files"] = [p for p in Path("/tmp").glob("tpuforge-hostile-*")]
     yield result

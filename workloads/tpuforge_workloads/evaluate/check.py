@@ -27,7 +27,7 @@ and no network namespace.
 
 S is JSONL: {"id": ..., "code": "...", "test": {...}} per sample; V gets one line per sample:
 {"id", "passed", "verdict", "failure", "exitCode", "seconds", "peakMemory", "stdout", "stderr",
-"simulator"}. Stdlib only (the checker image).
+"simulator", "uid"} (uid: the one it ran as, null if it did not run). Stdlib only (the checker image).
 
 With --serve, the checker stays up beside a trainer (GRPO's sidecar; `serve`): the trainer writes each batch
 of samples as SPOOL/requests/<name>.jsonl (a temporary name renamed into place), the checker writes its
@@ -91,6 +91,7 @@ class Verdict:
     stdout: str
     stderr: str
     simulator: str = ""  # what judged it, as the checker says (Verilog: the iverilog version)
+    uid: int | None = None  # the fresh uid it ran as (its processes' owner), None when it did not run
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -232,6 +233,7 @@ class Runner:
                 _head(out / "stdout"),
                 stderr,
                 said.group("name").strip() if said else "",
+                uid,
             )
         finally:
             shutil.rmtree(work, ignore_errors=True)
