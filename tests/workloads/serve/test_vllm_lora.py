@@ -16,8 +16,9 @@ import pytest
 from tokenizers import Tokenizer
 
 from tests.fixtures.adapters import RANK, export_adapter
+from tests.fixtures.builds import require_vllm_cpu
 from tests.fixtures.conversations import CONVERSATIONS
-from tpuforge_sandbox.agent.runtimes import VLLM_CPU_ENV, vllm_venv
+from tpuforge_sandbox.agent.runtimes import VLLM_CPU_ENV
 from tpuforge_workloads.data.chat import ChatEncoder
 from tpuforge_workloads.families.gemma4 import tiny as tiny_model
 
@@ -33,9 +34,7 @@ def vllm_logprobs(
     chats: list[Any] | None = None,
     images: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
-    python = vllm_venv() / "bin" / "python"
-    if not python.exists():
-        pytest.fail(f"no vllm-cpu environment at {vllm_venv()}: run `make vllm`", pytrace=False)
+    python = require_vllm_cpu() / "bin" / "python"
     request, out, log = tmp / "request.json", tmp / "logprobs.json", tmp / "vllm.log"
     request.write_text(
         json.dumps(

@@ -29,7 +29,7 @@ from tpuforge_workloads import families
 from tpuforge_workloads.families.decoder import ModelError
 from tpuforge_workloads.preflight.run import preflight
 from tpuforge_workloads.preflight.topology import TopologyError
-from tpuforge_workloads.runtime import termination
+from tpuforge_workloads.runtime import tensorboard, termination
 from tpuforge_workloads.train.plan import BadInput, load_config, make_plan
 
 
@@ -85,4 +85,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    tensorboard.without_torch()
     sys.exit(main())

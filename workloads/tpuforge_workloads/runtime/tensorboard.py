@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -33,6 +34,14 @@ log = logging.getLogger(__name__)
 # How often the background thread copies the event file to the run directory when something was written;
 # `sync()` (a checkpoint, an evaluation) asks for a copy at once.
 SYNC_INTERVAL_SECONDS = 60.0
+
+
+def without_torch() -> None:
+    """For a JAX program's entry point, before its first import of Tunix: tensorboardX (which Tunix imports
+    whole, through its metrics backends) imports torch wherever torch is installed, 3 s of start-up that the
+    program never uses. Marked absent, torch is not loaded and tensorboardX takes numpy's arrays, as in the
+    trainer's image, which has no torch. Where torch is already loaded nothing changes."""
+    sys.modules.setdefault("torch", None)  # type: ignore[arg-type]
 
 
 class EventLog:
