@@ -143,8 +143,9 @@ def test_the_evaluation_scores_go_beside_the_training_run(gcs: Any, tmp_path: Pa
 
 
 def test_a_jax_program_started_without_torch_loads_none_and_still_logs(tmp_path: Path) -> None:
-    """The trainer's and the preflight's entry points mark torch absent before Tunix loads tensorboardX: in the
-    project's venv (which has torch) that keeps it out, and the event file is written all the same."""
+    """The trainer's, the preflight's and the evaluation loss's entry points mark torch absent before Tunix loads
+    tensorboardX: in the project's venv (which has torch) that keeps it out, and the event file is written all
+    the same."""
     program = textwrap.dedent(
         f"""
         import sys

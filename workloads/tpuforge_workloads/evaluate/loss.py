@@ -51,7 +51,7 @@ from tpuforge_workloads.families.decoder import ModelError, mesh_errors
 from tpuforge_workloads.model import lora
 from tpuforge_workloads.model.adapters import AdapterError
 from tpuforge_workloads.model.mesh import make_mesh
-from tpuforge_workloads.runtime import termination
+from tpuforge_workloads.runtime import tensorboard, termination
 
 log = logging.getLogger("tpuforge_workloads.evaluate.loss")
 
@@ -269,4 +269,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    tensorboard.without_torch()  # it runs in the trainer's image, as the trainer does
     sys.exit(main())
